@@ -1,0 +1,146 @@
+"""Appliance: builds the parts and owns their start / stop order."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+from aiohttp import web
+from tritonclient.grpc import service_pb2_grpc
+
+from appliance.control import ControlPlane, ServerState
+from appliance.core import InferenceCore
+from appliance.errors import ApplianceError
+from appliance.frontends.grpc.server import InferenceServicer
+from appliance.frontends.http.server import HttpFrontend
+from appliance.repository.manager import ManagerSettings, ModelManager
+from appliance.settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+
+class StartupError(Exception):
+    """The server cannot start (a port in use, a bad repository with --exit-on-error)."""
+
+
+class Appliance:
+    """The whole server: model manager, core, HTTP and gRPC listeners."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.state = ServerState()
+        self.manager = ModelManager(
+            ManagerSettings(
+                repositories=settings.model_repositories,
+                strict_model_config=settings.strict_model_config,
+                max_queue_size=settings.max_queue_size,
+                drain_timeout_s=settings.exit_timeout_secs,
+            )
+        )
+        self.core = InferenceCore(self.manager)
+        self.control = ControlPlane(
+            self.manager, self.state, settings.model_control_mode, settings.strict_readiness
+        )
+        self.http_port: int | None = None
+        self.grpc_port: int | None = None
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Appliance]:
+        """Start everything; on exit (or a failed start) stop in reverse order."""
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(self._stop_models)
+            await self._load_models()
+            if self.settings.allow_grpc:
+                await stack.enter_async_context(self._grpc())
+            if self.settings.allow_http:
+                await stack.enter_async_context(self._http())
+            self.state.loading_done = True
+            stack.callback(self._not_ready)
+            log.info("server is ready")
+            yield self
+
+    def _not_ready(self) -> None:
+        self.state.shutting_down = True
+        self.core.accepting = False
+
+    async def _load_models(self) -> None:
+        settings = self.settings
+        if settings.model_control_mode == "explicit":
+            names = list(settings.load_models) if settings.load_models else []
+        else:
+            names = None
+        try:
+            await self.manager.load_all(names)
+        except ApplianceError as exc:
+            raise StartupError(exc.message) from exc
+        if settings.exit_on_error and not self.manager.all_ready():
+            failed = [e for e in self.manager.index() if e["state"] != "READY"]
+            raise StartupError(f"failed to load all models (--exit-on-error): {failed}")
+
+    async def _stop_models(self) -> None:
+        await self.manager.stop()
+
+    @contextlib.asynccontextmanager
+    async def _http(self) -> AsyncIterator[None]:
+        frontend = HttpFrontend(self.core, self.control, self.settings.max_request_bytes)
+        runner = web.AppRunner(
+            frontend.build(), handler_cancellation=True, access_log=None,
+            shutdown_timeout=self.settings.exit_timeout_secs,
+        )
+        await runner.setup()
+        try:
+            site = web.TCPSite(
+                runner, self.settings.http_address, self.settings.http_port, reuse_address=True
+            )
+            try:
+                await site.start()
+            except OSError as exc:
+                raise StartupError(
+                    f"cannot listen for HTTP on {self.settings.http_address}:"
+                    f"{self.settings.http_port}: {exc.strerror}"
+                ) from exc
+            server = site._server  # aiohttp keeps the asyncio Server here
+            sockets = getattr(server, "sockets", None) or []
+            self.http_port = sockets[0].getsockname()[1] if sockets else self.settings.http_port
+            log.info("Started HTTPService at %s:%s", self.settings.http_address, self.http_port)
+            yield
+        finally:
+            await runner.cleanup()
+
+    @contextlib.asynccontextmanager
+    async def _grpc(self) -> AsyncIterator[None]:
+        size = self.settings.grpc_max_message_bytes
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_send_message_length", size),
+                ("grpc.max_receive_message_length", size),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        servicer = InferenceServicer(self.core, self.control).guarded()
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+        address = f"{self.settings.grpc_address}:{self.settings.grpc_port}"
+        try:
+            port = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise StartupError(f"cannot listen for gRPC on {address}: {exc}") from exc
+        if port == 0:
+            raise StartupError(f"cannot listen for gRPC on {address}: address in use?")
+        await server.start()
+        self.grpc_port = port
+        log.info("Started GRPCInferenceService at %s:%s", self.settings.grpc_address, port)
+        try:
+            yield
+        finally:
+            await server.stop(grace=self.settings.exit_timeout_secs)
+
+
+async def serve_forever(settings: ServerSettings, stop: asyncio.Event) -> None:
+    """Run until `stop` is set."""
+    appliance = Appliance(settings)
+    async with appliance.running():
+        await stop.wait()
+        log.info("shutting down: refusing new requests, draining in-flight ones")

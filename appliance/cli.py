@@ -1,0 +1,208 @@
+"""`edge-appliance serve | version`: tritonserver's flags, the only place with signal handlers.
+
+Every tritonserver flag is accepted in both spellings (`--flag value`, `--flag=value`), so
+scripts and units written for Triton run unchanged: the ones that apply here are implemented,
+the rest are accepted with a one-line warning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from appliance import __version__, logs
+from appliance.app import StartupError, serve_forever
+from appliance.settings import ServerSettings
+
+log = logging.getLogger("appliance")
+
+# tritonserver flags that have no meaning here (yet); accepted and reported as ignored.
+IGNORED_FLAGS = (
+    "id", "log-info", "log-warning", "log-error", "log-format", "log-file",
+    "disable-auto-complete-config", "http-header-forward-pattern", "reuse-http-port",
+    "http-restricted-api", "http-thread-count", "http-max-input-size", "grpc-header-forward-pattern",
+    "reuse-grpc-port", "grpc-restricted-protocol", "grpc-infer-allocation-pool-size",
+    "grpc-max-response-pool-size", "grpc-use-ssl", "grpc-use-ssl-mutual", "grpc-server-cert",
+    "grpc-server-key", "grpc-root-cert", "grpc-infer-response-compression-level",
+    "grpc-keepalive-time", "grpc-keepalive-timeout", "grpc-keepalive-permit-without-calls",
+    "grpc-http2-max-pings-without-data", "grpc-http2-min-recv-ping-interval-without-data",
+    "grpc-http2-max-ping-strikes", "grpc-max-connection-age", "grpc-max-connection-age-grace",
+    "allow-sagemaker", "sagemaker-port", "sagemaker-safe-port-range", "sagemaker-thread-count",
+    "allow-vertex-ai", "vertex-ai-port", "vertex-ai-thread-count", "vertex-ai-default-model",
+    "allow-gpu-metrics", "allow-cpu-metrics", "metrics-interval-ms", "metrics-config",
+    "trace-config", "trace-file", "trace-level", "trace-rate", "trace-count",
+    "trace-log-frequency", "model-load-thread-count", "model-load-retry-count",
+    "model-namespacing", "enable-peer-access", "rate-limit", "rate-limit-resource",
+    "pinned-memory-pool-byte-size", "cuda-memory-pool-byte-size", "cuda-virtual-address-size",
+    "min-supported-compute-capability", "buffer-manager-thread-count", "host-policy",
+    "model-load-gpu-limit", "backend-directory", "backend-config", "repoagent-directory",
+    "cache-config", "cache-directory", "response-cache-byte-size",
+)
+
+
+def parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "on", "yes"):
+        return True
+    if value in ("0", "false", "off", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def _add_bool(parser: argparse.ArgumentParser, flag: str, help_text: str) -> None:
+    # tritonserver takes `--flag=true`; a bare `--flag` means true here.
+    parser.add_argument(flag, type=parse_bool, nargs="?", const=True, default=None, help=help_text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edge-appliance",
+        description="Triton-compatible inference server for edge devices. "
+        "Flags follow tritonserver's names.",
+    )
+    sub = parser.add_subparsers(dest="command")
+    serve = sub.add_parser("serve", help="serve a model repository (the default command)")
+    add_serve_flags(serve)
+    sub.add_parser("version", help="print the version")
+    return parser
+
+
+def add_serve_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model-repository", "--model-store", action="append", default=[], metavar="DIR",
+        help="model repository folder; repeat to merge several",
+    )
+    p.add_argument("--http-address", default="127.0.0.1")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-address", default="127.0.0.1")
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-address", default="127.0.0.1")
+    p.add_argument("--metrics-port", type=int, default=8002)
+    _add_bool(p, "--allow-http", "serve HTTP (default true)")
+    _add_bool(p, "--allow-grpc", "serve gRPC (default true)")
+    _add_bool(p, "--allow-metrics", "serve Prometheus metrics (default true)")
+    _add_bool(p, "--strict-model-config", "refuse models without a complete config.pbtxt")
+    _add_bool(
+        p, "--strict-readiness",
+        "ready only when every model is ready (default false: a device serves what loaded)",
+    )
+    _add_bool(
+        p, "--exit-on-error",
+        "exit when a model fails to load at start-up (default false: serve the others)",
+    )
+    p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
+    p.add_argument("--load-model", action="append", default=[], metavar="NAME")
+    p.add_argument("--repository-poll-secs", type=int, default=15)
+    p.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    p.add_argument(
+        "--max-request-bytes", type=int, default=128 * 1024 * 1024,
+        help="largest HTTP request body accepted (default 128 MiB)",
+    )
+    p.add_argument(
+        "--grpc-max-message-bytes", type=int, default=128 * 1024 * 1024,
+        help="largest gRPC message sent or received (default 128 MiB)",
+    )
+    for flag in IGNORED_FLAGS:
+        p.add_argument(f"--{flag}", dest=f"ignored_{flag}", default=None, nargs="?", const="",
+                       help=argparse.SUPPRESS)
+
+
+def _on(value: bool | None, default: bool) -> bool:
+    return default if value is None else value
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    if not args.model_repository:
+        raise SystemExit("edge-appliance: --model-repository is required")
+    ignored = tuple(
+        f"--{flag}" for flag in IGNORED_FLAGS if getattr(args, f"ignored_{flag}") is not None
+    )
+    return ServerSettings(
+        model_repositories=tuple(Path(p) for p in args.model_repository),
+        http_address=args.http_address,
+        http_port=args.http_port,
+        grpc_address=args.grpc_address,
+        grpc_port=args.grpc_port,
+        metrics_address=args.metrics_address,
+        metrics_port=args.metrics_port,
+        allow_http=_on(args.allow_http, True),
+        allow_grpc=_on(args.allow_grpc, True),
+        allow_metrics=_on(args.allow_metrics, True),
+        strict_model_config=_on(args.strict_model_config, False),
+        strict_readiness=_on(args.strict_readiness, False),
+        exit_on_error=_on(args.exit_on_error, False),
+        log_verbose=args.log_verbose,
+        model_control_mode=args.model_control_mode,
+        load_models=tuple(args.load_model),
+        repository_poll_secs=args.repository_poll_secs,
+        exit_timeout_secs=args.exit_timeout_secs,
+        max_request_bytes=args.max_request_bytes,
+        grpc_max_message_bytes=args.grpc_max_message_bytes,
+        ignored_flags=ignored,
+    )
+
+
+def _install_event_loop_policy() -> None:
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+async def _serve(settings: ServerSettings) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+
+    def on_signal() -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen > 1:  # a second signal forces the exit
+            log.warning("second signal: exiting now")
+            raise SystemExit(1)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        await serve_forever(settings, stop)
+    except StartupError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    return 0
+
+
+def serve(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="edge-appliance serve")
+    add_serve_flags(parser)
+    settings = settings_from_args(parser.parse_args(list(argv)))
+    logs.configure(settings.log_verbose)
+    for flag in settings.ignored_flags:
+        log.warning("%s is a tritonserver flag that edge-appliance ignores", flag)
+    if settings.model_control_mode == "poll":
+        log.warning("--model-control-mode=poll: polling is not implemented yet; models load once")
+    if settings.allow_metrics:
+        log.info("metrics endpoint is not implemented yet; --metrics-port is ignored")
+    _install_event_loop_policy()
+    return asyncio.run(_serve(settings))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    # `edge-appliance --model-repository ...` (tritonserver's spelling) means serve.
+    if not args or args[0].startswith("-") and args[0] not in ("-h", "--help"):
+        return serve(args)
+    if args[0] == "version":
+        print(__version__)  # noqa: T201
+        return 0
+    if args[0] == "serve":
+        return serve(args[1:])
+    build_parser().parse_args(args)
+    return 2

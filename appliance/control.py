@@ -1,0 +1,138 @@
+"""Everything but inference, transport-neutral: health, metadata, config, statistics, repository.
+
+Answers are plain dicts in the JSON shapes of Triton's HTTP API; the gRPC front end parses the
+same dicts into its protobuf messages, so both protocols say the same thing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from appliance import __version__
+from appliance.errors import ApplianceError, ConfigError, ModelNotFound
+from appliance.repository.manager import ModelManager, ServedVersion
+
+EXTENSIONS = [
+    "classification",
+    "binary_tensor_data",
+    "parameters",
+    "model_configuration",
+    "model_repository",
+    "statistics",
+]
+
+
+@dataclass
+class ServerState:
+    """Server-wide flags the health endpoints report."""
+
+    live: bool = True
+    loading_done: bool = False
+    shutting_down: bool = False
+
+
+class ControlPlane:
+    def __init__(
+        self,
+        manager: ModelManager,
+        state: ServerState,
+        control_mode: str,
+        strict_readiness: bool,
+    ) -> None:
+        self.manager = manager
+        self.state = state
+        self.control_mode = control_mode
+        self.strict_readiness = strict_readiness
+
+    # ---- health ------------------------------------------------------------------------------
+
+    def server_live(self) -> bool:
+        return self.state.live
+
+    def server_ready(self) -> bool:
+        """Ready once start-up loading is done (and, with --strict-readiness, all models are)."""
+        if self.state.shutting_down or not self.state.loading_done:
+            return False
+        return self.manager.all_ready() if self.strict_readiness else True
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return self.manager.is_ready(name, version)
+
+    # ---- metadata ----------------------------------------------------------------------------
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": "edge-appliance", "version": __version__, "extensions": EXTENSIONS}
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        served = self.manager.get(name, version)
+        record = self.manager.record(name)
+        lead = [-1] if served.max_batch_size > 0 else []
+        return {
+            "name": name,
+            "versions": [str(v) for v in sorted(record.versions)],
+            "platform": served.config.platform or served.config.backend,
+            "inputs": [
+                {"name": r.name, "datatype": r.datatype, "shape": [*lead, *r.dims]}
+                for r in served.inputs.values()
+            ],
+            "outputs": [
+                {"name": r.name, "datatype": r.datatype, "shape": [*lead, *r.dims]}
+                for r in served.outputs.values()
+            ],
+        }
+
+    def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
+        config: mc.ModelConfig = self.manager.get(name, version).config
+        return config
+
+    # ---- statistics --------------------------------------------------------------------------
+
+    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        if name:
+            if version:
+                chosen: list[ServedVersion] = [self.manager.get(name, version)]
+            else:
+                record = self.manager.record(name)
+                chosen = [record.versions[v] for v in sorted(record.versions)]
+                if not chosen:
+                    raise ModelNotFound(f"model '{name}' has no ready versions to report")
+        else:
+            chosen = self.manager.ready_versions()
+        return {"model_stats": [s.stats.as_dict(s.name, str(s.version)) for s in chosen]}
+
+    # ---- repository --------------------------------------------------------------------------
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        # Models on disk that were never loaded are listed too, as Triton does.
+        listed = self.manager.index(ready_only)
+        if not ready_only:
+            known = {e["name"] for e in listed}
+            try:
+                names = self.manager.model_names()
+            except ApplianceError:
+                names = {}
+            listed += [{"name": n, "state": "", "reason": ""} for n in names if n not in known]
+            listed.sort(key=lambda e: (e["name"], e.get("version", "")))
+        return listed
+
+    async def load_model(self, name: str, parameters: dict[str, Any]) -> None:
+        self.manager.require_explicit(self.control_mode)
+        override = None
+        config_json = parameters.get("config")
+        if config_json:
+            override = mc.ModelConfig()
+            try:
+                json_format.Parse(str(config_json), override)
+            except json_format.ParseError as exc:
+                raise ConfigError(f"model '{name}': bad 'config' override: {exc}") from exc
+        if any(str(k).startswith("file:") for k in parameters):
+            raise ConfigError(f"model '{name}': file overrides are not supported yet")
+        await self.manager.load(name, override)
+
+    async def unload_model(self, name: str) -> None:
+        self.manager.require_explicit(self.control_mode)
+        await self.manager.unload(name)

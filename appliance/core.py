@@ -1,0 +1,186 @@
+"""The data plane both front ends call: resolve the model, validate tensors, submit, respond."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+
+from appliance.errors import ApplianceError, InvalidInput, ServerUnavailable
+from appliance.repository.loader import TensorRule
+from appliance.repository.manager import ModelManager, ServedVersion
+from appliance.scheduling.instances import Job
+from appliance.types import Array, InferRequest, InferResponse, OutputTensor
+
+
+def _dims_match(expected: tuple[int, ...], got: tuple[int, ...]) -> bool:
+    return len(expected) == len(got) and all(e == -1 or e == g for e, g in zip(expected, got))
+
+
+def _fmt(dims: tuple[int, ...]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+class InferenceCore:
+    """Validates requests against the model config once, for every protocol."""
+
+    def __init__(self, manager: ModelManager) -> None:
+        self.manager = manager
+        self.accepting = True
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        if not self.accepting:
+            raise ServerUnavailable("server is shutting down; not accepting new requests")
+        served = self.manager.get(request.model_name, request.model_version)
+        start = time.monotonic_ns()
+        try:
+            job = self._job(served, request)
+            outputs = await served.scheduler.submit(job)
+            response = self._response(served, request, outputs)
+        except ApplianceError:
+            served.stats.fail.add(time.monotonic_ns() - start)
+            raise
+        served.stats.success.add(time.monotonic_ns() - start)
+        return response
+
+    # ---- validation --------------------------------------------------------------------------
+
+    def _job(self, served: ServedVersion, request: InferRequest) -> Job:
+        name = served.name
+        rules = served.inputs
+        batching = served.max_batch_size > 0
+        arrays: dict[str, Array] = {}
+        keys: list[Any] = []
+        batch = 1
+        for tensor in request.inputs:
+            rule = rules.get(tensor.name)
+            if rule is None:
+                raise InvalidInput(
+                    f"unexpected inference input '{tensor.name}' for model '{name}'; "
+                    f"it has {sorted(rules)}"
+                )
+            if tensor.name in arrays:
+                raise InvalidInput(f"input '{tensor.name}' for model '{name}' is given twice")
+            if tensor.datatype != rule.datatype:
+                raise InvalidInput(
+                    f"inference input '{tensor.name}' data-type is '{tensor.datatype}', but "
+                    f"model '{name}' expects '{rule.datatype}'"
+                )
+            shape = tensor.shape
+            item_shape = shape
+            if batching:
+                if not shape:
+                    raise InvalidInput(
+                        f"model '{name}' input '{tensor.name}': expected shape "
+                        f"{_fmt((-1, *rule.dims))} with a batch dimension, got []"
+                    )
+                if not arrays:
+                    batch = shape[0]
+                elif shape[0] != batch:
+                    raise InvalidInput(
+                        f"model '{name}': inputs have different batch sizes ({batch} and "
+                        f"{shape[0]} for '{tensor.name}')"
+                    )
+                item_shape = shape[1:]
+            if not _dims_match(rule.dims, item_shape):
+                expected = (-1, *rule.dims) if batching else rule.dims
+                raise InvalidInput(
+                    f"unexpected shape for input '{tensor.name}' for model '{name}'. "
+                    f"Expected {_fmt(expected)}, got {_fmt(shape)}"
+                )
+            arrays[tensor.name] = self._model_array(tensor.data, rule, shape, batching)
+            keys.append(item_shape)
+        if len(arrays) != len(rules):
+            missing = [n for n, r in rules.items() if n not in arrays and not r.optional]
+            if missing:
+                raise InvalidInput(
+                    f"expected {len(rules)} inputs but got {len(arrays)} inputs for model "
+                    f"'{name}'. Got input(s) {sorted(arrays)}, but missing required input(s) "
+                    f"{missing}. Please provide all required input(s)."
+                )
+        if batching and (batch < 1 or batch > served.max_batch_size):
+            raise InvalidInput(
+                f"inference request batch-size must be <= {served.max_batch_size} for "
+                f"'{name}', got {batch}"
+                if batch > 0
+                else f"inference request batch-size must be >= 1 for '{name}', got {batch}"
+            )
+        return Job(
+            inputs=arrays,
+            batch_size=batch if batching else 1,
+            shape_key=tuple(keys),
+            output_names=self._output_names(served, request),
+            future=asyncio.get_running_loop().create_future(),
+        )
+
+    @staticmethod
+    def _model_array(data: Array, rule: TensorRule, shape: tuple[int, ...], batching: bool) -> Array:
+        if rule.model_dims is None:
+            return data
+        new_shape = ((shape[0],) if batching else ()) + rule.model_dims
+        return data.reshape(new_shape)
+
+    @staticmethod
+    def _output_names(served: ServedVersion, request: InferRequest) -> tuple[str, ...]:
+        if request.outputs is None:
+            return tuple(served.outputs)
+        names = []
+        for out in request.outputs:
+            if out.name not in served.outputs:
+                raise InvalidInput(
+                    f"unexpected inference output '{out.name}' for model '{served.name}'; "
+                    f"it has {sorted(served.outputs)}"
+                )
+            if out.class_count < 0:
+                raise InvalidInput(
+                    f"output '{out.name}': classification count must be >= 0, got "
+                    f"{out.class_count}"
+                )
+            names.append(out.name)
+        return tuple(names)
+
+    # ---- response ----------------------------------------------------------------------------
+
+    def _response(
+        self, served: ServedVersion, request: InferRequest, outputs: dict[str, Array]
+    ) -> InferResponse:
+        batching = served.max_batch_size > 0
+        wanted = request.outputs
+        class_counts = {o.name: o.class_count for o in wanted} if wanted else {}
+        names = [o.name for o in wanted] if wanted is not None else list(served.outputs)
+        tensors = []
+        for out_name in names:
+            rule = served.outputs[out_name]
+            array = outputs[out_name]
+            if rule.model_dims is not None and rule.dims.count(-1) <= 1:  # to the config's dims
+                lead = (array.shape[0],) if batching else ()
+                array = array.reshape(lead + rule.dims)
+            k = class_counts.get(out_name, 0)
+            if k:
+                array = classify(array, k, served.labels.get(out_name), batching)
+                tensors.append(OutputTensor(out_name, "BYTES", array.shape, array))
+            else:
+                tensors.append(OutputTensor(out_name, rule.datatype, array.shape, array))
+        return InferResponse(
+            model_name=served.name,
+            model_version=str(served.version),
+            id=request.id,
+            outputs=tensors,
+        )
+
+
+def classify(array: Array, k: int, labels: list[str] | None, batching: bool) -> Array:
+    """Triton's classification extension: top-k 'value:index[:label]' strings per batch item."""
+    rows = array.reshape(array.shape[0], -1) if batching else array.reshape(1, -1)
+    k = min(k, rows.shape[1])
+    result = np.empty((rows.shape[0], k), dtype=np.object_)
+    for r, row in enumerate(rows):
+        top = np.argsort(-row.astype(np.float64), kind="stable")[:k]
+        for c, index in enumerate(top):
+            text = f"{float(row[index]):f}:{int(index)}"
+            if labels is not None and index < len(labels):
+                text += f":{labels[index]}"
+            result[r, c] = text.encode()
+    return result if batching else result.reshape(k)

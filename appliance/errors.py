@@ -1,0 +1,73 @@
+"""One error hierarchy for the core; front ends map `code` to HTTP status / gRPC code."""
+
+from __future__ import annotations
+
+import enum
+from typing import ClassVar
+
+
+class ErrorCode(enum.Enum):
+    """Triton's error codes."""
+
+    INVALID_ARG = "invalid_arg"
+    NOT_FOUND = "not_found"
+    UNAVAILABLE = "unavailable"
+    UNSUPPORTED = "unsupported"
+    CANCELLED = "cancelled"
+    INTERNAL = "internal"
+    ALREADY_EXISTS = "already_exists"
+    RESOURCE_EXHAUSTED = "resource_exhausted"
+
+
+class ApplianceError(Exception):
+    """Base of every error the core raises on purpose; the message is shown to the client."""
+
+    code: ClassVar[ErrorCode] = ErrorCode.INTERNAL
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else type(self).__name__
+
+
+class InvalidInput(ApplianceError):
+    """The request is malformed or does not match the model's inputs."""
+
+    code = ErrorCode.INVALID_ARG
+
+
+class ModelNotFound(ApplianceError):
+    code = ErrorCode.NOT_FOUND
+
+
+class ModelNotReady(ApplianceError):
+    code = ErrorCode.UNAVAILABLE
+
+
+class Unsupported(ApplianceError):
+    code = ErrorCode.UNSUPPORTED
+
+
+class ServerUnavailable(ApplianceError):
+    """The server is shutting down or otherwise refusing work."""
+
+    code = ErrorCode.UNAVAILABLE
+
+
+class QueueFull(ApplianceError):
+    code = ErrorCode.UNAVAILABLE
+
+
+class RequestTooLarge(ApplianceError):
+    code = ErrorCode.RESOURCE_EXHAUSTED
+
+
+class InferenceFailed(ApplianceError):
+    """The backend failed while running the model."""
+
+    code = ErrorCode.INTERNAL
+
+
+class ConfigError(ApplianceError):
+    """A config.pbtxt or model folder is invalid; the message names the file and field."""
+
+    code = ErrorCode.INVALID_ARG

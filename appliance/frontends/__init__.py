@@ -1,0 +1,1 @@
+"""Protocol front ends: wire format <-> core types, nothing else."""

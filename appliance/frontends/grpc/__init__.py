@@ -1,0 +1,1 @@
+"""gRPC front end (grpc.aio): Triton's GRPCInferenceService."""

@@ -1,0 +1,104 @@
+"""ModelInferRequest / ModelInferResponse <-> core types.
+
+Inputs come either as `raw_input_contents` (one bytes entry per input, as tritonclient sends
+them) or as typed `contents`; outputs always go back as `raw_output_contents`, as Triton does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from appliance.errors import InvalidInput
+from appliance.frontends.tensors import datatype, element_count, from_raw, to_raw
+from appliance.types import InferRequest, InferResponse, InputTensor, RequestedOutput
+
+# datatype -> the InferTensorContents field that carries it (FP16 travels only as raw bytes)
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def parameter_value(param: Any) -> Any:
+    which = param.WhichOneof("parameter_choice")
+    return getattr(param, which) if which else None
+
+
+def _from_contents(tensor: Any, shape: tuple[int, ...], where: str) -> np.ndarray[Any, Any]:
+    dtype = datatype(tensor.datatype, where)
+    field = CONTENTS_FIELD.get(tensor.datatype)
+    if field is None:
+        raise InvalidInput(f"{where}: {tensor.datatype} must be sent in raw_input_contents")
+    values = getattr(tensor.contents, field)
+    count = element_count(shape, where)
+    if len(values) != count:
+        raise InvalidInput(
+            f"{where}: unexpected number of elements {len(values)} in contents.{field}, "
+            f"expecting {count} for shape {list(shape)}"
+        )
+    if tensor.datatype == "BYTES":
+        array = np.empty(count, dtype=np.object_)
+        array[:] = list(values)
+        return array.reshape(shape)
+    return np.array(values, dtype=dtype.numpy).reshape(shape)
+
+
+def decode_request(msg: pb.ModelInferRequest) -> InferRequest:
+    model = msg.model_name
+    raw = msg.raw_input_contents
+    if raw and len(raw) != len(msg.inputs):
+        raise InvalidInput(
+            f"model '{model}': {len(msg.inputs)} inputs but {len(raw)} raw_input_contents; "
+            "raw contents must be given for every input or none"
+        )
+    inputs = []
+    for i, tensor in enumerate(msg.inputs):
+        where = f"model '{model}' input '{tensor.name}'"
+        shape = tuple(tensor.shape)
+        if raw:
+            data = from_raw(raw[i], tensor.datatype, shape, where)
+        else:
+            data = _from_contents(tensor, shape, where)
+        inputs.append(InputTensor(tensor.name, tensor.datatype, shape, data))
+    request = InferRequest(
+        model_name=model,
+        model_version=msg.model_version,
+        id=msg.id,
+        inputs=inputs,
+        parameters={k: parameter_value(v) for k, v in msg.parameters.items()},
+    )
+    if msg.outputs:
+        outputs = []
+        for out in msg.outputs:
+            count = out.parameters["classification"].int64_param if (
+                "classification" in out.parameters
+            ) else 0
+            outputs.append(RequestedOutput(out.name, int(count)))
+        request.outputs = outputs
+    return request
+
+
+def encode_response(response: InferResponse) -> pb.ModelInferResponse:
+    msg = pb.ModelInferResponse(
+        model_name=response.model_name, model_version=response.model_version, id=response.id
+    )
+    for tensor in response.outputs:
+        out = msg.outputs.add()
+        out.name = tensor.name
+        out.datatype = tensor.datatype
+        out.shape.extend(tensor.shape)
+        msg.raw_output_contents.append(bytes(to_raw(tensor.data, tensor.datatype)))
+    return msg

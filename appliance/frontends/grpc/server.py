@@ -1,0 +1,162 @@
+"""grpc.aio servicer for Triton's GRPCInferenceService over the core and control plane."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from appliance.control import ControlPlane
+from appliance.core import InferenceCore
+from appliance.errors import ApplianceError
+from appliance.frontends.grpc.codec import decode_request, encode_response, parameter_value
+from appliance.frontends.status import GRPC_STATUS
+
+log = logging.getLogger(__name__)
+
+_STREAMING = {"ModelStreamInfer"}
+
+
+def _status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    if isinstance(exc, ApplianceError):
+        return GRPC_STATUS[exc.code], exc.message
+    log.error("unexpected error in gRPC handler", exc_info=exc)
+    return grpc.StatusCode.INTERNAL, "internal error; see the server log"
+
+
+def _guard_unary(method: Callable[..., Any]) -> Callable[..., Any]:
+    async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(request, context)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            code, message = _status_of(exc)
+        await context.abort(code, message)
+
+    return guarded
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]  # generated base is untyped
+    """Every RPC the HTTP side serves; errors map through frontends/status.py."""
+
+    def __init__(self, core: InferenceCore, control: ControlPlane) -> None:
+        self.core = core
+        self.control = control
+
+    def guarded(self) -> InferenceServicer:
+        """Wrap every unary RPC with the one error mapping (done once, at registration)."""
+        for name in dir(service_pb2_grpc.GRPCInferenceServiceServicer):
+            if name.startswith("_") or name in _STREAMING:
+                continue
+            method = getattr(self, name)
+            if asyncio.iscoroutinefunction(method):
+                setattr(self, name, _guard_unary(method))
+        return self
+
+    # ---- health and metadata -----------------------------------------------------------------
+
+    async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.control.server_live())
+
+    async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.control.server_ready())
+
+    async def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self.control.model_ready(request.name, request.version))
+
+    async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
+        return json_format.ParseDict(self.control.server_metadata(), pb.ServerMetadataResponse())
+
+    async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
+        meta = self.control.model_metadata(request.name, request.version)
+        return json_format.ParseDict(meta, pb.ModelMetadataResponse())
+
+    async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
+        return pb.ModelConfigResponse(config=self.control.model_config(request.name, request.version))
+
+    async def ModelStatistics(self, request: Any, context: Any) -> pb.ModelStatisticsResponse:
+        stats = self.control.statistics(request.name, request.version)
+        return json_format.ParseDict(
+            stats, pb.ModelStatisticsResponse(), ignore_unknown_fields=True
+        )
+
+    # ---- repository --------------------------------------------------------------------------
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
+        index = self.control.repository_index(request.ready)
+        return json_format.ParseDict({"models": index}, pb.RepositoryIndexResponse())
+
+    async def RepositoryModelLoad(
+        self, request: Any, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        params = {k: parameter_value(v) for k, v in request.parameters.items()}
+        await self.control.load_model(request.model_name, params)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(
+        self, request: Any, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        await self.control.unload_model(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+    # ---- inference ---------------------------------------------------------------------------
+
+    async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
+        return encode_response(await self.core.infer(decode_request(request)))
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[Any], context: Any
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Requests on a stream run concurrently; each gets one response, errors in-band."""
+        responses: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        pending: set[asyncio.Task[None]] = set()
+
+        async def one(request: Any) -> None:
+            try:
+                result = encode_response(await self.core.infer(decode_request(request)))
+                await responses.put(pb.ModelStreamInferResponse(infer_response=result))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                _, message = _status_of(exc)
+                await responses.put(
+                    pb.ModelStreamInferResponse(
+                        error_message=message,
+                        infer_response=pb.ModelInferResponse(
+                            model_name=request.model_name,
+                            model_version=request.model_version,
+                            id=request.id,
+                        ),
+                    )
+                )
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    task = asyncio.ensure_future(one(request))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                if pending:
+                    await asyncio.gather(*list(pending), return_exceptions=True)
+            finally:
+                await responses.put(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while True:
+                item = await responses.get()
+                if item is None:
+                    break
+                yield item
+        finally:
+            reader.cancel()
+            for task in list(pending):
+                task.cancel()
+            await asyncio.gather(reader, *pending, return_exceptions=True)

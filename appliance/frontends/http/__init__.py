@@ -1,0 +1,1 @@
+"""HTTP/REST front end (aiohttp): KServe v2 with Triton's extensions."""

@@ -1,0 +1,166 @@
+"""aiohttp application: Triton's HTTP endpoints over the core and control plane."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from appliance.control import ControlPlane
+from appliance.core import InferenceCore
+from appliance.errors import ApplianceError, InvalidInput
+from appliance.frontends import jsonconv
+from appliance.frontends.http.codec import HEADER_LENGTH, decode_request, encode_response
+from appliance.frontends.status import HTTP_STATUS
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_JSON = "application/json"
+
+
+def error_response(status: int, message: str) -> web.Response:
+    """Triton's error body, which tritonclient reads: {"error": "<message>"}."""
+    return web.Response(status=status, body=orjson.dumps({"error": message}), content_type=_JSON)
+
+
+def json_response(value: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(value), content_type=_JSON)
+
+
+def _guard(handler: Handler) -> Handler:
+    """Turn every error into Triton's error body with the mapped status."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApplianceError as exc:
+            return error_response(HTTP_STATUS[exc.code], exc.message)
+        except web.HTTPRequestEntityTooLarge as exc:
+            return error_response(413, f"request body too large: {exc.text}")
+        except web.HTTPException as exc:
+            return error_response(exc.status, exc.reason)
+        except Exception:
+            log.exception("unexpected error handling %s %s", request.method, request.path)
+            return error_response(500, "internal error; see the server log")
+
+    return guarded
+
+
+def _accepts(request: web.Request) -> bool:
+    encoding = request.headers.get("Accept-Encoding", "")
+    return "gzip" in encoding or "deflate" in encoding
+
+
+class HttpFrontend:
+    """Builds the aiohttp Application."""
+
+    def __init__(self, core: InferenceCore, control: ControlPlane, max_body_bytes: int) -> None:
+        self.core = core
+        self.control = control
+        self.max_body_bytes = max_body_bytes
+
+    def build(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes)
+        routes: list[tuple[str, str, Handler]] = [
+            ("GET", "/v2/health/live", self.live),
+            ("GET", "/v2/health/ready", self.ready),
+            ("GET", "/v2", self.server_metadata),
+            ("GET", "/v2/models/stats", self.stats),
+            ("POST", "/v2/repository/index", self.repository_index),
+            ("POST", "/v2/repository/models/{model}/load", self.load),
+            ("POST", "/v2/repository/models/{model}/unload", self.unload),
+        ]
+        for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+            routes += [
+                ("GET", prefix, self.model_metadata),
+                ("GET", prefix + "/ready", self.model_ready),
+                ("GET", prefix + "/config", self.model_config),
+                ("GET", prefix + "/stats", self.stats),
+                ("POST", prefix + "/infer", self.infer),
+            ]
+        for method, path, handler in routes:
+            app.router.add_route(method, path, _guard(handler))
+        app.router.add_route("*", "/{tail:.*}", _guard(self.not_found))
+        return app
+
+    @staticmethod
+    def _model(request: web.Request) -> tuple[str, str]:
+        info = request.match_info
+        return info["model"], info.get("version", "")
+
+    # ---- handlers ----------------------------------------------------------------------------
+
+    async def infer(self, request: web.Request) -> web.StreamResponse:
+        model, version = self._model(request)
+        body = await request.read()
+        wire = decode_request(body, request.headers.get(HEADER_LENGTH), model, version)
+        response = await self.core.infer(wire.request)
+        chunks, header_length = encode_response(response, wire)
+        if header_length is None:
+            resp = web.Response(body=chunks[0], content_type=_JSON)
+        else:
+            resp = web.Response(
+                body=b"".join(chunks),
+                content_type="application/octet-stream",
+                headers={HEADER_LENGTH: str(header_length)},
+            )
+        if _accepts(request):
+            resp.enable_compression()
+        return resp
+
+    async def live(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(status=200 if self.control.server_live() else 400)
+
+    async def ready(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(status=200 if self.control.server_ready() else 400)
+
+    async def server_metadata(self, request: web.Request) -> web.StreamResponse:
+        return json_response(self.control.server_metadata())
+
+    async def model_metadata(self, request: web.Request) -> web.StreamResponse:
+        return json_response(self.control.model_metadata(*self._model(request)))
+
+    async def model_ready(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(status=200 if self.control.model_ready(*self._model(request)) else 400)
+
+    async def model_config(self, request: web.Request) -> web.StreamResponse:
+        config = self.control.model_config(*self._model(request))
+        return json_response(jsonconv.message_to_dict(config))
+
+    async def stats(self, request: web.Request) -> web.StreamResponse:
+        info = request.match_info
+        return json_response(self.control.statistics(info.get("model", ""), info.get("version", "")))
+
+    async def repository_index(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json_body(request)
+        return json_response(self.control.repository_index(bool(body.get("ready", False))))
+
+    async def load(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json_body(request)
+        params = body.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise InvalidInput("'parameters' must be a JSON object")
+        await self.control.load_model(request.match_info["model"], params)
+        return web.Response(status=200)
+
+    async def unload(self, request: web.Request) -> web.StreamResponse:
+        await self._json_body(request)
+        await self.control.unload_model(request.match_info["model"])
+        return web.Response(status=200)
+
+    async def not_found(self, request: web.Request) -> web.StreamResponse:
+        return error_response(404, f"no such endpoint: {request.method} {request.path}")
+
+    @staticmethod
+    async def _json_body(request: web.Request) -> dict[str, Any]:
+        body = await request.read()
+        if not body:
+            return {}
+        doc = jsonconv.loads(body, "the request body")
+        if not isinstance(doc, dict):
+            raise InvalidInput("request body must be a JSON object")
+        return doc

@@ -1,0 +1,135 @@
+"""Tensor bytes <-> numpy for both protocols, including Triton's BYTES encoding.
+
+BYTES elements travel as a 4-byte little-endian length followed by the raw bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+import numpy as np
+
+from appliance.errors import InvalidInput
+from appliance.types import Array
+from edge_backends.datatypes import BY_TRITON, DataType
+
+_LEN = struct.Struct("<I")
+
+
+def datatype(name: str, where: str) -> DataType:
+    dtype = BY_TRITON.get(name)
+    if dtype is None:
+        raise InvalidInput(
+            f"{where}: unknown datatype '{name}'; expected one of {', '.join(BY_TRITON)}"
+        )
+    return dtype
+
+
+def element_count(shape: tuple[int, ...], where: str) -> int:
+    for d in shape:
+        if d < 0:
+            raise InvalidInput(f"{where}: shape {list(shape)} has a negative dimension")
+    return math.prod(shape)
+
+
+def from_raw(raw: Any, name: str, shape: tuple[int, ...], where: str) -> Array:
+    """Decode a tensor from its raw bytes (a view of `raw` where the dtype allows: no copy)."""
+    dtype = datatype(name, where)
+    count = element_count(shape, where)
+    if dtype.itemsize == 0:
+        return decode_bytes(raw, count, where).reshape(shape)
+    expected = count * dtype.itemsize
+    if len(raw) != expected:
+        raise InvalidInput(
+            f"{where}: unexpected total byte size {len(raw)}, expecting {expected} "
+            f"({name} with shape {list(shape)})"
+        )
+    return np.frombuffer(raw, dtype=dtype.numpy, count=count).reshape(shape)
+
+
+def decode_bytes(raw: Any, count: int, where: str) -> Array:
+    """Length-prefixed BYTES elements -> object array of bytes."""
+    view = memoryview(raw).cast("B")
+    out = np.empty(count, dtype=np.object_)
+    offset, end = 0, len(view)
+    for i in range(count):
+        if offset + 4 > end:
+            raise InvalidInput(
+                f"{where}: BYTES data ends after {i} of {count} elements (truncated length prefix)"
+            )
+        (length,) = _LEN.unpack_from(view, offset)
+        offset += 4
+        if offset + length > end:
+            raise InvalidInput(
+                f"{where}: BYTES element {i} claims {length} bytes but only {end - offset} remain"
+            )
+        out[i] = bytes(view[offset : offset + length])
+        offset += length
+    if offset != end:
+        raise InvalidInput(
+            f"{where}: {end - offset} bytes left over after {count} BYTES elements"
+        )
+    return out
+
+
+def as_bytes_item(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return str(value).encode("utf-8")
+
+
+def encode_bytes(array: Array) -> bytes:
+    """Object / string array -> length-prefixed bytes."""
+    parts = []
+    for item in array.ravel():
+        data = as_bytes_item(item)
+        parts.append(_LEN.pack(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def to_raw(array: Array, datatype_name: str) -> bytes | memoryview:
+    """A tensor's wire bytes (a view for contiguous numeric arrays: no copy)."""
+    if datatype_name == "BYTES":
+        return encode_bytes(array)
+    wanted = BY_TRITON[datatype_name].numpy
+    if array.dtype != wanted:
+        array = array.astype(wanted)
+    array = np.ascontiguousarray(array)
+    return memoryview(array).cast("B")
+
+
+def from_list(data: Any, name: str, shape: tuple[int, ...], where: str) -> Array:
+    """A tensor from JSON data (flat or nested, row-major)."""
+    dtype = datatype(name, where)
+    count = element_count(shape, where)
+    try:
+        if dtype.itemsize == 0:
+            flat = np.asarray(data, dtype=np.object_).ravel()
+            array = np.empty(flat.size, dtype=np.object_)
+            for i, item in enumerate(flat):
+                array[i] = as_bytes_item(item)
+        else:
+            array = np.asarray(data, dtype=dtype.numpy).ravel()
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidInput(f"{where}: data is not a list of {name} values: {exc}") from exc
+    if array.size != count:
+        raise InvalidInput(
+            f"{where}: unexpected number of elements {array.size}, expecting {count} "
+            f"for shape {list(shape)}"
+        )
+    return array.reshape(shape)
+
+
+def to_list(array: Array, datatype_name: str) -> list[Any]:
+    """A tensor as flat JSON-ready values."""
+    flat = array.ravel()
+    if datatype_name == "BYTES":
+        return [
+            x.decode("utf-8", errors="replace") if isinstance(x, bytes) else str(x) for x in flat
+        ]
+    return flat.tolist()  # type: ignore[no-any-return]  # numpy stubs type tolist as Any

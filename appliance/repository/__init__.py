@@ -1,0 +1,1 @@
+"""Model repositories: scanning folders, version policy, loading and serving model versions."""

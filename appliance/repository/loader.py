@@ -1,0 +1,187 @@
+"""Turning a model folder into served versions: config, auto-complete, instances (blocking)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from appliance.errors import ApplianceError, ConfigError
+from appliance.model_config import (
+    ModelConfig,
+    complete_config,
+    complete_scheduling,
+    datatype_of,
+    model_shape,
+    read_config,
+    resolve_backend,
+    validate_config,
+)
+from appliance.repository.local import list_versions
+from appliance.repository.version_policy import select_versions
+from appliance.scheduling.instances import InstanceWorker
+from edge_backends.api import BackendError, InstanceSpec, ModelInstance
+from edge_backends.datatypes import BY_TRITON
+from edge_backends.registry import get_backend
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TensorRule:
+    """A config input or output, precomputed for per-request checks."""
+
+    name: str
+    datatype: str
+    dtype: np.dtype[Any]
+    dims: tuple[int, ...]  # as clients see it, without the batch dimension
+    model_dims: tuple[int, ...] | None  # the model's own shape when config has `reshape`
+    optional: bool = False
+
+
+@dataclass
+class PreparedVersion:
+    """A version whose instances are loaded, not yet serving."""
+
+    version: int
+    workers: list[InstanceWorker]
+
+
+@dataclass
+class PreparedModel:
+    """The outcome of loading one model folder: its config and each version's instances or error."""
+
+    name: str
+    config: ModelConfig
+    versions: list[PreparedVersion] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)  # version -> reason
+
+
+def tensor_rules(entries: Any) -> dict[str, TensorRule]:
+    rules = {}
+    for e in entries:
+        datatype = datatype_of(e.data_type)
+        reshaped = tuple(model_shape(e)) if e.HasField("reshape") else None
+        rules[e.name] = TensorRule(
+            name=e.name,
+            datatype=datatype,
+            dtype=BY_TRITON[datatype].numpy,
+            dims=tuple(e.dims),
+            model_dims=reshaped,
+            optional=bool(getattr(e, "optional", False)),
+        )
+    return rules
+
+
+def read_labels(model_dir: Path, config: ModelConfig) -> dict[str, list[str]]:
+    """Output name -> class labels from each output's label_filename."""
+    labels = {}
+    for output in config.output:
+        if output.label_filename:
+            path = model_dir / output.label_filename
+            try:
+                labels[output.name] = path.read_text(encoding="utf-8").splitlines()
+            except OSError as exc:
+                raise ConfigError(
+                    f"model '{config.name}' output '{output.name}': cannot read label_filename "
+                    f"'{path}': {exc.strerror}"
+                ) from exc
+    return labels
+
+
+def prepare_model(
+    model_dir: Path, strict: bool, override: ModelConfig | None = None
+) -> PreparedModel:
+    """Read, complete and validate the config, then load the instances of each chosen version.
+
+    Blocking: run it in a thread. A config error raises; a version that fails to load is
+    recorded in `failed` so the other versions still serve.
+    """
+    name = model_dir.name
+    if override is not None:
+        config, found = override, True
+    else:
+        config, found = read_config(model_dir)
+    if not found and strict:
+        raise ConfigError(
+            f"{model_dir}: config.pbtxt is missing and --strict-model-config is set"
+        )
+    if not config.name:
+        config.name = name
+    available = list_versions(model_dir)
+    backend_name = resolve_backend(config, model_dir, available)
+    backend = get_backend(backend_name)
+    versions = select_versions(config.version_policy, available) if config.HasField(
+        "version_policy"
+    ) else select_versions(mc.ModelVersionPolicy(), available)
+    if not versions:
+        raise ConfigError(
+            f"model '{name}': no version folder matches the version policy "
+            f"(found {available or 'no numbered folders'} in '{model_dir}')"
+        )
+    newest_file = model_dir / str(versions[0]) / config.default_model_filename
+    try:
+        signature = backend.inspect(newest_file)
+    except BackendError as exc:
+        raise ConfigError(f"model '{name}' version {versions[0]}: {exc}") from exc
+    if strict:
+        complete_scheduling(config)
+    else:
+        complete_config(config, signature, name)
+    validate_config(config, model_dir, signature)
+    read_labels(model_dir, config)
+
+    prepared = PreparedModel(name=name, config=config)
+    for version in versions:
+        try:
+            workers = _load_instances(backend_name, config, model_dir, version)
+        except (BackendError, ApplianceError) as exc:
+            log.error("model '%s' version %d failed to load: %s", name, version, exc)
+            prepared.failed[version] = str(exc)
+            continue
+        prepared.versions.append(PreparedVersion(version, workers))
+    return prepared
+
+
+def _load_instances(
+    backend_name: str, config: ModelConfig, model_dir: Path, version: int
+) -> list[InstanceWorker]:
+    backend = get_backend(backend_name)
+    path = model_dir / str(version) / config.default_model_filename
+    if version != int(path.parent.name):  # pragma: no cover - defensive
+        raise ConfigError(f"bad version folder {path.parent}")
+    signature = backend.inspect(path)
+    validate_config(config, model_dir, signature)
+    parameters = {k: v.string_value for k, v in config.parameters.items()}
+    level = (
+        config.optimization.graph.level if config.optimization.HasField("graph") else None
+    )
+    total = sum(g.count for g in config.instance_group)
+    instances: list[tuple[str, ModelInstance]] = []
+    try:
+        for group in config.instance_group:
+            kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
+            for i in range(group.count):
+                instance_name = f"{group.name}_{i}"
+                spec = InstanceSpec(
+                    model_name=config.name,
+                    model_version=version,
+                    model_path=path,
+                    instance_name=instance_name,
+                    kind=kind,
+                    device_id=group.gpus[i % len(group.gpus)] if group.gpus else 0,
+                    parameters=parameters,
+                    graph_optimization_level=level,
+                    instance_count=total,
+                )
+                instances.append((instance_name, backend.create_instance(spec)))
+    except BaseException:
+        for _, instance in instances:
+            instance.close()
+        raise
+    batching = config.max_batch_size > 0
+    return [InstanceWorker(f"{config.name}_v{version}_{n}", inst, batching) for n, inst in instances]

@@ -1,0 +1,34 @@
+"""Reading a Triton model repository folder: which models, which numbered versions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from appliance.errors import ConfigError
+
+
+def list_models(repositories: list[Path]) -> dict[str, Path]:
+    """Model name -> folder over every repository; a name found twice is an error."""
+    models: dict[str, Path] = {}
+    for repo in repositories:
+        if not repo.is_dir():
+            raise ConfigError(f"model repository '{repo}' is not a directory")
+        for entry in sorted(repo.iterdir()):
+            if not entry.is_dir() or entry.name.startswith("."):
+                continue
+            if entry.name in models:
+                raise ConfigError(
+                    f"model '{entry.name}' is in two repositories: '{models[entry.name]}' and "
+                    f"'{entry}'"
+                )
+            models[entry.name] = entry
+    return models
+
+
+def list_versions(model_dir: Path) -> list[int]:
+    """The numbered version folders of a model (folders with other names are ignored)."""
+    versions = []
+    for entry in model_dir.iterdir():
+        if entry.is_dir() and entry.name.isdigit() and str(int(entry.name)) == entry.name:
+            versions.append(int(entry.name))
+    return sorted(versions)

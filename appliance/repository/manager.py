@@ -1,0 +1,265 @@
+"""ModelManager: which models and versions are loaded, their state, load / unload / lookup."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from appliance.errors import ApplianceError, ModelNotFound, ModelNotReady, Unsupported
+from appliance.model_config import ModelConfig
+from appliance.repository.loader import (
+    PreparedModel,
+    TensorRule,
+    prepare_model,
+    read_labels,
+    tensor_rules,
+)
+from appliance.repository.local import list_models
+from appliance.scheduling.batcher import Scheduler
+from appliance.scheduling.policy import BatchPolicy
+from appliance.scheduling.stats import ModelStats
+
+log = logging.getLogger(__name__)
+
+READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
+
+
+@dataclass
+class ServedVersion:
+    """One ready model version: its config, tensor rules, scheduler and statistics."""
+
+    name: str
+    version: int
+    config: ModelConfig
+    inputs: dict[str, TensorRule]
+    outputs: dict[str, TensorRule]
+    labels: dict[str, list[str]]
+    scheduler: Scheduler
+    stats: ModelStats
+
+    @property
+    def max_batch_size(self) -> int:
+        return int(self.config.max_batch_size)
+
+
+@dataclass
+class ModelRecord:
+    """What the repository index shows for one model."""
+
+    name: str
+    path: Path | None
+    state: str = UNAVAILABLE
+    reason: str = ""
+    config: ModelConfig | None = None
+    versions: dict[int, ServedVersion] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ManagerSettings:
+    repositories: tuple[Path, ...]
+    strict_model_config: bool = False
+    max_queue_size: int = 4096  # per version, when the config sets none
+    drain_timeout_s: float = 30.0
+    load_concurrency: int = 2
+
+
+def _policy(config: ModelConfig) -> BatchPolicy:
+    dyn = config.dynamic_batching if config.HasField("dynamic_batching") else None
+    return BatchPolicy(
+        max_batch_size=int(config.max_batch_size),
+        dynamic=dyn is not None,
+        preferred_batch_sizes=tuple(dyn.preferred_batch_size) if dyn else (),
+        max_queue_delay_ns=int(dyn.max_queue_delay_microseconds) * 1000 if dyn else 0,
+    )
+
+
+class ModelManager:
+    """Loads models from the repositories and hands out ready versions."""
+
+    def __init__(self, settings: ManagerSettings) -> None:
+        self._settings = settings
+        self._models: dict[str, ModelRecord] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._stopping = False
+
+    # ---- lookup (hot path) -------------------------------------------------------------------
+
+    def get(self, name: str, version: str = "") -> ServedVersion:
+        """The version to run a request on; raises ModelNotFound / ModelNotReady."""
+        record = self._models.get(name)
+        if record is None:
+            raise ModelNotFound(f"Request for unknown model: '{name}' is not found")
+        if version:
+            try:
+                wanted = int(version)
+            except ValueError:
+                raise ModelNotFound(
+                    f"Request for unknown model: '{name}' version '{version}' is not a number"
+                ) from None
+            served = record.versions.get(wanted)
+            if served is None:
+                if wanted in record.failed:
+                    raise ModelNotReady(
+                        f"model '{name}' version {wanted} is not ready: {record.failed[wanted]}"
+                    )
+                raise ModelNotFound(
+                    f"Request for unknown model: '{name}' version {wanted} is not found"
+                )
+            return served
+        if not record.versions:
+            reason = f": {record.reason}" if record.reason else ""
+            raise ModelNotReady(f"model '{name}' has no ready versions{reason}")
+        return record.versions[max(record.versions)]
+
+    def is_ready(self, name: str, version: str = "") -> bool:
+        try:
+            self.get(name, version)
+        except ApplianceError:
+            return False
+        return True
+
+    def record(self, name: str) -> ModelRecord:
+        record = self._models.get(name)
+        if record is None:
+            raise ModelNotFound(f"Request for unknown model: '{name}' is not found")
+        return record
+
+    def ready_versions(self) -> list[ServedVersion]:
+        return [v for r in self._models.values() for _, v in sorted(r.versions.items())]
+
+    def all_ready(self) -> bool:
+        return all(r.state == READY for r in self._models.values())
+
+    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """Triton's repository index: one entry per model version (per model when none load)."""
+        entries: list[dict[str, Any]] = []
+        for name in sorted(self._models):
+            record = self._models[name]
+            rows = [(v, READY, "") for v in record.versions] + [
+                (v, UNAVAILABLE, why) for v, why in record.failed.items()
+            ]
+            if not rows:
+                rows = [(None, record.state, record.reason)]
+            for version, state, reason in sorted(rows, key=lambda r: r[0] or 0):
+                if ready_only and state != READY:
+                    continue
+                entry: dict[str, Any] = {"name": name, "state": state, "reason": reason}
+                if version is not None:
+                    entry["version"] = str(version)
+                entries.append(entry)
+        return entries
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def model_names(self) -> dict[str, Path]:
+        return list_models(list(self._settings.repositories))
+
+    async def load_all(self, names: list[str] | None = None) -> None:
+        """Load every model in the repositories (or just `names`), a few at a time."""
+        found = self.model_names()
+        wanted = list(found) if names is None or "*" in names else names
+        gate = asyncio.Semaphore(self._settings.load_concurrency)
+
+        async def one(name: str) -> None:
+            async with gate:
+                try:
+                    await self.load(name)
+                except ApplianceError as exc:
+                    log.error("%s", exc.message)
+
+        await asyncio.gather(*(one(n) for n in wanted))
+
+    async def load(self, name: str, override: ModelConfig | None = None) -> None:
+        """Load (or reload) a model; new versions serve before the old ones drain."""
+        if self._stopping:
+            raise ModelNotReady("server is shutting down")
+        path = self.model_names().get(name)
+        if path is None:
+            raise ModelNotFound(
+                f"failed to load '{name}', failed to poll from model repository: no model "
+                f"folder named '{name}'"
+            )
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            record = self._models.setdefault(name, ModelRecord(name=name, path=path))
+            if not record.versions:
+                record.state = LOADING
+            log.info("loading model '%s' from %s", name, path)
+            try:
+                prepared = await asyncio.to_thread(
+                    prepare_model, path, self._settings.strict_model_config, override
+                )
+            except ApplianceError as exc:
+                if not record.versions:
+                    record.state, record.reason = UNAVAILABLE, exc.message
+                log.error("model '%s' failed to load: %s", name, exc.message)
+                raise
+            old = dict(record.versions)
+            record.versions = self._serve(prepared, path)
+            record.failed = prepared.failed
+            record.config = prepared.config
+            record.path = path
+            if record.versions:
+                record.state, record.reason = READY, ""
+                for version in record.versions:
+                    log.info("model '%s' version %d is READY", name, version)
+            else:
+                record.state = UNAVAILABLE
+                record.reason = "; ".join(f"version {v}: {r}" for v, r in prepared.failed.items())
+            await self._retire(list(old.values()))
+
+    def _serve(self, prepared: PreparedModel, path: Path) -> dict[str, ServedVersion]:
+        config = prepared.config
+        inputs, outputs = tensor_rules(config.input), tensor_rules(config.output)
+        labels = read_labels(path, config)
+        queue_size = self._settings.max_queue_size
+        if config.HasField("dynamic_batching"):
+            configured = config.dynamic_batching.default_queue_policy.max_queue_size
+            queue_size = configured if configured > 0 else queue_size
+        served: dict[int, ServedVersion] = {}
+        for pv in prepared.versions:
+            stats = ModelStats()
+            scheduler = Scheduler(
+                label=f"model '{config.name}' version {pv.version}",
+                workers=pv.workers,
+                policy=_policy(config),
+                stats=stats,
+                max_queue_size=queue_size,
+                preserve_ordering=config.dynamic_batching.preserve_ordering,
+            )
+            scheduler.start()
+            served[pv.version] = ServedVersion(
+                config.name, pv.version, config, inputs, outputs, labels, scheduler, stats
+            )
+        return served
+
+    async def unload(self, name: str) -> None:
+        record = self.record(name)
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            old = list(record.versions.values())
+            record.versions, record.failed = {}, {}
+            record.state, record.reason = UNAVAILABLE, "unloaded"
+            await self._retire(old)
+            log.info("model '%s' unloaded", name)
+
+    async def _retire(self, versions: list[ServedVersion]) -> None:
+        """Drain in-flight requests of versions no longer served, then free their instances."""
+        for served in versions:
+            await served.scheduler.drain(self._settings.drain_timeout_s)
+            await asyncio.to_thread(served.scheduler.stop_workers)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for record in self._models.values():
+            old = list(record.versions.values())
+            record.versions = {}
+            await self._retire(old)
+
+    def require_explicit(self, mode: str) -> None:
+        if mode != "explicit":
+            raise Unsupported(
+                f"explicit model load / unload is not allowed in model control mode '{mode}'"
+            )

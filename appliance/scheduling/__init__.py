@@ -1,0 +1,1 @@
+"""Request scheduling: batching decisions, the batcher, instance worker threads, statistics."""

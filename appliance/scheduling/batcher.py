@@ -1,0 +1,177 @@
+"""The scheduler of one model version: a bounded queue, the batching policy, idle instances.
+
+It runs on the event loop and never blocks: `submit` queues a job and dispatches; an instance
+finishing a batch dispatches again; a timer handles max_queue_delay. With no dynamic_batching
+in the config the same code sends every request alone (Triton's default scheduler).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+
+from appliance.errors import InferenceFailed, QueueFull, ServerUnavailable
+from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
+from appliance.scheduling.policy import BatchPolicy, next_batch
+from appliance.scheduling.stats import ModelStats
+from appliance.types import Array
+
+
+class Scheduler:
+    """Queue + batching + instance pool for one model version."""
+
+    def __init__(
+        self,
+        label: str,
+        workers: list[InstanceWorker],
+        policy: BatchPolicy,
+        stats: ModelStats,
+        max_queue_size: int,
+        preserve_ordering: bool = False,
+    ) -> None:
+        self._label = label  # "model 'x' version 1", for messages
+        self._workers = workers
+        self._idle: deque[InstanceWorker] = deque(workers)
+        self._policy = policy
+        self._stats = stats
+        self._max_queue_size = max_queue_size
+        self._preserve_ordering = preserve_ordering
+        self._queue: deque[Job] = deque()
+        self._in_flight: deque[BatchResult] = deque()  # dispatch order, for preserve_ordering
+        self._timer: asyncio.TimerHandle | None = None
+        self._closing = False
+        self._drained: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        for worker in self._workers:
+            worker.start(self._loop)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._queue) or len(self._idle) < len(self._workers)
+
+    async def submit(self, job: Job) -> dict[str, Array]:
+        """Queue one job and wait for its outputs; cancelling the caller drops a queued job."""
+        if self._closing:
+            raise ServerUnavailable(f"{self._label} is unloading; retry")
+        if len(self._queue) >= self._max_queue_size:
+            raise QueueFull(
+                f"{self._label}: queue is full ({self._max_queue_size} requests waiting)"
+            )
+        job.enqueue_ns = time.monotonic_ns()
+        self._queue.append(job)
+        self._dispatch()
+        return await job.future
+
+    def _dispatch(self) -> None:
+        """Hand batches to idle instances while the policy says to run."""
+        queue = self._queue
+        while queue and self._idle:
+            while queue and queue[0].future.done():  # cancelled while queued
+                queue.popleft()
+            if not queue:
+                break
+            now = time.monotonic_ns()
+            decision = next_batch(
+                [(j.batch_size, j.shape_key) for j in _head(queue, self._policy)],
+                now - queue[0].enqueue_ns,
+                self._policy,
+            )
+            if not decision.run:
+                self._arm_timer(decision.wait_ns)
+                return
+            live: list[Job] = []
+            while len(live) < decision.run:
+                job = queue.popleft()
+                if not job.future.done():
+                    live.append(job)
+            for job in live:
+                job.dispatch_ns = now
+                self._stats.queue.add(now - job.enqueue_ns)
+            worker = self._idle.popleft()
+            if self._preserve_ordering:
+                self._in_flight.append(BatchResult(jobs=live))
+            worker.submit(live, self._on_batch_done)
+
+    def _arm_timer(self, wait_ns: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        assert self._loop is not None
+        self._timer = self._loop.call_later(wait_ns / 1e9, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._dispatch()
+
+    def _on_batch_done(self, worker: InstanceWorker, result: BatchResult) -> None:
+        self._idle.append(worker)
+        if self._preserve_ordering:
+            for slot in self._in_flight:
+                if slot.jobs is result.jobs:
+                    slot.outputs, slot.error = result.outputs, result.error
+                    slot.done = True
+                    break
+            while self._in_flight and self._in_flight[0].done:
+                self._complete(self._in_flight.popleft(), result)
+        else:
+            self._complete(result, result)
+        self._dispatch()
+        if self._drained is not None and not self.busy:
+            self._drained.set()
+
+    def _complete(self, result: BatchResult, timing: BatchResult) -> None:
+        stats = self._stats
+        if result.error is None:
+            stats.record_execution(
+                timing.batch_size, len(result.jobs), timing.input_ns, timing.infer_ns,
+                timing.output_ns,
+            )
+            stats.last_inference_ms = time.time_ns() // 1_000_000
+        assert result.outputs is not None or result.error is not None
+        for i, job in enumerate(result.jobs):
+            if job.future.done():
+                continue
+            if result.error is not None:
+                job.future.set_exception(
+                    InferenceFailed(f"{self._label} failed: {result.error}")
+                )
+            else:
+                assert result.outputs is not None
+                job.future.set_result(result.outputs[i])
+
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new work, wait for queued and running jobs up to timeout_s, then fail the rest."""
+        self._closing = True
+        if self.busy:
+            self._drained = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._drained.wait(), timeout_s)
+            except asyncio.TimeoutError:
+                pass
+        while self._queue:
+            job = self._queue.popleft()
+            if not job.future.done():
+                job.future.set_exception(ServerUnavailable(f"{self._label} was unloaded"))
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def stop_workers(self) -> None:
+        """Blocking: join the worker threads and close instances (call from a thread)."""
+        for worker in self._workers:
+            worker.stop()
+
+
+def _head(queue: deque[Job], policy: BatchPolicy) -> list[Job]:
+    """The queued jobs the policy may look at (at most max_batch_size of them)."""
+    limit = max(1, policy.max_batch_size) if policy.dynamic else 1
+    out: list[Job] = []
+    for job in queue:
+        if job.future.done():
+            continue
+        out.append(job)
+        if len(out) >= limit:
+            break
+    return out

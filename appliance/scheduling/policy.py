@@ -1,0 +1,59 @@
+"""Pure batching decisions: given the queue, run a batch now or wait. No clocks, no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """The dynamic batcher's settings, in Triton's names and units (converted to ns)."""
+
+    max_batch_size: int  # 0: the model does not batch; every request runs alone
+    dynamic: bool = False  # dynamic_batching present in the config
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_ns: int = 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Run the first `run` queued requests now, or (run == 0) look again in `wait_ns`."""
+
+    run: int = 0
+    wait_ns: int = 0
+
+
+def next_batch(
+    queued: Sequence[tuple[int, Hashable]], oldest_wait_ns: int, policy: BatchPolicy
+) -> Decision:
+    """Decide the next batch from queued (batch size, shape key) pairs, oldest first.
+
+    Requests join a batch only while their non-batch shapes equal the first request's and the
+    total stays within max_batch_size. A batch is sent at once when it cannot grow (full, or the
+    next request does not fit) or reaches a preferred size; otherwise it waits until the oldest
+    request has waited max_queue_delay.
+    """
+    if not queued:
+        return Decision()
+    if not policy.dynamic or policy.max_batch_size == 0:
+        return Decision(run=1)
+    head_key = queued[0][1]
+    total = 0
+    count = 0
+    best_preferred = 0  # request count of the longest prefix whose size is preferred
+    preferred = policy.preferred_batch_sizes
+    for size, key in queued:
+        if key != head_key or total + size > policy.max_batch_size:
+            return Decision(run=max(count, 1))  # cannot grow: send now
+        total += size
+        count += 1
+        if total in preferred:
+            best_preferred = count
+        if total == policy.max_batch_size:
+            return Decision(run=count)
+    if best_preferred:
+        return Decision(run=best_preferred)
+    if oldest_wait_ns >= policy.max_queue_delay_ns:
+        return Decision(run=count)
+    return Decision(wait_ns=policy.max_queue_delay_ns - oldest_wait_ns)

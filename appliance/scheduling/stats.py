@@ -1,0 +1,93 @@
+"""Per model-version statistics, shaped as Triton's statistics extension reports them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def as_dict(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass(slots=True)
+class BatchSizeStats:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass(slots=True)
+class ModelStats:
+    """Counters updated on the event loop thread only, so no locks."""
+
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_ms: int = 0
+    by_batch_size: dict[int, BatchSizeStats] = field(default_factory=dict)
+
+    def record_execution(
+        self, batch_size: int, requests: int, input_ns: int, infer_ns: int, output_ns: int
+    ) -> None:
+        """One backend execution of `requests` requests totalling `batch_size` items."""
+        self.execution_count += 1
+        self.inference_count += batch_size
+        # Triton counts compute durations once per request in the model totals ...
+        self.compute_input.add(input_ns * requests, requests)
+        self.compute_infer.add(infer_ns * requests, requests)
+        self.compute_output.add(output_ns * requests, requests)
+        # ... and once per execution in batch_stats.
+        per_size = self.by_batch_size.get(batch_size)
+        if per_size is None:
+            per_size = self.by_batch_size[batch_size] = BatchSizeStats()
+        per_size.compute_input.add(input_ns)
+        per_size.compute_infer.add(infer_ns)
+        per_size.compute_output.add(output_ns)
+
+    def as_dict(self, name: str, version: str) -> dict[str, Any]:
+        """The JSON shape of one entry of `/v2/models/stats` `model_stats`."""
+        return {
+            "name": name,
+            "version": version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.as_dict(),
+                "fail": self.fail.as_dict(),
+                "queue": self.queue.as_dict(),
+                "compute_input": self.compute_input.as_dict(),
+                "compute_infer": self.compute_infer.as_dict(),
+                "compute_output": self.compute_output.as_dict(),
+                "cache_hit": self.cache_hit.as_dict(),
+                "cache_miss": self.cache_miss.as_dict(),
+            },
+            "response_stats": {},
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": s.compute_input.as_dict(),
+                    "compute_infer": s.compute_infer.as_dict(),
+                    "compute_output": s.compute_output.as_dict(),
+                }
+                for size, s in sorted(self.by_batch_size.items())
+            ],
+            "memory_usage": [],
+        }

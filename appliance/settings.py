@@ -1,0 +1,35 @@
+"""Server settings as a frozen dataclass, built by cli.py from tritonserver-style flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    model_repositories: tuple[Path, ...]
+    http_address: str = "127.0.0.1"  # a device listens on loopback unless told otherwise
+    http_port: int = 8000
+    grpc_address: str = "127.0.0.1"
+    grpc_port: int = 8001
+    metrics_address: str = "127.0.0.1"
+    metrics_port: int = 8002
+    allow_http: bool = True
+    allow_grpc: bool = True
+    allow_metrics: bool = True
+    strict_model_config: bool = False
+    strict_readiness: bool = False
+    exit_on_error: bool = False
+    log_verbose: int = 0
+    model_control_mode: str = "none"  # none | poll | explicit
+    load_models: tuple[str, ...] = ()
+    repository_poll_secs: int = 15
+    exit_timeout_secs: float = 30.0
+    # Big enough for a 100 MB tensor plus its JSON header.
+    max_request_bytes: int = 128 * MiB
+    grpc_max_message_bytes: int = 128 * MiB
+    max_queue_size: int = 4096
+    ignored_flags: tuple[str, ...] = field(default=())

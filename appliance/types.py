@@ -1,0 +1,53 @@
+"""The core's own words for requests and responses, independent of any wire protocol."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+Array = np.ndarray[Any, Any]
+
+
+@dataclass(slots=True)
+class InputTensor:
+    """An input as decoded from the wire: the array already has the declared dtype and shape."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: Array
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    name: str
+    class_count: int = 0  # > 0: the classification extension's top-k strings
+
+
+@dataclass(slots=True)
+class InferRequest:
+    model_name: str
+    model_version: str = ""  # "" = the policy's latest ready version
+    id: str = ""
+    inputs: list[InputTensor] = field(default_factory=list)
+    outputs: list[RequestedOutput] | None = None  # None = every output
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class OutputTensor:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: Array
+
+
+@dataclass(slots=True)
+class InferResponse:
+    model_name: str
+    model_version: str
+    id: str
+    outputs: list[OutputTensor]
+    parameters: dict[str, Any] = field(default_factory=dict)

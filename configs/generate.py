@@ -1,0 +1,140 @@
+"""Build the bundled example model repository (configs/models) from code, not binaries.
+
+    python -m configs.generate [OUTPUT_DIR]
+
+- simple: Triton's quick-start model (INT32 INPUT0 + INPUT1 -> OUTPUT0 sum, OUTPUT1 difference)
+- densenet_onnx / squeezenet_onnx: the real architectures shipped in the onnx wheel, with the
+  batch dimension made dynamic, served with dynamic batching
+- identity_fp32: no config.pbtxt at all, served through auto-complete
+
+The builders are also used by the tests.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+OPSET = 13
+IR_VERSION = 8
+ONNX_LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+
+SIMPLE_CONFIG = """\
+name: "simple"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [
+  { name: "INPUT0", data_type: TYPE_INT32, dims: [ 16 ] },
+  { name: "INPUT1", data_type: TYPE_INT32, dims: [ 16 ] }
+]
+output [
+  { name: "OUTPUT0", data_type: TYPE_INT32, dims: [ 16 ] },
+  { name: "OUTPUT1", data_type: TYPE_INT32, dims: [ 16 ] }
+]
+"""
+
+IMAGE_CONFIG = """\
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ {{ name: "data_0", data_type: TYPE_FP32, dims: [ 3, 224, 224 ] }} ]
+output [ {{ name: "{output}", data_type: TYPE_FP32, dims: [ 1000, 1, 1 ] }} ]
+dynamic_batching {{ }}
+instance_group [ {{ count: 1, kind: KIND_CPU }} ]
+"""
+
+
+def save(model: onnx.ModelProto, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def make_model(
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[onnx.ValueInfoProto],
+    name: str = "model",
+) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, name, inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    return model
+
+
+def simple_model(elem_type: int = TensorProto.INT32, dims: int = 16) -> onnx.ModelProto:
+    """INPUT0 + INPUT1 -> OUTPUT0, INPUT0 - INPUT1 -> OUTPUT1, with a dynamic batch dimension."""
+    shape: list[int | str] = ["batch", dims]
+
+    def info(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, elem_type, shape)
+
+    return make_model(
+        [
+            helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+            helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+        ],
+        [info("INPUT0"), info("INPUT1")],
+        [info("OUTPUT0"), info("OUTPUT1")],
+        "simple",
+    )
+
+
+def identity_model(
+    elem_type: int, shape: list[int | str], in_name: str = "INPUT0", out_name: str = "OUTPUT0"
+) -> onnx.ModelProto:
+    """OUTPUT0 = INPUT0 for any element type (BYTES included: ONNX strings)."""
+    return make_model(
+        [helper.make_node("Identity", [in_name], [out_name])],
+        [helper.make_tensor_value_info(in_name, elem_type, shape)],
+        [helper.make_tensor_value_info(out_name, elem_type, shape)],
+        "identity",
+    )
+
+
+def light_model(name: str) -> onnx.ModelProto:
+    """An onnx-wheel model (e.g. 'light_densenet121') with its batch dimension made dynamic."""
+    model = onnx.load(str(ONNX_LIGHT / f"{name}.onnx"))
+    graph = model.graph
+    initializers = {i.name for i in graph.initializer}
+    # Old IR versions list weights as graph inputs; keep only real inputs.
+    real_inputs = [i for i in graph.input if i.name not in initializers]
+    del graph.input[:]
+    graph.input.extend(real_inputs)
+    for tensor in list(graph.input) + list(graph.output):
+        dim = tensor.type.tensor_type.shape.dim[0]
+        dim.Clear()
+        dim.dim_param = "batch"
+    del graph.value_info[:]
+    model.ir_version = max(model.ir_version, 4)
+    return model
+
+
+def write_repository(root: Path) -> Path:
+    """Write the example repository under `root`; returns it."""
+    save(simple_model(), root / "simple" / "1" / "model.onnx")
+    (root / "simple" / "config.pbtxt").write_text(SIMPLE_CONFIG)
+    for model_name, light, output in (
+        ("densenet_onnx", "light_densenet121", "fc6_1"),
+        ("squeezenet_onnx", "light_squeezenet", "softmaxout_1"),
+    ):
+        save(light_model(light), root / model_name / "1" / "model.onnx")
+        (root / model_name / "config.pbtxt").write_text(
+            IMAGE_CONFIG.format(name=model_name, output=output)
+        )
+    save(identity_model(TensorProto.FLOAT, ["batch", 4]), root / "identity_fp32" / "1" / "model.onnx")
+    return root
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[0]) if argv else Path(__file__).parent / "models"
+    write_repository(root)
+    print(f"example model repository written to {root}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,155 @@
+"""ONNX Runtime backend (CPU execution provider).
+
+Threading: ONNX Runtime releases the GIL in `run`, so each instance runs on its own worker thread.
+ORT's default of one intra-op thread per core, spinning while idle, fights the event loop and the
+other instances for the same cores (measured: up to half the throughput lost under load), so the
+default here splits the cores this process may use between the model's instances and turns
+spinning off. Config `parameters` override both, using onnxruntime_backend's names.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from edge_backends.api import (
+    Arrays,
+    ExecutionError,
+    InstanceSpec,
+    ModelLoadError,
+    ModelSignature,
+    TensorSpec,
+)
+from edge_backends.datatypes import BY_ONNX
+
+log = logging.getLogger(__name__)
+
+# onnxruntime_backend: level -1 is basic, 1 is extended, anything else (the default) is all.
+_GRAPH_LEVELS = {
+    -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+}
+
+
+def usable_cpu_count() -> int:
+    """CPUs this process may run on (cgroup / taskset aware where the OS tells)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _int_param(spec: InstanceSpec, key: str, default: int) -> int:
+    raw = spec.parameters.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ModelLoadError(
+            f"parameter '{key}' must be an integer, got '{raw}'"
+        ) from None
+
+
+def _bool_param(spec: InstanceSpec, key: str, default: bool) -> bool:
+    raw = spec.parameters.get(key)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "true", "on", "yes"):
+        return True
+    if raw.lower() in ("0", "false", "off", "no"):
+        return False
+    raise ModelLoadError(f"parameter '{key}' must be true or false, got '{raw}'")
+
+
+def session_options(spec: InstanceSpec) -> ort.SessionOptions:
+    """SessionOptions from the instance spec, with edge-friendly thread defaults."""
+    opts = ort.SessionOptions()
+    per_instance = max(1, usable_cpu_count() // max(1, spec.instance_count))
+    opts.intra_op_num_threads = _int_param(spec, "intra_op_thread_count", per_instance)
+    opts.inter_op_num_threads = _int_param(spec, "inter_op_thread_count", 1)
+    if _int_param(spec, "execution_mode", 0) == 1:
+        opts.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+    spinning = "1" if _bool_param(spec, "allow_spinning", False) else "0"
+    opts.add_session_config_entry("session.intra_op.allow_spinning", spinning)
+    opts.add_session_config_entry("session.inter_op.allow_spinning", spinning)
+    opts.enable_cpu_mem_arena = _bool_param(spec, "enable_mem_arena", True)
+    opts.enable_mem_pattern = _bool_param(spec, "enable_mem_pattern", True)
+    level = spec.graph_optimization_level
+    opts.graph_optimization_level = _GRAPH_LEVELS.get(
+        level if level is not None else 0, ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    )
+    opts.log_severity_level = 3  # errors only: ORT's warnings are noise in a journal
+    return opts
+
+
+def _open_session(path: Path, opts: ort.SessionOptions) -> ort.InferenceSession:
+    if not path.is_file():
+        raise ModelLoadError(f"model file '{path}' does not exist")
+    try:
+        return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT raises its own untyped errors for bad files
+        raise ModelLoadError(f"onnxruntime cannot load '{path}': {exc}") from exc
+
+
+def _tensor_specs(args: Sequence[Any]) -> tuple[TensorSpec, ...]:
+    specs = []
+    for arg in args:
+        dtype = BY_ONNX.get(arg.type)
+        if dtype is None:
+            raise ModelLoadError(f"tensor '{arg.name}' has unsupported type {arg.type}")
+        # Symbolic (str) and unknown (None) dimensions are dynamic.
+        shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or ()))
+        specs.append(TensorSpec(arg.name, dtype.triton, shape))
+    return tuple(specs)
+
+
+class OrtInstance:
+    """One InferenceSession."""
+
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self._session = session
+        self._run_options = ort.RunOptions()
+
+    def execute(self, inputs: Arrays, output_names: Sequence[str]) -> dict[str, np.ndarray[Any, Any]]:
+        names = list(output_names)
+        try:
+            results = self._session.run(names, dict(inputs), self._run_options)
+        except Exception as exc:  # ORT raises untyped errors (bad shapes, kernel failures)
+            raise ExecutionError(f"onnxruntime failed: {exc}") from exc
+        return dict(zip(names, results))
+
+    def close(self) -> None:
+        del self._session
+
+
+class OrtBackend:
+    """Loads .onnx files into CPU sessions."""
+
+    name = "onnxruntime"
+
+    def inspect(self, model_path: Path) -> ModelSignature:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        opts.log_severity_level = 3
+        session = _open_session(model_path, opts)
+        return ModelSignature(
+            inputs=_tensor_specs(session.get_inputs()),
+            outputs=_tensor_specs(session.get_outputs()),
+        )
+
+    def create_instance(self, spec: InstanceSpec) -> OrtInstance:
+        if spec.kind == "KIND_GPU":
+            log.warning(
+                "model '%s' instance %s asks for KIND_GPU; this build serves ONNX on CPU",
+                spec.model_name,
+                spec.instance_name,
+            )
+        return OrtInstance(_open_session(spec.model_path, session_options(spec)))

@@ -1,0 +1,48 @@
+"""Backend lookup by config `platform` / `backend` name; backends are imported lazily."""
+
+from __future__ import annotations
+
+import importlib
+
+from edge_backends.api import Backend, ModelLoadError
+
+# backend name -> (module, class); platform names map onto backend names below.
+_BACKENDS: dict[str, tuple[str, str]] = {
+    "onnxruntime": ("edge_backends.ort", "OrtBackend"),
+}
+PLATFORM_TO_BACKEND: dict[str, str] = {"onnxruntime_onnx": "onnxruntime"}
+BACKEND_TO_PLATFORM: dict[str, str] = {v: k for k, v in PLATFORM_TO_BACKEND.items()}
+# The file a version folder holds when config.pbtxt does not name one.
+DEFAULT_MODEL_FILENAME: dict[str, str] = {"onnxruntime": "model.onnx"}
+
+_loaded: dict[str, Backend] = {}
+
+
+def backend_name(platform: str, backend: str) -> str:
+    """The backend that serves a config's platform / backend pair ('' when neither is known)."""
+    if backend:
+        return backend
+    return PLATFORM_TO_BACKEND.get(platform, "")
+
+
+def known_backends() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def get_backend(name: str) -> Backend:
+    """The backend called `name`, imported on first use."""
+    if name in _loaded:
+        return _loaded[name]
+    try:
+        module_name, class_name = _BACKENDS[name]
+    except KeyError:
+        raise ModelLoadError(
+            f"unknown backend '{name}'; this server has: {', '.join(known_backends())}"
+        ) from None
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ModelLoadError(f"backend '{name}' is not available: {exc}") from exc
+    backend: Backend = getattr(module, class_name)()
+    _loaded[name] = backend
+    return backend
