@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,10 +167,8 @@ class ModelManager:
 
         async def one(name: str) -> None:
             async with gate:
-                try:
+                with contextlib.suppress(ApplianceError):  # recorded and logged by load()
                     await self.load(name)
-                except ApplianceError as exc:
-                    log.error("%s", exc.message)
 
         await asyncio.gather(*(one(n) for n in wanted))
 

@@ -1,0 +1,122 @@
+"""The test model repository, built with onnx.helper at test time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+from configs.generate import IR_VERSION, OPSET, SIMPLE_CONFIG, identity_model, save, simple_model
+
+# Triton datatype -> ONNX element type, for the identity models of every datatype.
+ONNX_TYPES = {
+    "BOOL": TensorProto.BOOL,
+    "UINT8": TensorProto.UINT8,
+    "UINT16": TensorProto.UINT16,
+    "UINT32": TensorProto.UINT32,
+    "UINT64": TensorProto.UINT64,
+    "INT8": TensorProto.INT8,
+    "INT16": TensorProto.INT16,
+    "INT32": TensorProto.INT32,
+    "INT64": TensorProto.INT64,
+    "FP16": TensorProto.FLOAT16,
+    "FP32": TensorProto.FLOAT,
+    "FP64": TensorProto.DOUBLE,
+    "BYTES": TensorProto.STRING,
+}
+CONFIG_TYPES = {k: "TYPE_STRING" if k == "BYTES" else f"TYPE_{k}" for k in ONNX_TYPES}
+
+
+def identity_name(datatype: str) -> str:
+    return f"identity_{datatype.lower()}"
+
+
+def _write(root: Path, name: str, config: str | None, versions: dict[int, bytes]) -> None:
+    for version, data in versions.items():
+        path = root / name / str(version) / "model.onnx"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    if config is not None:
+        (root / name / "config.pbtxt").write_text(config)
+
+
+def build(root: Path) -> Path:
+    """Every model the integration tests use."""
+    save(simple_model(), root / "simple" / "1" / "model.onnx")
+    (root / "simple" / "config.pbtxt").write_text(SIMPLE_CONFIG)
+
+    # The same graph with a long batching window, so concurrent requests share executions.
+    save(simple_model(), root / "simple_batching" / "1" / "model.onnx")
+    (root / "simple_batching" / "config.pbtxt").write_text(
+        SIMPLE_CONFIG.replace('"simple"', '"simple_batching"')
+        + "dynamic_batching { max_queue_delay_microseconds: 300000 }\n"
+    )
+
+    for datatype, onnx_type in ONNX_TYPES.items():
+        name = identity_name(datatype)
+        save(identity_model(onnx_type, ["batch", "n"]), root / name / "1" / "model.onnx")
+        (root / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
+            f'input [ {{ name: "INPUT0", data_type: {CONFIG_TYPES[datatype]}, dims: [ -1 ] }} ]\n'
+            f'output [ {{ name: "OUTPUT0", data_type: {CONFIG_TYPES[datatype]}, dims: [ -1 ] }} ]\n'
+        )
+
+    # No config.pbtxt: everything comes from auto-complete.
+    save(identity_model(TensorProto.FLOAT, ["batch", 4]), root / "auto_fp32" / "1" / "model.onnx")
+    # No batch dimension in the model: auto-complete must leave max_batch_size at 0.
+    save(identity_model(TensorProto.FLOAT, [2, 3]), root / "auto_nobatch" / "1" / "model.onnx")
+
+    # Versions 1..3 whose OUTPUT0 is INPUT0 + version, under three policies.
+    for name, policy in (
+        ("versioned_latest", ""),
+        ("versioned_all", "version_policy: { all { } }\n"),
+        ("versioned_specific", "version_policy: { specific { versions: [1, 3] } }\n"),
+    ):
+        for version in (1, 2, 3):
+            save(_add_constant_model(version), root / name / str(version) / "model.onnx")
+        (root / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 4\n{policy}'
+        )
+
+    # Config dims [16] seen by clients, [4, 4] by the model.
+    save(identity_model(TensorProto.FLOAT, ["batch", 4, 4]), root / "reshaped" / "1" / "model.onnx")
+    (root / "reshaped" / "config.pbtxt").write_text(
+        'name: "reshaped"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
+        'input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 16 ], reshape: { shape: [ 4, 4 ] } } ]\n'
+        'output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 16 ], reshape: { shape: [ 4, 4 ] } } ]\n'
+    )
+
+    # Classification with labels.
+    save(identity_model(TensorProto.FLOAT, ["batch", 5]), root / "classifier" / "1" / "model.onnx")
+    (root / "classifier" / "labels.txt").write_text("cat\ndog\nbird\nfish\nfrog\n")
+    (root / "classifier" / "config.pbtxt").write_text(
+        'name: "classifier"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
+        'input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 5 ] } ]\n'
+        'output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 5 ], '
+        'label_filename: "labels.txt" } ]\n'
+    )
+
+    # Broken models: the server must report them and serve the rest.
+    _write(root, "broken_model_file", None, {1: b"this is not an onnx file"})
+    save(simple_model(), root / "broken_config" / "1" / "model.onnx")
+    (root / "broken_config" / "config.pbtxt").write_text("name: \"broken_config\"\nmax_batch_size: [\n")
+    save(simple_model(), root / "wrong_dims" / "1" / "model.onnx")
+    (root / "wrong_dims" / "config.pbtxt").write_text(
+        SIMPLE_CONFIG.replace('"simple"', '"wrong_dims"').replace("dims: [ 16 ] },\n  { name: \"INPUT1\"", "dims: [ 8 ] },\n  { name: \"INPUT1\"")
+    )
+    return root
+
+
+def _add_constant_model(value: int) -> onnx.ModelProto:
+    """OUTPUT0 = INPUT0 + value (FP32, [batch, 4])."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["INPUT0", "c"], ["OUTPUT0"])],
+        "add_constant",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[helper.make_tensor("c", TensorProto.FLOAT, [1], [float(value)])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    return model

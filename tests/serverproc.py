@@ -1,0 +1,68 @@
+"""Start the real server process on free loopback ports and wait until it is ready."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """`python -m appliance serve` as a child process; `stop()` sends SIGTERM and waits."""
+
+    def __init__(self, repository: Path | list[Path], *extra: str, log_path: Path) -> None:
+        repos = repository if isinstance(repository, list) else [repository]
+        self.http_port = free_port()
+        self.grpc_port = free_port()
+        self.http_url = f"127.0.0.1:{self.http_port}"
+        self.grpc_url = f"127.0.0.1:{self.grpc_port}"
+        self.log_path = log_path
+        args = [sys.executable, "-m", "appliance", "serve"]
+        for repo in repos:
+            args += ["--model-repository", str(repo)]
+        args += ["--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port), *extra]
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout_s: float = 60.0, path: str = "/v2/health/ready") -> None:
+        deadline = time.monotonic() + timeout_s
+        url = f"http://{self.http_url}{path}"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(url, timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"server not ready within {timeout_s}s:\n{self.log()}")
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return int(self.proc.returncode)
