@@ -87,7 +87,9 @@ class Appliance:
     async def _http(self) -> AsyncIterator[None]:
         frontend = HttpFrontend(self.core, self.control, self.settings.max_request_bytes)
         runner = web.AppRunner(
-            frontend.build(), handler_cancellation=True, access_log=None,
+            frontend.build(),
+            handler_cancellation=True,
+            access_log=None,
             shutdown_timeout=self.settings.exit_timeout_secs,
         )
         await runner.setup()

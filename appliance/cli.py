@@ -23,25 +23,74 @@ log = logging.getLogger("appliance")
 
 # tritonserver flags that have no meaning here (yet); accepted and reported as ignored.
 IGNORED_FLAGS = (
-    "id", "log-info", "log-warning", "log-error", "log-format", "log-file",
-    "disable-auto-complete-config", "http-header-forward-pattern", "reuse-http-port",
-    "http-restricted-api", "http-thread-count", "http-max-input-size", "grpc-header-forward-pattern",
-    "reuse-grpc-port", "grpc-restricted-protocol", "grpc-infer-allocation-pool-size",
-    "grpc-max-response-pool-size", "grpc-use-ssl", "grpc-use-ssl-mutual", "grpc-server-cert",
-    "grpc-server-key", "grpc-root-cert", "grpc-infer-response-compression-level",
-    "grpc-keepalive-time", "grpc-keepalive-timeout", "grpc-keepalive-permit-without-calls",
-    "grpc-http2-max-pings-without-data", "grpc-http2-min-recv-ping-interval-without-data",
-    "grpc-http2-max-ping-strikes", "grpc-max-connection-age", "grpc-max-connection-age-grace",
-    "allow-sagemaker", "sagemaker-port", "sagemaker-safe-port-range", "sagemaker-thread-count",
-    "allow-vertex-ai", "vertex-ai-port", "vertex-ai-thread-count", "vertex-ai-default-model",
-    "allow-gpu-metrics", "allow-cpu-metrics", "metrics-interval-ms", "metrics-config",
-    "trace-config", "trace-file", "trace-level", "trace-rate", "trace-count",
-    "trace-log-frequency", "model-load-thread-count", "model-load-retry-count",
-    "model-namespacing", "enable-peer-access", "rate-limit", "rate-limit-resource",
-    "pinned-memory-pool-byte-size", "cuda-memory-pool-byte-size", "cuda-virtual-address-size",
-    "min-supported-compute-capability", "buffer-manager-thread-count", "host-policy",
-    "model-load-gpu-limit", "backend-directory", "backend-config", "repoagent-directory",
-    "cache-config", "cache-directory", "response-cache-byte-size",
+    "id",
+    "log-info",
+    "log-warning",
+    "log-error",
+    "log-format",
+    "log-file",
+    "disable-auto-complete-config",
+    "http-header-forward-pattern",
+    "reuse-http-port",
+    "http-restricted-api",
+    "http-thread-count",
+    "http-max-input-size",
+    "grpc-header-forward-pattern",
+    "reuse-grpc-port",
+    "grpc-restricted-protocol",
+    "grpc-infer-allocation-pool-size",
+    "grpc-max-response-pool-size",
+    "grpc-use-ssl",
+    "grpc-use-ssl-mutual",
+    "grpc-server-cert",
+    "grpc-server-key",
+    "grpc-root-cert",
+    "grpc-infer-response-compression-level",
+    "grpc-keepalive-time",
+    "grpc-keepalive-timeout",
+    "grpc-keepalive-permit-without-calls",
+    "grpc-http2-max-pings-without-data",
+    "grpc-http2-min-recv-ping-interval-without-data",
+    "grpc-http2-max-ping-strikes",
+    "grpc-max-connection-age",
+    "grpc-max-connection-age-grace",
+    "allow-sagemaker",
+    "sagemaker-port",
+    "sagemaker-safe-port-range",
+    "sagemaker-thread-count",
+    "allow-vertex-ai",
+    "vertex-ai-port",
+    "vertex-ai-thread-count",
+    "vertex-ai-default-model",
+    "allow-gpu-metrics",
+    "allow-cpu-metrics",
+    "metrics-interval-ms",
+    "metrics-config",
+    "trace-config",
+    "trace-file",
+    "trace-level",
+    "trace-rate",
+    "trace-count",
+    "trace-log-frequency",
+    "model-load-thread-count",
+    "model-load-retry-count",
+    "model-namespacing",
+    "enable-peer-access",
+    "rate-limit",
+    "rate-limit-resource",
+    "pinned-memory-pool-byte-size",
+    "cuda-memory-pool-byte-size",
+    "cuda-virtual-address-size",
+    "min-supported-compute-capability",
+    "buffer-manager-thread-count",
+    "host-policy",
+    "model-load-gpu-limit",
+    "backend-directory",
+    "backend-config",
+    "repoagent-directory",
+    "cache-config",
+    "cache-directory",
+    "response-cache-byte-size",
 )
 
 
@@ -74,7 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--model-repository", "--model-store", action="append", default=[], metavar="DIR",
+        "--model-repository",
+        "--model-store",
+        action="append",
+        default=[],
+        metavar="DIR",
         help="model repository folder; repeat to merge several",
     )
     p.add_argument("--http-address", default="127.0.0.1")
@@ -88,11 +141,13 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     _add_bool(p, "--allow-metrics", "serve Prometheus metrics (default true)")
     _add_bool(p, "--strict-model-config", "refuse models without a complete config.pbtxt")
     _add_bool(
-        p, "--strict-readiness",
+        p,
+        "--strict-readiness",
         "ready only when every model is ready (default false: a device serves what loaded)",
     )
     _add_bool(
-        p, "--exit-on-error",
+        p,
+        "--exit-on-error",
         "exit when a model fails to load at start-up (default false: serve the others)",
     )
     p.add_argument("--log-verbose", type=int, default=0)
@@ -101,16 +156,26 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repository-poll-secs", type=int, default=15)
     p.add_argument("--exit-timeout-secs", type=float, default=30.0)
     p.add_argument(
-        "--max-request-bytes", type=int, default=128 * 1024 * 1024,
+        "--max-request-bytes",
+        type=int,
+        default=128 * 1024 * 1024,
         help="largest HTTP request body accepted (default 128 MiB)",
     )
     p.add_argument(
-        "--grpc-max-message-bytes", type=int, default=128 * 1024 * 1024,
+        "--grpc-max-message-bytes",
+        type=int,
+        default=128 * 1024 * 1024,
         help="largest gRPC message sent or received (default 128 MiB)",
     )
     for flag in IGNORED_FLAGS:
-        p.add_argument(f"--{flag}", dest=f"ignored_{flag}", default=None, nargs="?", const="",
-                       help=argparse.SUPPRESS)
+        p.add_argument(
+            f"--{flag}",
+            dest=f"ignored_{flag}",
+            default=None,
+            nargs="?",
+            const="",
+            help=argparse.SUPPRESS,
+        )
 
 
 def _on(value: bool | None, default: bool) -> bool:
@@ -197,7 +262,7 @@ def serve(argv: Sequence[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     # `edge-appliance --model-repository ...` (tritonserver's spelling) means serve.
-    if not args or args[0].startswith("-") and args[0] not in ("-h", "--help"):
+    if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help")):
         return serve(args)
     if args[0] == "version":
         print(__version__)  # noqa: T201

@@ -16,7 +16,9 @@ from appliance.types import Array, InferRequest, InferResponse, OutputTensor
 
 
 def _dims_match(expected: tuple[int, ...], got: tuple[int, ...]) -> bool:
-    return len(expected) == len(got) and all(e == -1 or e == g for e, g in zip(expected, got))
+    if len(expected) != len(got):
+        return False
+    return all(e == -1 or e == g for e, g in zip(expected, got, strict=True))
 
 
 def _fmt(dims: tuple[int, ...]) -> str:
@@ -116,7 +118,9 @@ class InferenceCore:
         )
 
     @staticmethod
-    def _model_array(data: Array, rule: TensorRule, shape: tuple[int, ...], batching: bool) -> Array:
+    def _model_array(
+        data: Array, rule: TensorRule, shape: tuple[int, ...], batching: bool
+    ) -> Array:
         if rule.model_dims is None:
             return data
         new_shape = ((shape[0],) if batching else ()) + rule.model_dims
@@ -135,8 +139,7 @@ class InferenceCore:
                 )
             if out.class_count < 0:
                 raise InvalidInput(
-                    f"output '{out.name}': classification count must be >= 0, got "
-                    f"{out.class_count}"
+                    f"output '{out.name}': classification count must be >= 0, got {out.class_count}"
                 )
             names.append(out.name)
         return tuple(names)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc.model_config_pb2 import ModelConfig as ModelConfig
 
 from appliance.errors import ConfigError
 from edge_backends.api import ModelSignature, TensorSpec
@@ -24,7 +25,7 @@ CONFIG_FILENAME = "config.pbtxt"
 # Triton's auto-complete default for models whose first dimension is dynamic.
 DEFAULT_MAX_BATCH_SIZE = 4
 
-ModelConfig = mc.ModelConfig
+
 
 
 def read_config(model_dir: Path) -> tuple[ModelConfig, bool]:
@@ -97,9 +98,7 @@ def _batchable(signature: ModelSignature) -> bool:
     return bool(tensors) and all(t.shape and t.shape[0] == -1 for t in tensors)
 
 
-def _fill_tensor(
-    entry: mc.ModelInput | mc.ModelOutput, spec: TensorSpec, batching: bool
-) -> None:
+def _fill_tensor(entry: mc.ModelInput | mc.ModelOutput, spec: TensorSpec, batching: bool) -> None:
     if entry.data_type == mc.TYPE_INVALID:
         entry.data_type = config_type_of(spec.datatype)
     if not entry.dims and not entry.HasField("reshape"):
@@ -128,13 +127,13 @@ def complete_config(config: ModelConfig, signature: ModelSignature, model_name: 
                 _fill_tensor(entry, spec, batching)
             continue
         for entry in entries:
-            spec = by_name.get(entry.name)
-            if spec is None:
+            found = by_name.get(entry.name)
+            if found is None:
                 raise ConfigError(
                     f"model '{config.name}': {kind} '{entry.name}' in config.pbtxt is not in the "
                     f"model; the model has {sorted(by_name)}"
                 )
-            _fill_tensor(entry, spec, batching)
+            _fill_tensor(entry, found, batching)
     complete_scheduling(config)
 
 
@@ -233,7 +232,7 @@ def _check_against_model(config: ModelConfig, where: str, signature: ModelSignat
                 shape = shape[1:]
             want = model_shape(entry)
             compatible = len(want) == len(shape) and all(
-                m == -1 or c == -1 or m == c for m, c in zip(shape, want)
+                m == -1 or c == -1 or m == c for m, c in zip(shape, want, strict=True)
             )
             if not compatible:
                 raise ConfigError(

@@ -125,7 +125,9 @@ def write_repository(root: Path) -> Path:
         (root / model_name / "config.pbtxt").write_text(
             IMAGE_CONFIG.format(name=model_name, output=output)
         )
-    save(identity_model(TensorProto.FLOAT, ["batch", 4]), root / "identity_fp32" / "1" / "model.onnx")
+    save(
+        identity_model(TensorProto.FLOAT, ["batch", 4]), root / "identity_fp32" / "1" / "model.onnx"
+    )
     return root
 
 

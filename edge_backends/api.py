@@ -47,6 +47,12 @@ class ExecutionError(BackendError):
     """The model failed while running a batch."""
 
 
+class InputRejected(BackendError):
+    """An input's contents cannot be given to this backend (e.g. non-UTF-8 text for ONNX
+    strings): the request is at fault, not the model. A batch that fails with it is re-run
+    request by request, so only the offending request fails."""
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """A tensor as the model file declares it: -1 marks a dynamic dimension."""
@@ -85,7 +91,9 @@ class InstanceSpec:
 class ModelInstance(Protocol):
     """One loaded copy of a model; `execute` is called from one worker thread at a time."""
 
-    def execute(self, inputs: Arrays, output_names: Sequence[str]) -> dict[str, np.ndarray[Any, Any]]:
+    def execute(
+        self, inputs: Arrays, output_names: Sequence[str]
+    ) -> dict[str, np.ndarray[Any, Any]]:
         """Run one batch: inputs by name, return the named outputs."""
         ...
 

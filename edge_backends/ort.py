@@ -21,6 +21,7 @@ import onnxruntime as ort
 from edge_backends.api import (
     Arrays,
     ExecutionError,
+    InputRejected,
     InstanceSpec,
     ModelLoadError,
     ModelSignature,
@@ -52,9 +53,7 @@ def _int_param(spec: InstanceSpec, key: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise ModelLoadError(
-            f"parameter '{key}' must be an integer, got '{raw}'"
-        ) from None
+        raise ModelLoadError(f"parameter '{key}' must be an integer, got '{raw}'") from None
 
 
 def _bool_param(spec: InstanceSpec, key: str, default: bool) -> bool:
@@ -93,7 +92,9 @@ def _open_session(path: Path, opts: ort.SessionOptions) -> ort.InferenceSession:
     if not path.is_file():
         raise ModelLoadError(f"model file '{path}' does not exist")
     try:
-        return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(
+            str(path), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
     except Exception as exc:  # ORT raises its own untyped errors for bad files
         raise ModelLoadError(f"onnxruntime cannot load '{path}': {exc}") from exc
 
@@ -110,6 +111,31 @@ def _tensor_specs(args: Sequence[Any]) -> tuple[TensorSpec, ...]:
     return tuple(specs)
 
 
+def _to_ort_strings(name: str, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """ONNX Runtime's Python binding takes str, not bytes, and only valid UTF-8."""
+    out = np.empty(array.shape, dtype=np.object_)
+    flat_in, flat_out = array.reshape(-1), out.reshape(-1)
+    for i, item in enumerate(flat_in):
+        if isinstance(item, bytes):
+            try:
+                item = item.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputRejected(
+                    f"input '{name}' element {i} is not valid UTF-8 ({exc.reason}); "
+                    "ONNX string tensors hold UTF-8 text"
+                ) from None
+        flat_out[i] = item
+    return out
+
+
+def _from_ort_strings(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    out = np.empty(array.shape, dtype=np.object_)
+    flat_in, flat_out = array.reshape(-1), out.reshape(-1)
+    for i, item in enumerate(flat_in):
+        flat_out[i] = item.encode("utf-8") if isinstance(item, str) else item
+    return out
+
+
 class OrtInstance:
     """One InferenceSession."""
 
@@ -117,13 +143,22 @@ class OrtInstance:
         self._session = session
         self._run_options = ort.RunOptions()
 
-    def execute(self, inputs: Arrays, output_names: Sequence[str]) -> dict[str, np.ndarray[Any, Any]]:
+    def execute(
+        self, inputs: Arrays, output_names: Sequence[str]
+    ) -> dict[str, np.ndarray[Any, Any]]:
         names = list(output_names)
+        feed = {
+            name: _to_ort_strings(name, array) if array.dtype == np.object_ else array
+            for name, array in inputs.items()
+        }
         try:
-            results = self._session.run(names, dict(inputs), self._run_options)
+            results = self._session.run(names, feed, self._run_options)
         except Exception as exc:  # ORT raises untyped errors (bad shapes, kernel failures)
             raise ExecutionError(f"onnxruntime failed: {exc}") from exc
-        return dict(zip(names, results))
+        return {
+            name: _from_ort_strings(r) if r.dtype == np.object_ else r
+            for name, r in zip(names, results, strict=True)
+        }
 
     def close(self) -> None:
         del self._session

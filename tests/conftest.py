@@ -17,11 +17,11 @@ def model_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def server(model_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def server(
+    model_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
     """One server for the whole session, serving the test repository."""
-    proc = ServerProcess(
-        model_repository, log_path=tmp_path_factory.mktemp("logs") / "server.log"
-    )
+    proc = ServerProcess(model_repository, log_path=tmp_path_factory.mktemp("logs") / "server.log")
     try:
         proc.wait_ready()
         yield proc

@@ -84,7 +84,7 @@ def _fix_int64(message: Message, raw: dict[str, Any]) -> None:
                     raw[field.name][str(key)] = int(item)
         elif field.message_type is not None:
             if field.label == FieldDescriptor.LABEL_REPEATED:
-                for item, item_raw in zip(value, raw[field.name]):
+                for item, item_raw in zip(value, raw[field.name], strict=True):
                     _fix_int64(item, item_raw)
             else:
                 _fix_int64(value, raw[field.name])

@@ -68,9 +68,7 @@ def decode_bytes(raw: Any, count: int, where: str) -> Array:
         out[i] = bytes(view[offset : offset + length])
         offset += length
     if offset != end:
-        raise InvalidInput(
-            f"{where}: {end - offset} bytes left over after {count} BYTES elements"
-        )
+        raise InvalidInput(f"{where}: {end - offset} bytes left over after {count} BYTES elements")
     return out
 
 
@@ -100,7 +98,7 @@ def to_raw(array: Array, datatype_name: str) -> bytes | memoryview:
     if array.dtype != wanted:
         array = array.astype(wanted)
     array = np.ascontiguousarray(array)
-    return memoryview(array).cast("B")
+    return memoryview(array).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer; stubs disagree
 
 
 def from_list(data: Any, name: str, shape: tuple[int, ...], where: str) -> Array:

@@ -107,17 +107,17 @@ def prepare_model(
     else:
         config, found = read_config(model_dir)
     if not found and strict:
-        raise ConfigError(
-            f"{model_dir}: config.pbtxt is missing and --strict-model-config is set"
-        )
+        raise ConfigError(f"{model_dir}: config.pbtxt is missing and --strict-model-config is set")
     if not config.name:
         config.name = name
     available = list_versions(model_dir)
     backend_name = resolve_backend(config, model_dir, available)
     backend = get_backend(backend_name)
-    versions = select_versions(config.version_policy, available) if config.HasField(
-        "version_policy"
-    ) else select_versions(mc.ModelVersionPolicy(), available)
+    versions = (
+        select_versions(config.version_policy, available)
+        if config.HasField("version_policy")
+        else select_versions(mc.ModelVersionPolicy(), available)
+    )
     if not versions:
         raise ConfigError(
             f"model '{name}': no version folder matches the version policy "
@@ -157,9 +157,7 @@ def _load_instances(
     signature = backend.inspect(path)
     validate_config(config, model_dir, signature)
     parameters = {k: v.string_value for k, v in config.parameters.items()}
-    level = (
-        config.optimization.graph.level if config.optimization.HasField("graph") else None
-    )
+    level = config.optimization.graph.level if config.optimization.HasField("graph") else None
     total = sum(g.count for g in config.instance_group)
     instances: list[tuple[str, ModelInstance]] = []
     try:
@@ -184,4 +182,6 @@ def _load_instances(
             instance.close()
         raise
     batching = config.max_batch_size > 0
-    return [InstanceWorker(f"{config.name}_v{version}_{n}", inst, batching) for n, inst in instances]
+    return [
+        InstanceWorker(f"{config.name}_v{version}_{n}", inst, batching) for n, inst in instances
+    ]

@@ -140,7 +140,8 @@ class ModelManager:
         entries: list[dict[str, Any]] = []
         for name in sorted(self._models):
             record = self._models[name]
-            rows = [(v, READY, "") for v in record.versions] + [
+            rows: list[tuple[int | None, str, str]] = [(v, READY, "") for v in record.versions]
+            rows += [
                 (v, UNAVAILABLE, why) for v, why in record.failed.items()
             ]
             if not rows:
@@ -210,7 +211,7 @@ class ModelManager:
                 record.reason = "; ".join(f"version {v}: {r}" for v, r in prepared.failed.items())
             await self._retire(list(old.values()))
 
-    def _serve(self, prepared: PreparedModel, path: Path) -> dict[str, ServedVersion]:
+    def _serve(self, prepared: PreparedModel, path: Path) -> dict[int, ServedVersion]:
         config = prepared.config
         inputs, outputs = tensor_rules(config.input), tensor_rules(config.output)
         labels = read_labels(path, config)

@@ -8,14 +8,16 @@ in the config the same code sends every request alone (Triton's default schedule
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 
-from appliance.errors import InferenceFailed, QueueFull, ServerUnavailable
+from appliance.errors import InferenceFailed, InvalidInput, QueueFull, ServerUnavailable
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
 from appliance.scheduling.policy import BatchPolicy, next_batch
 from appliance.scheduling.stats import ModelStats
 from appliance.types import Array
+from edge_backends.api import InputRejected
 
 
 class Scheduler:
@@ -109,48 +111,45 @@ class Scheduler:
     def _on_batch_done(self, worker: InstanceWorker, result: BatchResult) -> None:
         self._idle.append(worker)
         if self._preserve_ordering:
-            for slot in self._in_flight:
+            # Responses leave in dispatch order: park this batch until earlier ones are done.
+            for i, slot in enumerate(self._in_flight):
                 if slot.jobs is result.jobs:
-                    slot.outputs, slot.error = result.outputs, result.error
-                    slot.done = True
+                    result.done = True
+                    self._in_flight[i] = result
                     break
             while self._in_flight and self._in_flight[0].done:
-                self._complete(self._in_flight.popleft(), result)
+                self._complete(self._in_flight.popleft())
         else:
-            self._complete(result, result)
+            self._complete(result)
         self._dispatch()
         if self._drained is not None and not self.busy:
             self._drained.set()
 
-    def _complete(self, result: BatchResult, timing: BatchResult) -> None:
+    def _complete(self, result: BatchResult) -> None:
         stats = self._stats
-        if result.error is None:
+        if result.batch_size:
+            succeeded = sum(1 for o in result.outcomes if not isinstance(o, BaseException))
             stats.record_execution(
-                timing.batch_size, len(result.jobs), timing.input_ns, timing.infer_ns,
-                timing.output_ns,
+                result.batch_size, succeeded, result.input_ns, result.infer_ns, result.output_ns
             )
             stats.last_inference_ms = time.time_ns() // 1_000_000
-        assert result.outputs is not None or result.error is not None
-        for i, job in enumerate(result.jobs):
+        for job, outcome in zip(result.jobs, result.outcomes, strict=True):
             if job.future.done():
                 continue
-            if result.error is not None:
-                job.future.set_exception(
-                    InferenceFailed(f"{self._label} failed: {result.error}")
-                )
+            if isinstance(outcome, InputRejected):
+                job.future.set_exception(InvalidInput(f"{self._label}: {outcome}"))
+            elif isinstance(outcome, BaseException):
+                job.future.set_exception(InferenceFailed(f"{self._label} failed: {outcome}"))
             else:
-                assert result.outputs is not None
-                job.future.set_result(result.outputs[i])
+                job.future.set_result(outcome)
 
     async def drain(self, timeout_s: float) -> None:
         """Refuse new work, wait for queued and running jobs up to timeout_s, then fail the rest."""
         self._closing = True
         if self.busy:
             self._drained = asyncio.Event()
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._drained.wait(), timeout_s)
-            except asyncio.TimeoutError:
-                pass
         while self._queue:
             job = self._queue.popleft()
             if not job.future.done():

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from appliance.types import Array
-from edge_backends.api import BackendError, ModelInstance
+from edge_backends.api import BackendError, InputRejected, ModelInstance
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,7 @@ class BatchResult:
     """What a worker hands back to the loop for one batch."""
 
     jobs: list[Job]
-    outputs: list[dict[str, Array]] | None = None  # per job, None on error
-    error: BaseException | None = None
+    outcomes: list[dict[str, Array] | BaseException] = field(default_factory=list)  # per job
     input_ns: int = 0
     infer_ns: int = 0
     output_ns: int = 0
@@ -95,7 +94,9 @@ class InstanceWorker:
         self._loop = loop
         self._thread.start()
 
-    def submit(self, jobs: list[Job], on_done: Callable[[InstanceWorker, BatchResult], None]) -> None:
+    def submit(
+        self, jobs: list[Job], on_done: Callable[[InstanceWorker, BatchResult], None]
+    ) -> None:
         self._inbox.put((jobs, on_done))
 
     def stop(self) -> None:
@@ -122,7 +123,7 @@ class InstanceWorker:
                 return
 
     def run(self, jobs: list[Job]) -> BatchResult:
-        """Execute one batch; never raises, errors travel in the result."""
+        """Execute one batch; never raises: each job's outputs or error is in `outcomes`."""
         result = BatchResult(jobs=jobs)
         try:
             t0 = time.monotonic_ns()
@@ -134,10 +135,22 @@ class InstanceWorker:
             outputs = self._instance.execute(inputs, names)
             t2 = time.monotonic_ns()
             total = sum(j.batch_size for j in jobs)
-            result.outputs = _split_outputs(jobs, outputs, self._batching, total)
+            result.outcomes = list(_split_outputs(jobs, outputs, self._batching, total))
             t3 = time.monotonic_ns()
             result.input_ns, result.infer_ns, result.output_ns = t1 - t0, t2 - t1, t3 - t2
             result.batch_size = total
-        except Exception as exc:  # reported per request by the scheduler
-            result.error = exc
+        except InputRejected as exc:
+            if len(jobs) == 1:
+                result.outcomes = [exc]
+                return result
+            # One request's bad input must not fail the others: run them one by one.
+            singles = [self.run([job]) for job in jobs]
+            result.outcomes = [s.outcomes[0] for s in singles]
+            ok = [s for s in singles if s.batch_size]
+            result.batch_size = sum(s.batch_size for s in ok)
+            result.input_ns = sum(s.input_ns for s in ok)
+            result.infer_ns = sum(s.infer_ns for s in ok)
+            result.output_ns = sum(s.output_ns for s in ok)
+        except Exception as exc:  # the whole batch failed: every request reports it
+            result.outcomes = [exc] * len(jobs)
         return result

@@ -100,10 +100,14 @@ def build(root: Path) -> Path:
     # Broken models: the server must report them and serve the rest.
     _write(root, "broken_model_file", None, {1: b"this is not an onnx file"})
     save(simple_model(), root / "broken_config" / "1" / "model.onnx")
-    (root / "broken_config" / "config.pbtxt").write_text("name: \"broken_config\"\nmax_batch_size: [\n")
+    (root / "broken_config" / "config.pbtxt").write_text(
+        'name: "broken_config"\nmax_batch_size: [\n'
+    )
     save(simple_model(), root / "wrong_dims" / "1" / "model.onnx")
     (root / "wrong_dims" / "config.pbtxt").write_text(
-        SIMPLE_CONFIG.replace('"simple"', '"wrong_dims"').replace("dims: [ 16 ] },\n  { name: \"INPUT1\"", "dims: [ 8 ] },\n  { name: \"INPUT1\"")
+        SIMPLE_CONFIG.replace('"simple"', '"wrong_dims"').replace(
+            'dims: [ 16 ] },\n  { name: "INPUT1"', 'dims: [ 8 ] },\n  { name: "INPUT1"'
+        )
     )
     return root
 

@@ -83,9 +83,11 @@ def decode_request(msg: pb.ModelInferRequest) -> InferRequest:
     if msg.outputs:
         outputs = []
         for out in msg.outputs:
-            count = out.parameters["classification"].int64_param if (
-                "classification" in out.parameters
-            ) else 0
+            count = (
+                out.parameters["classification"].int64_param
+                if ("classification" in out.parameters)
+                else 0
+            )
             outputs.append(RequestedOutput(out.name, int(count)))
         request.outputs = outputs
     return request

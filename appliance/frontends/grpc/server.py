@@ -79,7 +79,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return json_format.ParseDict(meta, pb.ModelMetadataResponse())
 
     async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
-        return pb.ModelConfigResponse(config=self.control.model_config(request.name, request.version))
+        return pb.ModelConfigResponse(
+            config=self.control.model_config(request.name, request.version)
+        )
 
     async def ModelStatistics(self, request: Any, context: Any) -> pb.ModelStatisticsResponse:
         stats = self.control.statistics(request.name, request.version)

@@ -133,7 +133,9 @@ class HttpFrontend:
 
     async def stats(self, request: web.Request) -> web.StreamResponse:
         info = request.match_info
-        return json_response(self.control.statistics(info.get("model", ""), info.get("version", "")))
+        return json_response(
+            self.control.statistics(info.get("model", ""), info.get("version", ""))
+        )
 
     async def repository_index(self, request: web.Request) -> web.StreamResponse:
         body = await self._json_body(request)
