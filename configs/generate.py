@@ -5,6 +5,8 @@
 - simple: Triton's quick-start model (INT32 INPUT0 + INPUT1 -> OUTPUT0 sum, OUTPUT1 difference)
 - densenet_onnx / squeezenet_onnx: the real architectures shipped in the onnx wheel, with the
   batch dimension made dynamic, served with dynamic batching
+- simple_string: Triton's string quick-start model (BYTES numbers in, their sum and difference
+  as BYTES out)
 - identity_fp32: no config.pbtxt at all, served through auto-complete
 
 The builders are also used by the tests.
@@ -83,6 +85,28 @@ def simple_model(elem_type: int = TensorProto.INT32, dims: int = 16) -> onnx.Mod
     )
 
 
+def simple_string_model() -> onnx.ModelProto:
+    """Triton's simple_string: BYTES decimal numbers -> their sum and difference as BYTES."""
+    text, number = TensorProto.STRING, TensorProto.INT32
+
+    def info(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, text, ["batch", 16])
+
+    return make_model(
+        [
+            helper.make_node("Cast", ["INPUT0"], ["a"], to=number),
+            helper.make_node("Cast", ["INPUT1"], ["b"], to=number),
+            helper.make_node("Add", ["a", "b"], ["sum"]),
+            helper.make_node("Sub", ["a", "b"], ["difference"]),
+            helper.make_node("Cast", ["sum"], ["OUTPUT0"], to=text),
+            helper.make_node("Cast", ["difference"], ["OUTPUT1"], to=text),
+        ],
+        [info("INPUT0"), info("INPUT1")],
+        [info("OUTPUT0"), info("OUTPUT1")],
+        "simple_string",
+    )
+
+
 def identity_model(
     elem_type: int, shape: list[int | str], in_name: str = "INPUT0", out_name: str = "OUTPUT0"
 ) -> onnx.ModelProto:
@@ -117,6 +141,10 @@ def write_repository(root: Path) -> Path:
     """Write the example repository under `root`; returns it."""
     save(simple_model(), root / "simple" / "1" / "model.onnx")
     (root / "simple" / "config.pbtxt").write_text(SIMPLE_CONFIG)
+    save(simple_string_model(), root / "simple_string" / "1" / "model.onnx")
+    (root / "simple_string" / "config.pbtxt").write_text(
+        SIMPLE_CONFIG.replace('"simple"', '"simple_string"').replace("TYPE_INT32", "TYPE_STRING")
+    )
     for model_name, light, output in (
         ("densenet_onnx", "light_densenet121", "fc6_1"),
         ("squeezenet_onnx", "light_squeezenet", "softmaxout_1"),

@@ -1,0 +1,221 @@
+"""Health, metadata, config, statistics and repository endpoints through all four clients."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+import tritonclient.http as httpclient
+import tritonclient.http.aio as httpaio
+from tritonclient.utils import InferenceServerException
+
+from tests.serverproc import ServerProcess
+
+
+def simple_inputs(module, binary: bool = True):  # type: ignore[no-untyped-def]
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    b = np.ones((1, 16), dtype=np.int32)
+    inputs = [
+        module.InferInput("INPUT0", [1, 16], "INT32"),
+        module.InferInput("INPUT1", [1, 16], "INT32"),
+    ]
+    if module in (httpclient, httpaio):
+        inputs[0].set_data_from_numpy(a, binary_data=binary)
+        inputs[1].set_data_from_numpy(b, binary_data=binary)
+    else:
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(b)
+    return inputs, a, b
+
+
+def test_http_health_and_server_metadata(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.http_url)
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    meta = client.get_server_metadata()
+    assert meta["name"] == "edge-appliance"
+    assert {"binary_tensor_data", "classification", "statistics", "model_repository"} <= set(
+        meta["extensions"]
+    )
+
+
+def test_grpc_health_and_server_metadata(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    meta = client.get_server_metadata(as_json=True)
+    assert meta["name"] == "edge-appliance"
+    assert "binary_tensor_data" in meta["extensions"]
+
+
+@pytest.mark.parametrize("path", ["/v2/models/simple", "/v2/models/simple/versions/1"])
+def test_http_model_metadata(server: ServerProcess, path: str) -> None:
+    with urllib.request.urlopen(f"http://{server.http_url}{path}") as resp:
+        meta = json.load(resp)
+    assert meta["name"] == "simple"
+    assert meta["versions"] == ["1"]
+    assert meta["platform"] == "onnxruntime_onnx"
+    assert meta["inputs"] == [
+        {"name": "INPUT0", "datatype": "INT32", "shape": [-1, 16]},
+        {"name": "INPUT1", "datatype": "INT32", "shape": [-1, 16]},
+    ]
+    assert [o["name"] for o in meta["outputs"]] == ["OUTPUT0", "OUTPUT1"]
+
+
+def test_grpc_model_metadata_and_config(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    meta = client.get_model_metadata("simple")
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [
+        ("INPUT0", "INT32", [-1, 16]),
+        ("INPUT1", "INT32", [-1, 16]),
+    ]
+    config = client.get_model_config("simple").config
+    assert config.max_batch_size == 8
+    assert [i.name for i in config.input] == ["INPUT0", "INPUT1"]
+
+
+def test_http_model_config_uses_proto_names_and_numbers(server: ServerProcess) -> None:
+    config = httpclient.InferenceServerClient(server.http_url).get_model_config("simple")
+    assert config["name"] == "simple"
+    assert config["max_batch_size"] == 8
+    assert config["input"][0]["data_type"] == "TYPE_INT32"
+    assert config["input"][0]["dims"] == [16]  # numbers, as Triton writes them
+    assert config["instance_group"][0]["kind"] == "KIND_CPU"
+
+
+def test_model_ready(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.http_url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    assert http.is_model_ready("simple")
+    assert grpc.is_model_ready("simple", "1")
+    assert not http.is_model_ready("simple", "2")
+    assert not grpc.is_model_ready("no_such_model")
+    assert not http.is_model_ready("broken_model_file")
+
+
+def test_sync_clients_infer_simple(server: ServerProcess) -> None:
+    for module, url in ((httpclient, server.http_url), (grpcclient, server.grpc_url)):
+        client = module.InferenceServerClient(url)
+        inputs, a, b = simple_inputs(module)
+        result = client.infer("simple", inputs, request_id="req-7")
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+        response = result.get_response()
+        response_id = response["id"] if isinstance(response, dict) else response.id
+        assert response_id == "req-7"
+
+
+async def test_async_clients_infer_simple(server: ServerProcess) -> None:
+    for module, url in ((httpaio, server.http_url), (grpcaio, server.grpc_url)):
+        client = module.InferenceServerClient(url)
+        try:
+            assert await client.is_server_ready()
+            inputs, a, b = simple_inputs(module)
+            outputs = [module.InferRequestedOutput("OUTPUT1")]
+            result = await client.infer("simple", inputs, outputs=outputs)
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+            assert result.as_numpy("OUTPUT0") is None  # only what was asked for
+        finally:
+            await client.close()
+
+
+def test_http_json_tensors(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.http_url)
+    inputs, a, b = simple_inputs(httpclient, binary=False)
+    outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)]
+    result = client.infer("simple", inputs, outputs=outputs)
+    assert result.get_response()["outputs"][0]["data"] == (a + b).ravel().tolist()
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_http_compression_both_ways(server: ServerProcess, algorithm: str) -> None:
+    client = httpclient.InferenceServerClient(server.http_url)
+    inputs, a, b = simple_inputs(httpclient)
+    result = client.infer(
+        "simple",
+        inputs,
+        request_compression_algorithm=algorithm,
+        response_compression_algorithm=algorithm,
+    )
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+
+
+def test_grpc_stream_infer(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: list[tuple[object, object]] = []
+    client.start_stream(callback=lambda result, error: results.append((result, error)))
+    try:
+        for i in range(5):
+            inputs, a, b = simple_inputs(grpcclient)
+            client.async_stream_infer("simple", inputs, request_id=str(i))
+        bad = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
+        bad.set_data_from_numpy(np.zeros((1, 16), np.float32))
+        client.async_stream_infer("simple", [bad], request_id="bad")
+    finally:
+        client.stop_stream()  # waits for the outstanding responses
+    assert len(results) == 6
+    good = {r.get_response().id: r for r, e in results if e is None}
+    assert sorted(good) == ["0", "1", "2", "3", "4"]
+    np.testing.assert_array_equal(good["3"].as_numpy("OUTPUT0"), a + b)
+    errors = [e for _, e in results if e is not None]
+    assert len(errors) == 1
+    assert "data-type is 'FP32'" in str(errors[0])
+
+
+def test_statistics_count_inferences(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.http_url)
+    before = http.get_inference_statistics("identity_int64")["model_stats"][0]
+    data = np.arange(6, dtype=np.int64).reshape(3, 2)
+    inp = httpclient.InferInput("INPUT0", [3, 2], "INT64")
+    inp.set_data_from_numpy(data)
+    for _ in range(2):
+        http.infer("identity_int64", [inp])
+    after = http.get_inference_statistics("identity_int64", "1")["model_stats"][0]
+    assert after["name"] == "identity_int64"
+    assert after["version"] == "1"
+    assert after["inference_count"] - before["inference_count"] == 6  # 2 requests x batch 3
+    assert after["execution_count"] - before["execution_count"] == 2
+    stats = after["inference_stats"]
+    assert stats["success"]["count"] - before["inference_stats"]["success"]["count"] == 2
+    assert stats["compute_infer"]["ns"] > 0
+    assert any(b["batch_size"] == 3 for b in after["batch_stats"])
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    grpc_stats = grpc.get_inference_statistics("identity_int64", as_json=True)["model_stats"][0]
+    assert int(grpc_stats["inference_count"]) == after["inference_count"]
+    every = http.get_inference_statistics()["model_stats"]
+    assert {"simple", "identity_int64"} <= {s["name"] for s in every}
+
+
+def test_failed_inference_counts_as_fail(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.http_url)
+    before = http.get_inference_statistics("simple")["model_stats"][0]["inference_stats"]
+    bad = httpclient.InferInput("INPUT0", [1, 8], "INT32")
+    bad.set_data_from_numpy(np.zeros((1, 8), np.int32))
+    good = httpclient.InferInput("INPUT1", [1, 16], "INT32")
+    good.set_data_from_numpy(np.zeros((1, 16), np.int32))
+    with pytest.raises(InferenceServerException, match="unexpected shape for input 'INPUT0'"):
+        http.infer("simple", [bad, good])
+    after = http.get_inference_statistics("simple")["model_stats"][0]["inference_stats"]
+    assert after["fail"]["count"] == before["fail"]["count"] + 1
+
+
+def test_repository_index(server: ServerProcess) -> None:
+    index = httpclient.InferenceServerClient(server.http_url).get_model_repository_index()
+    by_name = {e["name"]: e for e in index}
+    assert by_name["simple"]["state"] == "READY"
+    assert by_name["simple"]["version"] == "1"
+    assert by_name["broken_model_file"]["state"] == "UNAVAILABLE"
+    assert "onnxruntime cannot load" in by_name["broken_model_file"]["reason"]
+    grpc_index = grpcclient.InferenceServerClient(server.grpc_url).get_model_repository_index()
+    assert {m.name for m in grpc_index.models} == set(by_name)
+
+
+def test_load_and_unload_refused_outside_explicit_mode(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.http_url)
+    with pytest.raises(InferenceServerException, match="not allowed in model control mode 'none'"):
+        client.unload_model("simple")
+    assert client.is_model_ready("simple")
