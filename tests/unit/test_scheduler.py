@@ -1,0 +1,172 @@
+"""The scheduler with real worker threads and small in-process model instances."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from appliance.errors import InferenceFailed, InvalidInput, QueueFull
+from appliance.scheduling.batcher import Scheduler
+from appliance.scheduling.instances import InstanceWorker, Job
+from appliance.scheduling.policy import BatchPolicy
+from appliance.scheduling.stats import ModelStats
+from edge_backends.api import InputRejected
+
+
+class Doubler:
+    """y = 2x; rejects negative inputs as a request error; records batch sizes."""
+
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        self.batches: list[int] = []
+        self.gate = gate
+
+    def execute(self, inputs: Any, output_names: Sequence[str]) -> dict[str, np.ndarray]:
+        if self.gate is not None:
+            self.gate.wait(5)
+        x = inputs["x"]
+        if (x < 0).any():
+            raise InputRejected("negative input")
+        if (x == 99).any():
+            raise RuntimeError("model crashed")
+        self.batches.append(int(x.shape[0]))
+        return {"y": x * 2}
+
+    def close(self) -> None:
+        pass
+
+
+def job(value: float, rows: int = 1) -> Job:
+    return Job(
+        inputs={"x": np.full((rows, 2), value, dtype=np.float32)},
+        batch_size=rows,
+        shape_key=((2,),),
+        output_names=("y",),
+        future=asyncio.get_running_loop().create_future(),
+    )
+
+
+def make(instance: Doubler, policy: BatchPolicy, **kwargs: Any) -> tuple[Scheduler, ModelStats]:
+    stats = ModelStats()
+    worker = InstanceWorker("w", instance, batching=policy.max_batch_size > 0)
+    scheduler = Scheduler("model 'm' version 1", [worker], policy, stats, **kwargs)
+    scheduler.start()
+    return scheduler, stats
+
+
+DYNAMIC = BatchPolicy(max_batch_size=8, dynamic=True, max_queue_delay_ns=50_000_000)
+
+
+async def test_batched_requests_get_their_own_rows() -> None:
+    model = Doubler()
+    scheduler, stats = make(model, DYNAMIC, max_queue_size=100)
+    results = await asyncio.gather(*(scheduler.submit(job(i)) for i in range(5)))
+    for i, out in enumerate(results):
+        np.testing.assert_array_equal(out["y"], np.full((1, 2), 2 * i))
+    assert model.batches == [5]
+    assert stats.execution_count == 1
+    assert stats.inference_count == 5
+    await scheduler.drain(1)
+    scheduler.stop_workers()
+
+
+async def test_a_rejected_input_fails_only_its_own_request() -> None:
+    scheduler, _ = make(Doubler(), DYNAMIC, max_queue_size=100)
+    results = await asyncio.gather(
+        scheduler.submit(job(1)),
+        scheduler.submit(job(-1)),
+        scheduler.submit(job(3)),
+        return_exceptions=True,
+    )
+    np.testing.assert_array_equal(results[0]["y"], np.full((1, 2), 2))
+    assert isinstance(results[1], InvalidInput)
+    assert "model 'm' version 1: negative input" in str(results[1])
+    np.testing.assert_array_equal(results[2]["y"], np.full((1, 2), 6))
+    await scheduler.drain(1)
+    scheduler.stop_workers()
+
+
+async def test_a_model_failure_is_reported_as_internal() -> None:
+    scheduler, _ = make(Doubler(), BatchPolicy(max_batch_size=8), max_queue_size=100)
+    with pytest.raises(InferenceFailed, match="model 'm' version 1 failed: model crashed"):
+        await scheduler.submit(job(99))
+    out = await scheduler.submit(job(1))  # the instance still serves
+    np.testing.assert_array_equal(out["y"], np.full((1, 2), 2))
+    await scheduler.drain(1)
+    scheduler.stop_workers()
+
+
+async def test_full_queue_rejects_at_once() -> None:
+    gate = threading.Event()
+    scheduler, _ = make(Doubler(gate), BatchPolicy(max_batch_size=8), max_queue_size=2)
+    running = asyncio.ensure_future(scheduler.submit(job(1)))  # occupies the instance
+    await asyncio.sleep(0)
+    queued = [asyncio.ensure_future(scheduler.submit(job(2))) for _ in range(2)]
+    await asyncio.sleep(0)
+    with pytest.raises(QueueFull, match=r"queue is full \(2 requests waiting\)"):
+        await scheduler.submit(job(3))
+    gate.set()
+    await asyncio.gather(running, *queued)
+    await scheduler.drain(1)
+    scheduler.stop_workers()
+
+
+async def test_cancelled_queued_request_never_executes() -> None:
+    gate = threading.Event()
+    model = Doubler(gate)
+    scheduler, _ = make(model, BatchPolicy(max_batch_size=8), max_queue_size=10)
+    first = asyncio.ensure_future(scheduler.submit(job(1)))
+    await asyncio.sleep(0)
+    doomed = asyncio.ensure_future(scheduler.submit(job(5, rows=3)))
+    await asyncio.sleep(0)
+    doomed.cancel()
+    gate.set()
+    await first
+    await scheduler.submit(job(2))
+    assert 3 not in model.batches  # the cancelled 3-row request was dropped from the queue
+    await scheduler.drain(1)
+    scheduler.stop_workers()
+
+
+async def test_preserve_ordering_with_two_instances() -> None:
+    slow_gate = threading.Event()
+    slow, fast = Doubler(slow_gate), Doubler()
+    stats = ModelStats()
+    workers = [InstanceWorker("slow", slow, True), InstanceWorker("fast", fast, True)]
+    scheduler = Scheduler(
+        "m",
+        workers,
+        BatchPolicy(max_batch_size=1),
+        stats,
+        max_queue_size=10,
+        preserve_ordering=True,
+    )
+    scheduler.start()
+    done: list[int] = []
+
+    async def tracked(i: int) -> None:
+        await scheduler.submit(job(i))
+        done.append(i)
+
+    first = asyncio.ensure_future(tracked(0))  # goes to the slow instance
+    await asyncio.sleep(0)
+    second = asyncio.ensure_future(tracked(1))  # the fast one finishes it first ...
+    await asyncio.sleep(0.1)
+    assert done == []  # ... but its response waits for the earlier request
+    slow_gate.set()
+    await asyncio.gather(first, second)
+    assert done == [0, 1]
+    await scheduler.drain(1)
+    scheduler.stop_workers()
+
+
+async def test_drain_refuses_new_work() -> None:
+    scheduler, _ = make(Doubler(), DYNAMIC, max_queue_size=10)
+    await scheduler.drain(1)
+    with pytest.raises(Exception, match="unloading"):
+        await scheduler.submit(job(1))
+    scheduler.stop_workers()
