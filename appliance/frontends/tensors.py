@@ -101,16 +101,47 @@ def to_raw(array: Array, datatype_name: str) -> bytes | memoryview:
     return memoryview(array).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer; stubs disagree
 
 
+# JSON value types each datatype accepts; nothing is coerced ("7" is not an INT32, 1.5 is not
+# an INT32 either, true is not 1), as Triton refuses them.
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "BOOL": (bool,),
+    "BYTES": (str,),
+    "FP16": (int, float),
+    "FP32": (int, float),
+    "FP64": (int, float),
+}
+
+
+def _check_json_types(data: Any, name: str, where: str) -> None:
+    allowed = _JSON_TYPES.get(name, (int,))
+    flat = data
+    kinds = set(map(type, flat))
+    if list in kinds:  # nested (row-major) lists
+        flat = np.asarray(data, dtype=np.object_).ravel().tolist()
+        kinds = set(map(type, flat))
+    bad = kinds.difference(allowed)
+    if bad:
+        first = next(v for v in flat if type(v) in bad)
+        raise InvalidInput(
+            f"{where}: data is not a list of {name} values: it holds {first!r} "
+            f"({type(first).__name__})"
+        )
+
+
 def from_list(data: Any, name: str, shape: tuple[int, ...], where: str) -> Array:
-    """A tensor from JSON data (flat or nested, row-major)."""
+    """A tensor from JSON data (flat or nested, row-major); values must have the JSON type of
+    the datatype."""
     dtype = datatype(name, where)
     count = element_count(shape, where)
+    if not isinstance(data, list):
+        raise InvalidInput(f"{where}: 'data' must be a list, got {type(data).__name__}")
+    _check_json_types(data, name, where)
     try:
         if dtype.itemsize == 0:
             flat = np.asarray(data, dtype=np.object_).ravel()
             array = np.empty(flat.size, dtype=np.object_)
             for i, item in enumerate(flat):
-                array[i] = as_bytes_item(item)
+                array[i] = item.encode("utf-8")
         else:
             array = np.asarray(data, dtype=dtype.numpy).ravel()
     except (TypeError, ValueError, OverflowError) as exc:

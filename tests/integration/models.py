@@ -83,8 +83,10 @@ def build(root: Path) -> Path:
     save(identity_model(TensorProto.FLOAT, ["batch", 4, 4]), root / "reshaped" / "1" / "model.onnx")
     (root / "reshaped" / "config.pbtxt").write_text(
         'name: "reshaped"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
-        'input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 16 ], reshape: { shape: [ 4, 4 ] } } ]\n'
-        'output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 16 ], reshape: { shape: [ 4, 4 ] } } ]\n'
+        'input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 16 ],\n'
+        "  reshape: { shape: [ 4, 4 ] } } ]\n"
+        'output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 16 ],\n'
+        "  reshape: { shape: [ 4, 4 ] } } ]\n"
     )
 
     # Classification with labels.

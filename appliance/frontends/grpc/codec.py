@@ -53,7 +53,12 @@ def _from_contents(tensor: Any, shape: tuple[int, ...], where: str) -> np.ndarra
         array = np.empty(count, dtype=np.object_)
         array[:] = list(values)
         return array.reshape(shape)
-    return np.array(values, dtype=dtype.numpy).reshape(shape)
+    try:
+        return np.array(values, dtype=dtype.numpy).reshape(shape)
+    except (OverflowError, ValueError) as exc:
+        raise InvalidInput(
+            f"{where}: contents.{field} holds a value out of range for {tensor.datatype}: {exc}"
+        ) from exc
 
 
 def decode_request(msg: pb.ModelInferRequest) -> InferRequest:
