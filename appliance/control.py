@@ -65,7 +65,8 @@ class ControlPlane:
     # ---- metadata ----------------------------------------------------------------------------
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": "edge-appliance", "version": __version__, "extensions": EXTENSIONS}
+        # "triton": Triton's own clients and examples check the name; the version is ours.
+        return {"name": "triton", "version": __version__, "extensions": EXTENSIONS}
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         served = self.manager.get(name, version)

@@ -7,6 +7,7 @@
   batch dimension made dynamic, served with dynamic batching
 - simple_string: Triton's string quick-start model (BYTES numbers in, their sum and difference
   as BYTES out)
+- simple_identity, simple_int8: the other models Triton's string and int8 examples call
 - identity_fp32: no config.pbtxt at all, served through auto-complete
 
 The builders are also used by the tests.
@@ -42,8 +43,10 @@ IMAGE_CONFIG = """\
 name: "{name}"
 platform: "onnxruntime_onnx"
 max_batch_size: 8
-input [ {{ name: "data_0", data_type: TYPE_FP32, dims: [ 3, 224, 224 ] }} ]
-output [ {{ name: "{output}", data_type: TYPE_FP32, dims: [ 1000, 1, 1 ] }} ]
+input [ {{ name: "data_0", data_type: TYPE_FP32, format: FORMAT_NCHW, dims: [ 3, 224, 224 ] }} ]
+output [
+  {{ name: "{output}", data_type: TYPE_FP32, dims: [ 1000, 1, 1 ], label_filename: "labels.txt" }}
+]
 dynamic_batching {{ }}
 instance_group [ {{ count: 1, kind: KIND_CPU }} ]
 """
@@ -107,6 +110,28 @@ def simple_string_model() -> onnx.ModelProto:
     )
 
 
+def simple_int8_model() -> onnx.ModelProto:
+    """simple on INT8 (ONNX Runtime has no INT8 Add: compute in INT32, cast back)."""
+    int8, int32 = TensorProto.INT8, TensorProto.INT32
+
+    def info(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, int8, ["batch", 16])
+
+    return make_model(
+        [
+            helper.make_node("Cast", ["INPUT0"], ["a"], to=int32),
+            helper.make_node("Cast", ["INPUT1"], ["b"], to=int32),
+            helper.make_node("Add", ["a", "b"], ["sum"]),
+            helper.make_node("Sub", ["a", "b"], ["difference"]),
+            helper.make_node("Cast", ["sum"], ["OUTPUT0"], to=int8),
+            helper.make_node("Cast", ["difference"], ["OUTPUT1"], to=int8),
+        ],
+        [info("INPUT0"), info("INPUT1")],
+        [info("OUTPUT0"), info("OUTPUT1")],
+        "simple_int8",
+    )
+
+
 def identity_model(
     elem_type: int, shape: list[int | str], in_name: str = "INPUT0", out_name: str = "OUTPUT0"
 ) -> onnx.ModelProto:
@@ -145,6 +170,19 @@ def write_repository(root: Path) -> Path:
     (root / "simple_string" / "config.pbtxt").write_text(
         SIMPLE_CONFIG.replace('"simple"', '"simple_string"').replace("TYPE_INT32", "TYPE_STRING")
     )
+    save(simple_int8_model(), root / "simple_int8" / "1" / "model.onnx")
+    (root / "simple_int8" / "config.pbtxt").write_text(
+        SIMPLE_CONFIG.replace('"simple"', '"simple_int8"').replace("TYPE_INT32", "TYPE_INT8")
+    )
+    save(
+        identity_model(TensorProto.STRING, ["batch", "n"]),
+        root / "simple_identity" / "1" / "model.onnx",
+    )
+    (root / "simple_identity" / "config.pbtxt").write_text(
+        'name: "simple_identity"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0", data_type: TYPE_STRING, dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT0", data_type: TYPE_STRING, dims: [ -1 ] } ]\n'
+    )
     for model_name, light, output in (
         ("densenet_onnx", "light_densenet121", "fc6_1"),
         ("squeezenet_onnx", "light_squeezenet", "softmaxout_1"),
@@ -152,6 +190,10 @@ def write_repository(root: Path) -> Path:
         save(light_model(light), root / model_name / "1" / "model.onnx")
         (root / model_name / "config.pbtxt").write_text(
             IMAGE_CONFIG.format(name=model_name, output=output)
+        )
+        # The onnx wheel's models carry no class names; number the 1000 ImageNet classes.
+        (root / model_name / "labels.txt").write_text(
+            "".join(f"class_{i:03d}\n" for i in range(1000))
         )
     save(
         identity_model(TensorProto.FLOAT, ["batch", 4]), root / "identity_fp32" / "1" / "model.onnx"

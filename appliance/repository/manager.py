@@ -9,7 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from appliance.errors import ApplianceError, ModelNotFound, ModelNotReady, Unsupported
+from appliance.errors import (
+    ApplianceError,
+    InvalidInput,
+    ModelNotFound,
+    ModelNotReady,
+    Unsupported,
+)
 from appliance.model_config import ModelConfig
 from appliance.repository.loader import (
     PreparedModel,
@@ -98,9 +104,15 @@ class ModelManager:
             try:
                 wanted = int(version)
             except ValueError:
-                raise ModelNotFound(
-                    f"Request for unknown model: '{name}' version '{version}' is not a number"
+                raise InvalidInput(
+                    f"failed to get model version from specified version string '{version}', "
+                    f"version should be an integral value > 0 (model '{name}')"
                 ) from None
+            if wanted < 0:
+                raise InvalidInput(
+                    f"invalid model version specified '{version}', version should be an "
+                    f"integral value > 0 (model '{name}')"
+                )
             served = record.versions.get(wanted)
             if served is None:
                 if wanted in record.failed:

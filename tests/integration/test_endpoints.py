@@ -37,7 +37,7 @@ def test_http_health_and_server_metadata(server: ServerProcess) -> None:
     assert client.is_server_live()
     assert client.is_server_ready()
     meta = client.get_server_metadata()
-    assert meta["name"] == "edge-appliance"
+    assert meta["name"] == "triton"  # what Triton's own clients check
     assert {"binary_tensor_data", "classification", "statistics", "model_repository"} <= set(
         meta["extensions"]
     )
@@ -48,7 +48,7 @@ def test_grpc_health_and_server_metadata(server: ServerProcess) -> None:
     assert client.is_server_live()
     assert client.is_server_ready()
     meta = client.get_server_metadata(as_json=True)
-    assert meta["name"] == "edge-appliance"
+    assert meta["name"] == "triton"  # what Triton's own clients check
     assert "binary_tensor_data" in meta["extensions"]
 
 
@@ -219,3 +219,15 @@ def test_load_and_unload_refused_outside_explicit_mode(server: ServerProcess) ->
     with pytest.raises(InferenceServerException, match="not allowed in model control mode 'none'"):
         client.unload_model("simple")
     assert client.is_model_ready("simple")
+
+
+def test_unimplemented_extensions_say_so(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.http_url)
+    with pytest.raises(InferenceServerException, match="does not implement") as err:
+        http.get_system_shared_memory_status()
+    assert err.value.status() == "501"
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException, match="does not implement") as gerr:
+        grpc.unregister_system_shared_memory()
+    assert gerr.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert http.is_server_ready()

@@ -151,8 +151,8 @@ def _raw_cases() -> dict[str, RawCase]:
     add(
         "non_numeric_version",
         simple_body(),
-        404,
-        "'simple' version 'latest' is not a number",
+        400,
+        "version string 'latest', version should be an integral value > 0",
         path="/v2/models/simple/versions/latest/infer",
     )
     add(
@@ -741,10 +741,17 @@ GRPC_CASES = {
         "StatusCode.INVALID_ARGUMENT",
         "input 'INPUT0': shape [1, -2] has a negative dimension",
     ),
+    "raw_and_contents": (
+        grpc_request(
+            "identity_int32", "INT32", [1, 2], raw=b"\0" * 8, field="int_contents", values=[1, 2]
+        ),
+        "StatusCode.INVALID_ARGUMENT",
+        "contents field must not be specified when using raw_input_contents for 'INPUT0'",
+    ),
     "non_numeric_version": (
         service_pb2.ModelInferRequest(model_name="simple", model_version="x"),
-        "StatusCode.NOT_FOUND",
-        "Request for unknown model: 'simple' version 'x' is not a number",
+        "StatusCode.INVALID_ARGUMENT",
+        "version string 'x', version should be an integral value > 0",
     ),
 }
 

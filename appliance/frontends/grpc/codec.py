@@ -64,6 +64,13 @@ def _from_contents(tensor: Any, shape: tuple[int, ...], where: str) -> np.ndarra
 def decode_request(msg: pb.ModelInferRequest) -> InferRequest:
     model = msg.model_name
     raw = msg.raw_input_contents
+    if raw:
+        for tensor in msg.inputs:
+            if tensor.HasField("contents"):
+                raise InvalidInput(
+                    "contents field must not be specified when using raw_input_contents for "
+                    f"'{tensor.name}' for model '{model}'"
+                )
     if raw and len(raw) != len(msg.inputs):
         raise InvalidInput(
             f"model '{model}': {len(msg.inputs)} inputs but {len(raw)} raw_input_contents; "

@@ -14,7 +14,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from appliance.control import ControlPlane
 from appliance.core import InferenceCore
-from appliance.errors import ApplianceError
+from appliance.errors import ApplianceError, Unsupported
 from appliance.frontends.grpc.codec import decode_request, encode_response, parameter_value
 from appliance.frontends.status import GRPC_STATUS
 
@@ -107,6 +107,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     ) -> pb.RepositoryModelUnloadResponse:
         await self.control.unload_model(request.model_name)
         return pb.RepositoryModelUnloadResponse()
+
+    # ---- not yet implemented: a clear UNIMPLEMENTED instead of the generated stub's error -------
+
+    async def _unsupported(self, request: Any, context: Any) -> Any:
+        raise Unsupported("this server does not implement this extension yet")
+
+    SystemSharedMemoryStatus = SystemSharedMemoryRegister = SystemSharedMemoryUnregister = (
+        _unsupported
+    )
+    CudaSharedMemoryStatus = CudaSharedMemoryRegister = CudaSharedMemoryUnregister = _unsupported
+    TraceSetting = LogSettings = _unsupported
 
     # ---- inference ---------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from appliance.control import ControlPlane
 from appliance.core import InferenceCore
-from appliance.errors import ApplianceError, InvalidInput
+from appliance.errors import ApplianceError, InvalidInput, Unsupported
 from appliance.frontends import jsonconv
 from appliance.frontends.http.codec import HEADER_LENGTH, decode_request, encode_response
 from appliance.frontends.status import HTTP_STATUS
@@ -84,6 +84,8 @@ class HttpFrontend:
             ]
         for method, path, handler in routes:
             app.router.add_route(method, path, _guard(handler))
+        for extension in ("systemsharedmemory", "cudasharedmemory", "trace", "logging"):
+            app.router.add_route("*", f"/v2/{extension}{{tail:.*}}", _guard(self.unsupported))
         app.router.add_route("*", "/{tail:.*}", _guard(self.not_found))
         return app
 
@@ -153,6 +155,9 @@ class HttpFrontend:
         await self._json_body(request)
         await self.control.unload_model(request.match_info["model"])
         return web.Response(status=200)
+
+    async def unsupported(self, request: web.Request) -> web.StreamResponse:
+        raise Unsupported(f"{request.path}: this server does not implement this extension yet")
 
     async def not_found(self, request: web.Request) -> web.StreamResponse:
         return error_response(404, f"no such endpoint: {request.method} {request.path}")
