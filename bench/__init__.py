@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench.run` measures the server against raw ONNX Runtime."""

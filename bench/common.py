@@ -1,0 +1,67 @@
+"""Pieces shared by the benchmark processes: the result record, percentiles, CPU pinning."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Throughput and latency of one measured point."""
+
+    infer_per_s: float
+    p50_ms: float
+    p99_ms: float
+    requests: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Stats:
+        return Stats(
+            infer_per_s=float(data["infer_per_s"]),
+            p50_ms=float(data["p50_ms"]),
+            p99_ms=float(data["p99_ms"]),
+            requests=int(data["requests"]),
+        )
+
+
+def summarize(latencies_s: list[float], window_s: float) -> Stats:
+    """Stats from the latencies (seconds) of the requests that completed inside the window."""
+    if not latencies_s or window_s <= 0:
+        return Stats(0.0, float("nan"), float("nan"), 0)
+    ms = np.asarray(latencies_s) * 1000.0
+    return Stats(
+        infer_per_s=len(latencies_s) / window_s,
+        p50_ms=float(np.percentile(ms, 50)),
+        p99_ms=float(np.percentile(ms, 99)),
+        requests=len(latencies_s),
+    )
+
+
+def pin_to_core(core: int) -> None:
+    """Pin this process (and the threads it starts from now on) to one CPU core."""
+    os.sched_setaffinity(0, {core})
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def last_json_line(stdout: str) -> str:
+    """The last line of a child's stdout that looks like a JSON object."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("{"):
+            return line
+    raise ValueError(f"no JSON result in output:\n{stdout[-2000:]}")

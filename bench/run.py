@@ -1,0 +1,329 @@
+"""Benchmark the server against raw ONNX Runtime on the same core.
+
+    python -m bench.run [--models simple,squeezenet_onnx,densenet_onnx]
+                        [--protocols http-json,http-binary,grpc] [--concurrency 1,8,32]
+                        [--seconds N] [--quick] [--output FILE.md]
+
+1. Writes the example model repository (configs.generate) into a temporary folder.
+2. Raw ORT on each model file, batch 1, 1 thread, no spinning, pinned to the server core, in a
+   subprocess (bench.raw); measured again after the server stops, to show drift.
+3. Starts the server pinned to the server core (taskset) and waits for /v2/health/ready.
+4. Drives load from the client core: Triton's perf_analyzer for http-binary and grpc, the built-in
+   bench.loadgen for http-json (perf_analyzer has no JSON mode), or bench.loadgen for everything
+   when perf_analyzer cannot be set up (or with --load-generator builtin).
+5. Prints the table (and writes it as Markdown with --output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from importlib import metadata
+from pathlib import Path
+
+from bench import cpu, perf
+from bench.common import ROOT, Stats, last_json_line
+from bench.loadgen import PROTOCOLS
+from bench.perf import PerfAnalyzer
+from bench.report import Row, errors, markdown_table, target_checks, text_table
+from bench.server import Server, start_server, stop_server, wait_ready
+
+DEFAULT_MODELS = ("simple", "squeezenet_onnx", "densenet_onnx")
+DEFAULT_CONCURRENCY = (1, 8, 32)
+DEFAULT_SECONDS = 4.0
+QUICK_CONCURRENCY = (8,)
+QUICK_SECONDS = 2.0
+CHILD_SLACK_S = 120.0
+BUILTIN = "bench.loadgen"
+OTHER_CPU_NOTE = (
+    "other CPU: CPU time other processes on this machine used while the point ran, in % of one "
+    "core (machine busy time minus this benchmark's own processes); high values mean the point "
+    "was disturbed."
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    models: tuple[str, ...]
+    protocols: tuple[str, ...]
+    concurrency: tuple[int, ...]
+    seconds: float
+    server_core: int
+    client_core: int
+
+
+@dataclass(frozen=True)
+class Context:
+    plan: Plan
+    server: Server
+    pa: PerfAnalyzer | None
+    workdir: Path
+
+
+def csv_list(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(item) for item in csv_list(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected integers, got '{text}'") from exc
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", type=csv_list, default=DEFAULT_MODELS)
+    p.add_argument("--protocols", type=csv_list, default=PROTOCOLS)
+    p.add_argument("--concurrency", type=int_list, default=None,
+                   help="default 1,8,32 (8 with --quick)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help=f"measurement per point, default {DEFAULT_SECONDS:g} "
+                   f"({QUICK_SECONDS:g} with --quick)")
+    p.add_argument("--quick", action="store_true", help="concurrency 8 only, short points")
+    p.add_argument("--output", type=Path, help="also write the results as Markdown here")
+    p.add_argument("--server-core", type=int, default=0)
+    p.add_argument("--client-core", type=int, default=1)
+    p.add_argument("--load-generator", choices=("auto", "builtin"), default="auto",
+                   help="auto: perf_analyzer for http-binary and grpc when it can be set up")
+    p.add_argument("--perf-analyzer", type=Path, default=perf.DEFAULT_TOOL)
+    p.add_argument("--server-log", type=Path, help="keep the server's log here")
+    return p
+
+
+def make_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Plan:
+    unknown = [p for p in args.protocols if p not in PROTOCOLS]
+    if unknown:
+        parser.error(f"unknown protocol(s) {unknown}; choose from {', '.join(PROTOCOLS)}")
+    quick_c = QUICK_CONCURRENCY if args.quick else DEFAULT_CONCURRENCY
+    quick_s = QUICK_SECONDS if args.quick else DEFAULT_SECONDS
+    return Plan(
+        models=tuple(args.models),
+        protocols=tuple(args.protocols),
+        concurrency=args.concurrency or quick_c,
+        seconds=args.seconds or quick_s,
+        server_core=args.server_core,
+        client_core=args.client_core,
+    )
+
+
+def run_child(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
+                          check=False)
+
+
+def child_error(proc: subprocess.CompletedProcess[str]) -> str:
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+    return f"exit {proc.returncode}: " + " | ".join(tail)
+
+
+# ---- raw ONNX Runtime ------------------------------------------------------------------------
+
+def with_other_cpu(measure: Callable[[], Row], server_pid: int | None = None) -> Row:
+    """Run one measurement and record other processes' CPU use meanwhile."""
+    before = cpu.snapshot(server_pid)
+    row = measure()
+    return replace(row, other_cpu_pct=cpu.other_cpu_pct(before, cpu.snapshot(server_pid)))
+
+
+def measure_raw(repo: Path, model: str, plan: Plan, label: str) -> Row:
+    cmd = [sys.executable, "-m", "bench.raw", "--model", str(repo / model / "1" / "model.onnx"),
+           "--seconds", str(plan.seconds), "--core", str(plan.server_core)]
+    proc = run_child(cmd, plan.seconds + CHILD_SLACK_S)
+    if proc.returncode != 0:
+        return Row(model, label, 1, None, "onnxruntime", child_error(proc))
+    stats = Stats.from_dict(json.loads(last_json_line(proc.stdout)))
+    return Row(model, label, 1, stats, "onnxruntime")
+
+
+# ---- load against the server ----------------------------------------------------------------
+
+def builtin_point(ctx: Context, model: str, protocol: str, concurrency: int) -> Row:
+    cmd = [
+        "taskset", "-c", str(ctx.plan.client_core), sys.executable, "-m", "bench.loadgen",
+        "--protocol", protocol, "--url", ctx.server.http_url, "--grpc-url", ctx.server.grpc_url,
+        "--model", model, "--concurrency", str(concurrency), "--seconds", str(ctx.plan.seconds),
+    ]
+    proc = run_child(cmd, ctx.plan.seconds + CHILD_SLACK_S)
+    if proc.returncode != 0:
+        return Row(model, protocol, concurrency, None, BUILTIN, child_error(proc))
+    data = json.loads(last_json_line(proc.stdout))
+    client = f"{BUILTIN} (client CPU {data['client_cpu_pct']:.0f}%)"
+    if data["errors"]:
+        error = f"{data['errors']} failed requests; first: {data['first_error']}"
+        return Row(model, protocol, concurrency, None, client, error)
+    return Row(model, protocol, concurrency, Stats.from_dict(data), client)
+
+
+def perf_point(ctx: Context, pa: PerfAnalyzer, model: str, protocol: str, concurrency: int) -> Row:
+    url = ctx.server.grpc_url if protocol == "grpc" else ctx.server.http_url
+    csv_path = ctx.workdir / f"pa-{model}-{protocol}-{concurrency}.csv"
+    cmd = ["taskset", "-c", str(ctx.plan.client_core),
+           *perf.command(pa, model, url, protocol, concurrency, ctx.plan.seconds, csv_path)]
+    proc = run_child(cmd, ctx.plan.seconds + CHILD_SLACK_S)
+    if proc.returncode != 0 or not csv_path.exists():
+        return Row(model, protocol, concurrency, None, "perf_analyzer", child_error(proc))
+    stats = perf.parse_result(csv_path.read_text(), proc.stdout)
+    return Row(model, protocol, concurrency, stats, "perf_analyzer")
+
+
+def measure_point(ctx: Context, model: str, protocol: str, concurrency: int) -> Row:
+    if ctx.pa is not None and protocol in perf.PROTOCOL_FLAGS:
+        return perf_point(ctx, ctx.pa, model, protocol, concurrency)
+    return builtin_point(ctx, model, protocol, concurrency)
+
+
+def measure_server(ctx: Context) -> list[Row]:
+    rows: list[Row] = []
+    for model in ctx.plan.models:
+        for protocol in ctx.plan.protocols:
+            for concurrency in ctx.plan.concurrency:
+                if not ctx.server.alive():
+                    dead = f"server exited with {ctx.server.proc.returncode}"
+                    rows.append(Row(model, protocol, concurrency, None, "-", dead))
+                    continue
+                point = partial(measure_point, ctx, model, protocol, concurrency)
+                row = with_other_cpu(point, ctx.server.proc.pid)
+                print(f"  {model} {protocol} c={concurrency}: " + describe(row), flush=True)
+                rows.append(row)
+    return rows
+
+
+def describe(row: Row) -> str:
+    if row.stats is None:
+        return f"ERROR {row.error}"
+    s = row.stats
+    return (f"{s.infer_per_s:,.1f} infer/s, p50 {s.p50_ms:.2f} ms, p99 {s.p99_ms:.2f} ms, "
+            f"other processes {row.other_cpu_pct or 0:.0f}% of a core")
+
+
+# ---- the run --------------------------------------------------------------------------------
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return platform.processor() or "unknown"
+    for line in out.splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def header_lines(
+    plan: Plan, pa: PerfAnalyzer | None, pa_why: str, argv: Sequence[str]
+) -> list[str]:
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if pa is None:
+        load = f"{BUILTIN} for all protocols (perf_analyzer not used: {pa_why})"
+    else:
+        load = f"perf_analyzer ({pa.version}) for http-binary and grpc, {BUILTIN} for http-json"
+    return [
+        f"command: python -m bench.run {shlex.join(argv)}".rstrip(),
+        f"date: {now}; machine: {os.cpu_count()} CPUs, {cpu_model()}; "
+        f"Python {platform.python_version()}, onnxruntime {metadata.version('onnxruntime')}",
+        f"server on core {plan.server_core}, load from core {plan.client_core}; "
+        f"{plan.seconds:g} s per point; load generator: {load}",
+    ]
+
+
+def server_log_findings(server: Server) -> list[str]:
+    lines = server.log_path.read_text(errors="replace").splitlines()
+    bad = [line for line in lines if " WARNING " in line or " ERROR " in line
+           or "Traceback" in line]
+    if not bad:
+        return []
+    return [f"server log: {len(bad)} warning/error lines, e.g. {bad[0][:300]}"]
+
+
+def raw_row(repo: Path, model: str, plan: Plan, label: str) -> Row:
+    row = with_other_cpu(lambda: measure_raw(repo, model, plan, label))
+    print(f"  {model} {label}: " + describe(row), flush=True)
+    return row
+
+
+def run_all(plan: Plan, pa: PerfAnalyzer | None, workdir: Path, log_path: Path) -> list[Row]:
+    from configs.generate import write_repository
+
+    repo = write_repository(workdir / "models")
+    print(f"raw ONNX Runtime on core {plan.server_core} ...", flush=True)
+    before = [raw_row(repo, m, plan, "raw ORT (before)") for m in plan.models]
+    server = start_server(repo, plan.server_core, log_path)
+    try:
+        print(f"server ready in {wait_ready(server):.1f}s; measuring ...", flush=True)
+        rows = measure_server(Context(plan, server, pa, workdir))
+    finally:
+        code = stop_server(server)
+    findings = server_log_findings(server)
+    if code not in (0, -15):
+        findings.append(f"server exit code {code}; log tail:\n{server.log_tail()}")
+    for line in findings:
+        print(line)
+    after = [raw_row(repo, m, plan, "raw ORT (after)") for m in plan.models]
+    return order(plan, before + after + rows)
+
+
+def order(plan: Plan, rows: list[Row]) -> list[Row]:
+    kinds = ("raw ORT (before)", "raw ORT (after)", *plan.protocols)
+    return sorted(rows, key=lambda r: (plan.models.index(r.model), kinds.index(r.protocol),
+                                       r.concurrency))
+
+
+def render(header: list[str], rows: list[Row], markdown: bool) -> str:
+    table = markdown_table(rows) if markdown else text_table(rows)
+    bullets = "- " if markdown else ""
+    parts = [*(bullets + h for h in header), "", table, "", OTHER_CPU_NOTE, ""]
+    checks = target_checks(rows)
+    if checks:
+        parts += ["Targets:" if not markdown else "**Targets**", ""]
+        parts += [bullets + c for c in checks] + [""]
+    errs = errors(rows)
+    if errs:
+        parts += ["Errors:" if not markdown else "**Errors**", ""]
+        parts += [bullets + e for e in errs] + [""]
+    return "\n".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    plan = make_plan(args, parser)
+    pa, why = (None, "--load-generator builtin") if args.load_generator == "builtin" else (
+        perf.find_perf_analyzer(args.perf_analyzer))
+    header = header_lines(plan, pa, why, argv)
+    print("\n".join(header), flush=True)
+    start = cpu.snapshot()
+    with tempfile.TemporaryDirectory(prefix="edge-bench-") as tmp:
+        log_path = args.server_log or Path(tmp) / "server.log"
+        try:
+            rows = run_all(plan, pa, Path(tmp), log_path)
+        except (RuntimeError, TimeoutError) as exc:
+            print(f"server failed to start: {exc}", file=sys.stderr)
+            return 2
+    end = cpu.snapshot()
+    header.append(
+        f"whole run: {end.wall_s - start.wall_s:.0f} s; other processes used "
+        f"{cpu.other_cpu_pct(start, end):.0f}% of one core on average"
+    )
+    print()
+    print(render(header, rows, markdown=False))
+    if args.output:
+        args.output.write_text(render(header, rows, markdown=True))
+        print(f"written to {args.output}")
+    return 1 if errors(rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
