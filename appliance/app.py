@@ -38,6 +38,7 @@ class Appliance:
                 strict_model_config=settings.strict_model_config,
                 max_queue_size=settings.max_queue_size,
                 drain_timeout_s=settings.exit_timeout_secs,
+                inline_budget_us=settings.inline_budget_us,
             )
         )
         self.core = InferenceCore(self.manager)

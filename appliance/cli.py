@@ -167,6 +167,13 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         default=128 * 1024 * 1024,
         help="largest gRPC message sent or received (default 128 MiB)",
     )
+    p.add_argument(
+        "--inline-execution-budget-us",
+        type=int,
+        default=100,
+        help="run a batch on the event loop instead of a worker thread when the model's "
+        "measured cost says it finishes within this many microseconds (0: never)",
+    )
     for flag in IGNORED_FLAGS:
         p.add_argument(
             f"--{flag}",
@@ -209,6 +216,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         exit_timeout_secs=args.exit_timeout_secs,
         max_request_bytes=args.max_request_bytes,
         grpc_max_message_bytes=args.grpc_max_message_bytes,
+        inline_budget_us=args.inline_execution_budget_us,
         ignored_flags=ignored,
     )
 

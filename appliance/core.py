@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 from appliance.errors import ApplianceError, InvalidInput, ServerUnavailable
-from appliance.repository.loader import TensorRule
 from appliance.repository.manager import ModelManager, ServedVersion
 from appliance.scheduling.instances import Job
 from appliance.types import Array, InferRequest, InferResponse, OutputTensor
@@ -50,6 +49,7 @@ class InferenceCore:
     # ---- validation --------------------------------------------------------------------------
 
     def _job(self, served: ServedVersion, request: InferRequest) -> Job:
+        """Check every input against the config once; error text is built only on failure."""
         name = served.name
         rules = served.inputs
         batching = served.max_batch_size > 0
@@ -86,15 +86,18 @@ class InferenceCore:
                         f"{shape[0]} for '{tensor.name}')"
                     )
                 item_shape = shape[1:]
-            if not _dims_match(rule.dims, item_shape):
+            if item_shape != rule.dims and not _dims_match(rule.dims, item_shape):
                 expected = (-1, *rule.dims) if batching else rule.dims
                 raise InvalidInput(
                     f"unexpected shape for input '{tensor.name}' for model '{name}'. "
                     f"Expected {_fmt(expected)}, got {_fmt(shape)}"
                 )
-            arrays[tensor.name] = self._model_array(tensor.data, rule, shape, batching)
+            data = tensor.data
+            if rule.model_dims is not None:
+                data = data.reshape(((shape[0],) if batching else ()) + rule.model_dims)
+            arrays[tensor.name] = data
             keys.append(item_shape)
-        if len(arrays) != len(rules):
+        if len(arrays) < len(rules):
             missing = [n for n, r in rules.items() if n not in arrays and not r.optional]
             if missing:
                 raise InvalidInput(
@@ -102,7 +105,7 @@ class InferenceCore:
                     f"'{name}'. Got input(s) {sorted(arrays)}, but missing required input(s) "
                     f"{missing}. Please provide all required input(s)."
                 )
-        if batching and (batch < 1 or batch > served.max_batch_size):
+        if batching and not 0 < batch <= served.max_batch_size:
             raise InvalidInput(
                 f"inference request batch-size must be <= {served.max_batch_size} for "
                 f"'{name}', got {batch}"
@@ -113,23 +116,17 @@ class InferenceCore:
             inputs=arrays,
             batch_size=batch if batching else 1,
             shape_key=tuple(keys),
-            output_names=self._output_names(served, request),
+            output_names=(
+                served.all_outputs
+                if request.outputs is None
+                else self._output_names(served, request)
+            ),
             future=asyncio.get_running_loop().create_future(),
         )
 
     @staticmethod
-    def _model_array(
-        data: Array, rule: TensorRule, shape: tuple[int, ...], batching: bool
-    ) -> Array:
-        if rule.model_dims is None:
-            return data
-        new_shape = ((shape[0],) if batching else ()) + rule.model_dims
-        return data.reshape(new_shape)
-
-    @staticmethod
     def _output_names(served: ServedVersion, request: InferRequest) -> tuple[str, ...]:
-        if request.outputs is None:
-            return tuple(served.outputs)
+        assert request.outputs is not None
         names = []
         for out in request.outputs:
             if out.name not in served.outputs:

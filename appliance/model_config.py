@@ -26,8 +26,6 @@ CONFIG_FILENAME = "config.pbtxt"
 DEFAULT_MAX_BATCH_SIZE = 4
 
 
-
-
 def read_config(model_dir: Path) -> tuple[ModelConfig, bool]:
     """Parse `model_dir/config.pbtxt`; an absent file gives an empty config and False."""
     path = model_dir / CONFIG_FILENAME

@@ -32,4 +32,5 @@ class ServerSettings:
     max_request_bytes: int = 128 * MiB
     grpc_max_message_bytes: int = 128 * MiB
     max_queue_size: int = 4096
+    inline_budget_us: int = 100
     ignored_flags: tuple[str, ...] = field(default=())

@@ -46,10 +46,13 @@ class ServedVersion:
     labels: dict[str, list[str]]
     scheduler: Scheduler
     stats: ModelStats
+    # Read on every request: plain attributes, not protobuf lookups.
+    max_batch_size: int = 0
+    all_outputs: tuple[str, ...] = ()
 
-    @property
-    def max_batch_size(self) -> int:
-        return int(self.config.max_batch_size)
+    def __post_init__(self) -> None:
+        self.max_batch_size = int(self.config.max_batch_size)
+        self.all_outputs = tuple(self.outputs)
 
 
 @dataclass
@@ -72,6 +75,7 @@ class ManagerSettings:
     max_queue_size: int = 4096  # per version, when the config sets none
     drain_timeout_s: float = 30.0
     load_concurrency: int = 2
+    inline_budget_us: int = 100  # see scheduling/batcher.py; 0 turns inline execution off
 
 
 def _policy(config: ModelConfig) -> BatchPolicy:
@@ -153,9 +157,7 @@ class ModelManager:
         for name in sorted(self._models):
             record = self._models[name]
             rows: list[tuple[int | None, str, str]] = [(v, READY, "") for v in record.versions]
-            rows += [
-                (v, UNAVAILABLE, why) for v, why in record.failed.items()
-            ]
+            rows += [(v, UNAVAILABLE, why) for v, why in record.failed.items()]
             if not rows:
                 rows = [(None, record.state, record.reason)]
             for version, state, reason in sorted(rows, key=lambda r: r[0] or 0):
@@ -241,6 +243,7 @@ class ModelManager:
                 stats=stats,
                 max_queue_size=queue_size,
                 preserve_ordering=config.dynamic_batching.preserve_ordering,
+                inline_budget_ns=self._settings.inline_budget_us * 1000,
             )
             scheduler.start()
             served[pv.version] = ServedVersion(

@@ -3,12 +3,19 @@
 It runs on the event loop and never blocks: `submit` queues a job and dispatches; an instance
 finishing a batch dispatches again; a timer handles max_queue_delay. With no dynamic_batching
 in the config the same code sends every request alone (Triton's default scheduler).
+
+Inline execution: handing a batch to a worker thread and back costs two thread wake-ups, about
+60 us of CPU on a small core, more than a tiny model (an add, a small MLP, a tree) takes to run.
+After a warm-up on the worker thread, a batch whose predicted cost (the version's learned CPU
+time per input byte, times the batch's input bytes) is within `inline_budget_ns` runs on the
+event loop itself. Everything else runs on worker threads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import deque
 
@@ -18,6 +25,11 @@ from appliance.scheduling.policy import BatchPolicy, next_batch
 from appliance.scheduling.stats import ModelStats
 from appliance.types import Array
 from edge_backends.api import InputRejected
+
+log = logging.getLogger(__name__)
+
+# Executions measured on worker threads before a version may run inline.
+_WARMUP_EXECUTIONS = 16
 
 
 class Scheduler:
@@ -31,11 +43,16 @@ class Scheduler:
         stats: ModelStats,
         max_queue_size: int,
         preserve_ordering: bool = False,
+        inline_budget_ns: int = 0,
     ) -> None:
         self._label = label  # "model 'x' version 1", for messages
         self._workers = workers
         self._idle: deque[InstanceWorker] = deque(workers)
         self._policy = policy
+        self._batching = policy.dynamic and policy.max_batch_size > 0
+        self._inline_budget_ns = inline_budget_ns
+        self._cost_per_byte_ns = 0.0
+        self._measured = 0
         self._stats = stats
         self._max_queue_size = max_queue_size
         self._preserve_ordering = preserve_ordering
@@ -77,26 +94,52 @@ class Scheduler:
             if not queue:
                 break
             now = time.monotonic_ns()
-            decision = next_batch(
-                [(j.batch_size, j.shape_key) for j in _head(queue, self._policy)],
-                now - queue[0].enqueue_ns,
-                self._policy,
-            )
-            if not decision.run:
-                self._arm_timer(decision.wait_ns)
-                return
-            live: list[Job] = []
-            while len(live) < decision.run:
-                job = queue.popleft()
-                if not job.future.done():
-                    live.append(job)
+            if self._batching:
+                decision = next_batch(
+                    [(j.batch_size, j.shape_key) for j in _head(queue, self._policy)],
+                    now - queue[0].enqueue_ns,
+                    self._policy,
+                )
+                if not decision.run:
+                    self._arm_timer(decision.wait_ns)
+                    return
+                live: list[Job] = []
+                while len(live) < decision.run:
+                    job = queue.popleft()
+                    if not job.future.done():
+                        live.append(job)
+            else:  # one request per execution: no decision to make
+                live = [queue.popleft()]
             for job in live:
                 job.dispatch_ns = now
                 self._stats.queue.add(now - job.enqueue_ns)
             worker = self._idle.popleft()
             if self._preserve_ordering:
                 self._in_flight.append(BatchResult(jobs=live))
-            worker.submit(live, self._on_batch_done)
+            if self._runs_inline(live):
+                result = worker.run(live)
+                assert self._loop is not None
+                self._loop.call_soon(self._on_batch_done, worker, result)
+            else:
+                worker.submit(live, self._on_batch_done)
+
+    def _runs_inline(self, jobs: list[Job]) -> bool:
+        """Inline when the learned CPU cost per input byte predicts a run within budget."""
+        if self._measured < _WARMUP_EXECUTIONS or not self._inline_budget_ns:
+            return False
+        return self._cost_per_byte_ns * _input_bytes(jobs) <= self._inline_budget_ns
+
+    def _learn_cost(self, result: BatchResult) -> None:
+        """Moving average of CPU time per input byte (CPU time, not wall time: a thread
+        waiting for the GIL or a preempted VM would otherwise look slow)."""
+        if not result.batch_size:
+            return
+        per_byte = result.cpu_ns / max(1, _input_bytes(result.jobs))
+        self._measured += 1
+        if self._measured == 1:
+            self._cost_per_byte_ns = per_byte
+        else:
+            self._cost_per_byte_ns += (per_byte - self._cost_per_byte_ns) * 0.1
 
     def _arm_timer(self, wait_ns: int) -> None:
         if self._timer is not None:
@@ -110,6 +153,7 @@ class Scheduler:
 
     def _on_batch_done(self, worker: InstanceWorker, result: BatchResult) -> None:
         self._idle.append(worker)
+        self._learn_cost(result)
         if self._preserve_ordering:
             # Responses leave in dispatch order: park this batch until earlier ones are done.
             for i, slot in enumerate(self._in_flight):
@@ -161,6 +205,10 @@ class Scheduler:
         """Blocking: join the worker threads and close instances (call from a thread)."""
         for worker in self._workers:
             worker.stop()
+
+
+def _input_bytes(jobs: list[Job]) -> int:
+    return sum(array.nbytes for job in jobs for array in job.inputs.values())
 
 
 def _head(queue: deque[Job], policy: BatchPolicy) -> list[Job]:

@@ -45,6 +45,7 @@ class BatchResult:
     input_ns: int = 0
     infer_ns: int = 0
     output_ns: int = 0
+    cpu_ns: int = 0  # this thread's CPU time for the batch: wall time lies under GIL contention
     batch_size: int = 0
     done: bool = field(default=False)
 
@@ -125,6 +126,7 @@ class InstanceWorker:
     def run(self, jobs: list[Job]) -> BatchResult:
         """Execute one batch; never raises: each job's outputs or error is in `outcomes`."""
         result = BatchResult(jobs=jobs)
+        cpu0 = time.thread_time_ns()
         try:
             t0 = time.monotonic_ns()
             inputs = _gather_inputs(jobs, self._batching)
@@ -139,6 +141,7 @@ class InstanceWorker:
             t3 = time.monotonic_ns()
             result.input_ns, result.infer_ns, result.output_ns = t1 - t0, t2 - t1, t3 - t2
             result.batch_size = total
+            result.cpu_ns = time.thread_time_ns() - cpu0
         except InputRejected as exc:
             if len(jobs) == 1:
                 result.outcomes = [exc]

@@ -30,9 +30,10 @@ def next_batch(
     """Decide the next batch from queued (batch size, shape key) pairs, oldest first.
 
     Requests join a batch only while their non-batch shapes equal the first request's and the
-    total stays within max_batch_size. A batch is sent at once when it cannot grow (full, or the
-    next request does not fit) or reaches a preferred size; otherwise it waits until the oldest
-    request has waited max_queue_delay.
+    total stays within max_batch_size. As in Triton, a batch stops growing at the largest
+    preferred size when preferred sizes are given. A batch is sent at once when it cannot grow
+    (full, or the next request does not fit) or reaches a preferred size; otherwise it waits
+    until the oldest request has waited max_queue_delay.
     """
     if not queued:
         return Decision()
@@ -43,6 +44,7 @@ def next_batch(
     count = 0
     best_preferred = 0  # request count of the longest prefix whose size is preferred
     preferred = policy.preferred_batch_sizes
+    limit = max(preferred) if preferred else policy.max_batch_size
     for size, key in queued:
         if key != head_key or total + size > policy.max_batch_size:
             return Decision(run=max(count, 1))  # cannot grow: send now
@@ -50,8 +52,8 @@ def next_batch(
         count += 1
         if total in preferred:
             best_preferred = count
-        if total == policy.max_batch_size:
-            return Decision(run=count)
+        if total >= limit:
+            return Decision(run=best_preferred or count)
     if best_preferred:
         return Decision(run=best_preferred)
     if oldest_wait_ns >= policy.max_queue_delay_ns:

@@ -74,3 +74,13 @@ def test_largest_reached_preferred_size_wins() -> None:
         max_batch_size=8, dynamic=True, preferred_batch_sizes=(2, 4), max_queue_delay_ns=10**9
     )
     assert next_batch(same(1, 1, 1, 1, 1), 0, policy) == Decision(run=4)
+
+
+def test_batch_stops_growing_at_the_largest_preferred_size() -> None:
+    policy = BatchPolicy(max_batch_size=8, dynamic=True, preferred_batch_sizes=(2,))
+    assert next_batch(same(1, 1, 1, 1, 1, 1), 0, policy) == Decision(run=2)
+
+
+def test_request_larger_than_the_preferred_size_still_runs() -> None:
+    policy = BatchPolicy(max_batch_size=8, dynamic=True, preferred_batch_sizes=(2,))
+    assert next_batch(same(3, 1), 0, policy) == Decision(run=1)

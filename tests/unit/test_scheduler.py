@@ -170,3 +170,57 @@ async def test_drain_refuses_new_work() -> None:
     with pytest.raises(Exception, match="unloading"):
         await scheduler.submit(job(1))
     scheduler.stop_workers()
+
+
+class ThreadRecorder(Doubler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[int] = []
+
+    def execute(self, inputs: Any, output_names: Sequence[str]) -> dict[str, np.ndarray]:
+        self.threads.append(threading.get_ident())
+        return super().execute(inputs, output_names)
+
+
+async def test_cheap_batches_run_inline_after_warm_up_and_big_ones_do_not() -> None:
+    model = ThreadRecorder()
+    stats = ModelStats()
+    worker = InstanceWorker("w", model, batching=True)
+    scheduler = Scheduler(
+        "m",
+        [worker],
+        BatchPolicy(max_batch_size=100_000),
+        stats,
+        max_queue_size=10,
+        inline_budget_ns=10_000_000,  # 10 ms: any tiny batch qualifies
+    )
+    scheduler.start()
+    loop_thread = threading.get_ident()
+    for i in range(20):
+        out = await scheduler.submit(job(i))
+        np.testing.assert_array_equal(out["y"], np.full((1, 2), 2 * i))
+    assert model.threads[0] != loop_thread  # warm-up on the worker thread
+    assert model.threads[-1] == loop_thread  # then inline
+    await scheduler.submit(job(1, rows=50_000))  # 400 KB: predicted over budget
+    assert model.threads[-1] != loop_thread
+    await scheduler.drain(1)
+    scheduler.stop_workers()
+
+
+async def test_inline_execution_can_be_turned_off() -> None:
+    model = ThreadRecorder()
+    worker = InstanceWorker("w", model, batching=True)
+    scheduler = Scheduler(
+        "m",
+        [worker],
+        BatchPolicy(max_batch_size=8),
+        ModelStats(),
+        max_queue_size=10,
+        inline_budget_ns=0,
+    )
+    scheduler.start()
+    for i in range(20):
+        await scheduler.submit(job(i))
+    assert threading.get_ident() not in model.threads
+    await scheduler.drain(1)
+    scheduler.stop_workers()

@@ -27,64 +27,76 @@ class HttpInferRequest:
     binary_outputs: dict[str, bool] = field(default_factory=dict)
 
 
-def _shape(value: Any, where: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) for d in value
-    ):
-        raise InvalidInput(f"{where}: 'shape' must be a list of integers, got {value!r}")
-    return tuple(value)
+def _bad_shape(value: Any, where: str) -> InvalidInput:
+    return InvalidInput(f"{where}: 'shape' must be a list of integers, got {value!r}")
 
 
 def _object(value: Any, where: str) -> dict[str, Any]:
     if value is None:
         return {}
-    if not isinstance(value, dict):
+    if type(value) is not dict:
         raise InvalidInput(f"{where} must be a JSON object")
     return value
+
+
+def _header_length(header_length: str | None, body_length: int) -> int:
+    if header_length is None:
+        return body_length
+    try:
+        json_len = int(header_length)
+    except ValueError:
+        raise InvalidInput(f"{HEADER_LENGTH} must be an integer, got '{header_length}'") from None
+    if json_len < 0 or json_len > body_length:
+        raise InvalidInput(
+            f"{HEADER_LENGTH} is {json_len} but the body has only {body_length} bytes"
+        )
+    return json_len
 
 
 def decode_request(
     body: bytes, header_length: str | None, model: str, version: str
 ) -> HttpInferRequest:
-    if header_length is not None:
-        try:
-            json_len = int(header_length)
-        except ValueError:
-            raise InvalidInput(
-                f"{HEADER_LENGTH} must be an integer, got '{header_length}'"
-            ) from None
-        if json_len < 0 or json_len > len(body):
-            raise InvalidInput(
-                f"{HEADER_LENGTH} is {json_len} but the body has only {len(body)} bytes"
-            )
-    else:
-        json_len = len(body)
-    doc = _object(jsonconv.loads(body[:json_len], "the inference request"), "request body")
+    """Parse an infer body. The hot path: error messages are only formatted when raised."""
+    json_len = _header_length(header_length, len(body))
+    doc = jsonconv.loads(
+        body[:json_len] if json_len != len(body) else body, "the inference request"
+    )
+    if type(doc) is not dict:
+        raise InvalidInput("request body must be a JSON object")
     binary = memoryview(body)[json_len:]
-    where_model = f"model '{model}'"
+    binary_len = len(binary)
     inputs_json = doc.get("inputs")
-    if not isinstance(inputs_json, list):
-        raise InvalidInput(f"inference request for {where_model} has no 'inputs' list")
+    if type(inputs_json) is not list:
+        raise InvalidInput(f"inference request for model '{model}' has no 'inputs' list")
     offset = 0
     inputs = []
     for i, item in enumerate(inputs_json):
-        item = _object(item, f"inputs[{i}]")
+        if type(item) is not dict:
+            raise InvalidInput(f"inputs[{i}] must be a JSON object")
         name = item.get("name")
-        if not isinstance(name, str):
-            raise InvalidInput(f"{where_model}: inputs[{i}] has no 'name'")
-        where = f"{where_model} input '{name}'"
+        if type(name) is not str:
+            raise InvalidInput(f"model '{model}': inputs[{i}] has no 'name'")
+        where = f"model '{model}' input '{name}'"
         dtype_name = item.get("datatype")
-        if not isinstance(dtype_name, str):
+        if type(dtype_name) is not str:
             raise InvalidInput(f"{where}: 'datatype' is missing")
-        shape = _shape(item.get("shape"), where)
-        params = _object(item.get("parameters"), f"{where} parameters")
-        size = params.get("binary_data_size")
+        raw_shape = item.get("shape")
+        if type(raw_shape) is not list:
+            raise _bad_shape(raw_shape, where)
+        for d in raw_shape:
+            if type(d) is not int:
+                raise _bad_shape(raw_shape, where)
+        shape = tuple(raw_shape)
+        params = item.get("parameters")
+        size = None
+        if params is not None:
+            size = _object(params, f"{where} parameters").get("binary_data_size")
         if size is not None:
-            if not isinstance(size, int) or size < 0:
+            if type(size) is not int or size < 0:
                 raise InvalidInput(f"{where}: binary_data_size must be a non-negative integer")
-            if offset + size > len(binary):
+            if offset + size > binary_len:
                 raise InvalidInput(
-                    f"{where}: binary_data_size {size} exceeds the {len(binary) - offset} bytes "
+                    f"{where}: binary_data_size {size} exceeds the {binary_len - offset} bytes "
                     "of binary data left in the request body"
                 )
             data = from_raw(binary[offset : offset + size], dtype_name, shape, where)
@@ -94,17 +106,18 @@ def decode_request(
         else:
             raise InvalidInput(f"{where}: no 'data' and no binary_data_size parameter")
         inputs.append(InputTensor(name, dtype_name, shape, data))
-    if offset != len(binary):
+    if offset != binary_len:
         raise InvalidInput(
-            f"inference request for {where_model} has {len(binary) - offset} bytes of binary "
+            f"inference request for model '{model}' has {binary_len - offset} bytes of binary "
             "data that no input claims"
         )
     params = _object(doc.get("parameters"), "request parameters")
+    request_id = doc.get("id", "")
     wire = HttpInferRequest(
         request=InferRequest(
             model_name=model,
             model_version=version,
-            id=str(doc.get("id", "")),
+            id=request_id if type(request_id) is str else str(request_id),
             inputs=inputs,
             parameters=params,
         ),
@@ -112,23 +125,29 @@ def decode_request(
     )
     outputs_json = doc.get("outputs")
     if outputs_json is not None:
-        if not isinstance(outputs_json, list):
-            raise InvalidInput("'outputs' must be a list")
-        requested = []
-        for i, item in enumerate(outputs_json):
-            item = _object(item, f"outputs[{i}]")
-            name = item.get("name")
-            if not isinstance(name, str):
-                raise InvalidInput(f"{where_model}: outputs[{i}] has no 'name'")
-            oparams = _object(item.get("parameters"), f"output '{name}' parameters")
-            count = oparams.get("classification", 0)
-            if not isinstance(count, int):
-                raise InvalidInput(f"output '{name}': classification must be an integer")
-            if "binary_data" in oparams:
-                wire.binary_outputs[name] = bool(oparams["binary_data"])
-            requested.append(RequestedOutput(name, count))
-        wire.request.outputs = requested
+        wire.request.outputs = _requested_outputs(outputs_json, model, wire.binary_outputs)
     return wire
+
+
+def _requested_outputs(
+    outputs_json: Any, model: str, binary_outputs: dict[str, bool]
+) -> list[RequestedOutput]:
+    if type(outputs_json) is not list:
+        raise InvalidInput("'outputs' must be a list")
+    requested = []
+    for i, item in enumerate(outputs_json):
+        item = _object(item, f"outputs[{i}]")
+        name = item.get("name")
+        if type(name) is not str:
+            raise InvalidInput(f"model '{model}': outputs[{i}] has no 'name'")
+        oparams = _object(item.get("parameters"), f"output '{name}' parameters")
+        count = oparams.get("classification", 0)
+        if type(count) is not int:
+            raise InvalidInput(f"output '{name}': classification must be an integer")
+        if "binary_data" in oparams:
+            binary_outputs[name] = bool(oparams["binary_data"])
+        requested.append(RequestedOutput(name, count))
+    return requested
 
 
 def encode_response(
