@@ -16,8 +16,11 @@ from pathlib import Path
 
 from bench.common import Stats
 
-DEFAULT_TOOL = Path("/work/shared/tools/perf_analyzer.sh")
-PROTOCOL_FLAGS = {"http-binary": "http", "grpc": "grpc"}
+# The project's shared/ folder sits beside the checkout.
+DEFAULT_TOOL = Path(__file__).resolve().parents[2] / "shared" / "tools" / "perf_analyzer.sh"
+PROTOCOL_FLAGS = {"http-binary": "http", "grpc": "grpc", "grpc-stream": "grpc"}
+# Only perf_analyzer can drive these (ModelStreamInfer: one bidirectional stream per client).
+PERF_ONLY = ("grpc-stream",)
 WINDOWS = 3
 SETUP_TIMEOUT_S = 600.0
 REQUEST_COUNT = re.compile(r"^\s*Request count: (\d+)", re.MULTILINE)
@@ -58,6 +61,7 @@ def command(
         "--measurement-interval", str(window_ms),
         "--stability-percentage", "1000", "--max-trials", str(WINDOWS),
         "--warmup-request-count", str(2 * concurrency),
+        *(["--streaming"] if protocol == "grpc-stream" else []),
         "-f", str(csv_path),
     ]
 

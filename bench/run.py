@@ -1,7 +1,8 @@
 """Benchmark the server against raw ONNX Runtime on the same core.
 
     python -m bench.run [--models simple,squeezenet_onnx,densenet_onnx]
-                        [--protocols http-json,http-binary,grpc] [--concurrency 1,8,32]
+                        [--protocols http-json,http-binary,grpc[,grpc-stream]]
+                        [--concurrency 1,8,32]
                         [--seconds N] [--quick] [--output FILE.md]
 
 1. Writes the example model repository (configs.generate) into a temporary folder.
@@ -103,9 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Plan:
-    unknown = [p for p in args.protocols if p not in PROTOCOLS]
+    unknown = [p for p in args.protocols if p not in (*PROTOCOLS, *perf.PERF_ONLY)]
     if unknown:
-        parser.error(f"unknown protocol(s) {unknown}; choose from {', '.join(PROTOCOLS)}")
+        known = ", ".join((*PROTOCOLS, *perf.PERF_ONLY))
+        parser.error(f"unknown protocol(s) {unknown}; choose from {known}")
     quick_c = QUICK_CONCURRENCY if args.quick else DEFAULT_CONCURRENCY
     quick_s = QUICK_SECONDS if args.quick else DEFAULT_SECONDS
     return Plan(
@@ -167,7 +169,7 @@ def builtin_point(ctx: Context, model: str, protocol: str, concurrency: int) -> 
 
 
 def perf_point(ctx: Context, pa: PerfAnalyzer, model: str, protocol: str, concurrency: int) -> Row:
-    url = ctx.server.grpc_url if protocol == "grpc" else ctx.server.http_url
+    url = ctx.server.grpc_url if protocol.startswith("grpc") else ctx.server.http_url
     csv_path = ctx.workdir / f"pa-{model}-{protocol}-{concurrency}.csv"
     cmd = ["taskset", "-c", str(ctx.plan.client_core),
            *perf.command(pa, model, url, protocol, concurrency, ctx.plan.seconds, csv_path)]
@@ -181,6 +183,8 @@ def perf_point(ctx: Context, pa: PerfAnalyzer, model: str, protocol: str, concur
 def measure_point(ctx: Context, model: str, protocol: str, concurrency: int) -> Row:
     if ctx.pa is not None and protocol in perf.PROTOCOL_FLAGS:
         return perf_point(ctx, ctx.pa, model, protocol, concurrency)
+    if protocol in perf.PERF_ONLY:
+        return Row(model, protocol, concurrency, None, "-", "needs perf_analyzer")
     return builtin_point(ctx, model, protocol, concurrency)
 
 

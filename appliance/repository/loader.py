@@ -57,6 +57,7 @@ class PreparedModel:
 
     name: str
     config: ModelConfig
+    labels: dict[str, list[str]] = field(default_factory=dict)  # output name -> class labels
     versions: list[PreparedVersion] = field(default_factory=list)
     failed: dict[int, str] = field(default_factory=dict)  # version -> reason
 
@@ -113,11 +114,7 @@ def prepare_model(
     available = list_versions(model_dir)
     backend_name = resolve_backend(config, model_dir, available)
     backend = get_backend(backend_name)
-    versions = (
-        select_versions(config.version_policy, available)
-        if config.HasField("version_policy")
-        else select_versions(mc.ModelVersionPolicy(), available)
-    )
+    versions = select_versions(config.version_policy, available)
     if not versions:
         raise ConfigError(
             f"model '{name}': no version folder matches the version policy "
@@ -133,9 +130,8 @@ def prepare_model(
     else:
         complete_config(config, signature, name)
     validate_config(config, model_dir, signature)
-    read_labels(model_dir, config)
 
-    prepared = PreparedModel(name=name, config=config)
+    prepared = PreparedModel(name=name, config=config, labels=read_labels(model_dir, config))
     for version in versions:
         try:
             workers = _load_instances(backend_name, config, model_dir, version)
@@ -152,8 +148,6 @@ def _load_instances(
 ) -> list[InstanceWorker]:
     backend = get_backend(backend_name)
     path = model_dir / str(version) / config.default_model_filename
-    if version != int(path.parent.name):  # pragma: no cover - defensive
-        raise ConfigError(f"bad version folder {path.parent}")
     signature = backend.inspect(path)
     validate_config(config, model_dir, signature)
     parameters = {k: v.string_value for k, v in config.parameters.items()}

@@ -21,7 +21,6 @@ from appliance.repository.loader import (
     PreparedModel,
     TensorRule,
     prepare_model,
-    read_labels,
     tensor_rules,
 )
 from appliance.repository.local import list_models
@@ -212,7 +211,7 @@ class ModelManager:
                 log.error("model '%s' failed to load: %s", name, exc.message)
                 raise
             old = dict(record.versions)
-            record.versions = self._serve(prepared, path)
+            record.versions = self._serve(prepared)
             record.failed = prepared.failed
             record.config = prepared.config
             record.path = path
@@ -225,10 +224,10 @@ class ModelManager:
                 record.reason = "; ".join(f"version {v}: {r}" for v, r in prepared.failed.items())
             await self._retire(list(old.values()))
 
-    def _serve(self, prepared: PreparedModel, path: Path) -> dict[int, ServedVersion]:
+    def _serve(self, prepared: PreparedModel) -> dict[int, ServedVersion]:
         config = prepared.config
         inputs, outputs = tensor_rules(config.input), tensor_rules(config.output)
-        labels = read_labels(path, config)
+        labels = prepared.labels
         queue_size = self._settings.max_queue_size
         if config.HasField("dynamic_batching"):
             configured = config.dynamic_batching.default_queue_policy.max_queue_size

@@ -144,6 +144,33 @@ def test_http_compression_both_ways(server: ServerProcess, algorithm: str) -> No
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
 
 
+@pytest.mark.parametrize(
+    ("accept", "expected"), [("gzip", "gzip"), ("deflate", "deflate"), ("", None)]
+)
+def test_large_responses_are_compressed_when_asked(
+    server: ServerProcess, accept: str, expected: str | None
+) -> None:
+    body = json.dumps(
+        {
+            "inputs": [
+                {"name": "INPUT0", "datatype": "FP32", "shape": [1, 4096], "data": [0.0] * 4096}
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/identity_fp32/infer",
+        data=body,
+        method="POST",
+        headers={"Accept-Encoding": accept} if accept else {},
+    )
+    with urllib.request.urlopen(request) as resp:
+        assert resp.headers.get("Content-Encoding") == expected
+        raw = resp.read()
+    if expected:
+        assert len(raw) < 4096  # 16 KiB of zeros compress well
+
+
 def test_grpc_stream_infer(server: ServerProcess) -> None:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     results: list[tuple[object, object]] = []

@@ -50,7 +50,13 @@ def _guard(handler: Handler) -> Handler:
     return guarded
 
 
-def _accepts(request: web.Request) -> bool:
+# Compressing a few hundred bytes costs more than sending them, even off the device.
+MIN_COMPRESSED_BYTES = 1024
+
+
+def _wants_compression(request: web.Request, size: int) -> bool:
+    if size < MIN_COMPRESSED_BYTES:
+        return False
     encoding = request.headers.get("Accept-Encoding", "")
     return "gzip" in encoding or "deflate" in encoding
 
@@ -110,7 +116,7 @@ class HttpFrontend:
                 content_type="application/octet-stream",
                 headers={HEADER_LENGTH: str(header_length)},
             )
-        if _accepts(request):
+        if _wants_compression(request, resp.content_length or 0):
             resp.enable_compression()
         return resp
 
