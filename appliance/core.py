@@ -55,6 +55,7 @@ class InferenceCore:
         batching = served.max_batch_size > 0
         arrays: dict[str, Array] = {}
         keys: list[Any] = []
+        nbytes = 0
         batch = 1
         for tensor in request.inputs:
             rule = rules.get(tensor.name)
@@ -96,6 +97,7 @@ class InferenceCore:
             if rule.model_dims is not None:
                 data = data.reshape(((shape[0],) if batching else ()) + rule.model_dims)
             arrays[tensor.name] = data
+            nbytes += data.nbytes
             keys.append(item_shape)
         if len(arrays) < len(rules):
             missing = [n for n, r in rules.items() if n not in arrays and not r.optional]
@@ -122,6 +124,7 @@ class InferenceCore:
                 else self._output_names(served, request)
             ),
             future=asyncio.get_running_loop().create_future(),
+            nbytes=nbytes,
         )
 
     @staticmethod

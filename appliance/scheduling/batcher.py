@@ -208,7 +208,7 @@ class Scheduler:
 
 
 def _input_bytes(jobs: list[Job]) -> int:
-    return sum(array.nbytes for job in jobs for array in job.inputs.values())
+    return sum(job.nbytes for job in jobs)
 
 
 def _head(queue: deque[Job], policy: BatchPolicy) -> list[Job]:

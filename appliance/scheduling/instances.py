@@ -32,6 +32,7 @@ class Job:
     shape_key: tuple[Any, ...]  # non-batch input shapes: requests batch only with equals
     output_names: tuple[str, ...]
     future: asyncio.Future[dict[str, Array]]
+    nbytes: int = 0  # input bytes: the inline-execution cost model's measure of size
     enqueue_ns: int = 0
     dispatch_ns: int = 0
 

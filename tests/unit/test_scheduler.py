@@ -41,8 +41,10 @@ class Doubler:
 
 
 def job(value: float, rows: int = 1) -> Job:
+    x = np.full((rows, 2), value, dtype=np.float32)
     return Job(
-        inputs={"x": np.full((rows, 2), value, dtype=np.float32)},
+        inputs={"x": x},
+        nbytes=x.nbytes,
         batch_size=rows,
         shape_key=((2,),),
         output_names=("y",),
