@@ -16,6 +16,7 @@ from appliance.core import InferenceCore
 from appliance.errors import ApplianceError
 from appliance.frontends.grpc.server import InferenceServicer
 from appliance.frontends.http.server import HttpFrontend
+from appliance.metrics import build_registry, metrics_app
 from appliance.repository.manager import ManagerSettings, ModelManager
 from appliance.settings import ServerSettings
 
@@ -47,6 +48,7 @@ class Appliance:
         )
         self.http_port: int | None = None
         self.grpc_port: int | None = None
+        self.metrics_port: int | None = None
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Appliance]:
@@ -58,6 +60,8 @@ class Appliance:
                 await stack.enter_async_context(self._grpc())
             if self.settings.allow_http:
                 await stack.enter_async_context(self._http())
+            if self.settings.allow_metrics:
+                await stack.enter_async_context(self._metrics())
             self.state.loading_done = True
             stack.callback(self._not_ready)
             log.info("server is ready")
@@ -87,31 +91,22 @@ class Appliance:
     @contextlib.asynccontextmanager
     async def _http(self) -> AsyncIterator[None]:
         frontend = HttpFrontend(self.core, self.control, self.settings.max_request_bytes)
-        runner = web.AppRunner(
-            frontend.build(),
-            handler_cancellation=True,
-            access_log=None,
-            shutdown_timeout=self.settings.exit_timeout_secs,
-        )
-        await runner.setup()
-        try:
-            site = web.TCPSite(
-                runner, self.settings.http_address, self.settings.http_port, reuse_address=True
-            )
-            try:
-                await site.start()
-            except OSError as exc:
-                raise StartupError(
-                    f"cannot listen for HTTP on {self.settings.http_address}:"
-                    f"{self.settings.http_port}: {exc.strerror}"
-                ) from exc
-            server = site._server  # aiohttp keeps the asyncio Server here
-            sockets = getattr(server, "sockets", None) or []
-            self.http_port = sockets[0].getsockname()[1] if sockets else self.settings.http_port
-            log.info("Started HTTPService at %s:%s", self.settings.http_address, self.http_port)
+        address, port = self.settings.http_address, self.settings.http_port
+        async with _listening(
+            frontend.build(), address, port, "HTTP", self.settings.exit_timeout_secs
+        ) as bound:
+            self.http_port = bound
+            log.info("Started HTTPService at %s:%s", address, bound)
             yield
-        finally:
-            await runner.cleanup()
+
+    @contextlib.asynccontextmanager
+    async def _metrics(self) -> AsyncIterator[None]:
+        registry = build_registry(self.manager.ready_versions, self.settings.allow_cpu_metrics)
+        address, port = self.settings.metrics_address, self.settings.metrics_port
+        async with _listening(metrics_app(registry), address, port, "metrics") as bound:
+            self.metrics_port = bound
+            log.info("Started Metrics Service at %s:%s", address, bound)
+            yield
 
     @contextlib.asynccontextmanager
     async def _grpc(self) -> AsyncIterator[None]:
@@ -139,6 +134,30 @@ class Appliance:
             yield
         finally:
             await server.stop(grace=self.settings.exit_timeout_secs)
+
+
+@contextlib.asynccontextmanager
+async def _listening(
+    app: web.Application, address: str, port: int, what: str, shutdown_timeout: float = 5.0
+) -> AsyncIterator[int]:
+    """Serve an aiohttp app on address:port; yields the bound port (port 0 picks one)."""
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, address, port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise StartupError(
+                f"cannot listen for {what} on {address}:{port}: {exc.strerror}"
+            ) from exc
+        server = site._server  # aiohttp keeps the asyncio Server here
+        sockets = getattr(server, "sockets", None) or []
+        yield sockets[0].getsockname()[1] if sockets else port
+    finally:
+        await runner.cleanup()
 
 
 async def serve_forever(settings: ServerSettings, stop: asyncio.Event) -> None:

@@ -63,7 +63,6 @@ IGNORED_FLAGS = (
     "vertex-ai-thread-count",
     "vertex-ai-default-model",
     "allow-gpu-metrics",
-    "allow-cpu-metrics",
     "metrics-interval-ms",
     "metrics-config",
     "trace-config",
@@ -138,7 +137,8 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int, default=8002)
     _add_bool(p, "--allow-http", "serve HTTP (default true)")
     _add_bool(p, "--allow-grpc", "serve gRPC (default true)")
-    _add_bool(p, "--allow-metrics", "serve Prometheus metrics (default true)")
+    _add_bool(p, "--allow-metrics", "serve Prometheus metrics on /metrics (default true)")
+    _add_bool(p, "--allow-cpu-metrics", "include CPU utilisation and memory (default true)")
     _add_bool(p, "--strict-model-config", "refuse models without a complete config.pbtxt")
     _add_bool(
         p,
@@ -206,6 +206,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         allow_http=_on(args.allow_http, True),
         allow_grpc=_on(args.allow_grpc, True),
         allow_metrics=_on(args.allow_metrics, True),
+        allow_cpu_metrics=_on(args.allow_cpu_metrics, True),
         strict_model_config=_on(args.strict_model_config, False),
         strict_readiness=_on(args.strict_readiness, False),
         exit_on_error=_on(args.exit_on_error, False),
@@ -261,8 +262,6 @@ def serve(argv: Sequence[str]) -> int:
         log.warning("%s is a tritonserver flag that edge-appliance ignores", flag)
     if settings.model_control_mode == "poll":
         log.warning("--model-control-mode=poll: polling is not implemented yet; models load once")
-    if settings.allow_metrics:
-        log.info("metrics endpoint is not implemented yet; --metrics-port is ignored")
     _install_event_loop_policy()
     return asyncio.run(_serve(settings))
 

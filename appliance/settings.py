@@ -20,6 +20,7 @@ class ServerSettings:
     allow_http: bool = True
     allow_grpc: bool = True
     allow_metrics: bool = True
+    allow_cpu_metrics: bool = True
     strict_model_config: bool = False
     strict_readiness: bool = False
     exit_on_error: bool = False

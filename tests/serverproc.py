@@ -27,13 +27,22 @@ class ServerProcess:
         repos = repository if isinstance(repository, list) else [repository]
         self.http_port = free_port()
         self.grpc_port = free_port()
+        self.metrics_port = free_port()
         self.http_url = f"127.0.0.1:{self.http_port}"
         self.grpc_url = f"127.0.0.1:{self.grpc_port}"
         self.log_path = log_path
         args = [sys.executable, "-m", "appliance", "serve"]
         for repo in repos:
             args += ["--model-repository", str(repo)]
-        args += ["--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port), *extra]
+        args += [
+            "--http-port",
+            str(self.http_port),
+            "--grpc-port",
+            str(self.grpc_port),
+            "--metrics-port",
+            str(self.metrics_port),
+            *extra,
+        ]
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env)

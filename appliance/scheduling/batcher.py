@@ -69,6 +69,11 @@ class Scheduler:
             worker.start(self._loop)
 
     @property
+    def pending(self) -> int:
+        """Requests waiting for an instance (Triton's nv_inference_pending_request_count)."""
+        return len(self._queue)
+
+    @property
     def busy(self) -> bool:
         return bool(self._queue) or len(self._idle) < len(self._workers)
 

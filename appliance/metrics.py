@@ -1,0 +1,173 @@
+"""Prometheus metrics with Triton's names, read from the model statistics at scrape time.
+
+Nothing is counted twice: the collector turns the same per-version counters that the
+statistics API reports into Triton's metric families when /metrics is scraped, so the request
+path pays nothing for metrics. Each Appliance has its own registry (no global state).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from appliance.repository.manager import ServedVersion
+
+log = logging.getLogger(__name__)
+
+_LABELS = ["model", "version"]
+
+# (metric name, help, attribute of ModelStats holding a Duration) for Triton's µs counters.
+_DURATIONS = (
+    (
+        "nv_inference_request_duration_us",
+        "Cumulative inference request duration in microseconds (includes cached requests)",
+        "success",
+    ),
+    (
+        "nv_inference_queue_duration_us",
+        "Cumulative inference queuing duration in microseconds",
+        "queue",
+    ),
+    (
+        "nv_inference_compute_input_duration_us",
+        "Cumulative compute input duration in microseconds",
+        "compute_input",
+    ),
+    (
+        "nv_inference_compute_infer_duration_us",
+        "Cumulative compute inference duration in microseconds",
+        "compute_infer",
+    ),
+    (
+        "nv_inference_compute_output_duration_us",
+        "Cumulative inference compute output duration in microseconds",
+        "compute_output",
+    ),
+)
+
+
+class InferenceCollector(Collector):
+    """Per model version counters, as Triton names them."""
+
+    def __init__(self, versions: Callable[[], Iterable[ServedVersion]]) -> None:
+        self._versions = versions
+
+    def collect(self) -> Iterator[Metric]:
+        success = CounterMetricFamily(
+            "nv_inference_request_success",
+            "Number of successful inference requests, all batch sizes",
+            labels=_LABELS,
+        )
+        failure = CounterMetricFamily(
+            "nv_inference_request_failure",
+            "Number of failed inference requests, all batch sizes",
+            labels=_LABELS,
+        )
+        count = CounterMetricFamily(
+            "nv_inference_count",
+            "Number of inferences performed (does not include cached requests)",
+            labels=_LABELS,
+        )
+        executions = CounterMetricFamily(
+            "nv_inference_exec_count",
+            "Number of model executions performed (does not include cached requests)",
+            labels=_LABELS,
+        )
+        pending = GaugeMetricFamily(
+            "nv_inference_pending_request_count",
+            "Instantaneous number of pending requests awaiting execution per-model.",
+            labels=_LABELS,
+        )
+        durations = [
+            (CounterMetricFamily(name, text, labels=_LABELS), attribute)
+            for name, text, attribute in _DURATIONS
+        ]
+        for served in self._versions():
+            labels = [served.name, str(served.version)]
+            stats = served.stats
+            success.add_metric(labels, stats.success.count)
+            failure.add_metric(labels, stats.fail.count)
+            count.add_metric(labels, stats.inference_count)
+            executions.add_metric(labels, stats.execution_count)
+            pending.add_metric(labels, served.scheduler.pending)
+            for family, attribute in durations:
+                family.add_metric(labels, getattr(stats, attribute).ns // 1000)
+        yield from (success, failure, count, executions, pending)
+        yield from (family for family, _ in durations)
+
+
+class CpuCollector(Collector):
+    """Triton's CPU metrics from /proc (Linux): utilisation since the last scrape, memory."""
+
+    def __init__(self) -> None:
+        self._last = _cpu_times()
+
+    def collect(self) -> Iterator[Metric]:
+        now = _cpu_times()
+        if now is not None and self._last is not None:
+            busy = (now[0] - self._last[0]) / max(1, now[1] - self._last[1])
+            self._last = now
+            yield GaugeMetricFamily(
+                "nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", value=busy
+            )
+        memory = _memory()
+        if memory is not None:
+            total, used = memory
+            yield GaugeMetricFamily(
+                "nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", value=total
+            )
+            yield GaugeMetricFamily(
+                "nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", value=used
+            )
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(busy, total) jiffies from /proc/stat."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _memory() -> tuple[int, int] | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            values = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in meminfo}
+    except (OSError, ValueError, IndexError):
+        return None
+    total = values.get("MemTotal", 0)
+    return total, total - values.get("MemAvailable", values.get("MemFree", 0))
+
+
+def build_registry(
+    versions: Callable[[], Iterable[ServedVersion]], cpu_metrics: bool
+) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(InferenceCollector(versions))
+    if cpu_metrics and os.path.exists("/proc/stat"):
+        registry.register(CpuCollector())
+    return registry
+
+
+def metrics_app(registry: CollectorRegistry) -> web.Application:
+    """`GET /metrics` in Prometheus' text format."""
+
+    async def metrics(request: web.Request) -> web.Response:
+        started = time.monotonic()
+        body = generate_latest(registry)
+        log.debug("metrics scraped in %.1f ms", (time.monotonic() - started) * 1000)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    return app
