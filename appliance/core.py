@@ -8,8 +8,15 @@ from typing import Any
 
 import numpy as np
 
-from appliance.errors import ApplianceError, InvalidInput, ServerUnavailable
+from appliance.errors import (
+    ApplianceError,
+    InferenceFailed,
+    InvalidInput,
+    QueueFull,
+    ServerUnavailable,
+)
 from appliance.repository.manager import ModelManager, ServedVersion
+from appliance.scheduling.batcher import QueueTimeout
 from appliance.scheduling.instances import Job
 from appliance.types import Array, InferRequest, InferResponse, OutputTensor
 
@@ -40,8 +47,11 @@ class InferenceCore:
             job = self._job(served, request)
             outputs = await served.scheduler.submit(job)
             response = self._response(served, request, outputs)
-        except ApplianceError:
-            served.stats.fail.add(time.monotonic_ns() - start)
+        except ApplianceError as exc:
+            served.stats.record_failure(_failure_reason(exc), time.monotonic_ns() - start)
+            raise
+        except asyncio.CancelledError:
+            served.stats.record_failure("CANCELED", time.monotonic_ns() - start)
             raise
         served.stats.success.add(time.monotonic_ns() - start)
         return response
@@ -114,8 +124,11 @@ class InferenceCore:
                 if batch > 0
                 else f"inference request batch-size must be >= 1 for '{name}', got {batch}"
             )
+        priority, timeout_us = _scheduling_parameters(request, name)
         return Job(
             inputs=arrays,
+            priority=priority,
+            timeout_us=timeout_us,
             batch_size=batch if batching else 1,
             shape_key=tuple(keys),
             output_names=(
@@ -172,6 +185,29 @@ class InferenceCore:
             id=request.id,
             outputs=tensors,
         )
+
+
+def _failure_reason(exc: ApplianceError) -> str:
+    """Triton's reason label on nv_inference_request_failure."""
+    if isinstance(exc, QueueFull | QueueTimeout):
+        return "REJECTED"
+    if isinstance(exc, InferenceFailed):
+        return "BACKEND"
+    return "OTHER"
+
+
+def _scheduling_parameters(request: InferRequest, model: str) -> tuple[int, int]:
+    """The `priority` and `timeout` (microseconds) request parameters, 0 when absent."""
+    values = []
+    for key in ("priority", "timeout"):
+        value = request.parameters.get(key, 0)
+        if type(value) is not int or value < 0:
+            raise InvalidInput(
+                f"model '{model}': request parameter '{key}' must be a non-negative integer, "
+                f"got {value!r}"
+            )
+        values.append(value)
+    return values[0], values[1]
 
 
 def classify(array: Array, k: int, labels: list[str] | None, batching: bool) -> Array:

@@ -22,6 +22,7 @@ from appliance.repository.manager import ServedVersion
 log = logging.getLogger(__name__)
 
 _LABELS = ["model", "version"]
+_FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
 # (metric name, help, attribute of ModelStats holding a Duration) for Triton's µs counters.
 _DURATIONS = (
@@ -68,7 +69,7 @@ class InferenceCollector(Collector):
         failure = CounterMetricFamily(
             "nv_inference_request_failure",
             "Number of failed inference requests, all batch sizes",
-            labels=_LABELS,
+            labels=[*_LABELS, "reason"],
         )
         count = CounterMetricFamily(
             "nv_inference_count",
@@ -93,7 +94,8 @@ class InferenceCollector(Collector):
             labels = [served.name, str(served.version)]
             stats = served.stats
             success.add_metric(labels, stats.success.count)
-            failure.add_metric(labels, stats.fail.count)
+            for reason in _FAILURE_REASONS:
+                failure.add_metric([*labels, reason], stats.failures.get(reason, 0))
             count.add_metric(labels, stats.inference_count)
             executions.add_metric(labels, stats.execution_count)
             pending.add_metric(labels, served.scheduler.pending)

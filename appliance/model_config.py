@@ -168,6 +168,18 @@ def validate_config(
     if config.HasField("sequence_batching") or config.HasField("ensemble_scheduling"):
         raise ConfigError(f"{where}: sequence batching and ensembles are not supported yet")
     if config.HasField("dynamic_batching"):
+        dyn = config.dynamic_batching
+        if dyn.priority_levels and not 1 <= dyn.default_priority_level <= dyn.priority_levels:
+            raise ConfigError(
+                f"{where}: dynamic_batching.default_priority_level must be between 1 and "
+                f"priority_levels ({dyn.priority_levels}), got {dyn.default_priority_level}"
+            )
+        for level in dyn.priority_queue_policy:
+            if not 1 <= level <= dyn.priority_levels:
+                raise ConfigError(
+                    f"{where}: dynamic_batching.priority_queue_policy has level {level}, outside "
+                    f"1..priority_levels ({dyn.priority_levels})"
+                )
         for size in config.dynamic_batching.preferred_batch_size:
             if size < 1 or size > config.max_batch_size:
                 raise ConfigError(

@@ -26,6 +26,7 @@ from appliance.repository.loader import (
 from appliance.repository.local import list_models
 from appliance.scheduling.batcher import Scheduler
 from appliance.scheduling.policy import BatchPolicy
+from appliance.scheduling.queues import QueuePolicy
 from appliance.scheduling.stats import ModelStats
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,28 @@ def _policy(config: ModelConfig) -> BatchPolicy:
         preferred_batch_sizes=tuple(dyn.preferred_batch_size) if dyn else (),
         max_queue_delay_ns=int(dyn.max_queue_delay_microseconds) * 1000 if dyn else 0,
     )
+
+
+def _queue_policy(policy: Any) -> QueuePolicy:
+    return QueuePolicy(
+        max_queue_size=int(policy.max_queue_size),
+        default_timeout_ns=int(policy.default_timeout_microseconds) * 1000,
+        delay_on_timeout=policy.timeout_action == policy.DELAY,
+        allow_timeout_override=bool(policy.allow_timeout_override),
+    )
+
+
+def _queue_settings(config: ModelConfig) -> tuple[int, int, dict[int, QueuePolicy]]:
+    """Priority levels, the default level and each level's queue policy from the config."""
+    if not config.HasField("dynamic_batching"):
+        return 0, 0, {}
+    dyn = config.dynamic_batching
+    levels = int(dyn.priority_levels)
+    default = _queue_policy(dyn.default_queue_policy)
+    policies = dict.fromkeys(range(1, max(1, levels) + 1), default)
+    for level, policy in dyn.priority_queue_policy.items():
+        policies[int(level)] = _queue_policy(policy)
+    return levels, int(dyn.default_priority_level), policies
 
 
 class ModelManager:
@@ -233,6 +256,7 @@ class ModelManager:
             configured = config.dynamic_batching.default_queue_policy.max_queue_size
             queue_size = configured if configured > 0 else queue_size
         served: dict[int, ServedVersion] = {}
+        levels, default_level, policies = _queue_settings(config)
         for pv in prepared.versions:
             stats = ModelStats()
             scheduler = Scheduler(
@@ -243,6 +267,9 @@ class ModelManager:
                 max_queue_size=queue_size,
                 preserve_ordering=config.dynamic_batching.preserve_ordering,
                 inline_budget_ns=self._settings.inline_budget_us * 1000,
+                priority_levels=levels,
+                default_priority_level=default_level,
+                queue_policies=policies,
             )
             scheduler.start()
             served[pv.version] = ServedVersion(

@@ -1,8 +1,9 @@
-"""The scheduler of one model version: a bounded queue, the batching policy, idle instances.
+"""The scheduler of one model version: bounded priority queues, the batching policy, instances.
 
 It runs on the event loop and never blocks: `submit` queues a job and dispatches; an instance
-finishing a batch dispatches again; a timer handles max_queue_delay. With no dynamic_batching
-in the config the same code sends every request alone (Triton's default scheduler).
+finishing a batch dispatches again; one timer handles max_queue_delay and queue timeouts. With
+no dynamic_batching in the config the same code sends every request alone (Triton's default
+scheduler).
 
 Inline execution: handing a batch to a worker thread and back costs two thread wake-ups, about
 60 us of CPU on a small core, more than a tiny model (an add, a small MLP, a tree) takes to run.
@@ -18,22 +19,29 @@ import contextlib
 import logging
 import time
 from collections import deque
+from itertools import islice
 
-from appliance.errors import InferenceFailed, InvalidInput, QueueFull, ServerUnavailable
+from appliance.errors import InferenceFailed, InvalidInput, ServerUnavailable
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
 from appliance.scheduling.policy import BatchPolicy, next_batch
+from appliance.scheduling.queues import QueuePolicy, RequestQueue
 from appliance.scheduling.stats import ModelStats
 from appliance.types import Array
 from edge_backends.api import InputRejected
 
 log = logging.getLogger(__name__)
 
+
+class QueueTimeout(ServerUnavailable):
+    """A request's queue timeout (REJECT) expired before it ran."""
+
+
 # Executions measured on worker threads before a version may run inline.
 _WARMUP_EXECUTIONS = 16
 
 
 class Scheduler:
-    """Queue + batching + instance pool for one model version."""
+    """Queues + batching + instance pool for one model version."""
 
     def __init__(
         self,
@@ -44,21 +52,27 @@ class Scheduler:
         max_queue_size: int,
         preserve_ordering: bool = False,
         inline_budget_ns: int = 0,
+        priority_levels: int = 0,
+        default_priority_level: int = 0,
+        queue_policies: dict[int, QueuePolicy] | None = None,
     ) -> None:
         self._label = label  # "model 'x' version 1", for messages
         self._workers = workers
         self._idle: deque[InstanceWorker] = deque(workers)
         self._policy = policy
         self._batching = policy.dynamic and policy.max_batch_size > 0
+        self._head_limit = max(1, policy.max_batch_size) if self._batching else 1
         self._inline_budget_ns = inline_budget_ns
         self._cost_per_byte_ns = 0.0
         self._measured = 0
         self._stats = stats
-        self._max_queue_size = max_queue_size
         self._preserve_ordering = preserve_ordering
-        self._queue: deque[Job] = deque()
+        self._queue = RequestQueue(
+            label, priority_levels, default_priority_level, queue_policies or {}, max_queue_size
+        )
         self._in_flight: deque[BatchResult] = deque()  # dispatch order, for preserve_ordering
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0  # monotonic ns the timer fires at
         self._closing = False
         self._drained: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -75,46 +89,51 @@ class Scheduler:
 
     @property
     def busy(self) -> bool:
-        return bool(self._queue) or len(self._idle) < len(self._workers)
+        return bool(len(self._queue)) or len(self._idle) < len(self._workers)
 
     async def submit(self, job: Job) -> dict[str, Array]:
-        """Queue one job and wait for its outputs; cancelling the caller drops a queued job."""
+        """Queue one job and wait for its outputs; cancelling the caller drops a queued job.
+
+        A full queue raises QueueFull at once; nothing blocks or grows without bound.
+        """
         if self._closing:
             raise ServerUnavailable(f"{self._label} is unloading; retry")
-        if len(self._queue) >= self._max_queue_size:
-            raise QueueFull(
-                f"{self._label}: queue is full ({self._max_queue_size} requests waiting)"
-            )
-        job.enqueue_ns = time.monotonic_ns()
-        self._queue.append(job)
+        self._queue.push(job, job.priority, job.timeout_us, time.monotonic_ns())
         self._dispatch()
-        return await job.future
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            if job.queued:  # the caller went away before it ran: it never will
+                self._queue.discard(job)
+                self._stats.cancelled += 1
+            raise
 
     def _dispatch(self) -> None:
         """Hand batches to idle instances while the policy says to run."""
         queue = self._queue
-        while queue and self._idle:
-            while queue and queue[0].future.done():  # cancelled while queued
-                queue.popleft()
-            if not queue:
+        now = time.monotonic_ns()
+        for expired in queue.expire(now):
+            expired.future.set_exception(
+                QueueTimeout(f"{self._label}: request timeout expired while queued")
+            )
+        wait_ns = 0
+        while len(queue) and self._idle:
+            head = list(islice(queue.live(), self._head_limit))
+            if not head:
                 break
-            now = time.monotonic_ns()
             if self._batching:
                 decision = next_batch(
-                    [(j.batch_size, j.shape_key) for j in _head(queue, self._policy)],
-                    now - queue[0].enqueue_ns,
+                    [(j.batch_size, j.shape_key) for j in head],
+                    now - head[0].enqueue_ns,
                     self._policy,
                 )
                 if not decision.run:
-                    self._arm_timer(decision.wait_ns)
-                    return
-                live: list[Job] = []
-                while len(live) < decision.run:
-                    job = queue.popleft()
-                    if not job.future.done():
-                        live.append(job)
+                    wait_ns = decision.wait_ns
+                    break
+                live = head[: decision.run]
             else:  # one request per execution: no decision to make
-                live = [queue.popleft()]
+                live = head[:1]
+            queue.take(live)
             for job in live:
                 job.dispatch_ns = now
                 self._stats.queue.add(now - job.enqueue_ns)
@@ -127,6 +146,7 @@ class Scheduler:
                 self._loop.call_soon(self._on_batch_done, worker, result)
             else:
                 worker.submit(live, self._on_batch_done)
+        self._arm_timer(now, wait_ns)
 
     def _runs_inline(self, jobs: list[Job]) -> bool:
         """Inline when the learned CPU cost per input byte predicts a run within budget."""
@@ -146,11 +166,19 @@ class Scheduler:
         else:
             self._cost_per_byte_ns += (per_byte - self._cost_per_byte_ns) * 0.1
 
-    def _arm_timer(self, wait_ns: int) -> None:
+    def _arm_timer(self, now: int, wait_ns: int) -> None:
+        """One timer for the batching window and the earliest queue timeout."""
+        due = [t for t in (now + wait_ns if wait_ns else 0, self._queue.next_deadline()) if t]
+        if not due:
+            return
+        at = min(due)
         if self._timer is not None:
+            if self._timer_at <= at:
+                return  # an earlier wake-up is already set; it re-arms what is left
             self._timer.cancel()
         assert self._loop is not None
-        self._timer = self._loop.call_later(wait_ns / 1e9, self._on_timer)
+        self._timer_at = at
+        self._timer = self._loop.call_later(max(0, at - now) / 1e9, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -199,8 +227,7 @@ class Scheduler:
             self._drained = asyncio.Event()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._drained.wait(), timeout_s)
-        while self._queue:
-            job = self._queue.popleft()
+        for job in self._queue.drain():
             if not job.future.done():
                 job.future.set_exception(ServerUnavailable(f"{self._label} was unloaded"))
         if self._timer is not None:
@@ -214,16 +241,3 @@ class Scheduler:
 
 def _input_bytes(jobs: list[Job]) -> int:
     return sum(job.nbytes for job in jobs)
-
-
-def _head(queue: deque[Job], policy: BatchPolicy) -> list[Job]:
-    """The queued jobs the policy may look at (at most max_batch_size of them)."""
-    limit = max(1, policy.max_batch_size) if policy.dynamic else 1
-    out: list[Job] = []
-    for job in queue:
-        if job.future.done():
-            continue
-        out.append(job)
-        if len(out) >= limit:
-            break
-    return out

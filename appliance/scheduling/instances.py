@@ -33,8 +33,15 @@ class Job:
     output_names: tuple[str, ...]
     future: asyncio.Future[dict[str, Array]]
     nbytes: int = 0  # input bytes: the inline-execution cost model's measure of size
+    priority: int = 0  # the request's priority parameter (0: the model's default level)
+    timeout_us: int = 0  # the request's timeout parameter (0: the queue policy's)
     enqueue_ns: int = 0
     dispatch_ns: int = 0
+    # Set by the RequestQueue:
+    level: int = 1
+    deadline_ns: int = 0
+    queued: bool = False
+    delayed: bool = False
 
 
 @dataclass(slots=True)

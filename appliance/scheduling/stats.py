@@ -38,10 +38,17 @@ class ModelStats:
     compute_output: Duration = field(default_factory=Duration)
     cache_hit: Duration = field(default_factory=Duration)
     cache_miss: Duration = field(default_factory=Duration)
+    # Failed requests by Triton's metric reasons: REJECTED, CANCELED, BACKEND, OTHER.
+    failures: dict[str, int] = field(default_factory=dict)
+    cancelled: int = 0  # requests dropped from the queue because their caller went away
     inference_count: int = 0
     execution_count: int = 0
     last_inference_ms: int = 0
     by_batch_size: dict[int, BatchSizeStats] = field(default_factory=dict)
+
+    def record_failure(self, reason: str, ns: int) -> None:
+        self.fail.add(ns)
+        self.failures[reason] = self.failures.get(reason, 0) + 1
 
     def record_execution(
         self, batch_size: int, requests: int, input_ns: int, infer_ns: int, output_ns: int

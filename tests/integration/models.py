@@ -99,6 +99,20 @@ def build(root: Path) -> Path:
         'label_filename: "labels.txt" } ]\n'
     )
 
+    # A model slow enough (tens of ms) for queues to build up under concurrent load.
+    save(slow_model(), root / "slow_queue" / "1" / "model.onnx")
+    (root / "slow_queue" / "config.pbtxt").write_text(
+        SLOW_CONFIG.format(name="slow_queue", queue="default_queue_policy { max_queue_size: 2 }")
+    )
+    save(slow_model(), root / "slow_timeout" / "1" / "model.onnx")
+    (root / "slow_timeout" / "config.pbtxt").write_text(
+        SLOW_CONFIG.format(
+            name="slow_timeout",
+            queue="default_queue_policy { default_timeout_microseconds: 5000, "
+            "allow_timeout_override: true }",
+        )
+    )
+
     # Broken models: the server must report them and serve the rest.
     _write(root, "broken_model_file", None, {1: b"this is not an onnx file"})
     save(simple_model(), root / "broken_config" / "1" / "model.onnx")
@@ -112,6 +126,36 @@ def build(root: Path) -> Path:
         )
     )
     return root
+
+
+SLOW_CONFIG = """\
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 1
+input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1024 ] }} ]
+output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1024 ] }} ]
+dynamic_batching {{ priority_levels: 2, default_priority_level: 2, {queue} }}
+"""
+
+
+def slow_model(steps: int = 160) -> onnx.ModelProto:
+    """OUTPUT0 = tanh(... tanh(INPUT0 @ W) ... @ W): a chain of 1024x1024 MatMuls."""
+    weight = helper.make_tensor("W", TensorProto.FLOAT, [1024, 1024], [0.001] * (1024 * 1024))
+    nodes, current = [], "INPUT0"
+    for i in range(steps):
+        nodes.append(helper.make_node("MatMul", [current, "W"], [f"m{i}"]))
+        current = "OUTPUT0" if i == steps - 1 else f"t{i}"
+        nodes.append(helper.make_node("Tanh", [f"m{i}"], [current]))
+    graph = helper.make_graph(
+        nodes,
+        "slow",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 1024])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 1024])],
+        initializer=[weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    return model
 
 
 def _add_constant_model(value: int) -> onnx.ModelProto:

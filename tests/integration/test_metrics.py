@@ -42,7 +42,8 @@ def test_inference_metrics_match_the_statistics(server: ServerProcess) -> None:
         == stats["inference_stats"]["success"]["count"]
     )
     assert samples[("nv_inference_request_success_total", labels)] >= 3
-    assert samples[("nv_inference_request_failure_total", labels)] >= 1
+    other = tuple(sorted((*labels, ("reason", "OTHER"))))
+    assert samples[("nv_inference_request_failure_total", other)] >= 1
     assert samples[("nv_inference_count_total", labels)] == stats["inference_count"]
     assert samples[("nv_inference_exec_count_total", labels)] == stats["execution_count"]
     assert samples[("nv_inference_compute_infer_duration_us_total", labels)] == (

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from appliance.errors import InferenceFailed, InvalidInput, QueueFull
-from appliance.scheduling.batcher import Scheduler
+from appliance.scheduling.batcher import QueueTimeout, Scheduler
 from appliance.scheduling.instances import InstanceWorker, Job
 from appliance.scheduling.policy import BatchPolicy
+from appliance.scheduling.queues import QueuePolicy
 from appliance.scheduling.stats import ModelStats
 from edge_backends.api import InputRejected
 
@@ -224,5 +225,94 @@ async def test_inline_execution_can_be_turned_off() -> None:
     for i in range(20):
         await scheduler.submit(job(i))
     assert threading.get_ident() not in model.threads
+    await scheduler.drain(1)
+    scheduler.stop_workers()
+
+
+def prioritized(value: float, priority: int, timeout_us: int = 0) -> Job:
+    j = job(value)
+    j.priority, j.timeout_us = priority, timeout_us
+    return j
+
+
+async def test_high_priority_overtakes_queued_low_priority_work() -> None:
+    gate = threading.Event()
+    model = Doubler(gate)
+    stats = ModelStats()
+    scheduler = Scheduler(
+        "m",
+        [InstanceWorker("w", model, True)],
+        BatchPolicy(max_batch_size=1),
+        stats,
+        max_queue_size=10,
+        priority_levels=2,
+        default_priority_level=2,
+    )
+    scheduler.start()
+    order: list[float] = []
+
+    async def tracked(value: float, priority: int) -> None:
+        out = await scheduler.submit(prioritized(value, priority))
+        order.append(float(out["y"][0, 0]) / 2)
+
+    busy = asyncio.ensure_future(tracked(0, 2))  # occupies the instance
+    await asyncio.sleep(0)
+    low = [asyncio.ensure_future(tracked(v, 2)) for v in (1, 2)]
+    await asyncio.sleep(0)
+    high = asyncio.ensure_future(tracked(9, 1))
+    await asyncio.sleep(0)
+    gate.set()
+    await asyncio.gather(busy, *low, high)
+    assert order == [0, 9, 1, 2]
+    await scheduler.drain(1)
+    scheduler.stop_workers()
+
+
+async def test_queue_timeout_rejects_while_the_instance_is_busy() -> None:
+    gate = threading.Event()
+    scheduler = Scheduler(
+        "model 'm' version 1",
+        [InstanceWorker("w", Doubler(gate), True)],
+        BatchPolicy(max_batch_size=1),
+        ModelStats(),
+        max_queue_size=10,
+        queue_policies={1: QueuePolicy(allow_timeout_override=True)},
+    )
+    scheduler.start()
+    busy = asyncio.ensure_future(scheduler.submit(job(1)))
+    await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(QueueTimeout, match="request timeout expired while queued"):
+        await scheduler.submit(prioritized(2, 0, timeout_us=20_000))
+    assert loop.time() - started < 1.0  # failed at its deadline, not when the instance freed
+    gate.set()
+    await busy
+    await scheduler.drain(1)
+    scheduler.stop_workers()
+
+
+async def test_cancelled_request_is_counted() -> None:
+    gate = threading.Event()
+    stats = ModelStats()
+    scheduler = Scheduler(
+        "m",
+        [InstanceWorker("w", Doubler(gate), True)],
+        BatchPolicy(max_batch_size=1),
+        stats,
+        max_queue_size=10,
+    )
+    scheduler.start()
+    busy = asyncio.ensure_future(scheduler.submit(job(1)))
+    await asyncio.sleep(0)
+    doomed = asyncio.ensure_future(scheduler.submit(job(2)))
+    await asyncio.sleep(0)
+    assert scheduler.pending == 1
+    doomed.cancel()
+    await asyncio.sleep(0)
+    assert stats.cancelled == 1
+    assert scheduler.pending == 0
+    gate.set()
+    await busy
     await scheduler.drain(1)
     scheduler.stop_workers()
