@@ -1,0 +1,121 @@
+"""Clients that go away: their queued requests never run and are counted; graceful shutdown."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.serverproc import ServerProcess
+
+
+def _canceled(server: ServerProcess, model: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as resp:
+        text = resp.read().decode()
+    wanted = f'nv_inference_request_failure_total{{model="{model}",reason="CANCELED",version="1"}}'
+    for line in text.splitlines():
+        if line.startswith(wanted):
+            return float(line.split()[-1])
+    raise AssertionError(f"{wanted} not in metrics")
+
+
+def _slow_body() -> bytes:
+    return json.dumps(
+        {
+            "inputs": [
+                {"name": "INPUT0", "datatype": "FP32", "shape": [1, 1024], "data": [1.0] * 1024}
+            ]
+        }
+    ).encode()
+
+
+def _occupy(server: ServerProcess, model: str) -> threading.Thread:
+    """Keep the model's one instance busy for a while from another thread."""
+
+    def run() -> None:
+        client = httpclient.InferenceServerClient(server.http_url, concurrency=4)
+        inp = httpclient.InferInput("INPUT0", [1, 1024], "FP32")
+        inp.set_data_from_numpy(np.ones((1, 1024), np.float32))
+        handles = [client.async_infer(model, [inp]) for _ in range(4)]
+        for handle in handles:
+            with contextlib.suppress(InferenceServerException):  # queue timeouts are fine here
+                handle.get_result()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.05)
+    return thread
+
+
+def _wait_for(predicate, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+def test_http_client_that_disconnects_is_dropped_and_counted(server: ServerProcess) -> None:
+    before = _canceled(server, "slow_queue")
+    busy = _occupy(server, "slow_queue")
+    body = _slow_body()
+    host, port = server.http_url.split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(
+            b"POST /v2/models/slow_queue/infer HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
+        time.sleep(0.02)
+    # the socket is closed while the request waits behind the busy instance
+    _wait_for(lambda: _canceled(server, "slow_queue") > before)
+    busy.join()
+    assert httpclient.InferenceServerClient(server.http_url).is_model_ready("slow_queue")
+
+
+def test_grpc_client_that_gives_up_is_dropped_and_counted(server: ServerProcess) -> None:
+    before = _canceled(server, "slow_timeout")
+    busy = _occupy(server, "slow_timeout")
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inp = grpcclient.InferInput("INPUT0", [1, 1024], "FP32")
+    inp.set_data_from_numpy(np.ones((1, 1024), np.float32))
+    with pytest.raises(InferenceServerException, match="Deadline"):
+        client.infer("slow_timeout", [inp], client_timeout=0.003)
+    _wait_for(lambda: _canceled(server, "slow_timeout") > before)
+    busy.join()
+
+
+def test_graceful_shutdown_finishes_in_flight_requests(
+    start_server,
+    model_repository: Path,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    repo = tmp_path / "repo"
+    (repo / "slow_queue").mkdir(parents=True)
+    for item in (model_repository / "slow_queue").iterdir():
+        target = repo / "slow_queue" / item.name
+        target.symlink_to(item, target_is_directory=item.is_dir())
+    proc = start_server(repo)
+    client = httpclient.InferenceServerClient(proc.http_url, concurrency=3)
+    inp = httpclient.InferInput("INPUT0", [1, 1024], "FP32")
+    inp.set_data_from_numpy(np.ones((1, 1024), np.float32))
+    handles = [client.async_infer("slow_queue", [inp]) for _ in range(3)]
+    time.sleep(0.05)
+    proc.proc.terminate()
+    outputs = [h.get_result().as_numpy("OUTPUT0") for h in handles]
+    assert all(o.shape == (1, 1024) for o in outputs)
+    assert proc.proc.wait(30) == 0
+    assert "shutting down" in proc.log()
