@@ -104,6 +104,8 @@ def build(root: Path) -> Path:
     (root / "slow_queue" / "config.pbtxt").write_text(
         SLOW_CONFIG.format(name="slow_queue", queue="default_queue_policy { max_queue_size: 2 }")
     )
+    save(slow_model(), root / "slow" / "1" / "model.onnx")
+    (root / "slow" / "config.pbtxt").write_text(SLOW_CONFIG.format(name="slow", queue=""))
     save(slow_model(), root / "slow_timeout" / "1" / "model.onnx")
     (root / "slow_timeout" / "config.pbtxt").write_text(
         SLOW_CONFIG.format(
@@ -134,7 +136,7 @@ platform: "onnxruntime_onnx"
 max_batch_size: 1
 input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1024 ] }} ]
 output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1024 ] }} ]
-dynamic_batching {{ priority_levels: 2, default_priority_level: 2, {queue} }}
+dynamic_batching {{ priority_levels: 2 default_priority_level: 2 {queue} }}
 """
 
 

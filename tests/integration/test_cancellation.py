@@ -19,14 +19,24 @@ from tritonclient.utils import InferenceServerException
 from tests.serverproc import ServerProcess
 
 
-def _canceled(server: ServerProcess, model: str) -> float:
+def _metric(server: ServerProcess, wanted: str) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as resp:
         text = resp.read().decode()
-    wanted = f'nv_inference_request_failure_total{{model="{model}",reason="CANCELED",version="1"}}'
     for line in text.splitlines():
         if line.startswith(wanted):
             return float(line.split()[-1])
     raise AssertionError(f"{wanted} not in metrics")
+
+
+def _canceled(server: ServerProcess, model: str) -> float:
+    return _metric(
+        server,
+        f'nv_inference_request_failure_total{{model="{model}",reason="CANCELED",version="1"}}',
+    )
+
+
+def _pending(server: ServerProcess, model: str) -> float:
+    return _metric(server, f'nv_inference_pending_request_count{{model="{model}",version="1"}}')
 
 
 def _slow_body() -> bytes:
@@ -40,20 +50,20 @@ def _slow_body() -> bytes:
 
 
 def _occupy(server: ServerProcess, model: str) -> threading.Thread:
-    """Keep the model's one instance busy for a while from another thread."""
+    """Keep the model's one instance busy (20 x ~17 ms) from another thread."""
 
     def run() -> None:
-        client = httpclient.InferenceServerClient(server.http_url, concurrency=4)
+        client = httpclient.InferenceServerClient(server.http_url, concurrency=20)
         inp = httpclient.InferInput("INPUT0", [1, 1024], "FP32")
         inp.set_data_from_numpy(np.ones((1, 1024), np.float32))
-        handles = [client.async_infer(model, [inp]) for _ in range(4)]
+        handles = [client.async_infer(model, [inp]) for _ in range(20)]
         for handle in handles:
             with contextlib.suppress(InferenceServerException):  # queue timeouts are fine here
                 handle.get_result()
 
     thread = threading.Thread(target=run)
     thread.start()
-    time.sleep(0.05)
+    _wait_for(lambda: _pending(server, model) >= 3)
     return thread
 
 
@@ -67,13 +77,13 @@ def _wait_for(predicate, timeout_s: float = 10.0) -> None:  # type: ignore[no-un
 
 
 def test_http_client_that_disconnects_is_dropped_and_counted(server: ServerProcess) -> None:
-    before = _canceled(server, "slow_queue")
-    busy = _occupy(server, "slow_queue")
+    before = _canceled(server, "slow")
+    busy = _occupy(server, "slow")
     body = _slow_body()
     host, port = server.http_url.split(":")
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(
-            b"POST /v2/models/slow_queue/infer HTTP/1.1\r\nHost: x\r\n"
+            b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\n"
             b"Content-Type: application/json\r\nContent-Length: "
             + str(len(body)).encode()
             + b"\r\n\r\n"
@@ -81,20 +91,20 @@ def test_http_client_that_disconnects_is_dropped_and_counted(server: ServerProce
         )
         time.sleep(0.02)
     # the socket is closed while the request waits behind the busy instance
-    _wait_for(lambda: _canceled(server, "slow_queue") > before)
+    _wait_for(lambda: _canceled(server, "slow") > before)
     busy.join()
-    assert httpclient.InferenceServerClient(server.http_url).is_model_ready("slow_queue")
+    assert httpclient.InferenceServerClient(server.http_url).is_model_ready("slow")
 
 
 def test_grpc_client_that_gives_up_is_dropped_and_counted(server: ServerProcess) -> None:
-    before = _canceled(server, "slow_timeout")
-    busy = _occupy(server, "slow_timeout")
+    before = _canceled(server, "slow")
+    busy = _occupy(server, "slow")
     client = grpcclient.InferenceServerClient(server.grpc_url)
     inp = grpcclient.InferInput("INPUT0", [1, 1024], "FP32")
     inp.set_data_from_numpy(np.ones((1, 1024), np.float32))
     with pytest.raises(InferenceServerException, match="Deadline"):
-        client.infer("slow_timeout", [inp], client_timeout=0.003)
-    _wait_for(lambda: _canceled(server, "slow_timeout") > before)
+        client.infer("slow", [inp], client_timeout=0.06)
+    _wait_for(lambda: _canceled(server, "slow") > before)
     busy.join()
 
 
