@@ -23,6 +23,7 @@ from appliance.model_config import (
 )
 from appliance.repository.local import list_versions
 from appliance.repository.version_policy import select_versions
+from appliance.repository.warmup import warm_up
 from appliance.scheduling.instances import InstanceWorker
 from edge_backends.api import BackendError, InstanceSpec, ModelInstance
 from edge_backends.datatypes import BY_TRITON
@@ -171,6 +172,7 @@ def _load_instances(
                     instance_count=total,
                 )
                 instances.append((instance_name, backend.create_instance(spec)))
+        warm_up(config, model_dir, version, [instance for _, instance in instances])
     except BaseException:
         for _, instance in instances:
             instance.close()

@@ -115,6 +115,19 @@ def build(root: Path) -> Path:
         )
     )
 
+    # Warm-up samples of each kind; one whose data file is missing must fail its load.
+    save(simple_model(), root / "warmed" / "1" / "model.onnx")
+    (root / "warmed" / "warmup").mkdir(parents=True, exist_ok=True)
+    (root / "warmed" / "warmup" / "ones.bin").write_bytes(b"\x01\x00\x00\x00" * 16)
+    (root / "warmed" / "config.pbtxt").write_text(
+        SIMPLE_CONFIG.replace('"simple"', '"warmed"') + WARMUP.format(file="ones.bin")
+    )
+    save(simple_model(), root / "warmup_missing_file" / "1" / "model.onnx")
+    (root / "warmup_missing_file" / "config.pbtxt").write_text(
+        SIMPLE_CONFIG.replace('"simple"', '"warmup_missing_file"')
+        + WARMUP.format(file="absent.bin")
+    )
+
     # Broken models: the server must report them and serve the rest.
     _write(root, "broken_model_file", None, {1: b"this is not an onnx file"})
     save(simple_model(), root / "broken_config" / "1" / "model.onnx")
@@ -129,6 +142,19 @@ def build(root: Path) -> Path:
     )
     return root
 
+
+WARMUP = """\
+model_warmup [
+  {{ name: "zeros", batch_size: 8, count: 2, inputs {{
+      key: "INPUT0" value: {{ data_type: TYPE_INT32, dims: [ 16 ], zero_data: true }} }}
+    inputs {{ key: "INPUT1" value: {{ data_type: TYPE_INT32, dims: [ 16 ], random_data: true }} }}
+  }},
+  {{ name: "from_file", batch_size: 1, inputs {{
+      key: "INPUT0" value: {{ data_type: TYPE_INT32, dims: [ 16 ], input_data_file: "{file}" }} }}
+    inputs {{ key: "INPUT1" value: {{ data_type: TYPE_INT32, dims: [ 16 ], zero_data: true }} }}
+  }}
+]
+"""
 
 SLOW_CONFIG = """\
 name: "{name}"
