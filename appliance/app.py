@@ -11,6 +11,7 @@ import grpc
 from aiohttp import web
 from tritonclient.grpc import service_pb2_grpc
 
+from appliance.cache import ResponseCache
 from appliance.control import ControlPlane, ServerState
 from appliance.core import InferenceCore
 from appliance.errors import ApplianceError
@@ -42,7 +43,10 @@ class Appliance:
                 inline_budget_us=settings.inline_budget_us,
             )
         )
-        self.core = InferenceCore(self.manager)
+        self.cache = (
+            ResponseCache(settings.response_cache_bytes) if settings.response_cache_bytes else None
+        )
+        self.core = InferenceCore(self.manager, self.cache)
         self.control = ControlPlane(
             self.manager, self.state, settings.model_control_mode, settings.strict_readiness
         )
@@ -81,6 +85,14 @@ class Appliance:
             await self.manager.load_all(names)
         except ApplianceError as exc:
             raise StartupError(exc.message) from exc
+        if self.cache is None:
+            for served in self.manager.ready_versions():
+                if served.cache_enabled:
+                    log.warning(
+                        "model '%s' enables response_cache but the server has no cache; "
+                        "start it with --cache-config local,size=BYTES",
+                        served.name,
+                    )
         if settings.exit_on_error and not self.manager.all_ready():
             failed = [e for e in self.manager.index() if e["state"] != "READY"]
             raise StartupError(f"failed to load all models (--exit-on-error): {failed}")
@@ -101,7 +113,9 @@ class Appliance:
 
     @contextlib.asynccontextmanager
     async def _metrics(self) -> AsyncIterator[None]:
-        registry = build_registry(self.manager.ready_versions, self.settings.allow_cpu_metrics)
+        registry = build_registry(
+            self.manager.ready_versions, self.settings.allow_cpu_metrics, self.cache
+        )
         address, port = self.settings.metrics_address, self.settings.metrics_port
         async with _listening(metrics_app(registry), address, port, "metrics") as bound:
             self.metrics_port = bound

@@ -87,9 +87,7 @@ IGNORED_FLAGS = (
     "backend-directory",
     "backend-config",
     "repoagent-directory",
-    "cache-config",
     "cache-directory",
-    "response-cache-byte-size",
 )
 
 
@@ -168,6 +166,14 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="largest gRPC message sent or received (default 128 MiB)",
     )
     p.add_argument(
+        "--cache-config",
+        action="append",
+        default=[],
+        metavar="local,size=BYTES",
+        help="enable the response cache with a byte limit (models opt in with response_cache)",
+    )
+    p.add_argument("--response-cache-byte-size", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument(
         "--inline-execution-budget-us",
         type=int,
         default=100,
@@ -183,6 +189,24 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
             const="",
             help=argparse.SUPPRESS,
         )
+
+
+def parse_cache_config(values: list[str], legacy_bytes: int) -> int:
+    """The response cache size from Triton's `--cache-config local,size=N` (0: no cache)."""
+    size = legacy_bytes
+    for value in values:
+        name, _, rest = value.partition(",")
+        if name != "local":
+            raise SystemExit(
+                f"edge-appliance: --cache-config: only the 'local' cache exists, got '{name}'"
+            )
+        key, _, number = rest.partition("=")
+        if key != "size" or not number.isdigit():
+            raise SystemExit(
+                f"edge-appliance: --cache-config expects local,size=BYTES, got '{value}'"
+            )
+        size = int(number)
+    return size
 
 
 def _on(value: bool | None, default: bool) -> bool:
@@ -218,6 +242,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         max_request_bytes=args.max_request_bytes,
         grpc_max_message_bytes=args.grpc_max_message_bytes,
         inline_budget_us=args.inline_execution_budget_us,
+        response_cache_bytes=parse_cache_config(args.cache_config, args.response_cache_byte_size),
         ignored_flags=ignored,
     )
 

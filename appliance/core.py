@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from appliance.cache import ResponseCache, cache_key
 from appliance.errors import (
     ApplianceError,
     InferenceFailed,
@@ -34,8 +35,9 @@ def _fmt(dims: tuple[int, ...]) -> str:
 class InferenceCore:
     """Validates requests against the model config once, for every protocol."""
 
-    def __init__(self, manager: ModelManager) -> None:
+    def __init__(self, manager: ModelManager, cache: ResponseCache | None = None) -> None:
         self.manager = manager
+        self.cache = cache
         self.accepting = True
 
     async def infer(self, request: InferRequest) -> InferResponse:
@@ -45,7 +47,10 @@ class InferenceCore:
         start = time.monotonic_ns()
         try:
             job = self._job(served, request)
-            outputs = await served.scheduler.submit(job)
+            if served.cache_enabled and self.cache is not None:
+                outputs = await self._cached(served, job, start)
+            else:
+                outputs = await served.scheduler.submit(job)
             response = self._response(served, request, outputs)
         except ApplianceError as exc:
             served.stats.record_failure(_failure_reason(exc), time.monotonic_ns() - start)
@@ -55,6 +60,22 @@ class InferenceCore:
             raise
         served.stats.success.add(time.monotonic_ns() - start)
         return response
+
+    async def _cached(self, served: ServedVersion, job: Job, start: int) -> dict[str, Array]:
+        """Answer from the response cache, or run and remember the answer."""
+        assert self.cache is not None
+        key = cache_key(served.name, served.version, job.inputs.items())
+        outputs = self.cache.get(key)
+        if outputs is not None:
+            served.stats.cache_hit.add(time.monotonic_ns() - start)
+            return outputs
+        job.output_names = served.all_outputs  # cache whole responses: any subset is then a hit
+        lookup_ns = time.monotonic_ns() - start
+        outputs = await served.scheduler.submit(job)
+        insert_start = time.monotonic_ns()
+        self.cache.put(key, outputs)
+        served.stats.cache_miss.add(lookup_ns + time.monotonic_ns() - insert_start)
+        return outputs
 
     # ---- validation --------------------------------------------------------------------------
 

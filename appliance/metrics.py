@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from appliance.cache import ResponseCache
 from appliance.repository.manager import ServedVersion
 
 log = logging.getLogger(__name__)
@@ -151,11 +152,63 @@ def _memory() -> tuple[int, int] | None:
     return total, total - values.get("MemAvailable", values.get("MemFree", 0))
 
 
+class CacheCollector(Collector):
+    """Triton's response cache metrics, server-wide and per model."""
+
+    def __init__(self, cache: ResponseCache, versions: Callable[[], Iterable[ServedVersion]]):
+        self._cache = cache
+        self._versions = versions
+
+    def collect(self) -> Iterator[Metric]:
+        cache = self._cache
+        yield GaugeMetricFamily(
+            "nv_cache_num_entries", "Number of responses stored in response cache", value=len(cache)
+        )
+        yield GaugeMetricFamily(
+            "nv_cache_num_lookups",
+            "Number of cache lookups in response cache",
+            value=cache.hits + cache.misses,
+        )
+        yield GaugeMetricFamily(
+            "nv_cache_num_hits", "Number of cache hits in response cache", value=cache.hits
+        )
+        yield GaugeMetricFamily(
+            "nv_cache_num_misses", "Number of cache misses in response cache", value=cache.misses
+        )
+        yield GaugeMetricFamily(
+            "nv_cache_num_evictions",
+            "Number of cache evictions in response cache",
+            value=cache.evictions,
+        )
+        yield GaugeMetricFamily(
+            "nv_cache_util",
+            "Cache utilization [0.0 - 1.0]",
+            value=cache.used_bytes / max(1, cache.max_bytes),
+        )
+        hits = CounterMetricFamily(
+            "nv_cache_num_hits_per_model", "Number of cache hits per model", labels=_LABELS
+        )
+        misses = CounterMetricFamily(
+            "nv_cache_num_misses_per_model", "Number of cache misses per model", labels=_LABELS
+        )
+        for served in self._versions():
+            if served.cache_enabled:
+                labels = [served.name, str(served.version)]
+                hits.add_metric(labels, served.stats.cache_hit.count)
+                misses.add_metric(labels, served.stats.cache_miss.count)
+        yield hits
+        yield misses
+
+
 def build_registry(
-    versions: Callable[[], Iterable[ServedVersion]], cpu_metrics: bool
+    versions: Callable[[], Iterable[ServedVersion]],
+    cpu_metrics: bool,
+    cache: ResponseCache | None = None,
 ) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(InferenceCollector(versions))
+    if cache is not None:
+        registry.register(CacheCollector(cache, versions))
     if cpu_metrics and os.path.exists("/proc/stat"):
         registry.register(CpuCollector())
     return registry

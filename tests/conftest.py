@@ -21,7 +21,11 @@ def server(
     model_repository: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     """One server for the whole session, serving the test repository."""
-    proc = ServerProcess(model_repository, log_path=tmp_path_factory.mktemp("logs") / "server.log")
+    proc = ServerProcess(
+        model_repository,
+        "--cache-config=local,size=1048576",
+        log_path=tmp_path_factory.mktemp("logs") / "server.log",
+    )
     try:
         proc.wait_ready()
         yield proc

@@ -49,10 +49,12 @@ class ServedVersion:
     # Read on every request: plain attributes, not protobuf lookups.
     max_batch_size: int = 0
     all_outputs: tuple[str, ...] = ()
+    cache_enabled: bool = False
 
     def __post_init__(self) -> None:
         self.max_batch_size = int(self.config.max_batch_size)
         self.all_outputs = tuple(self.outputs)
+        self.cache_enabled = bool(self.config.response_cache.enable)
 
 
 @dataclass

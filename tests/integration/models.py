@@ -115,6 +115,11 @@ def build(root: Path) -> Path:
         )
     )
 
+    save(simple_model(), root / "cached" / "1" / "model.onnx")
+    (root / "cached" / "config.pbtxt").write_text(
+        SIMPLE_CONFIG.replace('"simple"', '"cached"') + "response_cache { enable: true }\n"
+    )
+
     # Warm-up samples of each kind; one whose data file is missing must fail its load.
     save(simple_model(), root / "warmed" / "1" / "model.onnx")
     (root / "warmed" / "warmup").mkdir(parents=True, exist_ok=True)
