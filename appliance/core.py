@@ -18,8 +18,17 @@ from appliance.errors import (
 )
 from appliance.repository.manager import ModelManager, ServedVersion
 from appliance.scheduling.batcher import QueueTimeout
+from appliance.scheduling.ensemble import EnsembleStep, run_ensemble
 from appliance.scheduling.instances import Job
-from appliance.types import Array, InferRequest, InferResponse, OutputTensor
+from appliance.types import (
+    Array,
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    OutputTensor,
+    RequestedOutput,
+)
+from edge_backends.datatypes import from_numpy
 
 
 def _dims_match(expected: tuple[int, ...], got: tuple[int, ...]) -> bool:
@@ -47,7 +56,9 @@ class InferenceCore:
         start = time.monotonic_ns()
         try:
             job = self._job(served, request)
-            if served.cache_enabled and self.cache is not None:
+            if served.ensemble is not None:
+                outputs = await run_ensemble(served.ensemble, job.inputs, self._run_step)
+            elif served.cache_enabled and self.cache is not None:
                 outputs = await self._cached(served, job, start)
             else:
                 outputs = await served.scheduler.submit(job)
@@ -60,6 +71,23 @@ class InferenceCore:
             raise
         served.stats.success.add(time.monotonic_ns() - start)
         return response
+
+    async def _run_step(self, step: EnsembleStep, inputs: dict[str, Array]) -> dict[str, Array]:
+        """One ensemble step: an ordinary request to the step's model."""
+        served = self.manager.get(step.model_name, step.model_version)
+        tensors = []
+        for name, array in inputs.items():
+            rule = served.inputs.get(name)
+            datatype = rule.datatype if rule is not None else from_numpy(array.dtype).triton
+            tensors.append(InputTensor(name, datatype, tuple(array.shape), array))
+        request = InferRequest(
+            model_name=step.model_name,
+            model_version=step.model_version,
+            inputs=tensors,
+            outputs=[RequestedOutput(name) for name in step.outputs],
+        )
+        response = await self.infer(request)
+        return {tensor.name: tensor.data for tensor in response.outputs}
 
     async def _cached(self, served: ServedVersion, job: Job, start: int) -> dict[str, Array]:
         """Answer from the response cache, or run and remember the answer."""

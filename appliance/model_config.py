@@ -22,6 +22,7 @@ from edge_backends.registry import (
 )
 
 CONFIG_FILENAME = "config.pbtxt"
+ENSEMBLE = "ensemble"
 # Triton's auto-complete default for models whose first dimension is dynamic.
 DEFAULT_MAX_BATCH_SIZE = 4
 
@@ -165,8 +166,10 @@ def validate_config(
         )
     if config.max_batch_size < 0:
         raise ConfigError(f"{where}: max_batch_size must be >= 0, got {config.max_batch_size}")
-    if config.HasField("sequence_batching") or config.HasField("ensemble_scheduling"):
-        raise ConfigError(f"{where}: sequence batching and ensembles are not supported yet")
+    if config.HasField("sequence_batching"):
+        raise ConfigError(f"{where}: sequence batching is not supported yet")
+    if (config.platform == ENSEMBLE) != config.HasField("ensemble_scheduling"):
+        raise ConfigError(f'{where}: platform "ensemble" and ensemble_scheduling go together')
     if config.HasField("dynamic_batching"):
         dyn = config.dynamic_batching
         if dyn.priority_levels and not 1 <= dyn.default_priority_level <= dyn.priority_levels:

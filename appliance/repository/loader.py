@@ -12,6 +12,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.errors import ApplianceError, ConfigError
 from appliance.model_config import (
+    ENSEMBLE,
     ModelConfig,
     complete_config,
     complete_scheduling,
@@ -24,6 +25,7 @@ from appliance.model_config import (
 from appliance.repository.local import list_versions
 from appliance.repository.version_policy import select_versions
 from appliance.repository.warmup import warm_up
+from appliance.scheduling.ensemble import EnsemblePlan, plan_from_config
 from appliance.scheduling.instances import InstanceWorker
 from edge_backends.api import BackendError, InstanceSpec, ModelInstance
 from edge_backends.datatypes import BY_TRITON
@@ -60,6 +62,7 @@ class PreparedModel:
     config: ModelConfig
     labels: dict[str, list[str]] = field(default_factory=dict)  # output name -> class labels
     versions: list[PreparedVersion] = field(default_factory=list)
+    ensemble: EnsemblePlan | None = None
     failed: dict[int, str] = field(default_factory=dict)  # version -> reason
 
 
@@ -113,6 +116,8 @@ def prepare_model(
     if not config.name:
         config.name = name
     available = list_versions(model_dir)
+    if config.platform == ENSEMBLE:
+        return _prepare_ensemble(config, model_dir, available)
     backend_name = resolve_backend(config, model_dir, available)
     backend = get_backend(backend_name)
     versions = select_versions(config.version_policy, available)
@@ -142,6 +147,24 @@ def prepare_model(
             continue
         prepared.versions.append(PreparedVersion(version, workers))
     return prepared
+
+
+def _prepare_ensemble(config: ModelConfig, model_dir: Path, available: list[int]) -> PreparedModel:
+    """An ensemble has no instances of its own: check its config and wiring."""
+    if not config.input or not config.output:
+        raise ConfigError(
+            f"{model_dir / 'config.pbtxt'}: an ensemble must list its inputs and outputs"
+        )
+    complete_scheduling(config)
+    validate_config(config, model_dir)
+    plan = plan_from_config(config)
+    versions = select_versions(config.version_policy, available or [1])
+    return PreparedModel(
+        name=config.name,
+        config=config,
+        versions=[PreparedVersion(v, []) for v in versions],
+        ensemble=plan,
+    )
 
 
 def _load_instances(

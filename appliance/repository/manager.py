@@ -11,12 +11,13 @@ from typing import Any
 
 from appliance.errors import (
     ApplianceError,
+    ConfigError,
     InvalidInput,
     ModelNotFound,
     ModelNotReady,
     Unsupported,
 )
-from appliance.model_config import ModelConfig
+from appliance.model_config import ENSEMBLE, ModelConfig, read_config
 from appliance.repository.loader import (
     PreparedModel,
     TensorRule,
@@ -25,6 +26,7 @@ from appliance.repository.loader import (
 )
 from appliance.repository.local import list_models
 from appliance.scheduling.batcher import Scheduler
+from appliance.scheduling.ensemble import EnsemblePlan
 from appliance.scheduling.policy import BatchPolicy
 from appliance.scheduling.queues import QueuePolicy
 from appliance.scheduling.stats import ModelStats
@@ -44,8 +46,9 @@ class ServedVersion:
     inputs: dict[str, TensorRule]
     outputs: dict[str, TensorRule]
     labels: dict[str, list[str]]
-    scheduler: Scheduler
+    scheduler: Scheduler  # an ensemble's has no instances and never receives work
     stats: ModelStats
+    ensemble: EnsemblePlan | None = None
     # Read on every request: plain attributes, not protobuf lookups.
     max_batch_size: int = 0
     all_outputs: tuple[str, ...] = ()
@@ -110,6 +113,14 @@ def _queue_settings(config: ModelConfig) -> tuple[int, int, dict[int, QueuePolic
     for level, policy in dyn.priority_queue_policy.items():
         policies[int(level)] = _queue_policy(policy)
     return levels, int(dyn.default_priority_level), policies
+
+
+def _is_ensemble(model_dir: Path) -> bool:
+    try:
+        config, _ = read_config(model_dir)
+    except ApplianceError:
+        return False
+    return bool(config.platform == ENSEMBLE)
 
 
 class ModelManager:
@@ -209,7 +220,10 @@ class ModelManager:
                 with contextlib.suppress(ApplianceError):  # recorded and logged by load()
                     await self.load(name)
 
-        await asyncio.gather(*(one(n) for n in wanted))
+        # Ensembles last, so that the models they call are loaded when they check them.
+        ensembles = [n for n in wanted if n in found and _is_ensemble(found[n])]
+        await asyncio.gather(*(one(n) for n in wanted if n not in ensembles))
+        await asyncio.gather(*(one(n) for n in ensembles))
 
     async def load(self, name: str, override: ModelConfig | None = None) -> None:
         """Load (or reload) a model; new versions serve before the old ones drain."""
@@ -235,6 +249,8 @@ class ModelManager:
                     record.state, record.reason = UNAVAILABLE, exc.message
                 log.error("model '%s' failed to load: %s", name, exc.message)
                 raise
+            if prepared.ensemble is not None:
+                self._check_steps(prepared)
             old = dict(record.versions)
             record.versions = self._serve(prepared)
             record.failed = prepared.failed
@@ -275,9 +291,33 @@ class ModelManager:
             )
             scheduler.start()
             served[pv.version] = ServedVersion(
-                config.name, pv.version, config, inputs, outputs, labels, scheduler, stats
+                config.name,
+                pv.version,
+                config,
+                inputs,
+                outputs,
+                labels,
+                scheduler,
+                stats,
+                ensemble=prepared.ensemble,
             )
         return served
+
+    def _check_steps(self, prepared: PreparedModel) -> None:
+        """An ensemble loads only when every model it calls is in a repository."""
+        assert prepared.ensemble is not None
+        found = self.model_names()
+        for step in prepared.ensemble.steps:
+            if step.model_name not in found:
+                message = (
+                    f"ensemble '{prepared.name}' step {step.index} calls model "
+                    f"'{step.model_name}', which is not in the model repository"
+                )
+                record = self._models[prepared.name]
+                if not record.versions:
+                    record.state, record.reason = UNAVAILABLE, message
+                log.error("%s", message)
+                raise ConfigError(message)
 
     async def unload(self, name: str) -> None:
         record = self.record(name)

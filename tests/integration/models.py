@@ -120,6 +120,21 @@ def build(root: Path) -> Path:
         SIMPLE_CONFIG.replace('"simple"', '"cached"') + "response_cache { enable: true }\n"
     )
 
+    # An ensemble with two parallel steps feeding a third, and two broken ensembles.
+    save(simple_model(TensorProto.FLOAT, 4), root / "add_sub_fp32" / "1" / "model.onnx")
+    (root / "add_sub_fp32" / "config.pbtxt").write_text(
+        SIMPLE_CONFIG.replace('"simple"', '"add_sub_fp32"')
+        .replace("TYPE_INT32", "TYPE_FP32")
+        .replace("[ 16 ]", "[ 4 ]")
+    )
+    for name, text in (
+        ("ensemble_parallel", ENSEMBLE_CONFIG),
+        ("ensemble_missing_model", ENSEMBLE_CONFIG.replace('"add_sub_fp32"', '"no_such_model"')),
+        ("ensemble_bad_wiring", ENSEMBLE_CONFIG.replace('value: "B"', 'value: "NOWHERE"', 1)),
+    ):
+        (root / name / "1").mkdir(parents=True, exist_ok=True)
+        (root / name / "config.pbtxt").write_text(text.replace('"ensemble_parallel"', f'"{name}"'))
+
     # Warm-up samples of each kind; one whose data file is missing must fail its load.
     save(simple_model(), root / "warmed" / "1" / "model.onnx")
     (root / "warmed" / "warmup").mkdir(parents=True, exist_ok=True)
@@ -147,6 +162,26 @@ def build(root: Path) -> Path:
     )
     return root
 
+
+ENSEMBLE_CONFIG = """\
+name: "ensemble_parallel"
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [
+  { name: "SUM", data_type: TYPE_FP32, dims: [ 4 ] },
+  { name: "DIFF", data_type: TYPE_FP32, dims: [ 4 ] }
+]
+ensemble_scheduling { step [
+  { model_name: "versioned_all", model_version: 1,
+    input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "A" } },
+  { model_name: "versioned_all", model_version: 2,
+    input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "B" } },
+  { model_name: "add_sub_fp32", model_version: -1,
+    input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
+    output_map { key: "OUTPUT0" value: "SUM" } output_map { key: "OUTPUT1" value: "DIFF" } }
+] }
+"""
 
 WARMUP = """\
 model_warmup [
