@@ -174,7 +174,7 @@ class InferenceCore:
                 else f"inference request batch-size must be >= 1 for '{name}', got {batch}"
             )
         priority, timeout_us = _scheduling_parameters(request, name)
-        return Job(
+        job = Job(
             inputs=arrays,
             priority=priority,
             timeout_us=timeout_us,
@@ -188,6 +188,9 @@ class InferenceCore:
             future=asyncio.get_running_loop().create_future(),
             nbytes=nbytes,
         )
+        if served.sequence:
+            _sequence_parameters(request, name, job)
+        return job
 
     @staticmethod
     def _output_names(served: ServedVersion, request: InferRequest) -> tuple[str, ...]:
@@ -257,6 +260,20 @@ def _scheduling_parameters(request: InferRequest, model: str) -> tuple[int, int]
             )
         values.append(value)
     return values[0], values[1]
+
+
+def _sequence_parameters(request: InferRequest, model: str, job: Job) -> None:
+    """sequence_id (integer or string), sequence_start, sequence_end: Triton's parameters."""
+    params = request.parameters
+    sequence_id = params.get("sequence_id", 0)
+    if type(sequence_id) not in (int, str) or sequence_id in (0, ""):
+        raise InvalidInput(
+            f"inference request to model '{model}' must specify a non-zero or non-empty "
+            "correlation ID (the sequence_id parameter)"
+        )
+    job.sequence_id = sequence_id
+    job.sequence_start = bool(params.get("sequence_start", False))
+    job.sequence_end = bool(params.get("sequence_end", False))
 
 
 def classify(array: Array, k: int, labels: list[str] | None, batching: bool) -> Array:

@@ -166,8 +166,8 @@ def validate_config(
         )
     if config.max_batch_size < 0:
         raise ConfigError(f"{where}: max_batch_size must be >= 0, got {config.max_batch_size}")
-    if config.HasField("sequence_batching"):
-        raise ConfigError(f"{where}: sequence batching is not supported yet")
+    if config.HasField("sequence_batching") and config.HasField("dynamic_batching"):
+        raise ConfigError(f"{where}: sequence_batching and dynamic_batching exclude each other")
     if (config.platform == ENSEMBLE) != config.HasField("ensemble_scheduling"):
         raise ConfigError(f'{where}: platform "ensemble" and ensemble_scheduling go together')
     if config.HasField("dynamic_batching"):
@@ -210,6 +210,8 @@ def validate_config(
                 raise ConfigError(f"{label}: dims is missing")
     if signature is not None:
         _check_against_model(config, where, signature)
+        if config.HasField("sequence_batching"):
+            _check_sequence_tensors(config, where, signature)
 
 
 def model_shape(entry: mc.ModelInput | mc.ModelOutput) -> list[int]:
@@ -252,3 +254,22 @@ def _check_against_model(config: ModelConfig, where: str, signature: ModelSignat
                     f"{label}: dims {want} do not match the model's shape {shape}"
                     + (" (batch dimension excluded)" if batching else "")
                 )
+
+
+def _check_sequence_tensors(config: ModelConfig, where: str, signature: ModelSignature) -> None:
+    """Control and state tensors are model inputs / outputs the client never sends."""
+    model_inputs = {t.name for t in signature.inputs}
+    model_outputs = {t.name for t in signature.outputs}
+    seq = config.sequence_batching
+    for control in seq.control_input:
+        if control.name not in model_inputs:
+            raise ConfigError(
+                f"{where}: sequence_batching control input '{control.name}' is not a model "
+                f"input; the model has {sorted(model_inputs)}"
+            )
+    for state in seq.state:
+        if state.input_name not in model_inputs or state.output_name not in model_outputs:
+            raise ConfigError(
+                f"{where}: sequence_batching state '{state.input_name}' -> "
+                f"'{state.output_name}' must name a model input and a model output"
+            )

@@ -29,6 +29,7 @@ from appliance.scheduling.batcher import Scheduler
 from appliance.scheduling.ensemble import EnsemblePlan
 from appliance.scheduling.policy import BatchPolicy
 from appliance.scheduling.queues import QueuePolicy
+from appliance.scheduling.sequence import SequenceScheduler
 from appliance.scheduling.stats import ModelStats
 
 log = logging.getLogger(__name__)
@@ -46,18 +47,20 @@ class ServedVersion:
     inputs: dict[str, TensorRule]
     outputs: dict[str, TensorRule]
     labels: dict[str, list[str]]
-    scheduler: Scheduler  # an ensemble's has no instances and never receives work
+    scheduler: Scheduler | SequenceScheduler  # an ensemble's has no instances, gets no work
     stats: ModelStats
     ensemble: EnsemblePlan | None = None
     # Read on every request: plain attributes, not protobuf lookups.
     max_batch_size: int = 0
     all_outputs: tuple[str, ...] = ()
     cache_enabled: bool = False
+    sequence: bool = False
 
     def __post_init__(self) -> None:
         self.max_batch_size = int(self.config.max_batch_size)
         self.all_outputs = tuple(self.outputs)
         self.cache_enabled = bool(self.config.response_cache.enable)
+        self.sequence = self.config.HasField("sequence_batching")
 
 
 @dataclass
@@ -277,8 +280,17 @@ class ModelManager:
         levels, default_level, policies = _queue_settings(config)
         for pv in prepared.versions:
             stats = ModelStats()
+            label = f"model '{config.name}' version {pv.version}"
+            scheduler: Scheduler | SequenceScheduler
+            if config.HasField("sequence_batching"):
+                scheduler = SequenceScheduler(label, pv.workers, config, stats)
+                scheduler.start()
+                served[pv.version] = ServedVersion(
+                    config.name, pv.version, config, inputs, outputs, labels, scheduler, stats
+                )
+                continue
             scheduler = Scheduler(
-                label=f"model '{config.name}' version {pv.version}",
+                label=label,
                 workers=pv.workers,
                 policy=_policy(config),
                 stats=stats,

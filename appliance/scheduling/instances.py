@@ -42,6 +42,10 @@ class Job:
     deadline_ns: int = 0
     queued: bool = False
     delayed: bool = False
+    # Sequence batching (the sequence_id / sequence_start / sequence_end parameters):
+    sequence_id: int | str = 0
+    sequence_start: bool = False
+    sequence_end: bool = False
 
 
 @dataclass(slots=True)

@@ -135,6 +135,18 @@ def build(root: Path) -> Path:
         (root / name / "1").mkdir(parents=True, exist_ok=True)
         (root / name / "config.pbtxt").write_text(text.replace('"ensemble_parallel"', f'"{name}"'))
 
+    # Stateful: a running sum per sequence, kept in implicit state.
+    save(running_sum_model(), root / "running_sum" / "1" / "model.onnx")
+    (root / "running_sum" / "config.pbtxt").write_text(
+        RUNNING_SUM_CONFIG.format(name="running_sum", idle_us=5_000_000, corrid=CORRID_CONTROL)
+    )
+    save(running_sum_model(with_corrid=False), root / "running_sum_short" / "1" / "model.onnx")
+    (root / "running_sum_short" / "config.pbtxt").write_text(
+        RUNNING_SUM_CONFIG.format(name="running_sum_short", idle_us=200_000, corrid="").replace(
+            ',\n  { name: "CORR", data_type: TYPE_INT64, dims: [ 1 ] }', ""
+        )
+    )
+
     # Warm-up samples of each kind; one whose data file is missing must fail its load.
     save(simple_model(), root / "warmed" / "1" / "model.onnx")
     (root / "warmed" / "warmup").mkdir(parents=True, exist_ok=True)
@@ -182,6 +194,61 @@ ensemble_scheduling { step [
     output_map { key: "OUTPUT0" value: "SUM" } output_map { key: "OUTPUT1" value: "DIFF" } }
 ] }
 """
+
+CORRID_CONTROL = """,
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_INT64 } ] }"""
+
+RUNNING_SUM_CONFIG = """\
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 4
+input [ {{ name: "INPUT", data_type: TYPE_INT32, dims: [ 1 ] }} ]
+output [
+  {{ name: "OUTPUT", data_type: TYPE_INT32, dims: [ 1 ] }},
+  {{ name: "CORR", data_type: TYPE_INT64, dims: [ 1 ] }}
+]
+sequence_batching {{
+  max_sequence_idle_microseconds: {idle_us}
+  control_input [
+    {{ name: "START" control [ {{ kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] }} ] }},
+    {{ name: "READY"
+       control [ {{ kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] }} ] }}{corrid}
+  ]
+  state [ {{ input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+}}
+"""
+
+
+def running_sum_model(with_corrid: bool = True) -> onnx.ModelProto:
+    """OUTPUT = (START ? 0 : STATE_IN) + INPUT * READY; STATE_OUT = OUTPUT; CORR = CORRID."""
+
+    def info(name: str, elem: int = TensorProto.INT32) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, elem, ["batch", 1])
+
+    nodes = [
+        helper.make_node("Sub", ["one", "START"], ["keep"]),
+        helper.make_node("Mul", ["STATE_IN", "keep"], ["previous"]),
+        helper.make_node("Mul", ["INPUT", "READY"], ["ready_input"]),
+        helper.make_node("Add", ["previous", "ready_input"], ["OUTPUT"]),
+        helper.make_node("Identity", ["OUTPUT"], ["STATE_OUT"]),
+    ]
+    inputs = [info("INPUT"), info("START"), info("READY"), info("STATE_IN")]
+    outputs = [info("OUTPUT"), info("STATE_OUT")]
+    if with_corrid:
+        nodes.append(helper.make_node("Identity", ["CORRID"], ["CORR"]))
+        inputs.append(info("CORRID", TensorProto.INT64))
+        outputs.append(info("CORR", TensorProto.INT64))
+    graph = helper.make_graph(
+        nodes,
+        "running_sum",
+        inputs,
+        outputs,
+        initializer=[helper.make_tensor("one", TensorProto.INT32, [1], [1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    return model
+
 
 WARMUP = """\
 model_warmup [
