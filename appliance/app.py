@@ -41,6 +41,7 @@ class Appliance:
                 max_queue_size=settings.max_queue_size,
                 drain_timeout_s=settings.exit_timeout_secs,
                 inline_budget_us=settings.inline_budget_us,
+                latency_histograms=settings.latency_histograms,
             )
         )
         self.cache = (

@@ -64,7 +64,6 @@ IGNORED_FLAGS = (
     "vertex-ai-default-model",
     "allow-gpu-metrics",
     "metrics-interval-ms",
-    "metrics-config",
     "trace-config",
     "trace-file",
     "trace-level",
@@ -166,6 +165,13 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="largest gRPC message sent or received (default 128 MiB)",
     )
     p.add_argument(
+        "--metrics-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="histogram_latencies=true adds nv_inference_first_response_histogram_ms",
+    )
+    p.add_argument(
         "--cache-config",
         action="append",
         default=[],
@@ -209,6 +215,17 @@ def parse_cache_config(values: list[str], legacy_bytes: int) -> int:
     return size
 
 
+def parse_metrics_config(values: list[str]) -> dict[str, str]:
+    """Triton's `--metrics-config key=value` pairs; unknown keys are warned about later."""
+    pairs = {}
+    for value in values:
+        key, sep, setting = value.partition("=")
+        if not sep:
+            raise SystemExit(f"edge-appliance: --metrics-config expects KEY=VALUE, got '{value}'")
+        pairs[key] = setting
+    return pairs
+
+
 def _on(value: bool | None, default: bool) -> bool:
     return default if value is None else value
 
@@ -218,6 +235,10 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         raise SystemExit("edge-appliance: --model-repository is required")
     ignored = tuple(
         f"--{flag}" for flag in IGNORED_FLAGS if getattr(args, f"ignored_{flag}") is not None
+    ) + tuple(
+        f"--metrics-config {key}"
+        for key in parse_metrics_config(args.metrics_config)
+        if key != "histogram_latencies"
     )
     return ServerSettings(
         model_repositories=tuple(Path(p) for p in args.model_repository),
@@ -231,6 +252,9 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         allow_grpc=_on(args.allow_grpc, True),
         allow_metrics=_on(args.allow_metrics, True),
         allow_cpu_metrics=_on(args.allow_cpu_metrics, True),
+        latency_histograms=parse_bool(
+            parse_metrics_config(args.metrics_config).get("histogram_latencies", "false")
+        ),
         strict_model_config=_on(args.strict_model_config, False),
         strict_readiness=_on(args.strict_readiness, False),
         exit_on_error=_on(args.exit_on_error, False),

@@ -69,7 +69,7 @@ class InferenceCore:
         except asyncio.CancelledError:
             served.stats.record_failure("CANCELED", time.monotonic_ns() - start)
             raise
-        served.stats.success.add(time.monotonic_ns() - start)
+        served.stats.record_success(time.monotonic_ns() - start)
         return response
 
     async def _run_step(self, step: EnsembleStep, inputs: dict[str, Array]) -> dict[str, Array]:

@@ -14,11 +14,17 @@ from collections.abc import Callable, Iterable, Iterator
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from appliance.cache import ResponseCache
 from appliance.repository.manager import ServedVersion
+from appliance.scheduling.stats import LATENCY_BUCKETS_MS
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +108,23 @@ class InferenceCollector(Collector):
             pending.add_metric(labels, served.scheduler.pending)
             for family, attribute in durations:
                 family.add_metric(labels, getattr(stats, attribute).ns // 1000)
+        histogram = HistogramMetricFamily(
+            "nv_inference_first_response_histogram_ms",
+            "Duration from request to first response in milliseconds",
+            labels=_LABELS,
+        )
+        for served in self._versions():
+            latency = served.stats.latency
+            if latency is not None:
+                cumulative, buckets = 0, []
+                for bound, in_bucket in zip(
+                    (*LATENCY_BUCKETS_MS, float("inf")), latency.counts, strict=True
+                ):
+                    cumulative += in_bucket
+                    buckets.append((str(bound) if bound != float("inf") else "+Inf", cumulative))
+                histogram.add_metric([served.name, str(served.version)], buckets, latency.sum_ms)
+        if histogram.samples:
+            yield histogram
         yield from (success, failure, count, executions, pending)
         yield from (family for family, _ in durations)
 

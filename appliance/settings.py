@@ -21,6 +21,7 @@ class ServerSettings:
     allow_grpc: bool = True
     allow_metrics: bool = True
     allow_cpu_metrics: bool = True
+    latency_histograms: bool = False  # --metrics-config histogram_latencies=true
     strict_model_config: bool = False
     strict_readiness: bool = False
     exit_on_error: bool = False

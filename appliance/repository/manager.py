@@ -30,7 +30,7 @@ from appliance.scheduling.ensemble import EnsemblePlan
 from appliance.scheduling.policy import BatchPolicy
 from appliance.scheduling.queues import QueuePolicy
 from appliance.scheduling.sequence import SequenceScheduler
-from appliance.scheduling.stats import ModelStats
+from appliance.scheduling.stats import LatencyHistogram, ModelStats
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,7 @@ class ManagerSettings:
     drain_timeout_s: float = 30.0
     load_concurrency: int = 2
     inline_budget_us: int = 100  # see scheduling/batcher.py; 0 turns inline execution off
+    latency_histograms: bool = False
 
 
 def _policy(config: ModelConfig) -> BatchPolicy:
@@ -279,7 +280,9 @@ class ModelManager:
         served: dict[int, ServedVersion] = {}
         levels, default_level, policies = _queue_settings(config)
         for pv in prepared.versions:
-            stats = ModelStats()
+            stats = ModelStats(
+                latency=LatencyHistogram() if self._settings.latency_histograms else None
+            )
             label = f"model '{config.name}' version {pv.version}"
             scheduler: Scheduler | SequenceScheduler
             if config.HasField("sequence_batching"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,11 +27,29 @@ class BatchSizeStats:
     compute_output: Duration = field(default_factory=Duration)
 
 
+# Upper bounds (ms) of the request latency histogram (--metrics-config histogram_latencies=true).
+LATENCY_BUCKETS_MS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10000)
+
+
+@dataclass(slots=True)
+class LatencyHistogram:
+    """Cumulative-ready bucket counts; observing is a bisect and an increment."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_MS) + 1))
+    sum_ms: float = 0.0
+
+    def observe(self, ns: int) -> None:
+        ms = ns / 1e6
+        self.counts[bisect.bisect_left(LATENCY_BUCKETS_MS, ms)] += 1
+        self.sum_ms += ms
+
+
 @dataclass(slots=True)
 class ModelStats:
     """Counters updated on the event loop thread only, so no locks."""
 
     success: Duration = field(default_factory=Duration)
+    latency: LatencyHistogram | None = None  # only with histogram_latencies=true
     fail: Duration = field(default_factory=Duration)
     queue: Duration = field(default_factory=Duration)
     compute_input: Duration = field(default_factory=Duration)
@@ -45,6 +64,11 @@ class ModelStats:
     execution_count: int = 0
     last_inference_ms: int = 0
     by_batch_size: dict[int, BatchSizeStats] = field(default_factory=dict)
+
+    def record_success(self, ns: int) -> None:
+        self.success.add(ns)
+        if self.latency is not None:
+            self.latency.observe(ns)
 
     def record_failure(self, reason: str, ns: int) -> None:
         self.fail.add(ns)

@@ -58,3 +58,25 @@ def test_metrics_can_be_turned_off(start_server, model_repository) -> None:  # t
     proc = start_server(model_repository, "--allow-metrics=false")
     assert "Started Metrics Service" not in proc.log()
     assert "Started HTTPService" in proc.log()
+
+
+def test_latency_histogram_behind_metrics_config(start_server, model_repository) -> None:  # type: ignore[no-untyped-def]
+    proc = start_server(
+        model_repository,
+        "--metrics-config=histogram_latencies=true",
+        "--metrics-config",
+        "summary_latencies=true",
+    )
+    client = httpclient.InferenceServerClient(proc.http_url)
+    inp = httpclient.InferInput("INPUT0", [1, 4], "FP64")
+    inp.set_data_from_numpy(np.zeros((1, 4), np.float64))
+    for _ in range(5):
+        client.infer("identity_fp64", [inp])
+    samples = scrape(proc)
+    labels = (("model", "identity_fp64"), ("version", "1"))
+    count = samples[("nv_inference_first_response_histogram_ms_count", labels)]
+    assert count == 5
+    inf = tuple(sorted((*labels, ("le", "+Inf"))))
+    assert samples[("nv_inference_first_response_histogram_ms_bucket", inf)] == 5
+    assert samples[("nv_inference_first_response_histogram_ms_sum", labels)] > 0
+    assert "--metrics-config summary_latencies is a tritonserver flag" in proc.log()
