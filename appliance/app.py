@@ -20,6 +20,7 @@ from appliance.frontends.http.server import HttpFrontend
 from appliance.metrics import build_registry, metrics_app
 from appliance.repository.manager import ManagerSettings, ModelManager
 from appliance.settings import ServerSettings
+from appliance.trace import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +48,16 @@ class Appliance:
         self.cache = (
             ResponseCache(settings.response_cache_bytes) if settings.response_cache_bytes else None
         )
-        self.core = InferenceCore(self.manager, self.cache)
+        self.tracer = Tracer(
+            settings.trace_file, settings.trace_level, settings.trace_rate, settings.trace_count
+        )
+        self.core = InferenceCore(self.manager, self.cache, self.tracer)
         self.control = ControlPlane(
-            self.manager, self.state, settings.model_control_mode, settings.strict_readiness
+            self.manager,
+            self.state,
+            settings.model_control_mode,
+            settings.strict_readiness,
+            self.tracer,
         )
         self.http_port: int | None = None
         self.grpc_port: int | None = None
@@ -59,6 +67,7 @@ class Appliance:
     async def running(self) -> AsyncIterator[Appliance]:
         """Start everything; on exit (or a failed start) stop in reverse order."""
         async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(asyncio.to_thread, self.tracer.close)
             stack.push_async_callback(self._stop_models)
             await self._load_models()
             if self.settings.allow_grpc:

@@ -65,10 +65,6 @@ IGNORED_FLAGS = (
     "allow-gpu-metrics",
     "metrics-interval-ms",
     "trace-config",
-    "trace-file",
-    "trace-level",
-    "trace-rate",
-    "trace-count",
     "trace-log-frequency",
     "model-load-thread-count",
     "model-load-retry-count",
@@ -164,6 +160,10 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         default=128 * 1024 * 1024,
         help="largest gRPC message sent or received (default 128 MiB)",
     )
+    p.add_argument("--trace-file", default="", help="where traces go (JSON lines)")
+    p.add_argument("--trace-level", default="OFF", choices=("OFF", "TIMESTAMPS"))
+    p.add_argument("--trace-rate", type=int, default=1000, help="trace one request in N")
+    p.add_argument("--trace-count", type=int, default=-1, help="stop after N traces (-1: never)")
     p.add_argument(
         "--metrics-config",
         action="append",
@@ -266,6 +266,10 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         max_request_bytes=args.max_request_bytes,
         grpc_max_message_bytes=args.grpc_max_message_bytes,
         inline_budget_us=args.inline_execution_budget_us,
+        trace_file=args.trace_file,
+        trace_level=args.trace_level,
+        trace_rate=args.trace_rate,
+        trace_count=args.trace_count,
         response_cache_bytes=parse_cache_config(args.cache_config, args.response_cache_byte_size),
         ignored_flags=ignored,
     )

@@ -15,9 +15,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 from appliance import __version__
 from appliance.errors import ApplianceError, ConfigError, ModelNotFound
 from appliance.repository.manager import ModelManager, ServedVersion
+from appliance.trace import Tracer
 
 EXTENSIONS = [
     "classification",
+    "trace",
     "binary_tensor_data",
     "parameters",
     "model_configuration",
@@ -42,7 +44,9 @@ class ControlPlane:
         state: ServerState,
         control_mode: str,
         strict_readiness: bool,
+        tracer: Tracer | None = None,
     ) -> None:
+        self.tracer = tracer or Tracer()
         self.manager = manager
         self.state = state
         self.control_mode = control_mode
@@ -104,6 +108,18 @@ class ControlPlane:
         else:
             chosen = self.manager.ready_versions()
         return {"model_stats": [s.stats.as_dict(s.name, str(s.version)) for s in chosen]}
+
+    # ---- trace -----------------------------------------------------------------------------
+
+    def trace_settings(
+        self, model: str = "", changes: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Read or update trace settings (global, or one model's overrides)."""
+        if model:
+            self.manager.record(model)  # an unknown model is an error, as in Triton
+        if changes:
+            return self.tracer.update(model, changes)
+        return self.tracer.settings(model)
 
     # ---- repository --------------------------------------------------------------------------
 

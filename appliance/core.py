@@ -20,6 +20,7 @@ from appliance.repository.manager import ModelManager, ServedVersion
 from appliance.scheduling.batcher import QueueTimeout
 from appliance.scheduling.ensemble import EnsembleStep, run_ensemble
 from appliance.scheduling.instances import Job
+from appliance.trace import Tracer
 from appliance.types import (
     Array,
     InferRequest,
@@ -44,9 +45,15 @@ def _fmt(dims: tuple[int, ...]) -> str:
 class InferenceCore:
     """Validates requests against the model config once, for every protocol."""
 
-    def __init__(self, manager: ModelManager, cache: ResponseCache | None = None) -> None:
+    def __init__(
+        self,
+        manager: ModelManager,
+        cache: ResponseCache | None = None,
+        tracer: Tracer | None = None,
+    ) -> None:
         self.manager = manager
         self.cache = cache
+        self.tracer = tracer or Tracer()
         self.accepting = True
 
     async def infer(self, request: InferRequest) -> InferResponse:
@@ -69,8 +76,38 @@ class InferenceCore:
         except asyncio.CancelledError:
             served.stats.record_failure("CANCELED", time.monotonic_ns() - start)
             raise
-        served.stats.record_success(time.monotonic_ns() - start)
+        end = time.monotonic_ns()
+        served.stats.record_success(end - start)
+        trace_id = self.tracer.sample(served.name)
+        if trace_id:
+            self._trace(trace_id, served, request, job, start, end)
         return response
+
+    def _trace(
+        self,
+        trace_id: int,
+        served: ServedVersion,
+        request: InferRequest,
+        job: Job,
+        start: int,
+        end: int,
+    ) -> None:
+        c0, c1, c2, c3 = job.compute_ns or (0, 0, 0, 0)
+        self.tracer.record(
+            trace_id,
+            served.name,
+            str(served.version),
+            request.id,
+            [
+                ("REQUEST_START", start),
+                ("QUEUE_START", job.enqueue_ns),
+                ("COMPUTE_START", c0),
+                ("COMPUTE_INPUT_END", c1),
+                ("COMPUTE_OUTPUT_START", c2),
+                ("COMPUTE_END", c3),
+                ("REQUEST_END", end),
+            ],
+        )
 
     async def _run_step(self, step: EnsembleStep, inputs: dict[str, Array]) -> dict[str, Array]:
         """One ensemble step: an ordinary request to the step's model."""

@@ -35,5 +35,9 @@ class ServerSettings:
     grpc_max_message_bytes: int = 128 * MiB
     max_queue_size: int = 4096
     inline_budget_us: int = 100
+    trace_file: str = ""
+    trace_level: str = "OFF"
+    trace_rate: int = 1000
+    trace_count: int = -1
     response_cache_bytes: int = 0  # 0: no response cache (--cache-config local,size=N)
     ignored_flags: tuple[str, ...] = field(default=())

@@ -205,6 +205,7 @@ class Scheduler:
     def _complete(self, result: BatchResult) -> None:
         stats = self._stats
         if result.batch_size:
+            result.stamp()
             succeeded = sum(1 for o in result.outcomes if not isinstance(o, BaseException))
             stats.record_execution(
                 result.batch_size, succeeded, result.input_ns, result.infer_ns, result.output_ns

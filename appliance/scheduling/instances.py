@@ -46,6 +46,8 @@ class Job:
     sequence_id: int | str = 0
     sequence_start: bool = False
     sequence_end: bool = False
+    # Monotonic ns of compute start, input end, output start, compute end (for traces).
+    compute_ns: tuple[int, int, int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -58,8 +60,18 @@ class BatchResult:
     infer_ns: int = 0
     output_ns: int = 0
     cpu_ns: int = 0  # this thread's CPU time for the batch: wall time lies under GIL contention
+    started_ns: int = 0
     batch_size: int = 0
     done: bool = field(default=False)
+
+    def stamp(self) -> None:
+        """Give each job the batch's compute timestamps."""
+        t0 = self.started_ns
+        t1 = t0 + self.input_ns
+        t2 = t1 + self.infer_ns
+        times = (t0, t1, t2, t2 + self.output_ns)
+        for job in self.jobs:
+            job.compute_ns = times
 
 
 def _gather_inputs(jobs: Sequence[Job], batching: bool) -> dict[str, Array]:
@@ -152,6 +164,7 @@ class InstanceWorker:
             result.outcomes = list(_split_outputs(jobs, outputs, self._batching, total))
             t3 = time.monotonic_ns()
             result.input_ns, result.infer_ns, result.output_ns = t1 - t0, t2 - t1, t3 - t2
+            result.started_ns = t0
             result.batch_size = total
             result.cpu_ns = time.thread_time_ns() - cpu0
         except InputRejected as exc:

@@ -253,6 +253,7 @@ class SequenceScheduler:
     def _on_batch_done(self, worker: InstanceWorker, result: BatchResult) -> None:
         self._idle.append(worker)
         if result.batch_size:
+            result.stamp()
             self._stats.record_execution(
                 result.batch_size,
                 len(result.jobs),

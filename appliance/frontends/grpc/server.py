@@ -117,7 +117,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         _unsupported
     )
     CudaSharedMemoryStatus = CudaSharedMemoryRegister = CudaSharedMemoryUnregister = _unsupported
-    TraceSetting = LogSettings = _unsupported
+    LogSettings = _unsupported
+
+    async def TraceSetting(self, request: Any, context: Any) -> pb.TraceSettingResponse:
+        changes = {key: list(value.value) for key, value in request.settings.items()}
+        settings = self.control.trace_settings(request.model_name, changes)
+        response = pb.TraceSettingResponse()
+        for key, value in settings.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
 
     # ---- inference ---------------------------------------------------------------------------
 

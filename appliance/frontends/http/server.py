@@ -77,6 +77,10 @@ class HttpFrontend:
             ("GET", "/v2", self.server_metadata),
             ("GET", "/v2/models/stats", self.stats),
             ("POST", "/v2/repository/index", self.repository_index),
+            ("GET", "/v2/trace/setting", self.trace_setting),
+            ("POST", "/v2/trace/setting", self.trace_setting),
+            ("GET", "/v2/models/{model}/trace/setting", self.trace_setting),
+            ("POST", "/v2/models/{model}/trace/setting", self.trace_setting),
             ("POST", "/v2/repository/models/{model}/load", self.load),
             ("POST", "/v2/repository/models/{model}/unload", self.unload),
         ]
@@ -90,7 +94,7 @@ class HttpFrontend:
             ]
         for method, path, handler in routes:
             app.router.add_route(method, path, _guard(handler))
-        for extension in ("systemsharedmemory", "cudasharedmemory", "trace", "logging"):
+        for extension in ("systemsharedmemory", "cudasharedmemory", "logging"):
             app.router.add_route("*", f"/v2/{extension}{{tail:.*}}", _guard(self.unsupported))
         app.router.add_route("*", "/{tail:.*}", _guard(self.not_found))
         return app
@@ -144,6 +148,11 @@ class HttpFrontend:
         return json_response(
             self.control.statistics(info.get("model", ""), info.get("version", ""))
         )
+
+    async def trace_setting(self, request: web.Request) -> web.StreamResponse:
+        changes = await self._json_body(request) if request.method == "POST" else None
+        model = request.match_info.get("model", "")
+        return json_response(self.control.trace_settings(model, changes))
 
     async def repository_index(self, request: web.Request) -> web.StreamResponse:
         body = await self._json_body(request)

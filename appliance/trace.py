@@ -1,0 +1,165 @@
+"""Triton's trace extension: per-request timestamps, sampled, written as JSON lines.
+
+Settings are global, with per-model overrides (`/v2[/models/{m}]/trace/setting`, gRPC
+`TraceSetting`): `trace_level` (OFF or TIMESTAMPS), `trace_rate` (trace one request in N),
+`trace_count` (stop after N traces; -1 unlimited), `trace_file`, `log_frequency` (accepted).
+Each traced request becomes one line: id, model, version, request id and Triton's timestamp
+names (REQUEST_START, QUEUE_START, COMPUTE_START, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START,
+COMPUTE_END, REQUEST_END) in monotonic nanoseconds. Lines are written by a thread of their own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import queue
+import threading
+from typing import Any
+
+from appliance.errors import InvalidInput
+
+log = logging.getLogger(__name__)
+
+LEVELS = ("OFF", "TIMESTAMPS")
+KEYS = ("trace_file", "trace_level", "trace_rate", "trace_count", "log_frequency", "trace_mode")
+
+
+class Tracer:
+    """Trace settings, sampling decisions and the trace file writer."""
+
+    def __init__(
+        self, trace_file: str = "", level: str = "OFF", rate: int = 1000, count: int = -1
+    ) -> None:
+        self._global: dict[str, Any] = {
+            "trace_file": trace_file,
+            "trace_level": [level],
+            "trace_rate": str(rate),
+            "trace_count": str(count),
+            "log_frequency": "0",
+            "trace_mode": "triton",
+        }
+        self._models: dict[str, dict[str, Any]] = {}
+        self._seen: dict[str, int] = {}  # requests seen per model, for trace_rate
+        self._remaining: dict[str, int] = {}  # traces left per model, for trace_count
+        self._ids = itertools.count(1)
+        self._lines: queue.SimpleQueue[tuple[str, str] | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._active = self._any_active()
+
+    def _any_active(self) -> bool:
+        """Whether any setting traces at all: the per-request check is then one attribute."""
+        return any(
+            "TIMESTAMPS" in self.settings(model)["trace_level"]
+            and self.settings(model)["trace_file"]
+            for model in ("", *self._models)
+        )
+
+    # ---- settings ----------------------------------------------------------------------------
+
+    def settings(self, model: str = "") -> dict[str, Any]:
+        return {**self._global, **self._models.get(model, {})} if model else dict(self._global)
+
+    def update(self, model: str, changes: dict[str, Any]) -> dict[str, Any]:
+        """Apply settings (None or [] clears a model's override); returns the result."""
+        target = self._models.setdefault(model, {}) if model else self._global
+        for key, value in changes.items():
+            if key not in KEYS:
+                raise InvalidInput(f"unknown trace setting '{key}'; known: {', '.join(KEYS)}")
+            values = [] if value is None else value if isinstance(value, list) else [value]
+            if not values:
+                if not model:
+                    raise InvalidInput(f"trace setting '{key}' cannot be cleared globally")
+                target.pop(key, None)
+                continue
+            target[key] = self._checked(key, [str(v) for v in values])
+            if key == "trace_count":
+                self._remaining.pop(model, None)
+        self._active = self._any_active()
+        return self.settings(model)
+
+    @staticmethod
+    def _checked(key: str, values: list[str]) -> Any:
+        if key == "trace_level":
+            bad = [v for v in values if v not in LEVELS]
+            if bad:
+                raise InvalidInput(f"trace_level {bad}: this server supports {list(LEVELS)}")
+            return values
+        value = values[0]
+        if key in ("trace_rate", "trace_count", "log_frequency"):
+            try:
+                number = int(value)
+            except ValueError:
+                raise InvalidInput(f"{key} must be an integer, got '{value}'") from None
+            if (key == "trace_rate" and number < 1) or (key == "trace_count" and number < -1):
+                raise InvalidInput(f"{key} is out of range: {number}")
+        return value
+
+    # ---- tracing -----------------------------------------------------------------------------
+
+    def sample(self, model: str) -> int:
+        """A trace id when this request of `model` is to be traced, else 0."""
+        if not self._active:
+            return 0
+        effective = self.settings(model)
+        if "TIMESTAMPS" not in effective["trace_level"] or not effective["trace_file"]:
+            return 0
+        seen = self._seen.get(model, 0) + 1
+        self._seen[model] = seen
+        if seen % int(effective["trace_rate"]):
+            return 0
+        remaining = self._remaining.get(model, int(effective["trace_count"]))
+        if remaining == 0:
+            return 0
+        if remaining > 0:
+            self._remaining[model] = remaining - 1
+        return next(self._ids)
+
+    def record(
+        self,
+        trace_id: int,
+        model: str,
+        version: str,
+        request_id: str,
+        timestamps: list[tuple[str, int]],
+    ) -> None:
+        line = json.dumps(
+            {
+                "id": trace_id,
+                "model_name": model,
+                "model_version": version,
+                "request_id": request_id,
+                "timestamps": [{"name": name, "ns": ns} for name, ns in timestamps if ns],
+            }
+        )
+        self._ensure_writer()
+        self._lines.put((self.settings(model)["trace_file"], line))
+
+    def _ensure_writer(self) -> None:
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write, name="trace-writer", daemon=True)
+            self._writer.start()
+
+    def _write(self) -> None:
+        files: dict[str, Any] = {}
+        try:
+            while (item := self._lines.get()) is not None:
+                path, line = item
+                try:
+                    handle = files.get(path)
+                    if handle is None:
+                        handle = files[path] = open(path, "a", encoding="utf-8")  # noqa: SIM115
+                    handle.write(line + "\n")
+                    handle.flush()
+                except OSError as exc:
+                    log.error("cannot write trace file '%s': %s", path, exc.strerror)
+        finally:
+            for handle in files.values():
+                handle.close()
+
+    def close(self) -> None:
+        """Write what is queued, then stop the writer (blocking: call from a thread)."""
+        if self._writer is not None:
+            self._lines.put(None)
+            self._writer.join()
+            self._writer = None

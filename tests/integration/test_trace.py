@@ -1,0 +1,90 @@
+"""The trace extension: settings over HTTP and gRPC, sampled timestamps in a JSON-lines file."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.serverproc import ServerProcess
+
+ORDER = [
+    "REQUEST_START",
+    "QUEUE_START",
+    "COMPUTE_START",
+    "COMPUTE_INPUT_END",
+    "COMPUTE_OUTPUT_START",
+    "COMPUTE_END",
+    "REQUEST_END",
+]
+
+
+def _infer(client: httpclient.InferenceServerClient, model: str, request_id: str) -> None:
+    inp = httpclient.InferInput("INPUT0", [1, 2], "UINT8")
+    inp.set_data_from_numpy(np.zeros((1, 2), np.uint8))
+    client.infer(model, [inp], request_id=request_id)
+
+
+def _lines(path: Path, count: int) -> list[dict]:  # type: ignore[type-arg]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if path.exists():
+            lines = [json.loads(line) for line in path.read_text().splitlines()]
+            if len(lines) >= count:
+                return lines
+        time.sleep(0.02)
+    raise AssertionError(f"{count} trace lines not written to {path}")
+
+
+def test_model_trace_settings_sample_and_record_timestamps(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    http = httpclient.InferenceServerClient(server.http_url)
+    trace_file = tmp_path / "trace.jsonl"
+    settings = http.update_trace_settings(
+        "identity_uint8",
+        {
+            "trace_file": str(trace_file),
+            "trace_level": ["TIMESTAMPS"],
+            "trace_rate": "2",
+            "trace_count": "2",
+        },
+    )
+    assert settings["trace_level"] == ["TIMESTAMPS"]
+    assert settings["trace_rate"] == "2"
+    assert http.get_trace_settings()["trace_level"] == ["OFF"]  # global untouched
+    for i in range(8):
+        _infer(http, "identity_uint8", f"r{i}")
+    _lines(trace_file, 2)
+    time.sleep(0.1)  # give a wrongly written third line the time to show up
+    lines = _lines(trace_file, 2)
+    assert len(lines) == 2  # trace_count
+    assert [line["request_id"] for line in lines] == ["r1", "r3"]  # every 2nd request
+    for line in lines:
+        assert line["model_name"] == "identity_uint8"
+        names = [t["name"] for t in line["timestamps"]]
+        assert names == ORDER
+        stamps = [t["ns"] for t in line["timestamps"]]
+        assert stamps == sorted(stamps)
+    # clearing the override falls back to the global settings
+    cleared = http.update_trace_settings("identity_uint8", {"trace_level": None})
+    assert cleared["trace_level"] == ["OFF"]
+
+
+def test_trace_settings_over_grpc_and_errors(server: ServerProcess) -> None:
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    settings = grpc.update_trace_settings("identity_int8", {"trace_rate": "5"}, as_json=True)
+    assert settings["settings"]["trace_rate"]["value"] == ["5"]
+    with pytest.raises(InferenceServerException, match="trace_rate must be an integer"):
+        grpc.update_trace_settings("identity_int8", {"trace_rate": "often"})
+    http = httpclient.InferenceServerClient(server.http_url)
+    with pytest.raises(InferenceServerException, match="supports \\['OFF', 'TIMESTAMPS'\\]"):
+        http.update_trace_settings(settings={"trace_level": ["TENSORS"]})
+    with pytest.raises(InferenceServerException, match="'nope' is not found"):
+        http.get_trace_settings("nope")
