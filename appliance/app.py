@@ -43,6 +43,8 @@ class Appliance:
                 drain_timeout_s=settings.exit_timeout_secs,
                 inline_budget_us=settings.inline_budget_us,
                 latency_histograms=settings.latency_histograms,
+                rate_limit=settings.rate_limit,
+                rate_limit_resources=settings.rate_limit_resources,
             )
         )
         self.cache = (

@@ -70,8 +70,6 @@ IGNORED_FLAGS = (
     "model-load-retry-count",
     "model-namespacing",
     "enable-peer-access",
-    "rate-limit",
-    "rate-limit-resource",
     "pinned-memory-pool-byte-size",
     "cuda-memory-pool-byte-size",
     "cuda-virtual-address-size",
@@ -160,6 +158,19 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         default=128 * 1024 * 1024,
         help="largest gRPC message sent or received (default 128 MiB)",
     )
+    p.add_argument(
+        "--rate-limit",
+        default="off",
+        choices=("off", "execution_count"),
+        help="execution_count: instances run only when their rate_limiter resources are free",
+    )
+    p.add_argument(
+        "--rate-limit-resource",
+        action="append",
+        default=[],
+        metavar="NAME:COUNT[:DEVICE]",
+        help="a rate limiter resource and how many there are",
+    )
     p.add_argument("--trace-file", default="", help="where traces go (JSON lines)")
     p.add_argument("--trace-level", default="OFF", choices=("OFF", "TIMESTAMPS"))
     p.add_argument("--trace-rate", type=int, default=1000, help="trace one request in N")
@@ -215,6 +226,18 @@ def parse_cache_config(values: list[str], legacy_bytes: int) -> int:
     return size
 
 
+def parse_rate_limit_resources(values: list[str]) -> tuple[tuple[str, int], ...]:
+    resources = []
+    for value in values:
+        parts = value.split(":")
+        if len(parts) not in (2, 3) or not parts[1].isdigit():
+            raise SystemExit(
+                f"edge-appliance: --rate-limit-resource expects NAME:COUNT[:DEVICE], got '{value}'"
+            )
+        resources.append((parts[0], int(parts[1])))
+    return tuple(resources)
+
+
 def parse_metrics_config(values: list[str]) -> dict[str, str]:
     """Triton's `--metrics-config key=value` pairs; unknown keys are warned about later."""
     pairs = {}
@@ -266,6 +289,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         max_request_bytes=args.max_request_bytes,
         grpc_max_message_bytes=args.grpc_max_message_bytes,
         inline_budget_us=args.inline_execution_budget_us,
+        rate_limit=args.rate_limit == "execution_count",
+        rate_limit_resources=parse_rate_limit_resources(args.rate_limit_resource),
         trace_file=args.trace_file,
         trace_level=args.trace_level,
         trace_rate=args.trace_rate,

@@ -35,6 +35,8 @@ class ServerSettings:
     grpc_max_message_bytes: int = 128 * MiB
     max_queue_size: int = 4096
     inline_budget_us: int = 100
+    rate_limit: bool = False
+    rate_limit_resources: tuple[tuple[str, int], ...] = ()
     trace_file: str = ""
     trace_level: str = "OFF"
     trace_rate: int = 1000

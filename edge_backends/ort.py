@@ -180,11 +180,12 @@ class OrtBackend:
             outputs=_tensor_specs(session.get_outputs()),
         )
 
+    def gpu_problem(self) -> str:
+        """Why ONNX Runtime cannot run on a GPU here ('' when it can)."""
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            return "no usable GPU (this onnxruntime has no CUDA execution provider)"
+        # GPU sessions come with the GPU issue; until then CUDA builds also serve on CPU.
+        return "GPU execution is not enabled in this build"
+
     def create_instance(self, spec: InstanceSpec) -> OrtInstance:
-        if spec.kind == "KIND_GPU":
-            log.warning(
-                "model '%s' instance %s asks for KIND_GPU; this build serves ONNX on CPU",
-                spec.model_name,
-                spec.instance_name,
-            )
         return OrtInstance(_open_session(spec.model_path, session_options(spec)))

@@ -63,6 +63,7 @@ class PreparedModel:
     labels: dict[str, list[str]] = field(default_factory=dict)  # output name -> class labels
     versions: list[PreparedVersion] = field(default_factory=list)
     ensemble: EnsemblePlan | None = None
+    notes: list[str] = field(default_factory=list)  # what the index reports for a ready model
     failed: dict[int, str] = field(default_factory=dict)  # version -> reason
 
 
@@ -140,7 +141,7 @@ def prepare_model(
     prepared = PreparedModel(name=name, config=config, labels=read_labels(model_dir, config))
     for version in versions:
         try:
-            workers = _load_instances(backend_name, config, model_dir, version)
+            workers = _load_instances(backend_name, config, model_dir, version, prepared.notes)
         except (BackendError, ApplianceError) as exc:
             log.error("model '%s' version %d failed to load: %s", name, version, exc)
             prepared.failed[version] = str(exc)
@@ -168,8 +169,9 @@ def _prepare_ensemble(config: ModelConfig, model_dir: Path, available: list[int]
 
 
 def _load_instances(
-    backend_name: str, config: ModelConfig, model_dir: Path, version: int
+    backend_name: str, config: ModelConfig, model_dir: Path, version: int, notes: list[str]
 ) -> list[InstanceWorker]:
+    """Create every instance of every group; GPU kinds fall back to CPU, noted in `notes`."""
     backend = get_backend(backend_name)
     path = model_dir / str(version) / config.default_model_filename
     signature = backend.inspect(path)
@@ -177,10 +179,22 @@ def _load_instances(
     parameters = {k: v.string_value for k, v in config.parameters.items()}
     level = config.optimization.graph.level if config.optimization.HasField("graph") else None
     total = sum(g.count for g in config.instance_group)
-    instances: list[tuple[str, ModelInstance]] = []
+    no_gpu = backend_gpu_problem(backend)
+    batching = config.max_batch_size > 0
+    workers: list[InstanceWorker] = []
+    instances: list[ModelInstance] = []
     try:
         for group in config.instance_group:
             kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
+            if kind == "KIND_GPU" and no_gpu:
+                note = (
+                    f"{group.count} KIND_GPU instance(s) of group '{group.name}' run on CPU: "
+                    f"{no_gpu}"
+                )
+                log.warning("model '%s' version %d: %s", config.name, version, note)
+                notes.append(note)
+                kind = "KIND_CPU"
+            resources = {r.name: int(r.count) for r in group.rate_limiter.resources}
             for i in range(group.count):
                 instance_name = f"{group.name}_{i}"
                 spec = InstanceSpec(
@@ -194,13 +208,26 @@ def _load_instances(
                     graph_optimization_level=level,
                     instance_count=total,
                 )
-                instances.append((instance_name, backend.create_instance(spec)))
-        warm_up(config, model_dir, version, [instance for _, instance in instances])
+                instance = backend.create_instance(spec)
+                instances.append(instance)
+                workers.append(
+                    InstanceWorker(
+                        f"{config.name}_v{version}_{instance_name}",
+                        instance,
+                        batching,
+                        resources=resources,
+                        priority=int(group.rate_limiter.priority),
+                    )
+                )
+        warm_up(config, model_dir, version, instances)
     except BaseException:
-        for _, instance in instances:
+        for instance in instances:
             instance.close()
         raise
-    batching = config.max_batch_size > 0
-    return [
-        InstanceWorker(f"{config.name}_v{version}_{n}", inst, batching) for n, inst in instances
-    ]
+    return workers
+
+
+def backend_gpu_problem(backend: Any) -> str:
+    """Why this backend cannot use a GPU here ('' when it can)."""
+    check = getattr(backend, "gpu_problem", None)
+    return str(check()) if check is not None else "this backend has no GPU support"

@@ -29,6 +29,7 @@ from appliance.scheduling.batcher import Scheduler
 from appliance.scheduling.ensemble import EnsemblePlan
 from appliance.scheduling.policy import BatchPolicy
 from appliance.scheduling.queues import QueuePolicy
+from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.sequence import SequenceScheduler
 from appliance.scheduling.stats import LatencyHistogram, ModelStats
 
@@ -74,6 +75,7 @@ class ModelRecord:
     config: ModelConfig | None = None
     versions: dict[int, ServedVersion] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # e.g. GPU instances running on CPU
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ class ManagerSettings:
     load_concurrency: int = 2
     inline_budget_us: int = 100  # see scheduling/batcher.py; 0 turns inline execution off
     latency_histograms: bool = False
+    rate_limit: bool = False  # --rate-limit=execution_count
+    rate_limit_resources: tuple[tuple[str, int], ...] = ()
 
 
 def _policy(config: ModelConfig) -> BatchPolicy:
@@ -133,6 +137,7 @@ class ModelManager:
     def __init__(self, settings: ManagerSettings) -> None:
         self._settings = settings
         self._models: dict[str, ModelRecord] = {}
+        self.rate_limiter = RateLimiter(settings.rate_limit, dict(settings.rate_limit_resources))
         self._locks: dict[str, asyncio.Lock] = {}
         self._stopping = False
 
@@ -195,7 +200,8 @@ class ModelManager:
         entries: list[dict[str, Any]] = []
         for name in sorted(self._models):
             record = self._models[name]
-            rows: list[tuple[int | None, str, str]] = [(v, READY, "") for v in record.versions]
+            note = "; ".join(record.notes)
+            rows: list[tuple[int | None, str, str]] = [(v, READY, note) for v in record.versions]
             rows += [(v, UNAVAILABLE, why) for v, why in record.failed.items()]
             if not rows:
                 rows = [(None, record.state, record.reason)]
@@ -258,6 +264,7 @@ class ModelManager:
             old = dict(record.versions)
             record.versions = self._serve(prepared)
             record.failed = prepared.failed
+            record.notes = prepared.notes
             record.config = prepared.config
             record.path = path
             if record.versions:
@@ -303,6 +310,7 @@ class ModelManager:
                 priority_levels=levels,
                 default_priority_level=default_level,
                 queue_policies=policies,
+                rate_limiter=self.rate_limiter,
             )
             scheduler.start()
             served[pv.version] = ServedVersion(

@@ -25,6 +25,7 @@ from appliance.errors import InferenceFailed, InvalidInput, ServerUnavailable
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
 from appliance.scheduling.policy import BatchPolicy, next_batch
 from appliance.scheduling.queues import QueuePolicy, RequestQueue
+from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.stats import ModelStats
 from appliance.types import Array
 from edge_backends.api import InputRejected
@@ -55,6 +56,7 @@ class Scheduler:
         priority_levels: int = 0,
         default_priority_level: int = 0,
         queue_policies: dict[int, QueuePolicy] | None = None,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
         self._label = label  # "model 'x' version 1", for messages
         self._workers = workers
@@ -76,6 +78,10 @@ class Scheduler:
         self._closing = False
         self._drained: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._limiter = rate_limiter or RateLimiter(enabled=False)
+        self._awaiting_resources = False
+        for worker in workers:
+            self._limiter.register(worker.resources)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -117,7 +123,7 @@ class Scheduler:
                 QueueTimeout(f"{self._label}: request timeout expired while queued")
             )
         wait_ns = 0
-        while len(queue) and self._idle:
+        while len(queue) and self._idle and not self._awaiting_resources:
             head = list(islice(queue.live(), self._head_limit))
             if not head:
                 break
@@ -133,11 +139,15 @@ class Scheduler:
                 live = head[: decision.run]
             else:  # one request per execution: no decision to make
                 live = head[:1]
+            worker = self._free_worker()
+            if worker is None:  # the rate limiter holds every idle instance back
+                self._awaiting_resources = True
+                self._limiter.wait(self._on_resources, min(w.priority for w in self._idle))
+                break
             queue.take(live)
             for job in live:
                 job.dispatch_ns = now
                 self._stats.queue.add(now - job.enqueue_ns)
-            worker = self._idle.popleft()
             if self._preserve_ordering:
                 self._in_flight.append(BatchResult(jobs=live))
             if self._runs_inline(live):
@@ -147,6 +157,19 @@ class Scheduler:
             else:
                 worker.submit(live, self._on_batch_done)
         self._arm_timer(now, wait_ns)
+
+    def _free_worker(self) -> InstanceWorker | None:
+        """An idle instance whose rate-limiter resources are available (now taken)."""
+        for worker in self._idle:
+            if self._limiter.try_acquire(worker.resources):
+                self._idle.remove(worker)
+                return worker
+        return None
+
+    def _on_resources(self) -> None:
+        self._awaiting_resources = False
+        assert self._loop is not None
+        self._loop.call_soon(self._dispatch)
 
     def _runs_inline(self, jobs: list[Job]) -> bool:
         """Inline when the learned CPU cost per input byte predicts a run within budget."""
@@ -186,6 +209,7 @@ class Scheduler:
 
     def _on_batch_done(self, worker: InstanceWorker, result: BatchResult) -> None:
         self._idle.append(worker)
+        self._limiter.release(worker.resources)
         self._learn_cost(result)
         if self._preserve_ordering:
             # Responses leave in dispatch order: park this batch until earlier ones are done.

@@ -105,8 +105,17 @@ def _split_outputs(
 class InstanceWorker:
     """Runs batches on one model instance in its own thread."""
 
-    def __init__(self, name: str, instance: ModelInstance, batching: bool) -> None:
+    def __init__(
+        self,
+        name: str,
+        instance: ModelInstance,
+        batching: bool,
+        resources: dict[str, int] | None = None,
+        priority: int = 0,
+    ) -> None:
         self.name = name
+        self.resources = resources or {}  # rate_limiter resources held while a batch runs
+        self.priority = priority
         self._instance = instance
         self._batching = batching
         self._inbox: queue.SimpleQueue[

@@ -147,6 +147,17 @@ def build(root: Path) -> Path:
         )
     )
 
+    # Two instance groups, one asking for a GPU (this machine has none: it runs on CPU), with
+    # rate limiter resources.
+    save(simple_model(), root / "multi_group" / "1" / "model.onnx")
+    (root / "multi_group" / "config.pbtxt").write_text(
+        SIMPLE_CONFIG.replace('"simple"', '"multi_group"') + "instance_group [\n"
+        '  { name: "cpus", count: 2, kind: KIND_CPU,\n'
+        '    rate_limiter { resources [ { name: "R", count: 1 } ] priority: 1 } },\n'
+        '  { name: "gpus", count: 1, kind: KIND_GPU, gpus: [ 0 ] }\n'
+        "]\n"
+    )
+
     # Warm-up samples of each kind; one whose data file is missing must fail its load.
     save(simple_model(), root / "warmed" / "1" / "model.onnx")
     (root / "warmed" / "warmup").mkdir(parents=True, exist_ok=True)
