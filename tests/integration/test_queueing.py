@@ -83,3 +83,23 @@ async def test_rejections_show_in_statistics(server: ServerProcess) -> None:
     after = client.get_inference_statistics("slow_queue")["model_stats"][0]["inference_stats"]
     assert after["fail"]["count"] - before["fail"]["count"] == rejected
     assert after["success"]["count"] - before["success"]["count"] == 10 - rejected
+
+
+async def test_high_priority_request_overtakes_queued_work(server: ServerProcess) -> None:
+    """Under load, a priority 1 request finishes before default-level requests sent earlier."""
+    client = grpcaio.InferenceServerClient(server.grpc_url)
+    finished: list[str] = []
+
+    async def one(tag: str, priority: int) -> None:
+        await client.infer("slow", [_input(grpcaio)], priority=priority)
+        finished.append(tag)
+
+    try:
+        background = [asyncio.ensure_future(one(f"low{i}", 0)) for i in range(20)]
+        await asyncio.sleep(0.05)  # the low-priority requests are queued behind the first
+        await one("high", 1)
+        await asyncio.gather(*background)
+    finally:
+        await client.close()
+    position = finished.index("high")
+    assert position < 10, finished  # ahead of the low-priority requests still queued
