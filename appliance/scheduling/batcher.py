@@ -15,13 +15,13 @@ event loop itself. Everything else runs on worker threads.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
 from itertools import islice
 
 from appliance.errors import InferenceFailed, InvalidInput, ServerUnavailable
+from appliance.scheduling.base import SchedulerBase
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
 from appliance.scheduling.policy import BatchPolicy, next_batch
 from appliance.scheduling.queues import QueuePolicy, RequestQueue
@@ -41,7 +41,7 @@ class QueueTimeout(ServerUnavailable):
 _WARMUP_EXECUTIONS = 16
 
 
-class Scheduler:
+class Scheduler(SchedulerBase):
     """Queues + batching + instance pool for one model version."""
 
     def __init__(
@@ -58,52 +58,37 @@ class Scheduler:
         queue_policies: dict[int, QueuePolicy] | None = None,
         rate_limiter: RateLimiter | None = None,
     ) -> None:
-        self._label = label  # "model 'x' version 1", for messages
-        self._workers = workers
-        self._idle: deque[InstanceWorker] = deque(workers)
+        super().__init__(label, workers, stats)
         self._policy = policy
         self._batching = policy.dynamic and policy.max_batch_size > 0
         self._head_limit = max(1, policy.max_batch_size) if self._batching else 1
         self._inline_budget_ns = inline_budget_ns
         self._cost_per_byte_ns = 0.0
         self._measured = 0
-        self._stats = stats
         self._preserve_ordering = preserve_ordering
         self._queue = RequestQueue(
             label, priority_levels, default_priority_level, queue_policies or {}, max_queue_size
         )
         self._in_flight: deque[BatchResult] = deque()  # dispatch order, for preserve_ordering
-        self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0  # monotonic ns the timer fires at
-        self._closing = False
-        self._drained: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._limiter = rate_limiter or RateLimiter(enabled=False)
         self._awaiting_resources = False
         for worker in workers:
             self._limiter.register(worker.resources)
 
-    def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        for worker in self._workers:
-            worker.start(self._loop)
-
     @property
     def pending(self) -> int:
-        """Requests waiting for an instance (Triton's nv_inference_pending_request_count)."""
         return len(self._queue)
 
-    @property
-    def busy(self) -> bool:
-        return bool(len(self._queue)) or len(self._idle) < len(self._workers)
+    def _take_queued(self) -> list[Job]:
+        return self._queue.drain()
 
     async def submit(self, job: Job) -> dict[str, Array]:
         """Queue one job and wait for its outputs; cancelling the caller drops a queued job.
 
         A full queue raises QueueFull at once; nothing blocks or grows without bound.
         """
-        if self._closing:
-            raise ServerUnavailable(f"{self._label} is unloading; retry")
+        self._refuse_if_closing()
         self._queue.push(job, job.priority, job.timeout_us, time.monotonic_ns())
         self._dispatch()
         try:
@@ -223,8 +208,7 @@ class Scheduler:
         else:
             self._complete(result)
         self._dispatch()
-        if self._drained is not None and not self.busy:
-            self._drained.set()
+        self._notify_if_drained()
 
     def _complete(self, result: BatchResult) -> None:
         stats = self._stats
@@ -244,24 +228,6 @@ class Scheduler:
                 job.future.set_exception(InferenceFailed(f"{self._label} failed: {outcome}"))
             else:
                 job.future.set_result(outcome)
-
-    async def drain(self, timeout_s: float) -> None:
-        """Refuse new work, wait for queued and running jobs up to timeout_s, then fail the rest."""
-        self._closing = True
-        if self.busy:
-            self._drained = asyncio.Event()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._drained.wait(), timeout_s)
-        for job in self._queue.drain():
-            if not job.future.done():
-                job.future.set_exception(ServerUnavailable(f"{self._label} was unloaded"))
-        if self._timer is not None:
-            self._timer.cancel()
-
-    def stop_workers(self) -> None:
-        """Blocking: join the worker threads and close instances (call from a thread)."""
-        for worker in self._workers:
-            worker.stop()
 
 
 def _input_bytes(jobs: list[Job]) -> int:

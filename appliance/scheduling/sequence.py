@@ -15,7 +15,6 @@ so `direct` and `oldest` both schedule the oldest ready sequences first.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -26,6 +25,7 @@ import numpy as np
 
 from appliance.errors import InferenceFailed, InvalidInput, ServerUnavailable
 from appliance.model_config import ModelConfig, datatype_of
+from appliance.scheduling.base import SchedulerBase
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
 from appliance.scheduling.stats import ModelStats
 from appliance.types import Array
@@ -103,7 +103,7 @@ def states_from_config(config: ModelConfig) -> list[StateSpec]:
     return states
 
 
-class SequenceScheduler:
+class SequenceScheduler(SchedulerBase):
     """Sequences in order, batched across sequences, with implicit state."""
 
     def __init__(
@@ -114,10 +114,7 @@ class SequenceScheduler:
         stats: ModelStats,
         max_sequences: int = 4096,
     ) -> None:
-        self._label = label
-        self._workers = workers
-        self._idle: deque[InstanceWorker] = deque(workers)
-        self._stats = stats
+        super().__init__(label, workers, stats)
         self._max_batch = max(1, int(config.max_batch_size))
         self._batching = config.max_batch_size > 0
         idle_us = int(config.sequence_batching.max_sequence_idle_microseconds) or 1_000_000
@@ -127,27 +124,19 @@ class SequenceScheduler:
         self._max_sequences = max_sequences
         self._sequences: dict[SequenceId, Sequence] = {}
         self._expired: dict[SequenceId, None] = {}  # recently timed out, for a precise error
-        self._closing = False
-        self._drained: asyncio.Event | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        for worker in self._workers:
-            worker.start(self._loop)
 
     @property
     def pending(self) -> int:
         return sum(len(s.waiting) for s in self._sequences.values())
 
-    @property
-    def busy(self) -> bool:
-        return bool(self.pending) or len(self._idle) < len(self._workers)
+    def _take_queued(self) -> list[Job]:
+        jobs = [job for s in self._sequences.values() for job in s.waiting]
+        for sequence in self._sequences.values():
+            sequence.waiting.clear()
+        return jobs
 
     async def submit(self, job: Job) -> dict[str, Array]:
-        if self._closing:
-            raise ServerUnavailable(f"{self._label} is unloading; retry")
+        self._refuse_if_closing()
         now = time.monotonic_ns()
         self._expire(now)
         sid = job.sequence_id
@@ -281,8 +270,7 @@ class SequenceScheduler:
             else:
                 job.future.set_result(outcome)
         self._dispatch()
-        if self._drained is not None and not self.busy:
-            self._drained.set()
+        self._notify_if_drained()
 
     def _arm_idle_timer(self) -> None:
         if self._timer is None and self._sequences and self._loop is not None:
@@ -292,21 +280,3 @@ class SequenceScheduler:
         self._timer = None
         self._expire(time.monotonic_ns())
         self._arm_idle_timer()
-
-    async def drain(self, timeout_s: float) -> None:
-        self._closing = True
-        if self.busy:
-            self._drained = asyncio.Event()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._drained.wait(), timeout_s)
-        for sequence in self._sequences.values():
-            while sequence.waiting:
-                job = sequence.waiting.popleft()
-                if not job.future.done():
-                    job.future.set_exception(ServerUnavailable(f"{self._label} was unloaded"))
-        if self._timer is not None:
-            self._timer.cancel()
-
-    def stop_workers(self) -> None:
-        for worker in self._workers:
-            worker.stop()
