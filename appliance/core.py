@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -111,20 +112,41 @@ class InferenceCore:
 
     async def _run_step(self, step: EnsembleStep, inputs: dict[str, Array]) -> dict[str, Array]:
         """One ensemble step: an ordinary request to the step's model."""
-        served = self.manager.get(step.model_name, step.model_version)
+        return await self.infer_arrays(
+            step.model_name, step.model_version, inputs, list(step.outputs)
+        )
+
+    async def infer_arrays(
+        self, model: str, version: str, inputs: dict[str, Array], outputs: list[str]
+    ) -> dict[str, Array]:
+        """A request made inside the server (ensemble steps, BLS): arrays in, arrays out."""
+        served = self.manager.get(model, version)
         tensors = []
         for name, array in inputs.items():
             rule = served.inputs.get(name)
             datatype = rule.datatype if rule is not None else from_numpy(array.dtype).triton
             tensors.append(InputTensor(name, datatype, tuple(array.shape), array))
         request = InferRequest(
-            model_name=step.model_name,
-            model_version=step.model_version,
+            model_name=model,
+            model_version=version,
             inputs=tensors,
-            outputs=[RequestedOutput(name) for name in step.outputs],
+            outputs=[RequestedOutput(name) for name in outputs] if outputs else None,
         )
         response = await self.infer(request)
         return {tensor.name: tensor.data for tensor in response.outputs}
+
+    def blocking_host(self, loop: asyncio.AbstractEventLoop) -> Callable[..., dict[str, Array]]:
+        """`infer_arrays` for backend threads (Python models' BLS calls); never on the loop."""
+
+        def call(
+            model: str, version: str, inputs: dict[str, Array], outputs: list[str]
+        ) -> dict[str, Array]:
+            future = asyncio.run_coroutine_threadsafe(
+                self.infer_arrays(model, version, inputs, outputs), loop
+            )
+            return future.result()
+
+        return call
 
     async def _cached(self, served: ServedVersion, job: Job, start: int) -> dict[str, Array]:
         """Answer from the response cache, or run and remember the answer."""

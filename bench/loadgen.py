@@ -93,26 +93,40 @@ def build_request(meta: dict[str, Any], seed: int = 0) -> Request:
 
 
 def json_body(req: Request) -> bytes:
-    return orjson.dumps({
-        "inputs": [
-            {"name": t.name, "shape": list(t.data.shape), "datatype": t.datatype,
-             "data": t.data.ravel().tolist()}
-            for t in req.inputs
-        ],
-        "outputs": [{"name": name} for name in req.outputs],
-    })
+    return orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": t.name,
+                    "shape": list(t.data.shape),
+                    "datatype": t.datatype,
+                    "data": t.data.ravel().tolist(),
+                }
+                for t in req.inputs
+            ],
+            "outputs": [{"name": name} for name in req.outputs],
+        }
+    )
 
 
 def binary_body(req: Request) -> tuple[bytes, int]:
     """The binary-extension body and its JSON header's length."""
-    header = orjson.dumps({
-        "inputs": [
-            {"name": t.name, "shape": list(t.data.shape), "datatype": t.datatype,
-             "parameters": {"binary_data_size": t.data.nbytes}}
-            for t in req.inputs
-        ],
-        "outputs": [{"name": name, "parameters": {"binary_data": True}} for name in req.outputs],
-    })
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": t.name,
+                    "shape": list(t.data.shape),
+                    "datatype": t.datatype,
+                    "parameters": {"binary_data_size": t.data.nbytes},
+                }
+                for t in req.inputs
+            ],
+            "outputs": [
+                {"name": name, "parameters": {"binary_data": True}} for name in req.outputs
+            ],
+        }
+    )
     return header + b"".join(t.data.tobytes() for t in req.inputs), len(header)
 
 
@@ -122,8 +136,10 @@ def http_sender(session: aiohttp.ClientSession, url: str, req: Request, binary: 
     headers = {"Accept-Encoding": "identity"}
     if binary:
         body, header_len = binary_body(req)
-        headers |= {"Content-Type": "application/octet-stream",
-                    "Inference-Header-Content-Length": str(header_len)}
+        headers |= {
+            "Content-Type": "application/octet-stream",
+            "Inference-Header-Content-Length": str(header_len),
+        }
     else:
         body = json_body(req)
         headers["Content-Type"] = "application/json"
@@ -224,8 +240,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.protocol == "grpc":
         import grpc
 
-        options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        options = [
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ]
         async with grpc.aio.insecure_channel(args.grpc_url, options=options) as channel:
             return await drive(grpc_sender(channel, req), args.concurrency, args.seconds)
     connector = aiohttp.TCPConnector(limit=0)

@@ -38,7 +38,10 @@ def find_perf_analyzer(tool: Path) -> tuple[PerfAnalyzer | None, str]:
         return None, f"{tool} does not exist"
     try:
         proc = subprocess.run(
-            [str(tool), "--version"], capture_output=True, text=True, timeout=SETUP_TIMEOUT_S,
+            [str(tool), "--version"],
+            capture_output=True,
+            text=True,
+            timeout=SETUP_TIMEOUT_S,
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -51,18 +54,36 @@ def find_perf_analyzer(tool: Path) -> tuple[PerfAnalyzer | None, str]:
 
 
 def command(
-    pa: PerfAnalyzer, model: str, url: str, protocol: str, concurrency: int, seconds: float,
+    pa: PerfAnalyzer,
+    model: str,
+    url: str,
+    protocol: str,
+    concurrency: int,
+    seconds: float,
     csv_path: Path,
 ) -> list[str]:
     window_ms = max(200, round(seconds * 1000 / WINDOWS))
     return [
-        str(pa.tool), "-m", model, "-u", url, "-i", PROTOCOL_FLAGS[protocol],
-        "--concurrency-range", f"{concurrency}:{concurrency}",
-        "--measurement-interval", str(window_ms),
-        "--stability-percentage", "1000", "--max-trials", str(WINDOWS),
-        "--warmup-request-count", str(2 * concurrency),
+        str(pa.tool),
+        "-m",
+        model,
+        "-u",
+        url,
+        "-i",
+        PROTOCOL_FLAGS[protocol],
+        "--concurrency-range",
+        f"{concurrency}:{concurrency}",
+        "--measurement-interval",
+        str(window_ms),
+        "--stability-percentage",
+        "1000",
+        "--max-trials",
+        str(WINDOWS),
+        "--warmup-request-count",
+        str(2 * concurrency),
         *(["--streaming"] if protocol == "grpc-stream" else []),
-        "-f", str(csv_path),
+        "-f",
+        str(csv_path),
     ]
 
 

@@ -9,7 +9,14 @@ from dataclasses import dataclass
 from bench.common import Stats
 
 HEADERS = (
-    "model", "protocol", "concurrency", "infer/s", "p50 ms", "p99 ms", "% of raw", "other CPU",
+    "model",
+    "protocol",
+    "concurrency",
+    "infer/s",
+    "p50 ms",
+    "p99 ms",
+    "% of raw",
+    "other CPU",
     "client",
 )
 RAW_PROTOCOLS = ("raw ORT (before)", "raw ORT (after)")
@@ -67,8 +74,13 @@ def cells(rows: Sequence[Row], row: Row) -> list[str]:
     if row.stats is None:
         return [*head, "error", "-", "-", "-", other, row.client]
     return [
-        *head, fmt_rate(row.stats.infer_per_s), fmt_ms(row.stats.p50_ms),
-        fmt_ms(row.stats.p99_ms), fmt_pct(pct_of_raw(rows, row)), other, row.client,
+        *head,
+        fmt_rate(row.stats.infer_per_s),
+        fmt_ms(row.stats.p50_ms),
+        fmt_ms(row.stats.p99_ms),
+        fmt_pct(pct_of_raw(rows, row)),
+        other,
+        row.client,
     ]
 
 
@@ -95,9 +107,7 @@ def markdown_table(rows: Sequence[Row]) -> str:
 
 
 def errors(rows: Sequence[Row]) -> list[str]:
-    return [
-        f"{r.model} / {r.protocol} / c={r.concurrency}: {r.error}" for r in rows if r.error
-    ]
+    return [f"{r.model} / {r.protocol} / c={r.concurrency}: {r.error}" for r in rows if r.error]
 
 
 def _find(rows: Sequence[Row], model: str, protocol: str) -> Row | None:

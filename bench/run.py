@@ -83,21 +83,32 @@ def int_list(text: str) -> tuple[int, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--models", type=csv_list, default=DEFAULT_MODELS)
     p.add_argument("--protocols", type=csv_list, default=PROTOCOLS)
-    p.add_argument("--concurrency", type=int_list, default=None,
-                   help="default 1,8,32 (8 with --quick)")
-    p.add_argument("--seconds", type=float, default=None,
-                   help=f"measurement per point, default {DEFAULT_SECONDS:g} "
-                   f"({QUICK_SECONDS:g} with --quick)")
+    p.add_argument(
+        "--concurrency", type=int_list, default=None, help="default 1,8,32 (8 with --quick)"
+    )
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help=f"measurement per point, default {DEFAULT_SECONDS:g} ({QUICK_SECONDS:g} with --quick)",
+    )
     p.add_argument("--quick", action="store_true", help="concurrency 8 only, short points")
     p.add_argument("--output", type=Path, help="also write the results as Markdown here")
     p.add_argument("--server-core", type=int, default=0)
     p.add_argument("--client-core", type=int, default=1)
-    p.add_argument("--load-generator", choices=("auto", "builtin"), default="auto",
-                   help="auto: perf_analyzer for http-binary and grpc when it can be set up")
+    p.add_argument(
+        "--load-generator",
+        choices=("auto", "builtin"),
+        default="auto",
+        help="auto: perf_analyzer for http-binary and grpc when it can be set up",
+    )
     p.add_argument("--perf-analyzer", type=Path, default=perf.DEFAULT_TOOL)
     p.add_argument("--server-log", type=Path, help="keep the server's log here")
     return p
@@ -121,8 +132,9 @@ def make_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Plan
 
 
 def run_child(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
-                          check=False)
+    return subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, check=False
+    )
 
 
 def child_error(proc: subprocess.CompletedProcess[str]) -> str:
@@ -132,6 +144,7 @@ def child_error(proc: subprocess.CompletedProcess[str]) -> str:
 
 # ---- raw ONNX Runtime ------------------------------------------------------------------------
 
+
 def with_other_cpu(measure: Callable[[], Row], server_pid: int | None = None) -> Row:
     """Run one measurement and record other processes' CPU use meanwhile."""
     before = cpu.snapshot(server_pid)
@@ -140,8 +153,17 @@ def with_other_cpu(measure: Callable[[], Row], server_pid: int | None = None) ->
 
 
 def measure_raw(repo: Path, model: str, plan: Plan, label: str) -> Row:
-    cmd = [sys.executable, "-m", "bench.raw", "--model", str(repo / model / "1" / "model.onnx"),
-           "--seconds", str(plan.seconds), "--core", str(plan.server_core)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.raw",
+        "--model",
+        str(repo / model / "1" / "model.onnx"),
+        "--seconds",
+        str(plan.seconds),
+        "--core",
+        str(plan.server_core),
+    ]
     proc = run_child(cmd, plan.seconds + CHILD_SLACK_S)
     if proc.returncode != 0:
         return Row(model, label, 1, None, "onnxruntime", child_error(proc))
@@ -151,11 +173,27 @@ def measure_raw(repo: Path, model: str, plan: Plan, label: str) -> Row:
 
 # ---- load against the server ----------------------------------------------------------------
 
+
 def builtin_point(ctx: Context, model: str, protocol: str, concurrency: int) -> Row:
     cmd = [
-        "taskset", "-c", str(ctx.plan.client_core), sys.executable, "-m", "bench.loadgen",
-        "--protocol", protocol, "--url", ctx.server.http_url, "--grpc-url", ctx.server.grpc_url,
-        "--model", model, "--concurrency", str(concurrency), "--seconds", str(ctx.plan.seconds),
+        "taskset",
+        "-c",
+        str(ctx.plan.client_core),
+        sys.executable,
+        "-m",
+        "bench.loadgen",
+        "--protocol",
+        protocol,
+        "--url",
+        ctx.server.http_url,
+        "--grpc-url",
+        ctx.server.grpc_url,
+        "--model",
+        model,
+        "--concurrency",
+        str(concurrency),
+        "--seconds",
+        str(ctx.plan.seconds),
     ]
     proc = run_child(cmd, ctx.plan.seconds + CHILD_SLACK_S)
     if proc.returncode != 0:
@@ -171,8 +209,12 @@ def builtin_point(ctx: Context, model: str, protocol: str, concurrency: int) -> 
 def perf_point(ctx: Context, pa: PerfAnalyzer, model: str, protocol: str, concurrency: int) -> Row:
     url = ctx.server.grpc_url if protocol.startswith("grpc") else ctx.server.http_url
     csv_path = ctx.workdir / f"pa-{model}-{protocol}-{concurrency}.csv"
-    cmd = ["taskset", "-c", str(ctx.plan.client_core),
-           *perf.command(pa, model, url, protocol, concurrency, ctx.plan.seconds, csv_path)]
+    cmd = [
+        "taskset",
+        "-c",
+        str(ctx.plan.client_core),
+        *perf.command(pa, model, url, protocol, concurrency, ctx.plan.seconds, csv_path),
+    ]
     proc = run_child(cmd, ctx.plan.seconds + CHILD_SLACK_S)
     if proc.returncode != 0 or not csv_path.exists():
         return Row(model, protocol, concurrency, None, "perf_analyzer", child_error(proc))
@@ -208,11 +250,14 @@ def describe(row: Row) -> str:
     if row.stats is None:
         return f"ERROR {row.error}"
     s = row.stats
-    return (f"{s.infer_per_s:,.1f} infer/s, p50 {s.p50_ms:.2f} ms, p99 {s.p99_ms:.2f} ms, "
-            f"other processes {row.other_cpu_pct or 0:.0f}% of a core")
+    return (
+        f"{s.infer_per_s:,.1f} infer/s, p50 {s.p50_ms:.2f} ms, p99 {s.p99_ms:.2f} ms, "
+        f"other processes {row.other_cpu_pct or 0:.0f}% of a core"
+    )
 
 
 # ---- the run --------------------------------------------------------------------------------
+
 
 def cpu_model() -> str:
     try:
@@ -244,8 +289,9 @@ def header_lines(
 
 def server_log_findings(server: Server) -> list[str]:
     lines = server.log_path.read_text(errors="replace").splitlines()
-    bad = [line for line in lines if " WARNING " in line or " ERROR " in line
-           or "Traceback" in line]
+    bad = [
+        line for line in lines if " WARNING " in line or " ERROR " in line or "Traceback" in line
+    ]
     if not bad:
         return []
     return [f"server log: {len(bad)} warning/error lines, e.g. {bad[0][:300]}"]
@@ -280,8 +326,9 @@ def run_all(plan: Plan, pa: PerfAnalyzer | None, workdir: Path, log_path: Path) 
 
 def order(plan: Plan, rows: list[Row]) -> list[Row]:
     kinds = ("raw ORT (before)", "raw ORT (after)", *plan.protocols)
-    return sorted(rows, key=lambda r: (plan.models.index(r.model), kinds.index(r.protocol),
-                                       r.concurrency))
+    return sorted(
+        rows, key=lambda r: (plan.models.index(r.model), kinds.index(r.protocol), r.concurrency)
+    )
 
 
 def render(header: list[str], rows: list[Row], markdown: bool) -> str:
@@ -304,8 +351,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     plan = make_plan(args, parser)
-    pa, why = (None, "--load-generator builtin") if args.load_generator == "builtin" else (
-        perf.find_perf_analyzer(args.perf_analyzer))
+    pa, why = (
+        (None, "--load-generator builtin")
+        if args.load_generator == "builtin"
+        else (perf.find_perf_analyzer(args.perf_analyzer))
+    )
     header = header_lines(plan, pa, why, argv)
     print("\n".join(header), flush=True)
     start = cpu.snapshot()

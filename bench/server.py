@@ -35,10 +35,21 @@ class Server:
 
 def server_command(repository: Path, core: int, http_port: int, grpc_port: int) -> list[str]:
     return [
-        "taskset", "-c", str(core), sys.executable, "-m", "appliance", "serve",
-        "--model-repository", str(repository),
-        "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-        "--metrics-port", str(free_port()),
+        "taskset",
+        "-c",
+        str(core),
+        sys.executable,
+        "-m",
+        "appliance",
+        "serve",
+        "--model-repository",
+        str(repository),
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+        "--metrics-port",
+        str(free_port()),
     ]
 
 
@@ -47,7 +58,9 @@ def start_server(repository: Path, core: int, log_path: Path) -> Server:
     log_file = log_path.open("wb")
     proc = subprocess.Popen(
         server_command(repository, core, http_port, grpc_port),
-        cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
     )
     return Server(proc, f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", log_path, log_file)
 
@@ -65,9 +78,7 @@ def wait_ready(server: Server, timeout_s: float = READY_TIMEOUT_S) -> float:
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
         if not server.alive():
-            raise RuntimeError(
-                f"server exited with {server.proc.returncode}:\n{server.log_tail()}"
-            )
+            raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log_tail()}")
         if _ready(server.http_url):
             return time.monotonic() - started
         time.sleep(0.1)

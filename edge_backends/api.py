@@ -86,6 +86,11 @@ class InstanceSpec:
     graph_optimization_level: int | None = None
     # How many instances of this model run at once; backends size their thread pools with it.
     instance_count: int = 1
+    # The model's configuration as JSON-ready data (Python models receive it in `args`).
+    model_config: Mapping[str, Any] | None = None
+    # The server's inference entry for models that call other models (BLS):
+    # (model, version, inputs by name, output names) -> outputs by name. Blocking.
+    host: Any = None
 
 
 class ModelInstance(Protocol):

@@ -9,11 +9,12 @@ from edge_backends.api import Backend, ModelLoadError
 # backend name -> (module, class); platform names map onto backend names below.
 _BACKENDS: dict[str, tuple[str, str]] = {
     "onnxruntime": ("edge_backends.ort", "OrtBackend"),
+    "python": ("edge_backends.python.backend", "PythonBackend"),
 }
 PLATFORM_TO_BACKEND: dict[str, str] = {"onnxruntime_onnx": "onnxruntime"}
 BACKEND_TO_PLATFORM: dict[str, str] = {v: k for k, v in PLATFORM_TO_BACKEND.items()}
 # The file a version folder holds when config.pbtxt does not name one.
-DEFAULT_MODEL_FILENAME: dict[str, str] = {"onnxruntime": "model.onnx"}
+DEFAULT_MODEL_FILENAME: dict[str, str] = {"onnxruntime": "model.onnx", "python": "model.py"}
 
 _loaded: dict[str, Backend] = {}
 

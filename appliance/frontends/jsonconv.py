@@ -12,19 +12,9 @@ import math
 from typing import Any
 
 import orjson
-from google.protobuf import json_format
-from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import Message
 
 from appliance.errors import InvalidInput
-
-_INT64_TYPES = {
-    FieldDescriptor.TYPE_INT64,
-    FieldDescriptor.TYPE_UINT64,
-    FieldDescriptor.TYPE_SINT64,
-    FieldDescriptor.TYPE_FIXED64,
-    FieldDescriptor.TYPE_SFIXED64,
-}
+from appliance.protojson import message_to_dict as message_to_dict
 
 
 def loads(data: bytes | str, what: str) -> Any:
@@ -53,43 +43,3 @@ def dumps(value: Any, float_data: list[Any] | None = None) -> bytes:
     if _has_nonfinite(scan):
         return json.dumps(value, separators=(",", ":")).encode()
     return orjson.dumps(value)
-
-
-def message_to_dict(message: Message) -> dict[str, Any]:
-    """A protobuf message as Triton writes it in JSON: field names as in the .proto, every
-    field present, and 64-bit integers as numbers (protobuf's own JSON makes them strings)."""
-    try:
-        raw = json_format.MessageToDict(
-            message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-        )
-    except TypeError:  # protobuf < 5
-        raw = json_format.MessageToDict(
-            message, preserving_proto_field_name=True, including_default_value_fields=True
-        )
-    _fix_int64(message, raw)
-    return raw  # type: ignore[no-any-return]  # MessageToDict returns dict[str, Any]
-
-
-def _fix_int64(message: Message, raw: dict[str, Any]) -> None:
-    for field in message.DESCRIPTOR.fields:
-        if field.name not in raw:
-            continue
-        value = getattr(message, field.name)
-        if field.message_type is not None and field.message_type.GetOptions().map_entry:
-            value_field = field.message_type.fields_by_name["value"]
-            for key, item in value.items():
-                if value_field.message_type is not None:
-                    _fix_int64(item, raw[field.name][str(key)])
-                elif value_field.type in _INT64_TYPES:
-                    raw[field.name][str(key)] = int(item)
-        elif field.message_type is not None:
-            if field.label == FieldDescriptor.LABEL_REPEATED:
-                for item, item_raw in zip(value, raw[field.name], strict=True):
-                    _fix_int64(item, item_raw)
-            else:
-                _fix_int64(value, raw[field.name])
-        elif field.type in _INT64_TYPES:
-            if field.label == FieldDescriptor.LABEL_REPEATED:
-                raw[field.name] = [int(v) for v in value]
-            else:
-                raw[field.name] = int(value)

@@ -22,6 +22,7 @@ from appliance.model_config import (
     resolve_backend,
     validate_config,
 )
+from appliance.protojson import message_to_dict
 from appliance.repository.local import list_versions
 from appliance.repository.version_policy import select_versions
 from appliance.repository.warmup import warm_up
@@ -100,7 +101,7 @@ def read_labels(model_dir: Path, config: ModelConfig) -> dict[str, list[str]]:
 
 
 def prepare_model(
-    model_dir: Path, strict: bool, override: ModelConfig | None = None
+    model_dir: Path, strict: bool, override: ModelConfig | None = None, host: Any = None
 ) -> PreparedModel:
     """Read, complete and validate the config, then load the instances of each chosen version.
 
@@ -132,16 +133,19 @@ def prepare_model(
         signature = backend.inspect(newest_file)
     except BackendError as exc:
         raise ConfigError(f"model '{name}' version {versions[0]}: {exc}") from exc
-    if strict:
+    described = bool(signature.inputs or signature.outputs)  # Python models say nothing
+    if strict or not described:
         complete_scheduling(config)
     else:
         complete_config(config, signature, name)
-    validate_config(config, model_dir, signature)
+    validate_config(config, model_dir, signature if described else None)
 
     prepared = PreparedModel(name=name, config=config, labels=read_labels(model_dir, config))
     for version in versions:
         try:
-            workers = _load_instances(backend_name, config, model_dir, version, prepared.notes)
+            workers = _load_instances(
+                backend_name, config, model_dir, version, prepared.notes, host
+            )
         except (BackendError, ApplianceError) as exc:
             log.error("model '%s' version %d failed to load: %s", name, version, exc)
             prepared.failed[version] = str(exc)
@@ -169,13 +173,20 @@ def _prepare_ensemble(config: ModelConfig, model_dir: Path, available: list[int]
 
 
 def _load_instances(
-    backend_name: str, config: ModelConfig, model_dir: Path, version: int, notes: list[str]
+    backend_name: str,
+    config: ModelConfig,
+    model_dir: Path,
+    version: int,
+    notes: list[str],
+    host: Any = None,
 ) -> list[InstanceWorker]:
     """Create every instance of every group; GPU kinds fall back to CPU, noted in `notes`."""
     backend = get_backend(backend_name)
     path = model_dir / str(version) / config.default_model_filename
     signature = backend.inspect(path)
-    validate_config(config, model_dir, signature)
+    described = bool(signature.inputs or signature.outputs)
+    validate_config(config, model_dir, signature if described else None)
+    config_json = message_to_dict(config)
     parameters = {k: v.string_value for k, v in config.parameters.items()}
     level = config.optimization.graph.level if config.optimization.HasField("graph") else None
     total = sum(g.count for g in config.instance_group)
@@ -207,6 +218,8 @@ def _load_instances(
                     parameters=parameters,
                     graph_optimization_level=level,
                     instance_count=total,
+                    model_config=config_json,
+                    host=host,
                 )
                 instance = backend.create_instance(spec)
                 instances.append(instance)

@@ -137,6 +137,7 @@ class ModelManager:
     def __init__(self, settings: ManagerSettings) -> None:
         self._settings = settings
         self._models: dict[str, ModelRecord] = {}
+        self.host: Any = None  # blocking inference entry handed to backends for BLS
         self.rate_limiter = RateLimiter(settings.rate_limit, dict(settings.rate_limit_resources))
         self._locks: dict[str, asyncio.Lock] = {}
         self._stopping = False
@@ -252,7 +253,7 @@ class ModelManager:
             log.info("loading model '%s' from %s", name, path)
             try:
                 prepared = await asyncio.to_thread(
-                    prepare_model, path, self._settings.strict_model_config, override
+                    prepare_model, path, self._settings.strict_model_config, override, self.host
                 )
             except ApplianceError as exc:
                 if not record.versions:

@@ -135,7 +135,7 @@ class Scheduler(SchedulerBase):
                 self._stats.queue.add(now - job.enqueue_ns)
             if self._preserve_ordering:
                 self._in_flight.append(BatchResult(jobs=live))
-            if self._runs_inline(live):
+            if worker.inline_ok and self._runs_inline(live):
                 result = worker.run(live)
                 assert self._loop is not None
                 self._loop.call_soon(self._on_batch_done, worker, result)

@@ -116,6 +116,8 @@ class InstanceWorker:
         self.name = name
         self.resources = resources or {}  # rate_limiter resources held while a batch runs
         self.priority = priority
+        # Instances that wait on another process must never run on the event loop.
+        self.inline_ok = bool(getattr(instance, "runs_inline", True))
         self._instance = instance
         self._batching = batching
         self._inbox: queue.SimpleQueue[

@@ -158,6 +158,17 @@ def build(root: Path) -> Path:
         "]\n"
     )
 
+    # Python models (model.py), each with a helper module of its own folder where useful.
+    for name, source, config in PYTHON_MODELS:
+        (root / name / "1").mkdir(parents=True, exist_ok=True)
+        (root / name / "1" / "model.py").write_text(source)
+        (root / name / "config.pbtxt").write_text(config.replace("{name}", name))
+    (root / "ensemble_mixed" / "1").mkdir(parents=True, exist_ok=True)
+    (root / "ensemble_mixed" / "config.pbtxt").write_text(ENSEMBLE_MIXED_CONFIG)
+    (root / "py_add_sub" / "1" / "arith.py").write_text(
+        "def add_sub(a, b):\n    return a + b, a - b\n"
+    )
+
     # Warm-up samples of each kind; one whose data file is missing must fail its load.
     save(simple_model(), root / "warmed" / "1" / "model.onnx")
     (root / "warmed" / "warmup").mkdir(parents=True, exist_ok=True)
@@ -185,6 +196,160 @@ def build(root: Path) -> Path:
     )
     return root
 
+
+PY_SIMPLE_CONFIG = SIMPLE_CONFIG.replace(
+    'platform: "onnxruntime_onnx"', 'backend: "python"'
+).replace('"simple"', '"{name}"')
+PY_FP32_CONFIG = """\
+name: "{name}"
+backend: "python"
+max_batch_size: 4
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]
+"""
+
+PY_ADD_SUB = """\
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from arith import add_sub
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        out = pb_utils.get_output_config_by_name(config, "OUTPUT0")
+        self.dtype = pb_utils.triton_string_to_numpy(out["data_type"])
+        self.name = args["model_name"]
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            total, difference = add_sub(a, b)
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("OUTPUT0", total.astype(self.dtype)),
+                pb_utils.Tensor("OUTPUT1", difference.astype(self.dtype)),
+            ]))
+        return responses
+
+    def finalize(self):
+        pass
+"""
+
+PY_BLS = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            # conditional pipeline: positive inputs go to version 1 (+1), others to version 2
+            version = 1 if x.sum() > 0 else 2
+            call = pb_utils.InferenceRequest(
+                model_name="versioned_all", model_version=version,
+                requested_output_names=["OUTPUT0"], inputs=[pb_utils.Tensor("INPUT0", x)])
+            result = call.exec()
+            if result.has_error():
+                raise pb_utils.TritonModelException(result.error().message())
+            y = pb_utils.get_output_tensor_by_name(result, "OUTPUT0").as_numpy()
+            # loop pipeline: keep adding through the ONNX model until the first value >= 10
+            while y[0, 0] < 10:
+                again = pb_utils.InferenceRequest(
+                    model_name="versioned_all", model_version=3,
+                    requested_output_names=["OUTPUT0"], inputs=[pb_utils.Tensor("INPUT0", y)])
+                y = pb_utils.get_output_tensor_by_name(again.exec(), "OUTPUT0").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", y)]))
+        return responses
+"""
+
+PY_BLS_MISSING = """\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(
+                model_name="no_such_model", requested_output_names=["Y"],
+                inputs=[pb_utils.get_input_tensor_by_name(request, "INPUT0")])
+            result = call.exec()
+            out.append(pb_utils.InferenceResponse(error=result.error()))
+        return out
+"""
+
+PY_RAISE = """\
+class TritonPythonModel:
+    def execute(self, requests):
+        raise ValueError("this model always fails")
+"""
+
+PY_CRASH = """\
+import os
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            if (x == 13).any():
+                os._exit(3)  # a crash: the process dies mid-request
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+        return responses
+"""
+
+PY_BUSY = """\
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            deadline = time.perf_counter() + 0.05
+            while time.perf_counter() < deadline:  # 50 ms of pure-Python CPU work
+                pass
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+        return responses
+"""
+
+PYTHON_MODELS = (
+    ("py_add_sub", PY_ADD_SUB, PY_SIMPLE_CONFIG),
+    ("py_bls", PY_BLS, PY_FP32_CONFIG),
+    ("py_bls_missing", PY_BLS_MISSING, PY_FP32_CONFIG),
+    ("py_raise", PY_RAISE, PY_FP32_CONFIG),
+    ("py_crash", PY_CRASH, PY_FP32_CONFIG),
+    ("py_busy", PY_BUSY, PY_FP32_CONFIG),
+)
+
+# ONNX `simple` doubles IN, then the Python model adds IN again: OUT = 3 * IN.
+ENSEMBLE_MIXED_CONFIG = """\
+name: "ensemble_mixed"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN", data_type: TYPE_INT32, dims: [ 16 ] } ]
+output [ { name: "OUT", data_type: TYPE_INT32, dims: [ 16 ] } ]
+ensemble_scheduling { step [
+  { model_name: "simple", model_version: -1,
+    input_map { key: "INPUT0" value: "IN" } input_map { key: "INPUT1" value: "IN" }
+    output_map { key: "OUTPUT0" value: "DOUBLE" } },
+  { model_name: "py_add_sub", model_version: -1,
+    input_map { key: "INPUT0" value: "DOUBLE" } input_map { key: "INPUT1" value: "IN" }
+    output_map { key: "OUTPUT0" value: "OUT" } }
+] }
+"""
 
 ENSEMBLE_CONFIG = """\
 name: "ensemble_parallel"

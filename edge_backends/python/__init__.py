@@ -1,0 +1,1 @@
+"""Triton-compatible Python models: `model.py` with `TritonPythonModel`, run in worker processes."""

@@ -1,0 +1,174 @@
+"""The Python backend: each instance of a `model.py` model runs in a process of its own.
+
+A CPU-bound model then stalls neither the event loop nor other models. If the process dies
+while executing, the batch fails with that reason and a fresh process (initialize() again)
+serves the next request. BLS calls from the model come back over the same pipe and are
+answered through the host's `infer` callable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge_backends.api import (
+    Arrays,
+    ExecutionError,
+    InstanceSpec,
+    ModelLoadError,
+    ModelSignature,
+)
+from edge_backends.python.shm import Arena, Reader
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 120.0
+_CONTEXT = multiprocessing.get_context("spawn")  # no fork of a threaded server
+
+
+class PythonInstance:
+    """One worker process running TritonPythonModel."""
+
+    runs_inline = False  # the work happens in another process: never block the event loop on it
+
+    def __init__(self, spec: InstanceSpec) -> None:
+        self._spec = spec
+        self._arena = Arena("in")
+        self._reader = Reader()
+        self._process: Any = None
+        self._connection: Any = None
+        self._start()
+
+    def _args(self) -> dict[str, str]:
+        spec = self._spec
+        return {
+            "model_config": json.dumps(spec.model_config or {}),
+            "model_instance_kind": "CPU" if spec.kind != "KIND_GPU" else "GPU",
+            "model_instance_name": spec.instance_name,
+            "model_instance_device_id": str(spec.device_id),
+            "model_repository": str(spec.model_path.parent.parent),
+            "model_version": str(spec.model_version),
+            "model_name": spec.model_name,
+        }
+
+    def _start(self) -> None:
+        from edge_backends.python import worker
+
+        parent, child = _CONTEXT.Pipe()
+        self._process = _CONTEXT.Process(
+            target=worker.main,
+            args=(child, str(self._spec.model_path), self._args(), self._spec.model_name),
+            name=f"python-model-{self._spec.instance_name}",
+            daemon=True,
+        )
+        self._process.start()
+        child.close()
+        self._connection = parent
+        if not parent.poll(START_TIMEOUT_S):
+            self._kill()
+            raise ModelLoadError(f"Python model '{self._spec.model_name}' did not start in time")
+        try:
+            kind, detail = parent.recv()
+        except EOFError:
+            code = self._process.exitcode
+            self._kill()
+            raise ModelLoadError(
+                f"Python model '{self._spec.model_name}' worker exited during initialize "
+                f"(exit code {code})"
+            ) from None
+        if kind != "ready":
+            self._kill()
+            raise ModelLoadError(f"Python model '{self._spec.model_name}' failed: {detail}")
+
+    def execute(self, inputs: Arrays, output_names: Sequence[str]) -> dict[str, np.ndarray]:
+        metas = self._arena.write(dict(inputs))
+        try:
+            self._connection.send(("execute", self._arena.name, metas, list(output_names)))
+            while True:
+                kind, *payload = self._connection.recv()
+                if kind == "bls":
+                    self._answer_bls(*payload)
+                    continue
+                break
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+            code = self._process.exitcode if self._process is not None else None
+            self._restart()
+            raise ExecutionError(
+                f"the Python model's process exited while executing (exit code {code}); "
+                "it was restarted"
+            ) from None
+        if kind == "failed":
+            raise ExecutionError(str(payload[0]))
+        arena, out_metas = payload
+        return self._reader.read(arena, out_metas, copy=True)
+
+    def _answer_bls(
+        self, model: str, version: int, inputs: dict[str, np.ndarray], outputs: list[str]
+    ) -> None:
+        host = self._spec.host
+        if host is None:
+            self._connection.send(("bls_error", "this server has no BLS host"))
+            return
+        try:
+            result = host(
+                model, "" if version is None or version < 0 else str(version), inputs, outputs
+            )
+        except Exception as exc:  # any failure is the model's to handle, as in Triton
+            self._connection.send(("bls_error", str(exc)))
+            return
+        self._connection.send(("bls_result", result))
+
+    def _restart(self) -> None:
+        self._kill()
+        self._reader.close()
+        try:
+            self._start()
+            log.warning(
+                "Python model '%s' instance %s restarted",
+                self._spec.model_name,
+                self._spec.instance_name,
+            )
+        except ModelLoadError as exc:
+            log.error("Python model '%s' could not be restarted: %s", self._spec.model_name, exc)
+
+    def _kill(self) -> None:
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+        if self._process is not None:
+            self._process.join(5)
+        if self._connection is not None:
+            self._connection.close()
+
+    def close(self) -> None:
+        try:
+            if self._process is not None and self._process.is_alive():
+                self._connection.send(("finalize",))
+                self._process.join(10)
+        except (OSError, EOFError):
+            pass
+        self._kill()
+        self._reader.close()
+        self._arena.close()
+
+
+class PythonBackend:
+    """`backend: "python"` with `model.py` in the version folder."""
+
+    name = "python"
+
+    def inspect(self, model_path: Path) -> ModelSignature:
+        if not model_path.is_file():
+            raise ModelLoadError(f"model file '{model_path}' does not exist")
+        return ModelSignature(inputs=(), outputs=())  # the config says what the model takes
+
+    def create_instance(self, spec: InstanceSpec) -> PythonInstance:
+        return PythonInstance(spec)
+
+    def gpu_problem(self) -> str:
+        return "Python models run on CPU here"

@@ -1,0 +1,248 @@
+"""The `triton_python_backend_utils` module that Triton's Python models import as `pb_utils`.
+
+Example model.py, as written for Triton::
+
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.config = json.loads(args["model_config"])
+
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+                out = pb_utils.Tensor("OUTPUT0", x * 2)
+                responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+            return responses
+
+        def finalize(self):
+            pass
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+import numpy as np
+
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+
+_NUMPY_OF_TYPE = {
+    "TYPE_BOOL": np.bool_,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "BYTES": np.object_,
+}
+
+
+class TritonError(Exception):
+    """An error a model returns in an InferenceResponse (or raises)."""
+
+    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS = range(7)
+    CANCELLED = 7
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self._message = message
+        self._code = code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+
+class TritonModelException(Exception):
+    """Raised by BLS calls that fail."""
+
+    def message(self) -> str:
+        return str(self)
+
+
+class Tensor:
+    """A named tensor backed by a numpy array."""
+
+    def __init__(self, name: str, array: Any) -> None:
+        if not isinstance(array, np.ndarray):
+            array = np.asarray(array)
+        if array.dtype.kind in ("U", "S"):
+            array = array.astype(np.object_)
+        self._name = name
+        self._array: np.ndarray = array
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self) -> Any:
+        """A DLPack capsule (numpy arrays export one; from_dlpack takes it or an array)."""
+        return self._array.__dlpack__()
+
+    @staticmethod
+    def from_dlpack(name: str, capsule: Any) -> Tensor:
+        return Tensor(name, np.asarray(np.from_dlpack(capsule)))
+
+
+class InferenceRequest:
+    """A request handed to execute(); also built by models for BLS calls (exec / async_exec)."""
+
+    def __init__(
+        self,
+        model_name: str = "",
+        requested_output_names: list[str] | None = None,
+        inputs: list[Tensor] | None = None,
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        flags: int = 0,
+        model_version: int = -1,
+        parameters: dict[str, Any] | str | None = None,
+        **_: Any,
+    ) -> None:
+        self._model_name = model_name
+        self._requested = list(requested_output_names or [])
+        self._inputs = list(inputs or [])
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._flags = flags
+        self._model_version = model_version
+        if isinstance(parameters, str):
+            parameters = json.loads(parameters)
+        self._parameters = parameters or {}
+        self._cancelled = False
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters)
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled
+
+    def exec(self) -> InferenceResponse:
+        """Business logic scripting: run another model of the server and wait for it."""
+        from edge_backends.python import worker  # the worker process that hosts this model
+
+        return worker.bls_call(self)
+
+    async def async_exec(self) -> InferenceResponse:
+        import asyncio
+
+        return await asyncio.get_running_loop().run_in_executor(None, self.exec)
+
+
+class InferenceResponse:
+    def __init__(
+        self, output_tensors: list[Tensor] | None = None, error: TritonError | None = None
+    ) -> None:
+        self._outputs = list(output_tensors or [])
+        self._error = error
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+
+def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
+    return next((t for t in request.inputs() if t.name() == name), None)
+
+
+def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:
+    return next((t for t in response.output_tensors() if t.name() == name), None)
+
+
+def get_input_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((i for i in model_config.get("input", []) if i.get("name") == name), None)
+
+
+def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((o for o in model_config.get("output", []) if o.get("name") == name), None)
+
+
+def triton_string_to_numpy(triton_type: str) -> Any:
+    return _NUMPY_OF_TYPE[triton_type]
+
+
+class Logger:
+    """pb_utils.Logger: lines go to the worker's stderr, which the server's journal keeps."""
+
+    _log = logging.getLogger("python_model")
+
+    @classmethod
+    def log_info(cls, message: str) -> None:
+        cls._log.info("%s", message)
+
+    @classmethod
+    def log_warn(cls, message: str) -> None:
+        cls._log.warning("%s", message)
+
+    @classmethod
+    def log_error(cls, message: str) -> None:
+        cls._log.error("%s", message)
+
+    @classmethod
+    def log_verbose(cls, message: str) -> None:
+        cls._log.debug("%s", message)
+
+    @classmethod
+    def log(cls, message: str, level: int = logging.INFO) -> None:
+        cls._log.log(level, "%s", message)
+
+
+def _install() -> None:
+    """Make `import triton_python_backend_utils` find this module."""
+    sys.modules.setdefault("triton_python_backend_utils", sys.modules[__name__])
