@@ -97,7 +97,10 @@ class PythonInstance:
                     continue
                 break
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
-            code = self._process.exitcode if self._process is not None else None
+            code = None
+            if self._process is not None:
+                self._process.join(2)  # the pipe closes a moment before the exit is reaped
+                code = self._process.exitcode
             self._restart()
             raise ExecutionError(
                 f"the Python model's process exited while executing (exit code {code}); "
