@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
@@ -16,6 +16,7 @@ from appliance.errors import (
     InvalidInput,
     QueueFull,
     ServerUnavailable,
+    Unsupported,
 )
 from appliance.repository.manager import ModelManager, ServedVersion
 from appliance.scheduling.batcher import QueueTimeout
@@ -61,6 +62,11 @@ class InferenceCore:
         if not self.accepting:
             raise ServerUnavailable("server is shutting down; not accepting new requests")
         served = self.manager.get(request.model_name, request.model_version)
+        if served.decoupled:
+            raise Unsupported(
+                f"model '{served.name}' is decoupled (zero or more responses per request); "
+                "call it over a gRPC ModelStreamInfer stream"
+            )
         start = time.monotonic_ns()
         try:
             job = self._job(served, request)
@@ -83,6 +89,48 @@ class InferenceCore:
         if trace_id:
             self._trace(trace_id, served, request, job, start, end)
         return response
+
+    def is_decoupled(self, model: str, version: str = "") -> bool:
+        try:
+            return self.manager.get(model, version).decoupled
+        except ApplianceError:
+            return False  # the request itself will report the error
+
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """Responses as they come: any number for decoupled models, else exactly one."""
+        if not self.accepting:
+            raise ServerUnavailable("server is shutting down; not accepting new requests")
+        served = self.manager.get(request.model_name, request.model_version)
+        if not served.decoupled:
+            yield await self.infer(request)
+            return
+        start = time.monotonic_ns()
+        loop = asyncio.get_running_loop()
+        responses: asyncio.Queue[dict[str, Array]] = asyncio.Queue()
+        job = self._job(served, request)
+
+        def emit(outputs: dict[str, Array]) -> None:  # called from the instance's thread
+            loop.call_soon_threadsafe(responses.put_nowait, outputs)
+
+        job.emit = emit
+        execution = asyncio.ensure_future(served.scheduler.submit(job))
+        try:
+            while True:
+                getter = asyncio.ensure_future(responses.get())
+                await asyncio.wait({getter, execution}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    break
+                yield self._response(served, request, getter.result())
+            while not responses.empty():  # posted before the execution finished
+                yield self._response(served, request, responses.get_nowait())
+            await execution  # raises the model's error, if any
+        except ApplianceError as exc:
+            served.stats.record_failure(_failure_reason(exc), time.monotonic_ns() - start)
+            raise
+        finally:
+            execution.cancel()
+        served.stats.record_success(time.monotonic_ns() - start)
 
     def _trace(
         self,

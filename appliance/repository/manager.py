@@ -56,12 +56,14 @@ class ServedVersion:
     all_outputs: tuple[str, ...] = ()
     cache_enabled: bool = False
     sequence: bool = False
+    decoupled: bool = False
 
     def __post_init__(self) -> None:
         self.max_batch_size = int(self.config.max_batch_size)
         self.all_outputs = tuple(self.outputs)
         self.cache_enabled = bool(self.config.response_cache.enable)
         self.sequence = self.config.HasField("sequence_batching")
+        self.decoupled = bool(self.config.model_transaction_policy.decoupled)
 
 
 @dataclass
@@ -93,6 +95,8 @@ class ManagerSettings:
 
 def _policy(config: ModelConfig) -> BatchPolicy:
     dyn = config.dynamic_batching if config.HasField("dynamic_batching") else None
+    if config.model_transaction_policy.decoupled:
+        dyn = None  # a decoupled request streams its own responses: one request per execution
     return BatchPolicy(
         max_batch_size=int(config.max_batch_size),
         dynamic=dyn is not None,

@@ -48,6 +48,8 @@ class Job:
     sequence_end: bool = False
     # Monotonic ns of compute start, input end, output start, compute end (for traces).
     compute_ns: tuple[int, int, int, int] | None = None
+    # Decoupled models: called (from the instance's thread) with each response's outputs.
+    emit: Callable[[dict[str, Array]], None] | None = None
 
 
 @dataclass(slots=True)
@@ -169,7 +171,14 @@ class InstanceWorker:
             for job in jobs:
                 names.extend(n for n in job.output_names if n not in names)
             t1 = time.monotonic_ns()
-            outputs = self._instance.execute(inputs, names)
+            if jobs[0].emit is not None:  # decoupled: one request, responses streamed out
+                execute = getattr(self._instance, "execute_decoupled", None)
+                if execute is None:
+                    raise BackendError("this backend cannot serve decoupled models")
+                execute(inputs, names, jobs[0].emit)
+                outputs = {}
+            else:
+                outputs = self._instance.execute(inputs, names)
             t2 = time.monotonic_ns()
             total = sum(j.batch_size for j in jobs)
             result.outcomes = list(_split_outputs(jobs, outputs, self._batching, total))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,15 +87,40 @@ class PythonInstance:
             raise ModelLoadError(f"Python model '{self._spec.model_name}' failed: {detail}")
 
     def execute(self, inputs: Arrays, output_names: Sequence[str]) -> dict[str, np.ndarray]:
+        kind, payload = self._exchange(inputs, output_names, None)
+        if kind == "failed":
+            raise ExecutionError(str(payload[0]))
+        arena, out_metas = payload
+        return self._reader.read(arena, out_metas, copy=True)
+
+    def execute_decoupled(
+        self, inputs: Arrays, output_names: Sequence[str], emit: Callable[[dict[str, Any]], None]
+    ) -> None:
+        """Run one request of a decoupled model; `emit` gets each response as it arrives."""
+        kind, payload = self._exchange(inputs, output_names, emit)
+        if kind == "failed":
+            raise ExecutionError(str(payload[0]))
+
+    def _exchange(
+        self,
+        inputs: Arrays,
+        output_names: Sequence[str],
+        emit: Callable[[dict[str, Any]], None] | None,
+    ) -> tuple[str, list[Any]]:
+        """Send one execute message; serve BLS calls and streamed responses until it ends."""
         metas = self._arena.write(dict(inputs))
         try:
-            self._connection.send(("execute", self._arena.name, metas, list(output_names)))
+            self._connection.send(
+                ("execute", self._arena.name, metas, list(output_names), emit is not None)
+            )
             while True:
                 kind, *payload = self._connection.recv()
                 if kind == "bls":
                     self._answer_bls(*payload)
-                    continue
-                break
+                elif kind == "response" and emit is not None:
+                    emit(payload[0])
+                else:
+                    return kind, payload
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
             code = None
             if self._process is not None:
@@ -106,10 +131,6 @@ class PythonInstance:
                 f"the Python model's process exited while executing (exit code {code}); "
                 "it was restarted"
             ) from None
-        if kind == "failed":
-            raise ExecutionError(str(payload[0]))
-        arena, out_metas = payload
-        return self._reader.read(arena, out_metas, copy=True)
 
     def _answer_bls(
         self, model: str, version: int, inputs: dict[str, np.ndarray], outputs: list[str]

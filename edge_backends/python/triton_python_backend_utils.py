@@ -146,6 +146,7 @@ class InferenceRequest:
             parameters = json.loads(parameters)
         self._parameters = parameters or {}
         self._cancelled = False
+        self._sender: Any = None  # set by the worker for decoupled models
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -167,6 +168,14 @@ class InferenceRequest:
 
     def is_cancelled(self) -> bool:
         return self._cancelled
+
+    def get_response_sender(self) -> Any:
+        """Decoupled models: send zero or more responses, the last with the FINAL flag."""
+        if self._sender is None:
+            raise TritonModelException(
+                "get_response_sender() needs model_transaction_policy { decoupled: true }"
+            )
+        return self._sender
 
     def exec(self) -> InferenceResponse:
         """Business logic scripting: run another model of the server and wait for it."""

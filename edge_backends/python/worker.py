@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import sys
+import threading
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -21,6 +22,7 @@ from edge_backends.python import triton_python_backend_utils as pb_utils
 from edge_backends.python.shm import Arena, Reader
 
 _connection: Connection | None = None  # for BLS calls made from execute()
+DECOUPLED_FINAL_TIMEOUT_S = 300.0
 
 
 def bls_call(request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
@@ -54,6 +56,46 @@ def _load_model(model_file: Path) -> Any:
     return module.TritonPythonModel()
 
 
+class ResponseSender:
+    """Decoupled responses go to the server as they are sent (pickled: they are small)."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self.finished = threading.Event()
+
+    def send(self, response: pb_utils.InferenceResponse | None = None, flags: int = 0) -> None:
+        if self.finished.is_set():
+            raise pb_utils.TritonModelException("the final response was already sent")
+        if response is not None:
+            error = response.error()
+            if error is not None:
+                self._connection.send(("failed", error.message()))
+                self.finished.set()
+                return
+            outputs = {t.name(): np.asarray(t.as_numpy()) for t in response.output_tensors()}
+            self._connection.send(("response", outputs))
+        if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            self._connection.send(("done", None))
+            self.finished.set()
+
+
+def _execute_decoupled(
+    model: Any, inputs: dict[str, np.ndarray], outputs: list[str], connection: Connection
+) -> None:
+    request = pb_utils.InferenceRequest(
+        inputs=[pb_utils.Tensor(name, array) for name, array in inputs.items()],
+        requested_output_names=outputs,
+    )
+    sender = ResponseSender(connection)
+    request._sender = sender
+    model.execute([request])
+    if not sender.finished.wait(DECOUPLED_FINAL_TIMEOUT_S):
+        raise RuntimeError(
+            f"no response with TRITONSERVER_RESPONSE_COMPLETE_FINAL within "
+            f"{DECOUPLED_FINAL_TIMEOUT_S:.0f} s"
+        )
+
+
 def _execute(model: Any, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, Any]:
     request = pb_utils.InferenceRequest(
         inputs=[pb_utils.Tensor(name, array) for name, array in inputs.items()],
@@ -63,8 +105,9 @@ def _execute(model: Any, inputs: dict[str, np.ndarray], outputs: list[str]) -> d
     if not responses or len(responses) != 1:
         raise RuntimeError(f"execute() returned {len(responses or [])} responses for 1 request")
     response = responses[0]
-    if response.has_error():
-        raise RuntimeError(response.error().message())
+    error = response.error()
+    if error is not None:
+        raise RuntimeError(error.message())
     return {t.name(): np.asarray(t.as_numpy()) for t in response.output_tensors()}
 
 
@@ -91,9 +134,12 @@ def main(connection: Connection, model_file: str, args: dict[str, str], name: st
             message = connection.recv()
             if message[0] == "finalize":
                 break
-            _, in_arena, metas, outputs = message
+            _, in_arena, metas, outputs, decoupled = message
             try:
                 inputs = reader.read(in_arena, metas, copy=False)
+                if decoupled:
+                    _execute_decoupled(model, inputs, outputs, connection)
+                    continue
                 produced = _execute(model, inputs, outputs)
                 out_metas = arena.write(produced)
                 connection.send(("result", arena.name, out_metas))

@@ -325,7 +325,34 @@ class TritonPythonModel:
         return responses
 """
 
+PY_REPEAT = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            count = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().ravel()[0])
+            for i in range(count):
+                sender.send(pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("OUT", np.array([i], dtype=np.int32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+PY_REPEAT_CONFIG = """\
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "IN", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "OUT", data_type: TYPE_INT32, dims: [ 1 ] } ]
+"""
+
 PYTHON_MODELS = (
+    ("py_repeat", PY_REPEAT, PY_REPEAT_CONFIG),
     ("py_add_sub", PY_ADD_SUB, PY_SIMPLE_CONFIG),
     ("py_bls", PY_BLS, PY_FP32_CONFIG),
     ("py_bls_missing", PY_BLS_MISSING, PY_FP32_CONFIG),

@@ -140,9 +140,24 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         pending: set[asyncio.Task[None]] = set()
 
         async def one(request: Any) -> None:
+            final_flag = "triton_enable_empty_final_response" in request.parameters and (
+                request.parameters["triton_enable_empty_final_response"].bool_param
+            )
             try:
-                result = encode_response(await self.core.infer(decode_request(request)))
-                await responses.put(pb.ModelStreamInferResponse(infer_response=result))
+                decoupled = self.core.is_decoupled(request.model_name, request.model_version)
+                async for response in self.core.infer_stream(decode_request(request)):
+                    result = encode_response(response)
+                    if final_flag:  # the only response of a non-decoupled model is the final one
+                        result.parameters["triton_final_response"].bool_param = not decoupled
+                    await responses.put(pb.ModelStreamInferResponse(infer_response=result))
+                if final_flag and decoupled:  # an empty response closes the request
+                    final = pb.ModelInferResponse(
+                        model_name=request.model_name,
+                        model_version=request.model_version,
+                        id=request.id,
+                    )
+                    final.parameters["triton_final_response"].bool_param = True
+                    await responses.put(pb.ModelStreamInferResponse(infer_response=final))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
