@@ -19,6 +19,7 @@ from appliance.trace import Tracer
 
 EXTENSIONS = [
     "classification",
+    "generate",
     "trace",
     "binary_tensor_data",
     "parameters",

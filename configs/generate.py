@@ -8,6 +8,8 @@
 - simple_string: Triton's string quick-start model (BYTES numbers in, their sum and difference
   as BYTES out)
 - simple_identity, simple_int8: the other models Triton's string and int8 examples call
+- densenet_preprocess: a Python model (model.py) that turns an HWC UINT8 image into the
+  normalised NCHW tensor and calls densenet_onnx through BLS
 - identity_fp32: no config.pbtxt at all, served through auto-complete
 
 The builders are also used by the tests.
@@ -49,6 +51,45 @@ output [
 ]
 {batching}
 instance_group [ {{ count: 1, kind: KIND_CPU }} ]
+"""
+
+
+PREPROCESS_MODEL = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32).reshape(3, 1, 1)
+STD = np.array([0.229, 0.224, 0.225], dtype=np.float32).reshape(3, 1, 1)
+
+
+class TritonPythonModel:
+    \"\"\"HWC UINT8 image -> normalised CHW FP32 -> densenet_onnx (BLS) -> class scores.\"\"\"
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            image = pb_utils.get_input_tensor_by_name(request, "IMAGE").as_numpy()
+            chw = (image.astype(np.float32) / 255.0).transpose(2, 0, 1)
+            batch = ((chw - MEAN) / STD)[np.newaxis]
+            result = pb_utils.InferenceRequest(
+                model_name="densenet_onnx",
+                requested_output_names=["fc6_1"],
+                inputs=[pb_utils.Tensor("data_0", batch)],
+            ).exec()
+            if result.has_error():
+                raise pb_utils.TritonModelException(result.error().message())
+            scores = pb_utils.get_output_tensor_by_name(result, "fc6_1").as_numpy()
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("SCORES", scores.reshape(1000))]))
+        return responses
+"""
+
+PREPROCESS_CONFIG = """\
+name: "densenet_preprocess"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IMAGE", data_type: TYPE_UINT8, dims: [ 224, 224, 3 ] } ]
+output [ { name: "SCORES", data_type: TYPE_FP32, dims: [ 1000 ] } ]
 """
 
 
@@ -201,6 +242,9 @@ def write_repository(root: Path) -> Path:
         (root / model_name / "labels.txt").write_text(
             "".join(f"class_{i:03d}\n" for i in range(1000))
         )
+    (root / "densenet_preprocess" / "1").mkdir(parents=True, exist_ok=True)
+    (root / "densenet_preprocess" / "1" / "model.py").write_text(PREPROCESS_MODEL)
+    (root / "densenet_preprocess" / "config.pbtxt").write_text(PREPROCESS_CONFIG)
     save(
         identity_model(TensorProto.FLOAT, ["batch", 4]), root / "identity_fp32" / "1" / "model.onnx"
     )

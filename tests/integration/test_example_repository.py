@@ -31,6 +31,7 @@ def test_every_example_model_is_ready(example_server: ServerProcess) -> None:
     assert {e["name"]: e["state"] for e in index} == dict.fromkeys(
         (
             "densenet_onnx",
+            "densenet_preprocess",
             "identity_fp32",
             "simple",
             "simple_identity",
@@ -93,3 +94,19 @@ def test_image_models_classify_with_labels(example_server: ServerProcess, model:
     scores = client.infer(model, [inp]).as_numpy(out_name)
     assert scores.shape == (2, 1000, 1, 1)
     assert float(value) == pytest.approx(float(scores[0].ravel().max()), rel=1e-5)
+
+
+def test_python_preprocessing_in_front_of_densenet_via_bls(example_server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(example_server.grpc_url)
+    image = np.random.default_rng(1).integers(0, 256, (224, 224, 3), dtype=np.uint8)
+    inp = grpcclient.InferInput("IMAGE", [224, 224, 3], "UINT8")
+    inp.set_data_from_numpy(image)
+    scores = client.infer("densenet_preprocess", [inp]).as_numpy("SCORES")
+    # the same preprocessing done here, then densenet_onnx called directly, agrees
+    chw = (image.astype(np.float32) / 255.0).transpose(2, 0, 1)
+    mean = np.array([0.485, 0.456, 0.406], dtype=np.float32).reshape(3, 1, 1)
+    std = np.array([0.229, 0.224, 0.225], dtype=np.float32).reshape(3, 1, 1)
+    direct_in = grpcclient.InferInput("data_0", [1, 3, 224, 224], "FP32")
+    direct_in.set_data_from_numpy(((chw - mean) / std)[np.newaxis].astype(np.float32))
+    direct = client.infer("densenet_onnx", [direct_in]).as_numpy("fc6_1").reshape(1000)
+    np.testing.assert_allclose(scores, direct, rtol=1e-5)

@@ -14,6 +14,7 @@ from appliance.core import InferenceCore
 from appliance.errors import ApplianceError, InvalidInput, Unsupported
 from appliance.frontends import jsonconv
 from appliance.frontends.http.codec import HEADER_LENGTH, decode_request, encode_response
+from appliance.frontends.http.generate import decode_generate, encode_generate
 from appliance.frontends.status import HTTP_STATUS
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,8 @@ class HttpFrontend:
                 ("GET", prefix + "/config", self.model_config),
                 ("GET", prefix + "/stats", self.stats),
                 ("POST", prefix + "/infer", self.infer),
+                ("POST", prefix + "/generate", self.generate),
+                ("POST", prefix + "/generate_stream", self.generate_stream),
             ]
         for method, path, handler in routes:
             app.router.add_route(method, path, _guard(handler))
@@ -123,6 +126,42 @@ class HttpFrontend:
         if _wants_compression(request, resp.content_length or 0):
             resp.enable_compression()
         return resp
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        """One response; a decoupled model's responses must come one by one (generate_stream)."""
+        model, version = self._model(request)
+        infer = decode_generate(
+            await self._json_body(request),
+            model,
+            version,
+            self.control.model_metadata(model, version),
+        )
+        responses = [r async for r in self.core.infer_stream(infer)]
+        if len(responses) != 1:
+            raise InvalidInput(
+                f"model '{model}' gave {len(responses)} responses; use generate_stream"
+            )
+        return json_response(encode_generate(responses[0]))
+
+    async def generate_stream(self, request: web.Request) -> web.StreamResponse:
+        """Server-sent events: one `data:` line per response; errors as an `error` event."""
+        model, version = self._model(request)
+        infer = decode_generate(
+            await self._json_body(request),
+            model,
+            version,
+            self.control.model_metadata(model, version),
+        )
+        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await stream.prepare(request)
+        try:
+            async for response in self.core.infer_stream(infer):
+                data = orjson.dumps(encode_generate(response))
+                await stream.write(b"data: " + data + b"\n\n")
+        except ApplianceError as exc:
+            await stream.write(b"data: " + orjson.dumps({"error": exc.message}) + b"\n\n")
+        await stream.write_eof()
+        return stream
 
     async def live(self, request: web.Request) -> web.StreamResponse:
         return web.Response(status=200 if self.control.server_live() else 400)
