@@ -171,6 +171,8 @@ class InstanceWorker:
             for job in jobs:
                 names.extend(n for n in job.output_names if n not in names)
             t1 = time.monotonic_ns()
+            if hasattr(self._instance, "cancel_check"):  # backends that can tell the model
+                self._instance.cancel_check = lambda: all(j.future.done() for j in jobs)
             if jobs[0].emit is not None:  # decoupled: one request, responses streamed out
                 execute = getattr(self._instance, "execute_decoupled", None)
                 if execute is None:

@@ -29,6 +29,7 @@ from edge_backends.python.shm import Arena, Reader
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 120.0
+CANCEL_POLL_S = 0.05  # how often a long execution checks whether its callers went away
 _CONTEXT = multiprocessing.get_context("spawn")  # no fork of a threaded server
 
 
@@ -39,6 +40,9 @@ class PythonInstance:
 
     def __init__(self, spec: InstanceSpec) -> None:
         self._spec = spec
+        # Set by the server's worker thread before execute: did every caller go away?
+        self.cancel_check: Callable[[], bool] | None = None
+        self._cancelled = _CONTEXT.Value("b", 0, lock=False)  # what request.is_cancelled() reads
         self._arena = Arena("in")
         self._reader = Reader()
         self._process: Any = None
@@ -63,7 +67,13 @@ class PythonInstance:
         parent, child = _CONTEXT.Pipe()
         self._process = _CONTEXT.Process(
             target=worker.main,
-            args=(child, str(self._spec.model_path), self._args(), self._spec.model_name),
+            args=(
+                child,
+                str(self._spec.model_path),
+                self._args(),
+                self._spec.model_name,
+                self._cancelled,
+            ),
             name=f"python-model-{self._spec.instance_name}",
             daemon=True,
         )
@@ -109,11 +119,15 @@ class PythonInstance:
     ) -> tuple[str, list[Any]]:
         """Send one execute message; serve BLS calls and streamed responses until it ends."""
         metas = self._arena.write(dict(inputs))
+        self._cancelled.value = 0
         try:
             self._connection.send(
                 ("execute", self._arena.name, metas, list(output_names), emit is not None)
             )
             while True:
+                while not self._connection.poll(CANCEL_POLL_S):
+                    if self.cancel_check is not None and self.cancel_check():
+                        self._cancelled.value = 1  # the model sees request.is_cancelled()
                 kind, *payload = self._connection.recv()
                 if kind == "bls":
                     self._answer_bls(*payload)

@@ -145,7 +145,7 @@ class InferenceRequest:
         if isinstance(parameters, str):
             parameters = json.loads(parameters)
         self._parameters = parameters or {}
-        self._cancelled = False
+        self._cancel_flag: Any = None  # set by the worker: a byte shared with the server
         self._sender: Any = None  # set by the worker for decoupled models
 
     def inputs(self) -> list[Tensor]:
@@ -167,7 +167,8 @@ class InferenceRequest:
         return json.dumps(self._parameters)
 
     def is_cancelled(self) -> bool:
-        return self._cancelled
+        """True once every client waiting for this request has gone away."""
+        return bool(self._cancel_flag is not None and self._cancel_flag.value)
 
     def get_response_sender(self) -> Any:
         """Decoupled models: send zero or more responses, the last with the FINAL flag."""

@@ -22,6 +22,7 @@ from edge_backends.python import triton_python_backend_utils as pb_utils
 from edge_backends.python.shm import Arena, Reader
 
 _connection: Connection | None = None  # for BLS calls made from execute()
+_cancelled: Any = None  # a shared byte the server sets when the callers went away
 DECOUPLED_FINAL_TIMEOUT_S = 300.0
 
 
@@ -82,10 +83,7 @@ class ResponseSender:
 def _execute_decoupled(
     model: Any, inputs: dict[str, np.ndarray], outputs: list[str], connection: Connection
 ) -> None:
-    request = pb_utils.InferenceRequest(
-        inputs=[pb_utils.Tensor(name, array) for name, array in inputs.items()],
-        requested_output_names=outputs,
-    )
+    request = _request(inputs, outputs)
     sender = ResponseSender(connection)
     request._sender = sender
     model.execute([request])
@@ -96,11 +94,18 @@ def _execute_decoupled(
         )
 
 
-def _execute(model: Any, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, Any]:
+def _request(inputs: dict[str, np.ndarray], outputs: list[str]) -> pb_utils.InferenceRequest:
     request = pb_utils.InferenceRequest(
         inputs=[pb_utils.Tensor(name, array) for name, array in inputs.items()],
         requested_output_names=outputs,
     )
+    if _cancelled is not None:
+        request._cancel_flag = _cancelled
+    return request
+
+
+def _execute(model: Any, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, Any]:
+    request = _request(inputs, outputs)
     responses = model.execute([request])
     if not responses or len(responses) != 1:
         raise RuntimeError(f"execute() returned {len(responses or [])} responses for 1 request")
@@ -111,10 +116,13 @@ def _execute(model: Any, inputs: dict[str, np.ndarray], outputs: list[str]) -> d
     return {t.name(): np.asarray(t.as_numpy()) for t in response.output_tensors()}
 
 
-def main(connection: Connection, model_file: str, args: dict[str, str], name: str) -> None:
+def main(
+    connection: Connection, model_file: str, args: dict[str, str], name: str, cancelled: Any
+) -> None:
     """Entry point of the worker process."""
-    global _connection
+    global _connection, _cancelled
     _connection = connection
+    _cancelled = cancelled
     logging.basicConfig(
         level=logging.INFO, format=f"%(levelname)s python model '{name}': %(message)s"
     )

@@ -351,7 +351,26 @@ input [ { name: "IN", data_type: TYPE_INT32, dims: [ 1 ] } ]
 output [ { name: "OUT", data_type: TYPE_INT32, dims: [ 1 ] } ]
 """
 
+PY_WAIT_CANCEL = """\
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if requests[0].is_cancelled():
+                pb_utils.Logger.log_info("request cancelled: stopping early")
+                return [pb_utils.InferenceResponse(error=pb_utils.TritonError("cancelled"))]
+            time.sleep(0.01)
+        x = pb_utils.get_input_tensor_by_name(requests[0], "INPUT0")
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x.as_numpy())])]
+"""
+
 PYTHON_MODELS = (
+    ("py_wait_cancel", PY_WAIT_CANCEL, PY_FP32_CONFIG),
     ("py_repeat", PY_REPEAT, PY_REPEAT_CONFIG),
     ("py_add_sub", PY_ADD_SUB, PY_SIMPLE_CONFIG),
     ("py_bls", PY_BLS, PY_FP32_CONFIG),

@@ -120,3 +120,16 @@ def test_ensemble_mixing_onnx_and_python_steps(server: ServerProcess) -> None:
     inp.set_data_from_numpy(x)
     result = client.infer("ensemble_mixed", [inp])
     np.testing.assert_array_equal(result.as_numpy("OUT"), 3 * x)
+
+
+def test_python_model_sees_its_request_cancelled(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    started = time.monotonic()
+    with pytest.raises(InferenceServerException, match="Deadline"):
+        client.infer("py_wait_cancel", _fp32(grpcclient, [1, 2, 3, 4]), client_timeout=0.3)
+    deadline = time.monotonic() + 5
+    while "request cancelled: stopping early" not in server.log():
+        assert time.monotonic() < deadline, "the model never saw request.is_cancelled()"
+        time.sleep(0.05)
+    assert time.monotonic() - started < 5  # well before the model's own 10 s limit
+    assert client.is_model_ready("py_wait_cancel")
