@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.errors import ApplianceError, ConfigError
@@ -134,6 +135,13 @@ def prepare_model(
     except BackendError as exc:
         raise ConfigError(f"model '{name}' version {versions[0]}: {exc}") from exc
     described = bool(signature.inputs or signature.outputs)  # Python models say nothing
+    hook = getattr(backend, "auto_complete", None)
+    if hook is not None and not strict:
+        try:
+            completed = hook(newest_file, message_to_dict(config))
+        except BackendError as exc:
+            raise ConfigError(f"model '{name}': {exc}") from exc
+        config = json_format.ParseDict(completed, ModelConfig(), ignore_unknown_fields=True)
     if strict or not described:
         complete_scheduling(config)
     else:

@@ -208,5 +208,33 @@ class PythonBackend:
     def create_instance(self, spec: InstanceSpec) -> PythonInstance:
         return PythonInstance(spec)
 
+    def auto_complete(self, model_path: Path, config: dict[str, Any]) -> dict[str, Any]:
+        """Run the model's static auto_complete_config (in a short-lived process)."""
+        if "auto_complete_config" not in model_path.read_text(encoding="utf-8", errors="replace"):
+            return config
+        from edge_backends.python import worker
+
+        parent, child = _CONTEXT.Pipe()
+        process = _CONTEXT.Process(
+            target=worker.auto_complete, args=(child, str(model_path), config)
+        )
+        process.start()
+        child.close()
+        try:
+            if not parent.poll(START_TIMEOUT_S):
+                raise ModelLoadError(f"auto_complete_config of '{model_path}' did not finish")
+            kind, result = parent.recv()
+        except EOFError:
+            raise ModelLoadError(
+                f"auto_complete_config of '{model_path}' crashed its process"
+            ) from None
+        finally:
+            process.join(5)
+            if process.is_alive():
+                process.kill()
+        if kind != "ok":
+            raise ModelLoadError(f"auto_complete_config of '{model_path}' failed: {result}")
+        return dict(result)
+
     def gpu_problem(self) -> str:
         return "Python models run on CPU here"

@@ -160,3 +160,54 @@ def main(
     finally:
         reader.close()
         arena.close()
+
+
+class AutoCompleteConfig:
+    """The object Triton hands to `TritonPythonModel.auto_complete_config`."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self._config = config
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._config
+
+    def _add(self, kind: str, tensor: dict[str, Any]) -> None:
+        entries = self._config.setdefault(kind, [])
+        existing = next((e for e in entries if e.get("name") == tensor.get("name")), None)
+        if existing is None:
+            entries.append(dict(tensor))
+        else:
+            for key, value in tensor.items():
+                existing.setdefault(key, value)
+
+    def add_input(self, tensor: dict[str, Any]) -> None:
+        self._add("input", tensor)
+
+    def add_output(self, tensor: dict[str, Any]) -> None:
+        self._add("output", tensor)
+
+    def set_max_batch_size(self, size: int) -> None:
+        self._config["max_batch_size"] = int(size)
+
+    def set_dynamic_batching(self) -> None:
+        self._config.setdefault("dynamic_batching", {})
+
+    def set_model_transaction_policy(self, policy: dict[str, Any]) -> None:
+        self._config["model_transaction_policy"] = dict(policy)
+
+
+def auto_complete(connection: Connection, model_file: str, config: dict[str, Any]) -> None:
+    """Process entry: run the model's auto_complete_config and send back the config."""
+    pb_utils._install()
+    try:
+        sys.path.insert(0, str(Path(model_file).parent))
+        spec = importlib.util.spec_from_file_location("model", model_file)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import {model_file}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        hook = getattr(module.TritonPythonModel, "auto_complete_config", None)
+        result = hook(AutoCompleteConfig(config)).as_dict() if hook else config
+        connection.send(("ok", result))
+    except BaseException as exc:  # user code
+        connection.send(("error", f"{type(exc).__name__}: {exc}"))

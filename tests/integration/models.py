@@ -163,6 +163,9 @@ def build(root: Path) -> Path:
         (root / name / "1").mkdir(parents=True, exist_ok=True)
         (root / name / "1" / "model.py").write_text(source)
         (root / name / "config.pbtxt").write_text(config.replace("{name}", name))
+    # No config.pbtxt: the model's own auto_complete_config describes it.
+    (root / "py_auto" / "1").mkdir(parents=True, exist_ok=True)
+    (root / "py_auto" / "1" / "model.py").write_text(PY_AUTO)
     (root / "ensemble_mixed" / "1").mkdir(parents=True, exist_ok=True)
     (root / "ensemble_mixed" / "config.pbtxt").write_text(ENSEMBLE_MIXED_CONFIG)
     (root / "py_add_sub" / "1" / "arith.py").write_text(
@@ -367,6 +370,27 @@ class TritonPythonModel:
             time.sleep(0.01)
         x = pb_utils.get_input_tensor_by_name(requests[0], "INPUT0")
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x.as_numpy())])]
+"""
+
+PY_AUTO = """\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        auto_complete_model_config.add_input(
+            {"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [3]})
+        auto_complete_model_config.add_output(
+            {"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [3]})
+        auto_complete_model_config.set_max_batch_size(4)
+        auto_complete_model_config.set_dynamic_batching()
+        return auto_complete_model_config
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() * 2)])
+            for r in requests]
 """
 
 PYTHON_MODELS = (

@@ -133,3 +133,19 @@ def test_python_model_sees_its_request_cancelled(server: ServerProcess) -> None:
         time.sleep(0.05)
     assert time.monotonic() - started < 5  # well before the model's own 10 s limit
     assert client.is_model_ready("py_wait_cancel")
+
+
+def test_auto_complete_config_of_a_python_model(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.http_url)
+    config = client.get_model_config("py_auto")
+    assert config["backend"] == "python"
+    assert config["max_batch_size"] == 4
+    assert "dynamic_batching" in config
+    assert [(i["name"], i["data_type"], i["dims"]) for i in config["input"]] == [
+        ("INPUT0", "TYPE_FP32", [3])
+    ]
+    inp = httpclient.InferInput("INPUT0", [2, 3], "FP32")
+    inp.set_data_from_numpy(np.ones((2, 3), np.float32))
+    np.testing.assert_array_equal(
+        client.infer("py_auto", [inp]).as_numpy("OUTPUT0"), np.full((2, 3), 2, np.float32)
+    )
