@@ -1,8 +1,10 @@
 """The Python backend: each instance of a `model.py` model runs in a process of its own.
 
 A CPU-bound model then stalls neither the event loop nor other models. If the process dies
-while executing, the batch fails with that reason and a fresh process (initialize() again)
-serves the next request. BLS calls from the model come back over the same pipe and are
+while executing, or does not answer within the config parameter `execute_timeout_s` (off by
+default), the batch fails with that reason and a fresh process (initialize() again) serves the
+next request. Requests that share a batch reach `execute()` as one request whose tensors hold
+the whole batch. BLS calls from the model come back over the same pipe and are
 answered through the host's `infer` callable.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,13 @@ class PythonInstance:
 
     def __init__(self, spec: InstanceSpec) -> None:
         self._spec = spec
+        try:
+            self._timeout_s = float(spec.parameters.get("execute_timeout_s", "") or 0)
+        except ValueError:
+            raise ModelLoadError(
+                f"model '{spec.model_name}': parameter execute_timeout_s must be a number of "
+                "seconds"
+            ) from None
         # Set by the server's worker thread before execute: did every caller go away?
         self.cancel_check: Callable[[], bool] | None = None
         self._cancelled = _CONTEXT.Value("b", 0, lock=False)  # what request.is_cancelled() reads
@@ -120,6 +130,7 @@ class PythonInstance:
         """Send one execute message; serve BLS calls and streamed responses until it ends."""
         metas = self._arena.write(dict(inputs))
         self._cancelled.value = 0
+        started = time.monotonic()
         try:
             self._connection.send(
                 ("execute", self._arena.name, metas, list(output_names), emit is not None)
@@ -128,6 +139,12 @@ class PythonInstance:
                 while not self._connection.poll(CANCEL_POLL_S):
                     if self.cancel_check is not None and self.cancel_check():
                         self._cancelled.value = 1  # the model sees request.is_cancelled()
+                    if self._timeout_s and time.monotonic() - started > self._timeout_s:
+                        self._restart()
+                        raise ExecutionError(
+                            f"the Python model did not answer within execute_timeout_s "
+                            f"({self._timeout_s:g} s); its process was restarted"
+                        )
                 kind, *payload = self._connection.recv()
                 if kind == "bls":
                     self._answer_bls(*payload)

@@ -393,7 +393,16 @@ class TritonPythonModel:
             for r in requests]
 """
 
+PY_HANG = PY_CRASH.replace(
+    "os._exit(3)  # a crash: the process dies mid-request", "time.sleep(3600)  # a hang"
+).replace("import os", "import time")
+
 PYTHON_MODELS = (
+    (
+        "py_hang",
+        PY_HANG,
+        PY_FP32_CONFIG + 'parameters { key: "execute_timeout_s" value: { string_value: "1" } }\n',
+    ),
     ("py_wait_cancel", PY_WAIT_CANCEL, PY_FP32_CONFIG),
     ("py_repeat", PY_REPEAT, PY_REPEAT_CONFIG),
     ("py_add_sub", PY_ADD_SUB, PY_SIMPLE_CONFIG),

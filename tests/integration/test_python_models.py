@@ -149,3 +149,11 @@ def test_auto_complete_config_of_a_python_model(server: ServerProcess) -> None:
     np.testing.assert_array_equal(
         client.infer("py_auto", [inp]).as_numpy("OUTPUT0"), np.full((2, 3), 2, np.float32)
     )
+
+
+def test_hung_process_times_out_and_is_restarted(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.http_url)
+    with pytest.raises(InferenceServerException, match="did not answer within execute_timeout_s"):
+        client.infer("py_hang", _fp32(httpclient, [13, 0, 0, 0]))
+    result = client.infer("py_hang", _fp32(httpclient, [1, 2, 3, 4]))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), [[1, 2, 3, 4]])
