@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import multiprocessing
 import signal
 import sys
 from collections.abc import Sequence
@@ -345,6 +346,8 @@ def serve(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Python models run in spawned processes; in a one-file build the binary re-enters here.
+    multiprocessing.freeze_support()
     args = list(sys.argv[1:] if argv is None else argv)
     # `edge-appliance --model-repository ...` (tritonserver's spelling) means serve.
     if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help")):
