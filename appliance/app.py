@@ -19,6 +19,7 @@ from appliance.frontends.grpc.server import InferenceServicer
 from appliance.frontends.http.server import HttpFrontend
 from appliance.metrics import build_registry, metrics_app
 from appliance.repository.manager import ManagerSettings, ModelManager
+from appliance.repository.poller import RepositoryPoller
 from appliance.settings import ServerSettings
 from appliance.trace import Tracer
 
@@ -78,6 +79,9 @@ class Appliance:
                 await stack.enter_async_context(self._http())
             if self.settings.allow_metrics:
                 await stack.enter_async_context(self._metrics())
+            if self.settings.model_control_mode == "poll":
+                poller = RepositoryPoller(self.manager, self.settings.repository_poll_secs)
+                await stack.enter_async_context(poller.running())
             self.state.loading_done = True
             stack.callback(self._not_ready)
             log.info("server is ready")

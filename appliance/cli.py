@@ -145,7 +145,12 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME")
-    p.add_argument("--repository-poll-secs", type=int, default=15)
+    p.add_argument(
+        "--repository-poll-secs",
+        type=float,
+        default=15,
+        help="poll mode: seconds between repository scans (changes apply once settled)",
+    )
     p.add_argument("--exit-timeout-secs", type=float, default=30.0)
     p.add_argument(
         "--max-request-bytes",
@@ -339,8 +344,6 @@ def serve(argv: Sequence[str]) -> int:
     logs.configure(settings.log_verbose)
     for flag in settings.ignored_flags:
         log.warning("%s is a tritonserver flag that edge-appliance ignores", flag)
-    if settings.model_control_mode == "poll":
-        log.warning("--model-control-mode=poll: polling is not implemented yet; models load once")
     _install_event_loop_policy()
     return asyncio.run(_serve(settings))
 

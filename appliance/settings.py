@@ -28,7 +28,7 @@ class ServerSettings:
     log_verbose: int = 0
     model_control_mode: str = "none"  # none | poll | explicit
     load_models: tuple[str, ...] = ()
-    repository_poll_secs: int = 15
+    repository_poll_secs: float = 15
     exit_timeout_secs: float = 30.0
     # Big enough for a 100 MB tensor plus its JSON header.
     max_request_bytes: int = 128 * MiB

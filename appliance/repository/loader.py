@@ -129,11 +129,20 @@ def prepare_model(
             f"model '{name}': no version folder matches the version policy "
             f"(found {available or 'no numbered folders'} in '{model_dir}')"
         )
-    newest_file = model_dir / str(versions[0]) / config.default_model_filename
-    try:
-        signature = backend.inspect(newest_file)
-    except BackendError as exc:
-        raise ConfigError(f"model '{name}' version {versions[0]}: {exc}") from exc
+    # The newest version that can be read describes the model; unreadable ones fail alone.
+    unreadable: dict[int, str] = {}
+    signature = None
+    for version in versions:
+        newest_file = model_dir / str(version) / config.default_model_filename
+        try:
+            signature = backend.inspect(newest_file)
+            break
+        except BackendError as exc:
+            unreadable[version] = str(exc)
+    if signature is None:  # no version to describe the model: each failed on its own
+        for version, reason in unreadable.items():
+            log.error("model '%s' version %d failed to load: %s", name, version, reason)
+        return PreparedModel(name=name, config=config, failed=unreadable)
     described = bool(signature.inputs or signature.outputs)  # Python models say nothing
     hook = getattr(backend, "auto_complete", None)
     if hook is not None and not strict:
@@ -149,7 +158,10 @@ def prepare_model(
     validate_config(config, model_dir, signature if described else None)
 
     prepared = PreparedModel(name=name, config=config, labels=read_labels(model_dir, config))
-    for version in versions:
+    for version, reason in unreadable.items():
+        log.error("model '%s' version %d failed to load: %s", name, version, reason)
+        prepared.failed[version] = reason
+    for version in (v for v in versions if v not in unreadable):
         try:
             workers = _load_instances(
                 backend_name, config, model_dir, version, prepared.notes, host

@@ -127,6 +127,10 @@ def _queue_settings(config: ModelConfig) -> tuple[int, int, dict[int, QueuePolic
     return levels, int(dyn.default_priority_level), policies
 
 
+def _join(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
+
+
 def _is_ensemble(model_dir: Path) -> bool:
     try:
         config, _ = read_config(model_dir)
@@ -206,8 +210,17 @@ class ModelManager:
         for name in sorted(self._models):
             record = self._models[name]
             note = "; ".join(record.notes)
-            rows: list[tuple[int | None, str, str]] = [(v, READY, note) for v in record.versions]
-            rows += [(v, UNAVAILABLE, why) for v, why in record.failed.items()]
+            rows: list[tuple[int | None, str, str]] = [
+                (v, READY, _join(note, f"new content failed: {record.failed[v]}"))
+                if v in record.failed
+                else (v, READY, note)
+                for v in record.versions
+            ]
+            rows += [
+                (v, UNAVAILABLE, why)
+                for v, why in record.failed.items()
+                if v not in record.versions
+            ]
             if not rows:
                 rows = [(None, record.state, record.reason)]
             for version, state, reason in sorted(rows, key=lambda r: r[0] or 0):
@@ -262,24 +275,41 @@ class ModelManager:
             except ApplianceError as exc:
                 if not record.versions:
                     record.state, record.reason = UNAVAILABLE, exc.message
+                else:
+                    record.notes = [
+                        f"reload failed, the loaded versions keep serving: {exc.message}"
+                    ]
                 log.error("model '%s' failed to load: %s", name, exc.message)
                 raise
             if prepared.ensemble is not None:
                 self._check_steps(prepared)
             old = dict(record.versions)
-            record.versions = self._serve(prepared)
+            new = self._serve(prepared)
+            # Rollback: what failed to load never replaces what serves. A version whose new
+            # content failed keeps its old instance; if nothing new loaded, all old ones stay.
+            kept = dict(old) if not new else {v: s for v, s in old.items() if v in prepared.failed}
+            record.versions = {**kept, **new}
             record.failed = prepared.failed
             record.notes = prepared.notes
-            record.config = prepared.config
+            record.config = prepared.config if new or not old else record.config
             record.path = path
+            for version in new:
+                log.info("model '%s' version %d is READY", name, version)
+            for version, why in prepared.failed.items():
+                if version in kept or (kept and not new):
+                    log.warning(
+                        "model '%s' version %d failed to load (%s); the versions already "
+                        "loaded keep serving",
+                        name,
+                        version,
+                        why,
+                    )
             if record.versions:
                 record.state, record.reason = READY, ""
-                for version in record.versions:
-                    log.info("model '%s' version %d is READY", name, version)
             else:
                 record.state = UNAVAILABLE
                 record.reason = "; ".join(f"version {v}: {r}" for v, r in prepared.failed.items())
-            await self._retire(list(old.values()))
+            await self._retire([s for v, s in old.items() if record.versions.get(v) is not s])
 
     def _serve(self, prepared: PreparedModel) -> dict[int, ServedVersion]:
         config = prepared.config
