@@ -6,7 +6,11 @@ same dicts into its protobuf messages, so both protocols say the same thing.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format
@@ -147,10 +151,37 @@ class ControlPlane:
                 json_format.Parse(str(config_json), override)
             except json_format.ParseError as exc:
                 raise ConfigError(f"model '{name}': bad 'config' override: {exc}") from exc
-        if any(str(k).startswith("file:") for k in parameters):
-            raise ConfigError(f"model '{name}': file overrides are not supported yet")
-        await self.manager.load(name, override)
+        files = {str(k)[5:]: v for k, v in parameters.items() if str(k).startswith("file:")}
+        source = None
+        if files:
+            if override is None:
+                raise ConfigError(
+                    f"model '{name}': file overrides need the 'config' parameter too (as in Triton)"
+                )
+            source = self._override_folder(name, files)
+        await self.manager.load(name, override, source)
 
-    async def unload_model(self, name: str) -> None:
+    def _override_folder(self, name: str, files: dict[str, Any]) -> Path:
+        """Write a load request's `file:` overrides into a model folder of their own."""
+        root = Path(tempfile.mkdtemp(prefix="edge-appliance-override-")) / name
+        for relative, content in files.items():
+            path = (root / relative).resolve()
+            if root.resolve() not in path.parents or not relative:
+                raise ConfigError(f"model '{name}': file override path '{relative}' is not allowed")
+            if isinstance(content, str):  # HTTP sends base64 text, gRPC raw bytes
+                try:
+                    content = base64.b64decode(content, validate=True)
+                except (binascii.Error, ValueError):
+                    raise ConfigError(
+                        f"model '{name}': file override '{relative}' is not valid base64"
+                    ) from None
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(bytes(content))
+        return root
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self.manager.require_explicit(self.control_mode)
-        await self.manager.unload(name)
+        if unload_dependents:
+            await self.manager.unload_with_dependents(name)
+        else:
+            await self.manager.unload(name)

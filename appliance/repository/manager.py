@@ -253,11 +253,16 @@ class ModelManager:
         await asyncio.gather(*(one(n) for n in wanted if n not in ensembles))
         await asyncio.gather(*(one(n) for n in ensembles))
 
-    async def load(self, name: str, override: ModelConfig | None = None) -> None:
-        """Load (or reload) a model; new versions serve before the old ones drain."""
+    async def load(
+        self, name: str, override: ModelConfig | None = None, source: Path | None = None
+    ) -> None:
+        """Load (or reload) a model; new versions serve before the old ones drain.
+
+        `source` replaces the repository folder (a load request's file overrides).
+        """
         if self._stopping:
             raise ModelNotReady("server is shutting down")
-        path = self.model_names().get(name)
+        path = source or self.model_names().get(name)
         if path is None:
             raise ModelNotFound(
                 f"failed to load '{name}', failed to poll from model repository: no model "
@@ -283,6 +288,10 @@ class ModelManager:
                 raise
             if prepared.ensemble is not None:
                 self._check_steps(prepared)
+                for step_model in prepared.ensemble.models:  # load what the ensemble calls
+                    step_record = self._models.get(step_model)
+                    if step_record is None or not step_record.versions:
+                        await self.load(step_model)
             old = dict(record.versions)
             new = self._serve(prepared)
             # Rollback: what failed to load never replaces what serves. A version whose new
@@ -376,6 +385,25 @@ class ModelManager:
                     record.state, record.reason = UNAVAILABLE, message
                 log.error("%s", message)
                 raise ConfigError(message)
+
+    async def unload_with_dependents(self, name: str) -> None:
+        """Unload an ensemble and the models it calls that no other loaded ensemble calls."""
+        record = self.record(name)
+        calls: set[str] = set()
+        for served in record.versions.values():
+            if served.ensemble is not None:
+                calls |= served.ensemble.models
+        await self.unload(name)
+        still_used = {
+            m
+            for r in self._models.values()
+            for v in r.versions.values()
+            if v.ensemble is not None
+            for m in v.ensemble.models
+        }
+        for model in sorted(calls - still_used):
+            if model in self._models:
+                await self.unload(model)
 
     async def unload(self, name: str) -> None:
         record = self.record(name)

@@ -105,7 +105,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def RepositoryModelUnload(
         self, request: Any, context: Any
     ) -> pb.RepositoryModelUnloadResponse:
-        await self.control.unload_model(request.model_name)
+        dependents = "unload_dependents" in request.parameters and bool(
+            request.parameters["unload_dependents"].bool_param
+        )
+        await self.control.unload_model(request.model_name, dependents)
         return pb.RepositoryModelUnloadResponse()
 
     # ---- not yet implemented: a clear UNIMPLEMENTED instead of the generated stub's error -------

@@ -206,8 +206,12 @@ class HttpFrontend:
         return web.Response(status=200)
 
     async def unload(self, request: web.Request) -> web.StreamResponse:
-        await self._json_body(request)
-        await self.control.unload_model(request.match_info["model"])
+        body = await self._json_body(request)
+        params = body.get("parameters") or {}
+        dependents = (
+            bool(params.get("unload_dependents", False)) if isinstance(params, dict) else False
+        )
+        await self.control.unload_model(request.match_info["model"], dependents)
         return web.Response(status=200)
 
     async def unsupported(self, request: web.Request) -> web.StreamResponse:
