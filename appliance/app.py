@@ -65,6 +65,7 @@ class Appliance:
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self.metrics_port: int | None = None
+        self.poller: RepositoryPoller | None = None
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Appliance]:
@@ -77,11 +78,11 @@ class Appliance:
                 await stack.enter_async_context(self._grpc())
             if self.settings.allow_http:
                 await stack.enter_async_context(self._http())
+            if self.settings.model_control_mode == "poll":
+                self.poller = RepositoryPoller(self.manager, self.settings.repository_poll_secs)
+                await stack.enter_async_context(self.poller.running())
             if self.settings.allow_metrics:
                 await stack.enter_async_context(self._metrics())
-            if self.settings.model_control_mode == "poll":
-                poller = RepositoryPoller(self.manager, self.settings.repository_poll_secs)
-                await stack.enter_async_context(poller.running())
             self.state.loading_done = True
             stack.callback(self._not_ready)
             log.info("server is ready")
@@ -131,7 +132,11 @@ class Appliance:
     @contextlib.asynccontextmanager
     async def _metrics(self) -> AsyncIterator[None]:
         registry = build_registry(
-            self.manager.ready_versions, self.settings.allow_cpu_metrics, self.cache
+            self.manager.ready_versions,
+            self.settings.allow_cpu_metrics,
+            self.cache,
+            self.manager,
+            self.poller,
         )
         address, port = self.settings.metrics_address, self.settings.metrics_port
         async with _listening(metrics_app(registry), address, port, "metrics") as bound:

@@ -23,7 +23,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from appliance.cache import ResponseCache
-from appliance.repository.manager import ServedVersion
+from appliance.repository.manager import ModelManager, ServedVersion
+from appliance.repository.poller import RepositoryPoller
 from appliance.scheduling.stats import LATENCY_BUCKETS_MS
 
 log = logging.getLogger(__name__)
@@ -223,13 +224,39 @@ class CacheCollector(Collector):
         yield misses
 
 
+class LifecycleCollector(Collector):
+    """Model loads (success / failure) and, in poll mode, when the repository was last read."""
+
+    def __init__(self, manager: ModelManager, poller: RepositoryPoller | None) -> None:
+        self._manager = manager
+        self._poller = poller
+
+    def collect(self) -> Iterator[Metric]:
+        loads = CounterMetricFamily(
+            "edge_model_load", "Model loads and reloads by result", labels=["model", "result"]
+        )
+        for (model, result), count in sorted(self._manager.load_results.items()):
+            loads.add_metric([model, result], count)
+        yield loads
+        if self._poller is not None:
+            yield GaugeMetricFamily(
+                "edge_repository_last_poll_timestamp_seconds",
+                "Unix time of the last successful repository poll",
+                value=self._poller.last_poll_s,
+            )
+
+
 def build_registry(
     versions: Callable[[], Iterable[ServedVersion]],
     cpu_metrics: bool,
     cache: ResponseCache | None = None,
+    manager: ModelManager | None = None,
+    poller: RepositoryPoller | None = None,
 ) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(InferenceCollector(versions))
+    if manager is not None:
+        registry.register(LifecycleCollector(manager, poller))
     if cache is not None:
         registry.register(CacheCollector(cache, versions))
     if cpu_metrics and os.path.exists("/proc/stat"):

@@ -146,6 +146,7 @@ class ModelManager:
         self._settings = settings
         self._models: dict[str, ModelRecord] = {}
         self.host: Any = None  # blocking inference entry handed to backends for BLS
+        self.load_results: dict[tuple[str, str], int] = {}  # (model, success|failure) -> count
         self.rate_limiter = RateLimiter(settings.rate_limit, dict(settings.rate_limit_resources))
         self._locks: dict[str, asyncio.Lock] = {}
         self._stopping = False
@@ -278,6 +279,7 @@ class ModelManager:
                     prepare_model, path, self._settings.strict_model_config, override, self.host
                 )
             except ApplianceError as exc:
+                self._count_load(name, "failure")
                 if not record.versions:
                     record.state, record.reason = UNAVAILABLE, exc.message
                 else:
@@ -304,6 +306,7 @@ class ModelManager:
             record.path = path
             for version in new:
                 log.info("model '%s' version %d is READY", name, version)
+            self._count_load(name, "success" if new else "failure")
             for version, why in prepared.failed.items():
                 if version in kept or (kept and not new):
                     log.warning(
@@ -369,6 +372,10 @@ class ModelManager:
                 ensemble=prepared.ensemble,
             )
         return served
+
+    def _count_load(self, name: str, result: str) -> None:
+        key = (name, result)
+        self.load_results[key] = self.load_results.get(key, 0) + 1
 
     def _check_steps(self, prepared: PreparedModel) -> None:
         """An ensemble loads only when every model it calls is in a repository."""

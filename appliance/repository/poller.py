@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,7 @@ class RepositoryPoller:
         self._interval_s = interval_s
         self._served: dict[str, str] = {}
         self._seen: dict[str, str] = {}
+        self.last_poll_s = 0.0  # wall-clock time of the last successful scan (for metrics)
 
     def _scan(self) -> dict[str, str]:
         return {name: fingerprint(path) for name, path in self._manager.model_names().items()}
@@ -69,6 +71,7 @@ class RepositoryPoller:
         except (ApplianceError, OSError) as exc:
             log.error("cannot read the model repository: %s", exc)
             return Changes((), ())
+        self.last_poll_s = time.time()
         changes = plan_changes(self._served, self._seen, now)
         self._seen = now
         for name in changes.load:

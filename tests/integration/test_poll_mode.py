@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -103,6 +104,11 @@ def test_a_corrupt_new_version_rolls_back_until_fixed(start_server, tmp_path: Pa
     assert "onnxruntime cannot load" in index[("m", "2")]["reason"]
     _version(repo, 2, 2)  # the fixed upload
     _wait_for(lambda: _added(client) == 2.0)
+    with urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics") as resp:
+        metrics = resp.read().decode()
+    assert 'edge_model_load_total{model="m",result="failure"} 1.0' in metrics
+    assert 'edge_model_load_total{model="m",result="success"} 2.0' in metrics
+    assert "edge_repository_last_poll_timestamp_seconds" in metrics
 
 
 def test_models_come_and_go_with_their_folders(start_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
