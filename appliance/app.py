@@ -45,6 +45,7 @@ class Appliance:
                 inline_budget_us=settings.inline_budget_us,
                 latency_histograms=settings.latency_histograms,
                 rate_limit=settings.rate_limit,
+                require_manifest=settings.require_manifest,
                 rate_limit_resources=settings.rate_limit_resources,
             )
         )

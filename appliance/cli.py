@@ -164,6 +164,11 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         default=128 * 1024 * 1024,
         help="largest gRPC message sent or received (default 128 MiB)",
     )
+    _add_bool(
+        p,
+        "--require-manifest",
+        "load a version only when its SHA256SUMS manifest lists and matches its files",
+    )
     p.add_argument(
         "--rate-limit",
         default="off",
@@ -296,6 +301,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         grpc_max_message_bytes=args.grpc_max_message_bytes,
         inline_budget_us=args.inline_execution_budget_us,
         rate_limit=args.rate_limit == "execution_count",
+        require_manifest=_on(args.require_manifest, False),
         rate_limit_resources=parse_rate_limit_resources(args.rate_limit_resource),
         trace_file=args.trace_file,
         trace_level=args.trace_level,

@@ -35,6 +35,7 @@ class ServerSettings:
     grpc_max_message_bytes: int = 128 * MiB
     max_queue_size: int = 4096
     inline_budget_us: int = 100
+    require_manifest: bool = False
     rate_limit: bool = False
     rate_limit_resources: tuple[tuple[str, int], ...] = ()
     trace_file: str = ""

@@ -25,6 +25,7 @@ from appliance.model_config import (
 )
 from appliance.protojson import message_to_dict
 from appliance.repository.local import list_versions
+from appliance.repository.manifest import check_version
 from appliance.repository.version_policy import select_versions
 from appliance.repository.warmup import warm_up
 from appliance.scheduling.ensemble import EnsemblePlan, plan_from_config
@@ -102,7 +103,11 @@ def read_labels(model_dir: Path, config: ModelConfig) -> dict[str, list[str]]:
 
 
 def prepare_model(
-    model_dir: Path, strict: bool, override: ModelConfig | None = None, host: Any = None
+    model_dir: Path,
+    strict: bool,
+    override: ModelConfig | None = None,
+    host: Any = None,
+    require_manifest: bool = False,
 ) -> PreparedModel:
     """Read, complete and validate the config, then load the instances of each chosen version.
 
@@ -131,8 +136,12 @@ def prepare_model(
         )
     # The newest version that can be read describes the model; unreadable ones fail alone.
     unreadable: dict[int, str] = {}
-    signature = None
     for version in versions:
+        why = check_version(model_dir / str(version), require_manifest)
+        if why:
+            unreadable[version] = why
+    signature = None
+    for version in (v for v in versions if v not in unreadable):
         newest_file = model_dir / str(version) / config.default_model_filename
         try:
             signature = backend.inspect(newest_file)

@@ -89,6 +89,7 @@ class ManagerSettings:
     load_concurrency: int = 2
     inline_budget_us: int = 100  # see scheduling/batcher.py; 0 turns inline execution off
     latency_histograms: bool = False
+    require_manifest: bool = False  # versions load only with a matching SHA256SUMS
     rate_limit: bool = False  # --rate-limit=execution_count
     rate_limit_resources: tuple[tuple[str, int], ...] = ()
 
@@ -276,7 +277,12 @@ class ModelManager:
             log.info("loading model '%s' from %s", name, path)
             try:
                 prepared = await asyncio.to_thread(
-                    prepare_model, path, self._settings.strict_model_config, override, self.host
+                    prepare_model,
+                    path,
+                    self._settings.strict_model_config,
+                    override,
+                    self.host,
+                    self._settings.require_manifest,
                 )
             except ApplianceError as exc:
                 self._count_load(name, "failure")

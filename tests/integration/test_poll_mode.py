@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import threading
 import time
@@ -122,3 +123,29 @@ def test_models_come_and_go_with_their_folders(start_server, tmp_path: Path) -> 
     shutil.rmtree(repo / "n")
     _wait_for(lambda: not client.is_model_ready("n"))
     assert client.is_model_ready("m")
+
+
+def test_a_version_loads_only_once_its_manifest_matches(start_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    repo = tmp_path / "repo"
+    (repo / "m").mkdir(parents=True)
+    (repo / "m" / "config.pbtxt").write_text(CONFIG)
+    _version(repo, 1, 1)
+    _write_manifest(repo / "m" / "1")
+    proc = start_server(
+        repo, "--model-control-mode=poll", "--repository-poll-secs=0.3", "--require-manifest"
+    )
+    client = httpclient.InferenceServerClient(proc.http_url)
+    assert _added(client) == 1.0
+    _version(repo, 2, 2)  # files arrived, manifest not yet
+    _wait_for(lambda: "no SHA256SUMS manifest" in proc.log())
+    assert _added(client) == 1.0
+    (repo / "m" / "2" / "SHA256SUMS").write_text("0" * 64 + "  model.onnx\n")  # wrong sum
+    _wait_for(lambda: "does not match its sha256" in proc.log())
+    assert _added(client) == 1.0
+    _write_manifest(repo / "m" / "2")  # the upload completes
+    _wait_for(lambda: _added(client) == 2.0)
+
+
+def _write_manifest(folder: Path) -> None:
+    digest = hashlib.sha256((folder / "model.onnx").read_bytes()).hexdigest()
+    (folder / "SHA256SUMS").write_text(f"{digest}  model.onnx\n")
