@@ -29,38 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from edge_backends.datatypes import BY_CONFIG, BY_TRITON
+
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
-
-_NUMPY_OF_TYPE = {
-    "TYPE_BOOL": np.bool_,
-    "TYPE_UINT8": np.uint8,
-    "TYPE_UINT16": np.uint16,
-    "TYPE_UINT32": np.uint32,
-    "TYPE_UINT64": np.uint64,
-    "TYPE_INT8": np.int8,
-    "TYPE_INT16": np.int16,
-    "TYPE_INT32": np.int32,
-    "TYPE_INT64": np.int64,
-    "TYPE_FP16": np.float16,
-    "TYPE_FP32": np.float32,
-    "TYPE_FP64": np.float64,
-    "TYPE_STRING": np.object_,
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-    "BYTES": np.object_,
-}
 
 
 class TritonError(Exception):
@@ -224,7 +197,9 @@ def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[s
 
 
 def triton_string_to_numpy(triton_type: str) -> Any:
-    return _NUMPY_OF_TYPE[triton_type]
+    """The numpy type of "TYPE_FP32" (config spelling) or "FP32" (wire spelling)."""
+    dtype = BY_CONFIG.get(triton_type) or BY_TRITON[triton_type]
+    return dtype.numpy.type
 
 
 class Logger:

@@ -16,6 +16,7 @@ from appliance.frontends import jsonconv
 from appliance.frontends.http.codec import HEADER_LENGTH, decode_request, encode_response
 from appliance.frontends.http.generate import decode_generate, encode_generate
 from appliance.frontends.status import HTTP_STATUS
+from appliance.types import InferRequest
 
 log = logging.getLogger(__name__)
 
@@ -127,15 +128,15 @@ class HttpFrontend:
             resp.enable_compression()
         return resp
 
+    async def _generate_request(self, request: web.Request) -> InferRequest:
+        model, version = self._model(request)
+        metadata = self.control.model_metadata(model, version)
+        return decode_generate(await self._json_body(request), model, version, metadata)
+
     async def generate(self, request: web.Request) -> web.StreamResponse:
         """One response; a decoupled model's responses must come one by one (generate_stream)."""
-        model, version = self._model(request)
-        infer = decode_generate(
-            await self._json_body(request),
-            model,
-            version,
-            self.control.model_metadata(model, version),
-        )
+        infer = await self._generate_request(request)
+        model = infer.model_name
         responses = [r async for r in self.core.infer_stream(infer)]
         if len(responses) != 1:
             raise InvalidInput(
@@ -145,13 +146,7 @@ class HttpFrontend:
 
     async def generate_stream(self, request: web.Request) -> web.StreamResponse:
         """Server-sent events: one `data:` line per response; errors as an `error` event."""
-        model, version = self._model(request)
-        infer = decode_generate(
-            await self._json_body(request),
-            model,
-            version,
-            self.control.model_metadata(model, version),
-        )
+        infer = await self._generate_request(request)
         stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await stream.prepare(request)
         try:
