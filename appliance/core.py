@@ -72,7 +72,7 @@ class InferenceCore:
             job = self._job(served, request)
             if served.ensemble is not None:
                 outputs = await run_ensemble(served.ensemble, job.inputs, self._run_step)
-            elif served.cache_enabled and self.cache is not None:
+            elif served.cache_enabled and self.cache is not None and not served.sequence:
                 outputs = await self._cached(served, job, start)
             else:
                 outputs = await served.scheduler.submit(job)
