@@ -27,26 +27,13 @@ import numpy as np
 import orjson
 
 from bench.common import pin_to_core, summarize
+from edge_backends.datatypes import BY_TRITON
 
 PROTOCOLS = ("http-json", "http-binary", "grpc")
 WARMUP_S = 1.0
 WARMUP_LIMIT_S = 60.0
 DRAIN_LIMIT_S = 30.0
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-NUMPY_TYPES: dict[str, type[np.generic]] = {
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-}
 
 Send = Callable[[], Awaitable[None]]
 
@@ -72,7 +59,8 @@ def fetch_metadata(http_url: str, model: str) -> dict[str, Any]:
 
 
 def random_tensor(spec: dict[str, Any], rng: np.random.Generator) -> Tensor:
-    dtype = NUMPY_TYPES.get(spec["datatype"])
+    known = BY_TRITON.get(spec["datatype"])
+    dtype = known.numpy if known is not None and known.itemsize else None
     if dtype is None:
         raise ValueError(f"input '{spec['name']}': datatype {spec['datatype']} is not supported")
     shape = [1 if d < 0 else int(d) for d in spec["shape"]]
