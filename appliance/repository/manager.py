@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,7 @@ class ModelRecord:
     versions: dict[int, ServedVersion] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # e.g. GPU instances running on CPU
+    owned_dir: Path | None = None  # a folder the server made for it (file overrides)
 
 
 @dataclass(frozen=True)
@@ -310,6 +312,11 @@ class ModelManager:
             record.notes = prepared.notes
             record.config = prepared.config if new or not old else record.config
             record.path = path
+            unused = [source.parent] if source is not None and not new else []
+            if new:  # the served versions come from `path` now
+                if record.owned_dir is not None and record.owned_dir != (source and source.parent):
+                    unused.append(record.owned_dir)
+                record.owned_dir = source.parent if source is not None else None
             for version in new:
                 log.info("model '%s' version %d is READY", name, version)
             self._count_load(name, "success" if new else "failure")
@@ -328,6 +335,8 @@ class ModelManager:
                 record.state = UNAVAILABLE
                 record.reason = "; ".join(f"version {v}: {r}" for v, r in prepared.failed.items())
             await self._retire([s for v, s in old.items() if record.versions.get(v) is not s])
+            for folder in unused:  # after the versions that used it have drained
+                await asyncio.to_thread(shutil.rmtree, folder, True)
 
     def _serve(self, prepared: PreparedModel) -> dict[int, ServedVersion]:
         config = prepared.config
@@ -425,6 +434,9 @@ class ModelManager:
             record.versions, record.failed = {}, {}
             record.state, record.reason = UNAVAILABLE, "unloaded"
             await self._retire(old)
+            if record.owned_dir is not None:
+                await asyncio.to_thread(shutil.rmtree, record.owned_dir, True)
+                record.owned_dir = None
             log.info("model '%s' unloaded", name)
 
     async def _retire(self, versions: list[ServedVersion]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -103,3 +104,27 @@ def test_file_override_model_serves_the_written_file(
     inp.set_data_from_numpy(np.zeros((1, 4), np.float32))
     assert float(client.infer("fresh", [inp], model_version="2").as_numpy("OUTPUT0")[0, 0]) == 3.0
     assert float(client.infer("fresh", [inp], model_version="1").as_numpy("OUTPUT0")[0, 0]) == 1.0
+
+
+def test_override_folders_are_removed_when_no_longer_used(
+    start_server, model_repository, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    proc = start_server(
+        _repo(tmp_path, model_repository, "simple"), "--model-control-mode=explicit"
+    )
+    client = httpclient.InferenceServerClient(proc.http_url)
+
+    def override_folders() -> list[str]:
+        return re.findall(r"loading model 'fresh' from (\S+)", proc.log())
+
+    files = {"file:1/model.onnx": _add_constant_model(1).SerializeToString()}
+    client.load_model("fresh", config=json.dumps(CONFIG), files=files)
+    first = Path(override_folders()[-1])
+    assert first.is_dir()
+    client.load_model("fresh", config=json.dumps(CONFIG), files=files)  # replaces it
+    second = Path(override_folders()[-1])
+    assert second != first
+    assert not first.exists()
+    assert second.is_dir()
+    client.unload_model("fresh")
+    assert not second.exists()
