@@ -68,22 +68,7 @@ def measure(
         "taskset",
         "-c",
         "1",
-        str(pa.tool),
-        "-m",
-        model,
-        "-u",
-        url,
-        "-i",
-        "grpc",
-        *load,
-        "--measurement-interval",
-        str(window_ms),
-        "--stability-percentage",
-        "1000",
-        "--max-trials",
-        str(perf.WINDOWS),
-        "-f",
-        str(csv_path),
+        *perf.base_command(pa, model, url, "grpc", load, window_ms, csv_path),
     ]
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=seconds * 4 + 120, check=False
@@ -159,12 +144,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=55, help="squeezenet request rate, req/s")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)
-    lines = run(args.seconds, args.rate)
+    emit(run(args.seconds, args.rate), args.output)
+    return 0
+
+
+def emit(lines: list[str], output: Path | None) -> None:
+    """Print the table and, when asked, write it to a Markdown file."""
     text = "\n".join(lines)
     print(text)
-    if args.output:
-        args.output.write_text(text + "\n")
-    return 0
+    if output:
+        output.write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,36 @@ def find_perf_analyzer(tool: Path) -> tuple[PerfAnalyzer | None, str]:
     return PerfAnalyzer(tool, version.strip()), ""
 
 
+def base_command(
+    pa: PerfAnalyzer,
+    model: str,
+    url: str,
+    interface: str,
+    load: list[str],
+    window_ms: int,
+    csv_path: Path,
+) -> list[str]:
+    """perf_analyzer with this benchmark's fixed windows; `load` says how requests arrive."""
+    return [
+        str(pa.tool),
+        "-m",
+        model,
+        "-u",
+        url,
+        "-i",
+        interface,
+        *load,
+        "--measurement-interval",
+        str(window_ms),
+        "--stability-percentage",
+        "1000",
+        "--max-trials",
+        str(WINDOWS),
+        "-f",
+        str(csv_path),
+    ]
+
+
 def command(
     pa: PerfAnalyzer,
     model: str,
@@ -62,29 +92,15 @@ def command(
     seconds: float,
     csv_path: Path,
 ) -> list[str]:
-    window_ms = max(200, round(seconds * 1000 / WINDOWS))
-    return [
-        str(pa.tool),
-        "-m",
-        model,
-        "-u",
-        url,
-        "-i",
-        PROTOCOL_FLAGS[protocol],
+    load = [
         "--concurrency-range",
         f"{concurrency}:{concurrency}",
-        "--measurement-interval",
-        str(window_ms),
-        "--stability-percentage",
-        "1000",
-        "--max-trials",
-        str(WINDOWS),
         "--warmup-request-count",
         str(2 * concurrency),
         *(["--streaming"] if protocol == "grpc-stream" else []),
-        "-f",
-        str(csv_path),
     ]
+    window_ms = max(200, round(seconds * 1000 / WINDOWS))
+    return base_command(pa, model, url, PROTOCOL_FLAGS[protocol], load, window_ms, csv_path)
 
 
 def parse_result(csv_text: str, stdout: str) -> Stats:

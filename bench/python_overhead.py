@@ -18,7 +18,7 @@ from pathlib import Path
 from onnx import TensorProto
 
 from bench import perf
-from bench.batching import measure, row
+from bench.batching import emit, measure, row
 from bench.server import start_server, stop_server, wait_ready
 from configs.generate import identity_model, save
 
@@ -99,10 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "",
         f"{verdict} Python backend overhead per request (p50) = {overhead:.2f} ms (target < 1 ms)",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.output:
-        args.output.write_text(text + "\n")
+    emit(lines, args.output)
     return 0
 
 
