@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 from aiohttp import web
@@ -19,7 +20,9 @@ from appliance.frontends.grpc.server import InferenceServicer
 from appliance.frontends.http.server import HttpFrontend
 from appliance.metrics import build_registry, metrics_app
 from appliance.repository.manager import ManagerSettings, ModelManager
+from appliance.repository.manifest import ManifestError, ManifestPolicy, load_public_key
 from appliance.repository.poller import RepositoryPoller
+from appliance.repository.sources import RemoteSources
 from appliance.settings import ServerSettings
 from appliance.trace import Tracer
 
@@ -36,16 +39,32 @@ class Appliance:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         self.state = ServerState()
+        try:
+            public_key = (
+                load_public_key(settings.manifest_public_key)
+                if settings.manifest_public_key
+                else None
+            )
+        except ManifestError as exc:
+            raise StartupError(str(exc)) from exc
+        manifest = ManifestPolicy(settings.require_manifest, public_key)
+        self.remote = RemoteSources(
+            settings.remote_repositories,
+            settings.model_store_dir or Path("model-store"),
+            settings.model_store_reserve_bytes,
+            manifest,
+            settings.download_rate_bytes_s,
+        )
         self.manager = ModelManager(
             ManagerSettings(
-                repositories=settings.model_repositories,
+                repositories=settings.model_repositories + self.remote.roots,
                 strict_model_config=settings.strict_model_config,
                 max_queue_size=settings.max_queue_size,
                 drain_timeout_s=settings.exit_timeout_secs,
                 inline_budget_us=settings.inline_budget_us,
                 latency_histograms=settings.latency_histograms,
                 rate_limit=settings.rate_limit,
-                require_manifest=settings.require_manifest,
+                manifest=manifest,
                 rate_limit_resources=settings.rate_limit_resources,
             )
         )
@@ -74,13 +93,16 @@ class Appliance:
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(asyncio.to_thread, self.tracer.close)
             stack.push_async_callback(self._stop_models)
+            await stack.enter_async_context(self.remote.opened())
             await self._load_models()
             if self.settings.allow_grpc:
                 await stack.enter_async_context(self._grpc())
             if self.settings.allow_http:
                 await stack.enter_async_context(self._http())
             if self.settings.model_control_mode == "poll":
-                self.poller = RepositoryPoller(self.manager, self.settings.repository_poll_secs)
+                self.poller = RepositoryPoller(
+                    self.manager, self.settings.repository_poll_secs, self.remote
+                )
                 await stack.enter_async_context(self.poller.running())
             if self.settings.allow_metrics:
                 await stack.enter_async_context(self._metrics())
@@ -100,10 +122,16 @@ class Appliance:
             names = list(settings.load_models) if settings.load_models else []
         else:
             names = None
+        if self.remote.sources:
+            # Offline first: an unreachable bucket leaves the store as it is; serve from it.
+            await self.remote.sync(None if names is None or "*" in names else set(names))
+            self.manager.pending = self.remote.pending
         try:
             await self.manager.load_all(names)
         except ApplianceError as exc:
             raise StartupError(exc.message) from exc
+        if self.remote.sources and settings.model_control_mode == "explicit":
+            self.manager.fetch = lambda name: self.remote.sync({name})
         if self.cache is None:
             for served in self.manager.ready_versions():
                 if served.cache_enabled:
@@ -138,6 +166,7 @@ class Appliance:
             self.cache,
             self.manager,
             self.poller,
+            self.remote,
         )
         address, port = self.settings.metrics_address, self.settings.metrics_port
         async with _listening(metrics_app(registry), address, port, "metrics") as bound:

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import logging
 import multiprocessing
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from appliance import __version__, logs
 from appliance.app import StartupError, serve_forever
+from appliance.repository.sources import check_location, is_remote
 from appliance.settings import ServerSettings
 
 log = logging.getLogger("appliance")
@@ -109,7 +111,35 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve a model repository (the default command)")
     add_serve_flags(serve)
     sub.add_parser("version", help="print the version")
+    manifest_parser(sub.add_parser("manifest", help="write (and sign) version manifests"))
     return parser
+
+
+def manifest_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.description = (
+        "Write SHA256SUMS for each version folder, listing every file in it; with --sign-key, "
+        "also SHA256SUMS.sig (what --manifest-public-key checks)."
+    )
+    p.add_argument("folders", nargs="+", type=Path, metavar="VERSION_DIR")
+    p.add_argument("--sign-key", type=Path, metavar="PEM", help="Ed25519 private key")
+    return p
+
+
+def manifest(argv: Sequence[str]) -> int:
+    from appliance.repository.manifest import ManifestError, load_private_key, write_manifest
+
+    args = manifest_parser(argparse.ArgumentParser(prog="edge-appliance manifest")).parse_args(
+        list(argv)
+    )
+    try:
+        key = load_private_key(args.sign_key) if args.sign_key else None
+        for folder in args.folders:
+            written = write_manifest(folder, key)
+            print(f"wrote {written}" + (" and its signature" if key else ""))  # noqa: T201
+    except ManifestError as exc:
+        print(f"edge-appliance manifest: {exc}", file=sys.stderr)  # noqa: T201
+        return 1
+    return 0
 
 
 def add_serve_flags(p: argparse.ArgumentParser) -> None:
@@ -118,8 +148,37 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         "--model-store",
         action="append",
         default=[],
+        metavar="DIR|URL",
+        help="model repository: a folder or s3://[host:port/]bucket/prefix; repeat to merge",
+    )
+    p.add_argument(
+        "--model-store-dir",
+        type=Path,
+        default=None,
         metavar="DIR",
-        help="model repository folder; repeat to merge several",
+        help="where remote repositories are cached (default: $STATE_DIRECTORY, else "
+        "~/.local/state/edge-appliance)",
+    )
+    p.add_argument(
+        "--model-store-reserve-mb",
+        type=int,
+        default=256,
+        metavar="MB",
+        help="free disk space that downloads never use (default 256)",
+    )
+    p.add_argument(
+        "--model-download-limit-mbps",
+        type=float,
+        default=0.0,
+        metavar="MBIT/S",
+        help="cap on the bandwidth model downloads use, in megabits per second (default: none)",
+    )
+    p.add_argument(
+        "--manifest-public-key",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="Ed25519 public key (PEM): every version needs a SHA256SUMS signed by it",
     )
     p.add_argument("--http-address", default="127.0.0.1")
     p.add_argument("--http-port", type=int, default=8000)
@@ -260,6 +319,15 @@ def parse_metrics_config(values: list[str]) -> dict[str, str]:
     return pairs
 
 
+def default_store_dir() -> Path:
+    """systemd's StateDirectory= when run as a unit, else the user's state folder."""
+    state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if state:
+        return Path(state)
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "edge-appliance"
+
+
 def _on(value: bool | None, default: bool) -> bool:
     return default if value is None else value
 
@@ -274,8 +342,19 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         for key in parse_metrics_config(args.metrics_config)
         if key != "histogram_latencies"
     )
+    remote = tuple(r for r in args.model_repository if is_remote(r))
+    for location in remote:
+        try:
+            check_location(location)
+        except ValueError as exc:
+            raise SystemExit(f"edge-appliance: {exc}") from None
     return ServerSettings(
-        model_repositories=tuple(Path(p) for p in args.model_repository),
+        model_repositories=tuple(Path(p) for p in args.model_repository if not is_remote(p)),
+        remote_repositories=remote,
+        model_store_dir=args.model_store_dir or default_store_dir(),
+        model_store_reserve_bytes=args.model_store_reserve_mb * 1024 * 1024,
+        manifest_public_key=args.manifest_public_key,
+        download_rate_bytes_s=args.model_download_limit_mbps * 1e6 / 8,
         http_address=args.http_address,
         http_port=args.http_port,
         grpc_address=args.grpc_address,
@@ -366,5 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args[0] == "serve":
         return serve(args[1:])
+    if args[0] == "manifest":
+        return manifest(args[1:])
     build_parser().parse_args(args)
     return 2

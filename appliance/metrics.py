@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from appliance.cache import ResponseCache
 from appliance.repository.manager import ModelManager, ServedVersion
 from appliance.repository.poller import RepositoryPoller
+from appliance.repository.sources import RemoteSources
 from appliance.scheduling.stats import LATENCY_BUCKETS_MS
 
 log = logging.getLogger(__name__)
@@ -246,17 +247,62 @@ class LifecycleCollector(Collector):
             )
 
 
+class SourceCollector(Collector):
+    """Per remote repository: reachable, last good sync, bytes downloaded, API requests."""
+
+    def __init__(self, remote: RemoteSources) -> None:
+        self._remote = remote
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "edge_repository_source_up",
+            "1 when the last sync of the remote repository succeeded, 0 when it failed",
+            labels=["source"],
+        )
+        synced = GaugeMetricFamily(
+            "edge_repository_last_sync_timestamp_seconds",
+            "Unix time of the last successful sync of the remote repository",
+            labels=["source"],
+        )
+        downloaded = CounterMetricFamily(
+            "edge_repository_download_bytes",
+            "Bytes downloaded from the remote repository into the model store",
+            labels=["source"],
+        )
+        requests = CounterMetricFamily(
+            "edge_repository_requests",
+            "Requests made to the remote repository (listing pages and downloads)",
+            labels=["source"],
+        )
+        pending = GaugeMetricFamily(
+            "edge_repository_pending_versions",
+            "Versions listed in the remote repository that the store does not hold yet",
+            labels=["source"],
+        )
+        for source in self._remote.sources:
+            labels = [source.url]
+            up.add_metric(labels, 1.0 if source.reachable else 0.0)
+            synced.add_metric(labels, source.last_sync_s)
+            downloaded.add_metric(labels, source.downloaded_bytes)
+            requests.add_metric(labels, source.requests)
+            pending.add_metric(labels, len(source.pending))
+        yield from (up, synced, downloaded, requests, pending)
+
+
 def build_registry(
     versions: Callable[[], Iterable[ServedVersion]],
     cpu_metrics: bool,
     cache: ResponseCache | None = None,
     manager: ModelManager | None = None,
     poller: RepositoryPoller | None = None,
+    remote: RemoteSources | None = None,
 ) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(InferenceCollector(versions))
     if manager is not None:
         registry.register(LifecycleCollector(manager, poller))
+    if remote is not None and remote.sources:
+        registry.register(SourceCollector(remote))
     if cache is not None:
         registry.register(CacheCollector(cache, versions))
     if cpu_metrics and os.path.exists("/proc/stat"):

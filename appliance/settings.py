@@ -36,6 +36,11 @@ class ServerSettings:
     max_queue_size: int = 4096
     inline_budget_us: int = 100
     require_manifest: bool = False
+    manifest_public_key: Path | None = None  # manifests must carry an Ed25519 signature
+    remote_repositories: tuple[str, ...] = ()  # s3://... synced into the model store
+    model_store_dir: Path | None = None  # where remote repositories are cached
+    model_store_reserve_bytes: int = 256 * MiB  # downloads stop before free space drops below
+    download_rate_bytes_s: float = 0.0  # cap on model download bandwidth; 0: none
     rate_limit: bool = False
     rate_limit_resources: tuple[tuple[str, int], ...] = ()
     trace_file: str = ""

@@ -38,8 +38,15 @@ def start_server(tmp_path: Path) -> Iterator[object]:
     """Start extra servers with their own flags; each is stopped after the test."""
     started: list[ServerProcess] = []
 
-    def start(repository: Path | list[Path], *flags: str, wait: bool = True) -> ServerProcess:
-        proc = ServerProcess(repository, *flags, log_path=tmp_path / f"server{len(started)}.log")
+    def start(
+        repository: Path | str | list[Path | str],
+        *flags: str,
+        wait: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> ServerProcess:
+        proc = ServerProcess(
+            repository, *flags, log_path=tmp_path / f"server{len(started)}.log", env=env
+        )
         started.append(proc)
         if wait:
             proc.wait_ready()

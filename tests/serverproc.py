@@ -23,7 +23,13 @@ def free_port() -> int:
 class ServerProcess:
     """`python -m appliance serve` as a child process; `stop()` sends SIGTERM and waits."""
 
-    def __init__(self, repository: Path | list[Path], *extra: str, log_path: Path) -> None:
+    def __init__(
+        self,
+        repository: Path | str | list[Path | str],
+        *extra: str,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+    ) -> None:
         repos = repository if isinstance(repository, list) else [repository]
         self.http_port = free_port()
         self.grpc_port = free_port()
@@ -44,8 +50,10 @@ class ServerProcess:
             *extra,
         ]
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        environment = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+        self.proc = subprocess.Popen(
+            args, stdout=self._log, stderr=subprocess.STDOUT, env=environment
+        )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -25,7 +25,7 @@ from appliance.model_config import (
 )
 from appliance.protojson import message_to_dict
 from appliance.repository.local import list_versions
-from appliance.repository.manifest import check_version
+from appliance.repository.manifest import NO_MANIFEST_RULES, ManifestPolicy, check_version
 from appliance.repository.version_policy import select_versions
 from appliance.repository.warmup import warm_up
 from appliance.scheduling.ensemble import EnsemblePlan, plan_from_config
@@ -107,7 +107,7 @@ def prepare_model(
     strict: bool,
     override: ModelConfig | None = None,
     host: Any = None,
-    require_manifest: bool = False,
+    manifest: ManifestPolicy = NO_MANIFEST_RULES,
 ) -> PreparedModel:
     """Read, complete and validate the config, then load the instances of each chosen version.
 
@@ -137,7 +137,7 @@ def prepare_model(
     # The newest version that can be read describes the model; unreadable ones fail alone.
     unreadable: dict[int, str] = {}
     for version in versions:
-        why = check_version(model_dir / str(version), require_manifest)
+        why = check_version(model_dir / str(version), manifest)
         if why:
             unreadable[version] = why
     signature = None

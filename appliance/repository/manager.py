@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from appliance.repository.loader import (
     tensor_rules,
 )
 from appliance.repository.local import list_models
+from appliance.repository.manifest import NO_MANIFEST_RULES, ManifestPolicy
 from appliance.scheduling.batcher import Scheduler
 from appliance.scheduling.ensemble import EnsemblePlan
 from appliance.scheduling.policy import BatchPolicy
@@ -91,7 +93,7 @@ class ManagerSettings:
     load_concurrency: int = 2
     inline_budget_us: int = 100  # see scheduling/batcher.py; 0 turns inline execution off
     latency_histograms: bool = False
-    require_manifest: bool = False  # versions load only with a matching SHA256SUMS
+    manifest: ManifestPolicy = NO_MANIFEST_RULES  # SHA256SUMS required / signed
     rate_limit: bool = False  # --rate-limit=execution_count
     rate_limit_resources: tuple[tuple[str, int], ...] = ()
 
@@ -149,6 +151,10 @@ class ModelManager:
         self._settings = settings
         self._models: dict[str, ModelRecord] = {}
         self.host: Any = None  # blocking inference entry handed to backends for BLS
+        # (model, version) -> why a remote version is not in the store yet (sources.py).
+        self.pending: Callable[[], dict[tuple[str, int], str]] = dict
+        # Explicit mode: brings a remote model into the store before it loads.
+        self.fetch: Callable[[str], Awaitable[object]] | None = None
         self.load_results: dict[tuple[str, str], int] = {}  # (model, success|failure) -> count
         self.rate_limiter = RateLimiter(settings.rate_limit, dict(settings.rate_limit_resources))
         self._locks: dict[str, asyncio.Lock] = {}
@@ -211,8 +217,9 @@ class ModelManager:
     def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         """Triton's repository index: one entry per model version (per model when none load)."""
         entries: list[dict[str, Any]] = []
-        for name in sorted(self._models):
-            record = self._models[name]
+        pending = self.pending()
+        for name in sorted(self._models.keys() | {model for model, _ in pending}):
+            record = self._models.get(name) or ModelRecord(name=name, path=None)
             note = "; ".join(record.notes)
             rows: list[tuple[int | None, str, str]] = [
                 (v, READY, _join(note, f"new content failed: {record.failed[v]}"))
@@ -225,6 +232,14 @@ class ModelManager:
                 for v, why in record.failed.items()
                 if v not in record.versions
             ]
+            for (model, v), why in pending.items():
+                if model != name:
+                    continue
+                rows = [r for r in rows if r[0] != v]
+                if v in record.versions:  # an older copy of this version still serves
+                    rows.append((v, READY, _join(note, f"new content not fetched: {why}")))
+                else:
+                    rows.append((v, UNAVAILABLE, f"not fetched: {why}"))
             if not rows:
                 rows = [(None, record.state, record.reason)]
             for version, state, reason in sorted(rows, key=lambda r: r[0] or 0):
@@ -266,6 +281,8 @@ class ModelManager:
         """
         if self._stopping:
             raise ModelNotReady("server is shutting down")
+        if source is None and self.fetch is not None:
+            await self.fetch(name)
         path = source or self.model_names().get(name)
         if path is None:
             raise ModelNotFound(
@@ -284,7 +301,7 @@ class ModelManager:
                     self._settings.strict_model_config,
                     override,
                     self.host,
-                    self._settings.require_manifest,
+                    self._settings.manifest,
                 )
             except ApplianceError as exc:
                 self._count_load(name, "failure")

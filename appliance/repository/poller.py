@@ -1,9 +1,11 @@
 """Poll mode: reload models whose folders changed, load new ones, unload removed ones.
 
-A change is acted on only once the folder's fingerprint (every file's path, size and mtime)
-is the same on two polls in a row, so a model still being copied is never loaded half-way. A
-version that fails to load is not retried until its content changes again, and what already
-serves keeps serving (see ModelManager.load).
+Each poll first syncs the remote repositories into the model store, then scans the folders.
+A change in a local folder is acted on only once its fingerprint (every file's path, size
+and mtime) is the same on two polls in a row, so a model still being copied is never loaded
+half-way; the store needs no such wait, as versions appear there whole. A version that fails
+to load is not retried until its content changes again, and what already serves keeps
+serving (see ModelManager.load).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 from appliance.errors import ApplianceError
 from appliance.repository.manager import ModelManager
+from appliance.repository.sources import RemoteSources
 
 log = logging.getLogger(__name__)
 
@@ -47,32 +50,55 @@ class Changes:
     unload: tuple[str, ...]
 
 
-def plan_changes(served: dict[str, str], seen: dict[str, str], now: dict[str, str]) -> Changes:
-    """Pure: `served` fingerprints acted on, `seen` last poll's, `now` this poll's."""
-    load = tuple(sorted(n for n, fp in now.items() if served.get(n) != fp and seen.get(n) == fp))
+def plan_changes(
+    served: dict[str, str],
+    seen: dict[str, str],
+    now: dict[str, str],
+    settled: frozenset[str] = frozenset(),
+) -> Changes:
+    """Pure: `served` fingerprints acted on, `seen` last poll's, `now` this poll's.
+
+    Models in `settled` change only whole (the model store), so they need no second look.
+    """
+    load = tuple(
+        sorted(
+            n
+            for n, fp in now.items()
+            if served.get(n) != fp and (seen.get(n) == fp or n in settled)
+        )
+    )
     unload = tuple(sorted(n for n in served if n not in now))
     return Changes(load, unload)
 
 
 class RepositoryPoller:
-    def __init__(self, manager: ModelManager, interval_s: float) -> None:
+    def __init__(
+        self, manager: ModelManager, interval_s: float, remote: RemoteSources | None = None
+    ) -> None:
         self._manager = manager
+        self._remote = remote
         self._interval_s = interval_s
         self._served: dict[str, str] = {}
         self._seen: dict[str, str] = {}
         self.last_poll_s = 0.0  # wall-clock time of the last successful scan (for metrics)
 
-    def _scan(self) -> dict[str, str]:
-        return {name: fingerprint(path) for name, path in self._manager.model_names().items()}
+    def _scan(self) -> tuple[dict[str, str], frozenset[str]]:
+        names = self._manager.model_names()
+        in_store = frozenset(
+            n for n, path in names.items() if self._remote is not None and self._remote.owns(path)
+        )
+        return {name: fingerprint(path) for name, path in names.items()}, in_store
 
     async def poll_once(self) -> Changes:
+        if self._remote is not None:
+            await self._remote.sync()
         try:
-            now = await asyncio.to_thread(self._scan)
+            now, in_store = await asyncio.to_thread(self._scan)
         except (ApplianceError, OSError) as exc:
             log.error("cannot read the model repository: %s", exc)
             return Changes((), ())
         self.last_poll_s = time.time()
-        changes = plan_changes(self._served, self._seen, now)
+        changes = plan_changes(self._served, self._seen, now, in_store)
         self._seen = now
         for name in changes.load:
             self._served[name] = now[name]  # a failed load is retried only after a change
@@ -89,7 +115,7 @@ class RepositoryPoller:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         """Remember what start-up loaded, then poll until the context exits."""
-        self._served = await asyncio.to_thread(self._scan)
+        self._served, _ = await asyncio.to_thread(self._scan)
         self._seen = dict(self._served)
         task = asyncio.ensure_future(self._loop())
         try:

@@ -1,0 +1,576 @@
+"""S3 model repositories: sync a bucket prefix into the local model store, verified.
+
+Triton's spellings of the location are accepted:
+
+    s3://bucket/prefix                     AWS (region from the AWS configuration)
+    s3://host:port/bucket/prefix           an S3-compatible endpoint over plain HTTP
+    s3://https://host:port/bucket/prefix   the same over HTTPS
+
+Credentials come from wherever the AWS SDK finds them (environment, shared credentials file,
+instance metadata); botocore signs every request.
+
+A sync costs one listing when nothing changed. A version is fetched only when its listing
+(key, ETag, size of every file) differs from what the store holds, and only its changed
+files are downloaded; unchanged ones are hard-linked from the copy already held. A version
+is complete when every file matches its size and its checksum: the sha256 in the version's
+SHA256SUMS when it has one (see manifest.py), else the ETag when it is the object's MD5. A
+version without a manifest is fetched only once its listing has settled (unchanged since the
+last poll, or untouched for `settle_s` by the bucket's clock), so a half-uploaded version
+is never taken. Versions whose content failed verification are not fetched again until
+their listing changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import hashlib
+import logging
+import os
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from appliance.repository.manifest import (
+    BOOKKEEPING,
+    MANIFEST,
+    SIGNATURE,
+    ManifestError,
+    ManifestPolicy,
+    parse_manifest,
+    verify_signature,
+)
+from appliance.repository.store import (
+    DiskReserveError,
+    ModelStore,
+    PartFile,
+    read_record,
+    write_record,
+)
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 1 << 20
+_FETCH_ATTEMPTS = 5
+_BACKOFF_S = 0.5
+_MD5_ETAG = re.compile(r"^[0-9a-f]{32}$")
+
+
+class SourceError(Exception):
+    """The source cannot be read now: unreachable, refused, or misconfigured."""
+
+
+class _Transient(Exception):
+    """A network failure worth retrying (connection reset, timeout, 5xx, throttling)."""
+
+
+class _ObjectChanged(Exception):
+    """The object changed (or vanished) between listing and download."""
+
+
+class _Rejected(Exception):
+    """The content is wrong (checksum, manifest, signature); not retried until it changes."""
+
+
+@dataclass(frozen=True)
+class S3Location:
+    url: str
+    endpoint: str | None  # None: AWS
+    bucket: str
+    prefix: str  # "" or ending in "/"
+
+    @classmethod
+    def parse(cls, url: str) -> S3Location:
+        if not url.startswith("s3://"):
+            raise ValueError(f"'{url}' is not an s3:// location")
+        rest = url[len("s3://") :]
+        endpoint = None
+        for scheme in ("https://", "http://"):
+            if rest.startswith(scheme):
+                host, _, rest = rest[len(scheme) :].partition("/")
+                endpoint = scheme + host
+                break
+        else:
+            first = rest.split("/", 1)[0]
+            if ":" in first:  # host:port: an S3-compatible server over plain HTTP
+                host, _, rest = rest.partition("/")
+                endpoint = "http://" + host
+        bucket, _, prefix = rest.partition("/")
+        if not bucket or (endpoint is not None and endpoint.endswith("//")):
+            raise ValueError(f"'{url}' names no bucket (expected s3://[host:port/]bucket/prefix)")
+        prefix = prefix.strip("/")
+        return cls(url, endpoint, bucket, prefix + "/" if prefix else "")
+
+    @property
+    def source_id(self) -> str:
+        """A folder name for this location's cache: readable, and unique by a short hash."""
+        readable = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{self.bucket}/{self.prefix}").strip("_")
+        digest = hashlib.sha256(self.url.encode()).hexdigest()[:10]
+        return f"{readable[:60]}-{digest}"
+
+
+@dataclass(frozen=True)
+class RemoteObject:
+    key: str
+    size: int
+    etag: str  # without quotes
+    modified: float  # seconds since the epoch, by the bucket's clock
+
+    @property
+    def md5(self) -> str | None:
+        """The content MD5 when the ETag is one (single-part, not KMS-encrypted)."""
+        return self.etag if _MD5_ETAG.match(self.etag) else None
+
+
+@dataclass
+class RemoteModel:
+    files: dict[str, RemoteObject] = field(default_factory=dict)  # model-level: config.pbtxt
+    versions: dict[int, dict[str, RemoteObject]] = field(default_factory=dict)
+
+
+def group_objects(prefix: str, objects: list[RemoteObject]) -> dict[str, RemoteModel]:
+    """Pure: a listing -> model name -> model-level files and numbered versions' files."""
+    models: dict[str, RemoteModel] = {}
+    for obj in objects:
+        rel = obj.key[len(prefix) :]
+        parts = [p for p in rel.split("/") if p]
+        if rel.endswith("/") or len(parts) < 2 or parts[0].startswith("."):
+            continue  # folder markers and files at the repository root
+        model = models.setdefault(parts[0], RemoteModel())
+        if len(parts) >= 3 and parts[1].isdigit() and str(int(parts[1])) == parts[1]:
+            model.versions.setdefault(int(parts[1]), {})["/".join(parts[2:])] = obj
+        else:
+            model.files["/".join(parts[1:])] = obj
+    return models
+
+
+def _signature(files: dict[str, RemoteObject]) -> frozenset[tuple[str, str, int]]:
+    return frozenset((rel, obj.etag, obj.size) for rel, obj in files.items())
+
+
+def _recorded(record: dict[str, list[Any]]) -> frozenset[tuple[str, str, int]]:
+    return frozenset((rel, str(v[0]), int(v[1])) for rel, v in record.items() if len(v) == 2)
+
+
+class S3Source:
+    """One s3:// repository, synced into its folder of the model store."""
+
+    def __init__(
+        self,
+        url: str,
+        state_dir: Path,
+        reserve_bytes: int,
+        manifest: ManifestPolicy,
+        settle_s: float = 5.0,
+        rate_bytes_s: float = 0.0,
+    ) -> None:
+        self.location = S3Location.parse(url)
+        self.rate_bytes_s = rate_bytes_s  # 0: as fast as the link goes
+        self.url = url
+        self.store = ModelStore(state_dir, self.location.source_id, reserve_bytes)
+        self.manifest = manifest
+        self.settle_s = settle_s
+        self.reachable: bool | None = None  # None until the first sync
+        self.last_error = ""
+        self.last_sync_s = 0.0  # wall clock of the last successful listing
+        self.downloaded_bytes = 0
+        self.requests = 0  # S3 API calls made (listing pages and GETs)
+        # (model, version) -> why it is not in the store at its listed content.
+        self.pending: dict[tuple[str, int], str] = {}
+        self._rejected: dict[tuple[str, int], frozenset[tuple[str, str, int]]] = {}
+        self._last_listing: dict[tuple[str, int], frozenset[tuple[str, str, int]]] = {}
+        self._client: Any = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def root(self) -> Path:
+        return self.store.root
+
+    @contextlib.asynccontextmanager
+    async def opened(self) -> AsyncIterator[S3Source]:
+        try:
+            from aiobotocore.session import get_session
+            from botocore.config import Config
+        except ImportError as exc:
+            raise SourceError(
+                f"{self.url}: S3 repositories need aiobotocore (pip install 'edge-appliance[s3]')"
+            ) from exc
+        await asyncio.to_thread(self.store.open)
+        session = get_session()
+        region = (
+            os.environ.get("AWS_REGION")
+            or os.environ.get("AWS_DEFAULT_REGION")
+            or session.get_config_variable("region")
+            or "us-east-1"
+        )
+        config = Config(
+            connect_timeout=5,
+            read_timeout=30,
+            retries={"max_attempts": 3, "mode": "standard"},
+            s3={"addressing_style": "path"} if self.location.endpoint else {},
+        )
+        async with session.create_client(
+            "s3", endpoint_url=self.location.endpoint, region_name=region, config=config
+        ) as client:
+            self._client = client
+            try:
+                yield self
+            finally:
+                self._client = None
+
+    # ---- one sync ----------------------------------------------------------------------------
+
+    async def sync(self, only: set[str] | None = None) -> set[str]:
+        """Bring the store up to date with the bucket; the models whose folders changed.
+
+        Raises SourceError when the bucket cannot be listed or a download cannot finish;
+        what the store already holds is untouched and keeps serving.
+        """
+        async with self._lock:
+            try:
+                objects, bucket_now = await self._list()
+            except SourceError as exc:
+                self._mark_unreachable(str(exc))
+                raise
+            changed: set[str] = set()
+            remote = group_objects(self.location.prefix, objects)
+            try:
+                for name in sorted(remote):
+                    wanted = only is None or name in only
+                    if wanted and await self._sync_model(name, remote[name], bucket_now):
+                        changed.add(name)
+                changed |= await asyncio.to_thread(self._remove_gone, remote, only)
+            except SourceError as exc:
+                self._mark_unreachable(str(exc))
+                raise
+            if self.reachable is not True:
+                log.info("model source %s is reachable", self.url)
+            self.reachable, self.last_error = True, ""
+            self.last_sync_s = time.time()
+            return changed
+
+    def _mark_unreachable(self, why: str) -> None:
+        if self.reachable is not False or why != self.last_error:
+            log.error("model source unreachable, serving the cached models: %s", why)
+        self.reachable, self.last_error = False, why
+
+    async def _list(self) -> tuple[list[RemoteObject], float | None]:
+        objects: list[RemoteObject] = []
+        bucket_now: float | None = None
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {
+                "Bucket": self.location.bucket,
+                "Prefix": self.location.prefix,
+            }
+            if token:
+                kwargs["ContinuationToken"] = token
+            self.requests += 1
+            try:
+                page = await self._client.list_objects_v2(**kwargs)
+            except Exception as exc:
+                raise SourceError(self._explain(exc, "listing")) from exc
+            date = page.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+            if date:
+                with contextlib.suppress(TypeError, ValueError):
+                    bucket_now = email.utils.parsedate_to_datetime(date).timestamp()
+            for item in page.get("Contents", []):
+                objects.append(
+                    RemoteObject(
+                        key=item["Key"],
+                        size=int(item["Size"]),
+                        etag=str(item.get("ETag", "")).strip('"'),
+                        modified=item["LastModified"].timestamp(),
+                    )
+                )
+            if not page.get("IsTruncated"):
+                return objects, bucket_now
+            token = page.get("NextContinuationToken")
+
+    def _explain(self, exc: Exception, what: str) -> str:
+        """A one-line reason naming the source and what failed."""
+        response = getattr(exc, "response", None)
+        where = f"{self.url}: {what}"
+        if isinstance(response, dict) and "Error" in response:
+            code = response["Error"].get("Code", "")
+            message = response["Error"].get("Message", "")
+            if code == "NoSuchBucket":
+                return f"{where} failed: bucket '{self.location.bucket}' does not exist"
+            if code in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied", "403"):
+                return f"{where} refused ({code}): check the AWS credentials: {message}"
+            return f"{where} failed ({code}): {message}"
+        name = type(exc).__name__
+        if name in ("NoCredentialsError", "PartialCredentialsError"):
+            return (
+                f"{where} failed: no AWS credentials found (AWS_ACCESS_KEY_ID / "
+                "AWS_SECRET_ACCESS_KEY, ~/.aws/credentials or instance metadata)"
+            )
+        return f"{where} failed: cannot reach the endpoint: {exc}"
+
+    async def _sync_model(self, name: str, remote: RemoteModel, bucket_now: float | None) -> bool:
+        changed = await self._sync_model_files(name, remote.files)
+        for version in sorted(remote.versions):
+            if await self._sync_version(name, version, remote.versions[version], bucket_now):
+                changed = True
+        return changed
+
+    async def _sync_model_files(self, name: str, files: dict[str, RemoteObject]) -> bool:
+        """config.pbtxt, labels and other files beside the version folders."""
+        folder = self.store.root / name
+        record = await asyncio.to_thread(read_record, folder)
+        fresh = {rel: obj for rel, obj in files.items() if record.get(rel) != [obj.etag, obj.size]}
+        gone = [rel for rel in record if rel not in files]
+        if not fresh and not gone:
+            return False
+        staging = self.store.staging / name / ".model"
+        for rel, obj in sorted(fresh.items()):
+            try:
+                await self._fetch(obj, staging / rel, None)
+            except (_ObjectChanged, _Rejected) as exc:
+                log.warning("model '%s': %s: %s; retrying on the next poll", name, rel, exc)
+                return False
+        new_record = {rel: [obj.etag, obj.size] for rel, obj in files.items()}
+
+        def publish() -> None:
+            for rel in fresh:
+                target = folder / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(staging / rel, target)
+            for rel in gone:
+                self.store.remove_model_file(name, rel)
+            write_record(folder, new_record)
+
+        await asyncio.to_thread(publish)
+        log.info("model '%s': fetched %s", name, ", ".join(sorted(fresh)) or "(removals)")
+        return True
+
+    async def _sync_version(
+        self, name: str, version: int, files: dict[str, RemoteObject], bucket_now: float | None
+    ) -> bool:
+        key = (name, version)
+        signature = _signature(files)
+        previous, self._last_listing[key] = self._last_listing.get(key), signature
+        held = _recorded(await asyncio.to_thread(read_record, self.store.version_dir(*key)))
+        if held == signature:
+            self.pending.pop(key, None)
+            return False
+        if self._rejected.get(key) == signature:
+            return False  # failed verification; retried once its content changes
+        try:
+            wanted = await self._check_complete(name, version, files, previous, bucket_now)
+            if wanted is None:
+                return False
+            await self._fetch_version(name, version, files, wanted, held)
+        except _Rejected as exc:
+            self._rejected[key] = signature
+            self._set_pending(key, f"rejected: {exc}", logging.ERROR)
+            return False
+        except (_ObjectChanged, DiskReserveError) as exc:
+            self._set_pending(key, str(exc), logging.WARNING)
+            return False
+        self.pending.pop(key, None)
+        self._rejected.pop(key, None)
+        log.info("model '%s' version %d: fetched and verified into the store", name, version)
+        return True
+
+    def _set_pending(self, key: tuple[str, int], why: str, level: int) -> None:
+        if self.pending.get(key) != why:
+            log.log(level, "model '%s' version %d not fetched: %s", key[0], key[1], why)
+        self.pending[key] = why
+
+    async def _check_complete(
+        self,
+        name: str,
+        version: int,
+        files: dict[str, RemoteObject],
+        previous: frozenset[tuple[str, str, int]] | None,
+        bucket_now: float | None,
+    ) -> dict[str, str | None] | None:
+        """The files to fetch (name -> expected sha256), or None while the upload is unfinished.
+
+        Raises _Rejected for a manifest or signature that is wrong.
+        """
+        key = (name, version)
+        staging = self.store.staging_dir(name, version)
+        if MANIFEST not in files:
+            if self.manifest.signed or self.manifest.required:
+                flag = "--manifest-public-key" if self.manifest.signed else "--require-manifest"
+                self._set_pending(key, f"waiting for {MANIFEST} ({flag} is set)", logging.INFO)
+                return None
+            newest = max(obj.modified for obj in files.values())
+            quiet = bucket_now is not None and bucket_now - newest >= self.settle_s
+            if previous != _signature(files) and not quiet:
+                self._set_pending(key, "waiting for the upload to settle", logging.INFO)
+                return None
+            return dict.fromkeys(files)
+        await self._fetch(files[MANIFEST], staging / MANIFEST, None)
+        raw = await asyncio.to_thread((staging / MANIFEST).read_bytes)
+        try:
+            listed = parse_manifest(raw.decode("utf-8"))
+        except (ManifestError, UnicodeDecodeError) as exc:
+            raise _Rejected(str(exc)) from exc
+        if self.manifest.signed:
+            if SIGNATURE not in files:
+                self._set_pending(key, f"waiting for {SIGNATURE}", logging.INFO)
+                return None
+            await self._fetch(files[SIGNATURE], staging / SIGNATURE, None)
+            signature = await asyncio.to_thread((staging / SIGNATURE).read_bytes)
+            try:
+                verify_signature(self.manifest.public_key, raw, signature)
+            except ManifestError as exc:
+                raise _Rejected(str(exc)) from exc
+            unlisted = sorted(f for f in files if f not in listed and f not in BOOKKEEPING)
+            if unlisted:
+                raise _Rejected(f"files not in the signed {MANIFEST}: {', '.join(unlisted)}")
+        missing = sorted(f for f in listed if f not in files)
+        if missing:
+            self._set_pending(
+                key,
+                f"incomplete: waiting for {', '.join(missing)} (listed in {MANIFEST})",
+                logging.INFO,
+            )
+            return None
+        wanted: dict[str, str | None] = {rel: listed.get(rel) for rel in files}
+        return wanted
+
+    async def _fetch_version(
+        self,
+        name: str,
+        version: int,
+        files: dict[str, RemoteObject],
+        wanted: dict[str, str | None],
+        held: frozenset[tuple[str, str, int]],
+    ) -> None:
+        staging = self.store.staging_dir(name, version)
+        unchanged = {rel for rel, etag, size in held if (rel, etag, size) in _signature(files)}
+        to_fetch = [rel for rel in sorted(wanted) if rel not in unchanged]
+        needed = sum(files[rel].size for rel in to_fetch)
+        staged = await asyncio.to_thread(self.store.staged_bytes, name, version)
+        await asyncio.to_thread(
+            self.store.check_space, max(0, needed - staged), f"model '{name}' version {version}"
+        )
+        for rel in sorted(unchanged):
+            if not await asyncio.to_thread(self.store.reuse, name, version, rel):
+                to_fetch.append(rel)
+        for rel in to_fetch:
+            if rel in (MANIFEST, SIGNATURE) and (staging / rel).is_file():
+                continue  # fetched and checked by _check_complete
+            await self._fetch(files[rel], staging / rel, wanted[rel])
+        record = {rel: [files[rel].etag, files[rel].size] for rel in wanted}
+        await asyncio.to_thread(self.store.publish, name, version, record)
+
+    async def _fetch(self, obj: RemoteObject, final: Path, sha256: str | None) -> None:
+        """Download one object to `final`, resuming a part left by an earlier run."""
+        part = await asyncio.to_thread(PartFile, final, obj.etag)
+        try:
+            for attempt in range(_FETCH_ATTEMPTS):
+                try:
+                    await self._download_into(part, obj)
+                    break
+                except _Transient as exc:
+                    if attempt == _FETCH_ATTEMPTS - 1:
+                        raise SourceError(
+                            f"{self.url}: downloading '{obj.key}' failed after "
+                            f"{_FETCH_ATTEMPTS} attempts: {exc}"
+                        ) from exc
+                    await asyncio.to_thread(part.flush)
+                    delay = min(8.0, _BACKOFF_S * 2**attempt)
+                    log.warning("downloading '%s': %s; retrying in %.1f s", obj.key, exc, delay)
+                    await asyncio.sleep(delay)
+            why = _mismatch(part, obj, sha256)
+            if why:
+                await asyncio.to_thread(part.discard)
+                raise _Rejected(f"'{obj.key}' {why}")
+            await asyncio.to_thread(part.commit)
+        except BaseException:
+            await asyncio.to_thread(part.close)
+            raise
+
+    async def _download_into(self, part: PartFile, obj: RemoteObject) -> None:
+        if part.size >= obj.size:
+            return  # an earlier run fetched it all and died before the rename
+        kwargs: dict[str, Any] = {
+            "Bucket": self.location.bucket,
+            "Key": obj.key,
+            "IfMatch": f'"{obj.etag}"',
+        }
+        if part.size:
+            kwargs["Range"] = f"bytes={part.size}-"
+        self.requests += 1
+        rate = self.rate_bytes_s
+        chunk_size = min(_CHUNK, max(16384, int(rate / 8))) if rate else _CHUNK
+        try:
+            response = await self._client.get_object(**kwargs)
+            if response.get("ServerSideEncryption") == "aws:kms":
+                part.etag_is_md5 = False  # a KMS-encrypted object's ETag is not its MD5
+            started, received = time.monotonic(), 0
+            async with response["Body"] as body:
+                while chunk := await body.read(chunk_size):
+                    await asyncio.to_thread(part.write, chunk)
+                    self.downloaded_bytes += len(chunk)
+                    received += len(chunk)
+                    if rate:  # pace to the configured link share
+                        ahead = received / rate - (time.monotonic() - started)
+                        if ahead > 0:
+                            await asyncio.sleep(ahead)
+        except OSError as exc:
+            if isinstance(exc, ConnectionError | TimeoutError):
+                raise _Transient(str(exc)) from exc
+            raise DiskReserveError(f"cannot write '{part.part}': {exc.strerror}") from exc
+        except Exception as exc:
+            raise self._classify(exc, obj) from exc
+
+    def _classify(self, exc: Exception, obj: RemoteObject) -> Exception:
+        response = getattr(exc, "response", None)
+        if isinstance(response, dict) and "Error" in response:
+            code = str(response["Error"].get("Code", ""))
+            status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+            if code in ("PreconditionFailed", "NoSuchKey") or status in (404, 412):
+                return _ObjectChanged(f"'{obj.key}' changed during the download")
+            if status >= 500 or code in ("SlowDown", "Throttling", "RequestTimeout"):
+                return _Transient(f"{code} (HTTP {status})")
+            return SourceError(self._explain(exc, f"downloading '{obj.key}'"))
+        if type(exc).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
+            return SourceError(self._explain(exc, f"downloading '{obj.key}'"))
+        return _Transient(f"{type(exc).__name__}: {exc}")
+
+    def _remove_gone(self, remote: dict[str, RemoteModel], only: set[str] | None) -> set[str]:
+        """Delete from the store what the bucket no longer has (after a good listing)."""
+        changed: set[str] = set()
+        if not self.store.root.is_dir():
+            return changed
+        for folder in sorted(self.store.root.iterdir()):
+            name = folder.name
+            if not folder.is_dir() or (only is not None and name not in only):
+                continue
+            if name not in remote:
+                log.info("model '%s' left %s; removing it from the store", name, self.url)
+                self.store.remove_model(name)
+                changed.add(name)
+                continue
+            for entry in folder.iterdir():
+                if entry.is_dir() and entry.name.isdigit():
+                    version = int(entry.name)
+                    if version not in remote[name].versions:
+                        self.store.remove_version(name, version)
+                        self._last_listing.pop((name, version), None)
+                        changed.add(name)
+        for model, version in list(self.pending):
+            if model not in remote or version not in remote[model].versions:
+                del self.pending[(model, version)]
+        return changed
+
+
+def _mismatch(part: PartFile, obj: RemoteObject, sha256: str | None) -> str:
+    """'' when the downloaded bytes are the object, else what is wrong."""
+    if part.size != obj.size:
+        return f"is {part.size} bytes, the listing says {obj.size}"
+    if sha256 is not None and part.sha256.hexdigest() != sha256:
+        return f"does not match its sha256 in {MANIFEST}"
+    if obj.md5 is not None and part.etag_is_md5 and part.md5.hexdigest() != obj.md5:
+        return "does not match its ETag (MD5): corrupted in transit or in the bucket"
+    return ""

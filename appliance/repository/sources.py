@@ -1,0 +1,82 @@
+"""The remote repositories of a server, as one thing the poller and control plane can sync.
+
+A local `--model-repository` folder needs no syncing: the manager reads it directly. Each
+remote one (s3://...) is synced into its own folder of the model store, and that folder is
+what the manager reads: the server only ever loads local, verified files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from appliance.repository.manifest import ManifestPolicy
+from appliance.repository.s3 import S3Source, SourceError
+
+log = logging.getLogger(__name__)
+
+
+def is_remote(location: str) -> bool:
+    return "://" in location
+
+
+def check_location(location: str) -> None:
+    """Raise ValueError for a remote location this server cannot read."""
+    if location.startswith("s3://"):
+        from appliance.repository.s3 import S3Location
+
+        S3Location.parse(location)
+        return
+    scheme = location.split("://", 1)[0]
+    raise ValueError(
+        f"model repository '{location}': {scheme}:// is not supported; use a local folder or "
+        "s3://[host:port/]bucket/prefix"
+    )
+
+
+class RemoteSources:
+    def __init__(
+        self,
+        locations: tuple[str, ...],
+        state_dir: Path,
+        reserve_bytes: int,
+        manifest: ManifestPolicy,
+        rate_bytes_s: float = 0.0,
+    ) -> None:
+        self.sources = [
+            S3Source(url, state_dir, reserve_bytes, manifest, rate_bytes_s=rate_bytes_s)
+            for url in locations
+        ]
+
+    @property
+    def roots(self) -> tuple[Path, ...]:
+        return tuple(source.root for source in self.sources)
+
+    @contextlib.asynccontextmanager
+    async def opened(self) -> AsyncIterator[RemoteSources]:
+        async with contextlib.AsyncExitStack() as stack:
+            for source in self.sources:
+                await stack.enter_async_context(source.opened())
+            yield self
+
+    async def sync(self, only: set[str] | None = None) -> set[str]:
+        """Sync every source; models whose store folders changed. An unreachable source is
+        logged (by the source) and skipped: its cached models keep serving."""
+        changed: set[str] = set()
+        for source in self.sources:
+            with contextlib.suppress(SourceError):
+                changed |= await source.sync(only)
+        return changed
+
+    def pending(self) -> dict[tuple[str, int], str]:
+        """(model, version) -> why the store does not hold its listed content yet."""
+        found: dict[tuple[str, int], str] = {}
+        for source in self.sources:
+            found.update(source.pending)
+        return found
+
+    def owns(self, path: Path) -> bool:
+        """Whether a model folder lives in the store, where versions only appear whole."""
+        return any(path.is_relative_to(root) for root in self.roots)

@@ -1,0 +1,212 @@
+"""The local model store: the verified cache that remote repositories are synced into.
+
+Layout under the state directory (--model-store-dir, else systemd's $STATE_DIRECTORY):
+
+    models/<source>/<model>/config.pbtxt       a Triton repository the server loads from
+    models/<source>/<model>/<version>/...      only ever complete, verified versions
+    staging/<source>/<model>/<version>/...     downloads in progress; `*.part` resume
+    trash/                                     versions being replaced, removed right after
+
+A version reaches `models/` by one rename of its fully verified, fsynced staging folder, so
+the server never sees a torn file, even after a power cut: a killed download leaves only a
+`.part` file in staging, which the next sync resumes. Everything here is blocking file work:
+call it from a thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from appliance.repository.manifest import SYNC_RECORD
+
+MiB = 1024 * 1024
+
+
+class DiskReserveError(OSError):
+    """Writing would leave less free space than the configured reserve."""
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace `path` with `data`: a temp file, fsync, rename, fsync of the folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    with tmp.open("wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def read_record(folder: Path) -> dict[str, list[Any]]:
+    """What a sync fetched into `folder`: relative path -> [etag, size]; {} when unknown."""
+    try:
+        data = json.loads((folder / SYNC_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_record(folder: Path, record: dict[str, list[Any]]) -> None:
+    write_atomically(folder / SYNC_RECORD, json.dumps(record, sort_keys=True).encode())
+
+
+class PartFile:
+    """A download in progress: appends, hashes as it goes, and resumes after a crash.
+
+    `<name>.part` holds the bytes so far and `<name>.part-etag` the ETag they belong to; a
+    part whose object has since changed is thrown away.
+    """
+
+    def __init__(self, final: Path, etag: str) -> None:
+        self.final = final
+        self.part = final.with_name(final.name + ".part")
+        self._etag_file = final.with_name(final.name + ".part-etag")
+        self.md5 = hashlib.md5(usedforsecurity=False)
+        self.sha256 = hashlib.sha256()
+        self.etag_is_md5 = True
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            resumable = self._etag_file.read_text() == etag and self.part.is_file()
+        except OSError:
+            resumable = False
+        if not resumable:
+            self.part.unlink(missing_ok=True)
+            self._etag_file.write_text(etag)
+        self._handle = self.part.open("ab")
+        self.size = 0
+        with self.part.open("rb") as existing:  # hash what an earlier run already fetched
+            while chunk := existing.read(MiB):
+                self._hash(chunk)
+
+    def _hash(self, chunk: bytes) -> None:
+        self.md5.update(chunk)
+        self.sha256.update(chunk)
+        self.size += len(chunk)
+
+    def write(self, chunk: bytes) -> None:
+        self._handle.write(chunk)
+        self._hash(chunk)
+
+    def flush(self) -> None:
+        self._handle.flush()
+
+    def discard(self) -> None:
+        self._handle.close()
+        self.part.unlink(missing_ok=True)
+        self._etag_file.unlink(missing_ok=True)
+
+    def commit(self) -> None:
+        """fsync and rename to the final name."""
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self._handle.close()
+        os.replace(self.part, self.final)
+        self._etag_file.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+class ModelStore:
+    """The folders of one remote source inside the state directory."""
+
+    def __init__(self, state_dir: Path, source_id: str, reserve_bytes: int) -> None:
+        self.state_dir = state_dir
+        self.root = state_dir / "models" / source_id
+        self.staging = state_dir / "staging" / source_id
+        self._trash = state_dir / "trash"
+        self.reserve_bytes = reserve_bytes
+
+    def open(self) -> None:
+        for folder in (self.root, self.staging, self._trash):
+            folder.mkdir(parents=True, exist_ok=True)
+        for leftover in self._trash.iterdir():  # a replace interrupted by a crash
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    def check_space(self, needed: int, what: str) -> None:
+        free = shutil.disk_usage(self.state_dir).free
+        if free - needed < self.reserve_bytes:
+            raise DiskReserveError(
+                f"not enough disk for {what}: needs {needed / MiB:.1f} MiB, "
+                f"{free / MiB:.1f} MiB free in '{self.state_dir}', and "
+                f"{self.reserve_bytes / MiB:.0f} MiB must stay free (--model-store-reserve-mb)"
+            )
+
+    def staged_bytes(self, model: str, version: int) -> int:
+        folder = self.staging / model / str(version)
+        total = 0
+        for root, _, names in os.walk(folder):
+            for name in names:
+                with contextlib.suppress(OSError):
+                    total += (Path(root) / name).stat().st_size
+        return total
+
+    def version_dir(self, model: str, version: int) -> Path:
+        return self.root / model / str(version)
+
+    def staging_dir(self, model: str, version: int) -> Path:
+        return self.staging / model / str(version)
+
+    def reuse(self, model: str, version: int, relpath: str) -> bool:
+        """Hard-link (else copy) an unchanged file of the served copy into staging."""
+        source = self.version_dir(model, version) / relpath
+        target = self.staging_dir(model, version) / relpath
+        if not source.is_file():
+            return False
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.unlink(missing_ok=True)
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copy2(source, target)
+        return True
+
+    def publish(self, model: str, version: int, record: dict[str, list[Any]]) -> None:
+        """Move a fully verified staging folder into the repository in one rename."""
+        staged = self.staging_dir(model, version)
+        write_record(staged, record)
+        for root, _, _ in os.walk(staged):
+            fsync_dir(Path(root))
+        target = self.version_dir(model, version)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        self._remove(target)
+        os.replace(staged, target)
+        fsync_dir(target.parent)
+
+    def publish_model_file(self, model: str, relpath: str, data: bytes) -> None:
+        write_atomically(self.root / model / relpath, data)
+
+    def remove_version(self, model: str, version: int) -> None:
+        self._remove(self.version_dir(model, version))
+        shutil.rmtree(self.staging_dir(model, version), ignore_errors=True)
+
+    def remove_model(self, model: str) -> None:
+        self._remove(self.root / model)
+        shutil.rmtree(self.staging / model, ignore_errors=True)
+
+    def remove_model_file(self, model: str, relpath: str) -> None:
+        (self.root / model / relpath).unlink(missing_ok=True)
+
+    def _remove(self, folder: Path) -> None:
+        """Rename aside first, so the repository never shows a half-deleted folder."""
+        if not folder.exists():
+            return
+        aside = self._trash / uuid.uuid4().hex
+        os.replace(folder, aside)
+        shutil.rmtree(aside, ignore_errors=True)

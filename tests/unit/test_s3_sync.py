@@ -1,0 +1,118 @@
+"""The pure parts of S3 syncing: locations, grouping a listing, the store's part files."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from appliance.repository.poller import plan_changes
+from appliance.repository.s3 import RemoteObject, S3Location, group_objects
+from appliance.repository.store import ModelStore, PartFile, read_record
+
+
+@pytest.mark.parametrize(
+    ("url", "endpoint", "bucket", "prefix"),
+    [
+        ("s3://models", None, "models", ""),
+        ("s3://models/fleet/a/", None, "models", "fleet/a/"),
+        ("s3://127.0.0.1:9000/models/repo", "http://127.0.0.1:9000", "models", "repo/"),
+        ("s3://https://s3.local:443/models/repo", "https://s3.local:443", "models", "repo/"),
+        ("s3://http://minio:9000/b", "http://minio:9000", "b", ""),
+    ],
+)
+def test_triton_s3_locations(url: str, endpoint: str | None, bucket: str, prefix: str) -> None:
+    location = S3Location.parse(url)
+    assert (location.endpoint, location.bucket, location.prefix) == (endpoint, bucket, prefix)
+
+
+@pytest.mark.parametrize("url", ["s3://", "s3://127.0.0.1:9000/", "gs://bucket"])
+def test_bad_locations_are_refused(url: str) -> None:
+    with pytest.raises(ValueError, match=r"bucket|s3://"):
+        S3Location.parse(url)
+
+
+def test_cache_folders_differ_per_location() -> None:
+    a = S3Location.parse("s3://h:1/bucket/repo").source_id
+    b = S3Location.parse("s3://h:2/bucket/repo").source_id
+    assert a != b
+    assert a.startswith("bucket_repo-")
+
+
+def _obj(key: str, etag: str = "e") -> RemoteObject:
+    return RemoteObject(key=key, size=1, etag=etag, modified=0.0)
+
+
+def test_listing_groups_into_model_files_and_versions() -> None:
+    models = group_objects(
+        "repo/",
+        [
+            _obj("repo/m/config.pbtxt"),
+            _obj("repo/m/labels/en.txt"),
+            _obj("repo/m/1/model.onnx"),
+            _obj("repo/m/1/sub/weights.bin"),
+            _obj("repo/m/01/ignored_as_not_canonical.onnx"),
+            _obj("repo/m/2/"),  # a folder marker
+            _obj("repo/README.md"),  # not in a model folder
+            _obj("repo/.hidden/1/x"),
+        ],
+    )
+    assert list(models) == ["m"]
+    m = models["m"]
+    assert sorted(m.files) == ["01/ignored_as_not_canonical.onnx", "config.pbtxt", "labels/en.txt"]
+    assert {v: sorted(f) for v, f in m.versions.items()} == {1: ["model.onnx", "sub/weights.bin"]}
+
+
+def test_md5_is_only_trusted_for_single_part_etags() -> None:
+    assert _obj("k", "0" * 32).md5 == "0" * 32
+    assert _obj("k", "0" * 32 + "-3").md5 is None
+
+
+def test_store_folders_change_without_a_settle_poll() -> None:
+    changes = plan_changes(
+        {"a": "1", "b": "1"}, {"a": "1", "b": "1"}, {"a": "2", "b": "2"}, frozenset({"b"})
+    )
+    assert changes.load == ("b",)
+
+
+def test_part_file_resumes_only_for_the_same_etag(tmp_path: Path) -> None:
+    final = tmp_path / "v" / "model.onnx"
+    part = PartFile(final, "etag-1")
+    part.write(b"hello ")
+    part.close()
+    resumed = PartFile(final, "etag-1")
+    assert resumed.size == 6
+    resumed.write(b"world")
+    resumed.commit()
+    assert final.read_bytes() == b"hello world"
+    assert resumed.sha256.hexdigest() == hashlib.sha256(b"hello world").hexdigest()
+    stale = PartFile(tmp_path / "w" / "x", "etag-1")
+    stale.write(b"old")
+    stale.close()
+    fresh = PartFile(tmp_path / "w" / "x", "etag-2")  # the object changed: start over
+    assert fresh.size == 0
+    fresh.close()
+
+
+def test_publish_moves_a_whole_version_and_records_what_it_holds(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path, "src", reserve_bytes=0)
+    store.open()
+    staged = store.staging_dir("m", 1)
+    staged.mkdir(parents=True)
+    (staged / "model.onnx").write_bytes(b"new")
+    old = store.version_dir("m", 1)
+    old.mkdir(parents=True)
+    (old / "model.onnx").write_bytes(b"old")
+    store.publish("m", 1, {"model.onnx": ["etag", 3]})
+    assert (old / "model.onnx").read_bytes() == b"new"
+    assert read_record(old) == {"model.onnx": ["etag", 3]}
+    assert not staged.exists()
+    assert list((tmp_path / "trash").iterdir()) == []
+
+
+def test_disk_reserve_is_checked_before_a_download(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path, "src", reserve_bytes=1 << 60)
+    store.open()
+    with pytest.raises(OSError, match="not enough disk for model 'm' version 2"):
+        store.check_space(10, "model 'm' version 2")
