@@ -65,6 +65,8 @@ class Appliance:
                 latency_histograms=settings.latency_histograms,
                 rate_limit=settings.rate_limit,
                 manifest=manifest,
+                rollback_error_rate=settings.rollback_error_rate,
+                rollback_window=settings.rollback_window,
                 rate_limit_resources=settings.rate_limit_resources,
             )
         )

@@ -174,6 +174,21 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="cap on the bandwidth model downloads use, in megabits per second (default: none)",
     )
     p.add_argument(
+        "--model-rollback-error-rate",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="roll a newly switched-in version back when more than RATE (0-1) of its first "
+        "requests fail in the model (default 0: off)",
+    )
+    p.add_argument(
+        "--model-rollback-window",
+        type=int,
+        default=100,
+        metavar="N",
+        help="how many first requests --model-rollback-error-rate watches (default 100)",
+    )
+    p.add_argument(
         "--manifest-public-key",
         type=Path,
         default=None,
@@ -355,6 +370,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         model_store_reserve_bytes=args.model_store_reserve_mb * 1024 * 1024,
         manifest_public_key=args.manifest_public_key,
         download_rate_bytes_s=args.model_download_limit_mbps * 1e6 / 8,
+        rollback_error_rate=args.model_rollback_error_rate,
+        rollback_window=args.model_rollback_window,
         http_address=args.http_address,
         http_port=args.http_port,
         grpc_address=args.grpc_address,

@@ -40,6 +40,8 @@ class ServerSettings:
     remote_repositories: tuple[str, ...] = ()  # s3://... synced into the model store
     model_store_dir: Path | None = None  # where remote repositories are cached
     model_store_reserve_bytes: int = 256 * MiB  # downloads stop before free space drops below
+    rollback_error_rate: float = 0.0  # 0: no automatic rollback
+    rollback_window: int = 100
     download_rate_bytes_s: float = 0.0  # cap on model download bandwidth; 0: none
     rate_limit: bool = False
     rate_limit_resources: tuple[tuple[str, int], ...] = ()

@@ -108,6 +108,7 @@ def prepare_model(
     override: ModelConfig | None = None,
     host: Any = None,
     manifest: ManifestPolicy = NO_MANIFEST_RULES,
+    skip: dict[int, str] | None = None,
 ) -> PreparedModel:
     """Read, complete and validate the config, then load the instances of each chosen version.
 
@@ -123,7 +124,8 @@ def prepare_model(
         raise ConfigError(f"{model_dir}: config.pbtxt is missing and --strict-model-config is set")
     if not config.name:
         config.name = name
-    available = list_versions(model_dir)
+    skip = skip or {}
+    available = [v for v in list_versions(model_dir) if v not in skip]  # e.g. rolled back
     if config.platform == ENSEMBLE:
         return _prepare_ensemble(config, model_dir, available)
     backend_name = resolve_backend(config, model_dir, available)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 
 from appliance.errors import ConfigError
@@ -32,3 +34,20 @@ def list_versions(model_dir: Path) -> list[int]:
         if entry.is_dir() and entry.name.isdigit() and str(int(entry.name)) == entry.name:
             versions.append(int(entry.name))
     return sorted(versions)
+
+
+def fingerprint(model_dir: Path) -> str:
+    """A digest of every file's relative path, size and modification time."""
+    digest = hashlib.blake2b(digest_size=16)
+    for root, dirs, files in os.walk(model_dir):
+        dirs.sort()
+        for name in sorted(files):
+            path = Path(root) / name
+            try:
+                stat = path.stat()
+            except OSError:
+                continue  # vanished while listing: the next poll sees the settled state
+            digest.update(
+                f"{path.relative_to(model_dir)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode()
+            )
+    return digest.hexdigest()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import shutil
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from appliance.repository.loader import (
     prepare_model,
     tensor_rules,
 )
-from appliance.repository.local import list_models
+from appliance.repository.local import fingerprint, list_models
 from appliance.repository.manifest import NO_MANIFEST_RULES, ManifestPolicy
 from appliance.scheduling.batcher import Scheduler
 from appliance.scheduling.ensemble import EnsemblePlan
@@ -96,6 +97,21 @@ class ManagerSettings:
     manifest: ManifestPolicy = NO_MANIFEST_RULES  # SHA256SUMS required / signed
     rate_limit: bool = False  # --rate-limit=execution_count
     rate_limit_resources: tuple[tuple[str, int], ...] = ()
+    # Automatic rollback: a new version whose model errors exceed this share of its first
+    # `rollback_window` requests is taken out, and the version it replaced serves again.
+    rollback_error_rate: float = 0.0  # 0: off
+    rollback_window: int = 100
+
+
+@dataclass
+class Probation:
+    """A newly switched-in version watched over its first requests, with the versions it
+    replaced still loaded (not drained) so that a rollback is instant."""
+
+    served: ServedVersion
+    held: list[ServedVersion]
+    requests: int = 0
+    failures: int = 0
 
 
 def _policy(config: ModelConfig) -> BatchPolicy:
@@ -159,6 +175,10 @@ class ModelManager:
         self.rate_limiter = RateLimiter(settings.rate_limit, dict(settings.rate_limit_resources))
         self._locks: dict[str, asyncio.Lock] = {}
         self._stopping = False
+        self._probation: dict[str, Probation] = {}
+        self._tasks: set[asyncio.Future[None]] = set()
+        # (model, version) -> (folder fingerprint, why): rolled back, skipped until it changes.
+        self._rolled_back: dict[tuple[str, int], tuple[str, str]] = {}
 
     # ---- lookup (hot path) -------------------------------------------------------------------
 
@@ -294,6 +314,7 @@ class ModelManager:
             if not record.versions:
                 record.state = LOADING
             log.info("loading model '%s' from %s", name, path)
+            skip = await asyncio.to_thread(self._still_rolled_back, name, path)
             try:
                 prepared = await asyncio.to_thread(
                     prepare_model,
@@ -302,6 +323,7 @@ class ModelManager:
                     override,
                     self.host,
                     self._settings.manifest,
+                    skip,
                 )
             except ApplianceError as exc:
                 self._count_load(name, "failure")
@@ -323,7 +345,12 @@ class ModelManager:
             new = self._serve(prepared)
             # Rollback: what failed to load never replaces what serves. A version whose new
             # content failed keeps its old instance; if nothing new loaded, all old ones stay.
-            kept = dict(old) if not new else {v: s for v, s in old.items() if v in prepared.failed}
+            kept = (
+                {v: s for v, s in old.items() if v not in skip}
+                if not new
+                else {v: s for v, s in old.items() if v in prepared.failed and v not in skip}
+            )
+            prepared.failed.update(skip)
             record.versions = {**kept, **new}
             record.failed = prepared.failed
             record.notes = prepared.notes
@@ -351,9 +378,100 @@ class ModelManager:
             else:
                 record.state = UNAVAILABLE
                 record.reason = "; ".join(f"version {v}: {r}" for v, r in prepared.failed.items())
-            await self._retire([s for v, s in old.items() if record.versions.get(v) is not s])
+            await self._retire(self._watch(name, old, new, record.versions))
             for folder in unused:  # after the versions that used it have drained
                 await asyncio.to_thread(shutil.rmtree, folder, True)
+
+    # ---- automatic rollback --------------------------------------------------------------------
+
+    def _still_rolled_back(self, name: str, path: Path) -> dict[int, str]:
+        """Rolled-back versions of a model whose files have not changed since (blocking)."""
+        skip: dict[int, str] = {}
+        for (model, version), (print_, why) in list(self._rolled_back.items()):
+            if model != name:
+                continue
+            if fingerprint(path / str(version)) == print_:
+                skip[version] = why
+            else:
+                del self._rolled_back[(model, version)]  # new content: it gets a new chance
+        return skip
+
+    def _watch(
+        self,
+        name: str,
+        old: dict[int, ServedVersion],
+        new: dict[int, ServedVersion],
+        now: dict[int, ServedVersion],
+    ) -> list[ServedVersion]:
+        """The replaced versions to retire now. With rollback on, the version now taking the
+        traffic goes on probation, and the ones it replaced stay loaded until it passes."""
+        replaced = [s for v, s in old.items() if now.get(v) is not s]
+        replaced += [s for s in self._drop_probation(name) if now.get(s.version) is not s]
+        on = self._settings.rollback_error_rate > 0
+        if not (on and old and now and max(now) in new and max(now) >= max(old)):
+            return replaced  # nothing replaced, or an older version came back
+        # Only what the new version directly replaced is held; older holds retire now.
+        held = [s for v, s in old.items() if now.get(v) is not s]
+        probe = Probation(now[max(now)], held=held)
+        probe.served.stats.watcher = functools.partial(self._observe, name, probe)
+        self._probation[name] = probe
+        return [s for s in replaced if s not in held]
+
+    def _observe(self, name: str, probe: Probation, failed: bool) -> None:
+        """One request's outcome on a version on probation (on the event loop)."""
+        probe.requests += 1
+        probe.failures += failed
+        window, limit = self._settings.rollback_window, self._settings.rollback_error_rate
+        if probe.failures > limit * window:
+            self._end_probation(name, probe)
+            self._roll_back(name, probe)
+        elif probe.requests >= window:
+            self._end_probation(name, probe)
+            log.info(
+                "model '%s' version %d passed its first %d requests (%d failed); unloading "
+                "the version it replaced",
+                name,
+                probe.served.version,
+                probe.requests,
+                probe.failures,
+            )
+            self._spawn(self._retire(probe.held))
+
+    def _end_probation(self, name: str, probe: Probation) -> None:
+        probe.served.stats.watcher = None
+        if self._probation.get(name) is probe:
+            del self._probation[name]
+
+    def _roll_back(self, name: str, probe: Probation) -> None:
+        """Put the held versions back in place of the failing one, at once."""
+        record = self._models[name]
+        bad = probe.served
+        why = (
+            f"rolled back: {probe.failures} of its first {probe.requests} requests failed "
+            f"(--model-rollback-error-rate {self._settings.rollback_error_rate:g})"
+        )
+        record.versions = {
+            **{v: s for v, s in record.versions.items() if s is not bad},
+            **{s.version: s for s in probe.held},
+        }
+        record.failed[bad.version] = why
+        if record.path is not None:  # skipped by loads until its files change
+            print_ = fingerprint(record.path / str(bad.version))
+            self._rolled_back[(name, bad.version)] = (print_, why)
+        self._count_load(name, "rollback")
+        log.error(
+            "model '%s' version %d %s; version %s serves again",
+            name,
+            bad.version,
+            why,
+            ", ".join(str(s.version) for s in probe.held) or "(none)",
+        )
+        self._spawn(self._retire([bad]))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _serve(self, prepared: PreparedModel) -> dict[int, ServedVersion]:
         config = prepared.config
@@ -447,7 +565,7 @@ class ModelManager:
     async def unload(self, name: str) -> None:
         record = self.record(name)
         async with self._locks.setdefault(name, asyncio.Lock()):
-            old = list(record.versions.values())
+            old = list(record.versions.values()) + self._drop_probation(name)
             record.versions, record.failed = {}, {}
             record.state, record.reason = UNAVAILABLE, "unloaded"
             await self._retire(old)
@@ -455,6 +573,14 @@ class ModelManager:
                 await asyncio.to_thread(shutil.rmtree, record.owned_dir, True)
                 record.owned_dir = None
             log.info("model '%s' unloaded", name)
+
+    def _drop_probation(self, name: str) -> list[ServedVersion]:
+        """End a model's probation; the versions it held loaded, to retire."""
+        probe = self._probation.pop(name, None)
+        if probe is None:
+            return []
+        probe.served.stats.watcher = None
+        return probe.held
 
     async def _retire(self, versions: list[ServedVersion]) -> None:
         """Drain in-flight requests of versions no longer served, then free their instances."""
@@ -464,10 +590,12 @@ class ModelManager:
 
     async def stop(self) -> None:
         self._stopping = True
-        for record in self._models.values():
-            old = list(record.versions.values())
+        for name, record in self._models.items():
+            old = list(record.versions.values()) + self._drop_probation(name)
             record.versions = {}
             await self._retire(old)
+        for task in list(self._tasks):
+            await task
 
     def require_explicit(self, mode: str) -> None:
         if mode != "explicit":

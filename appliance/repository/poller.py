@@ -12,36 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from appliance.errors import ApplianceError
+from appliance.repository.local import fingerprint
 from appliance.repository.manager import ModelManager
 from appliance.repository.sources import RemoteSources
 
 log = logging.getLogger(__name__)
-
-
-def fingerprint(model_dir: Path) -> str:
-    """A digest of every file's relative path, size and modification time."""
-    digest = hashlib.blake2b(digest_size=16)
-    for root, dirs, files in os.walk(model_dir):
-        dirs.sort()
-        for name in sorted(files):
-            path = Path(root) / name
-            try:
-                stat = path.stat()
-            except OSError:
-                continue  # vanished while listing: the next poll sees the settled state
-            digest.update(
-                f"{path.relative_to(model_dir)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode()
-            )
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

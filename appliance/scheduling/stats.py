@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,15 +65,22 @@ class ModelStats:
     execution_count: int = 0
     last_inference_ms: int = 0
     by_batch_size: dict[int, BatchSizeStats] = field(default_factory=dict)
+    # Told of each request's outcome (True: failed in the model) while a new version is on
+    # probation for automatic rollback; None otherwise.
+    watcher: Callable[[bool], None] | None = None
 
     def record_success(self, ns: int) -> None:
         self.success.add(ns)
         if self.latency is not None:
             self.latency.observe(ns)
+        if self.watcher is not None:
+            self.watcher(False)
 
     def record_failure(self, reason: str, ns: int) -> None:
         self.fail.add(ns)
         self.failures[reason] = self.failures.get(reason, 0) + 1
+        if self.watcher is not None and reason in ("BACKEND", "OTHER"):
+            self.watcher(reason == "BACKEND")
 
     def record_execution(
         self, batch_size: int, requests: int, input_ns: int, infer_ns: int, output_ns: int

@@ -149,3 +149,65 @@ def test_a_version_loads_only_once_its_manifest_matches(start_server, tmp_path: 
 def _write_manifest(folder: Path) -> None:
     digest = hashlib.sha256((folder / "model.onnx").read_bytes()).hexdigest()
     (folder / "SHA256SUMS").write_text(f"{digest}  model.onnx\n")
+
+
+def _failing_model() -> onnx.ModelProto:
+    """Loads fine, fails every run: gathers column 10 of a [batch, 4] input."""
+    from onnx import TensorProto, helper
+
+    from tests.integration.models import IR_VERSION, OPSET
+
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["INPUT0", "idx"], ["OUTPUT0"], axis=1)],
+        "always_fails",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[helper.make_tensor("idx", TensorProto.INT64, [4], [10, 10, 10, 10])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    return model
+
+
+def test_a_new_version_failing_its_first_requests_is_rolled_back(  # type: ignore[no-untyped-def]
+    start_server, tmp_path: Path
+) -> None:
+    repo = tmp_path / "repo"
+    (repo / "m").mkdir(parents=True)
+    (repo / "m" / "config.pbtxt").write_text(CONFIG)
+    _version(repo, 1, 1)
+    proc = start_server(
+        repo,
+        "--model-control-mode=poll",
+        "--repository-poll-secs=0.3",
+        "--model-rollback-error-rate=0.5",
+        "--model-rollback-window=10",
+    )
+    client = httpclient.InferenceServerClient(proc.http_url)
+    staging = tmp_path / "bad"
+    staging.mkdir()
+    onnx.save(_failing_model(), str(staging / "model.onnx"))
+    staging.rename(repo / "m" / "2")
+    _wait_for(lambda: client.is_model_ready("m", "2"))
+    failures = 0
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if _added(client) == 1.0:
+                break  # version 1 serves again
+        except InferenceServerException:
+            failures += 1
+    assert _added(client) == 1.0
+    assert failures == 6  # rolled back at once: more than half of the first 10 failed
+    index = {(e["name"], e.get("version")): e for e in client.get_model_repository_index()}
+    assert index[("m", "2")]["state"] == "UNAVAILABLE"
+    assert "rolled back: " in index[("m", "2")]["reason"]
+    time.sleep(1.0)  # the poller does not bring the unchanged version back
+    assert _added(client) == 1.0
+    with urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics") as resp:
+        assert 'edge_model_load_total{model="m",result="rollback"} 1.0' in resp.read().decode()
+    _version(repo, 3, 3)  # a fixed release goes through
+    _wait_for(lambda: _added(client) == 3.0)
+    for _ in range(10):
+        assert _added(client) == 3.0
+    _wait_for(lambda: "version 3 passed its first 10 requests (0 failed)" in proc.log())

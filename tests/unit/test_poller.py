@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from appliance.repository.poller import Changes, fingerprint, plan_changes
+from appliance.repository.local import fingerprint
+from appliance.repository.poller import Changes, plan_changes
 
 
 def test_a_change_waits_until_it_has_settled() -> None:
