@@ -159,23 +159,40 @@ def switch_times(
         ("small (1 KiB) model", "m0", 0),
         (f"{size_mib} MiB model", "big", size_mib * 1024 * 1024),
     ):
-        times = []
+        times, fetch, load = [], [], []
         for trial in range(trials):
             version, value = trial + 2, trial + 2
             put_version(client, bucket, name, version, value, padding)
-            uploaded = time.monotonic()
+            uploaded, uploaded_wall = time.monotonic(), time.time()
             while answers(proc.http_url, name) != float(value):
                 assert time.monotonic() - uploaded < 120, proc.log()
                 time.sleep(0.005)
             times.append(time.monotonic() - uploaded - POLL_S / 2)
+            log = proc.log()
+            fetched = logged_at(log, f"model '{name}' version {version}: fetched")
+            ready = logged_at(log, f"model '{name}' version {version} is READY")
+            fetch.append(fetched - uploaded_wall - POLL_S / 2)
+            load.append(ready - fetched)
+        ms = lambda xs: f"{statistics.median(xs) * 1000:.0f} ms"  # noqa: E731
         rows.append(
             (
                 f"upload done -> new version serving, {label} (median of {trials})",
-                f"{statistics.median(times) * 1000:.0f} ms",
+                f"{ms(times)} (list + download + verify + fsync: {ms(fetch)}, load: {ms(load)})",
                 "poll interval + full re-download + load",
             )
         )
     return rows
+
+
+def logged_at(log: str, text: str) -> float:
+    """Wall-clock time of the first log line containing `text`."""
+    import datetime
+
+    for line in log.splitlines():
+        if text in line:
+            stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+            return stamp.timestamp()
+    raise AssertionError(f"no log line with {text!r}")
 
 
 def main() -> None:
