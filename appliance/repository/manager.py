@@ -587,6 +587,8 @@ class ModelManager:
         for served in versions:
             await served.scheduler.drain(self._settings.drain_timeout_s)
             await asyncio.to_thread(served.scheduler.stop_workers)
+            if not self._stopping:
+                log.info("model '%s' version %d drained and unloaded", served.name, served.version)
 
     async def stop(self) -> None:
         self._stopping = True
