@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2 as mc
-from tritonclient.grpc.model_config_pb2 import ModelConfig as ModelConfig
 
 from appliance.errors import ConfigError
+from appliance.protocol import ModelConfig as ModelConfig
+from appliance.protocol import model_config_pb2 as mc
 from edge_backends.api import ModelSignature, TensorSpec
 from edge_backends.datatypes import BY_CONFIG, BY_TRITON
 from edge_backends.registry import (

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.errors import ApplianceError, ConfigError
 from appliance.model_config import (
@@ -23,6 +22,7 @@ from appliance.model_config import (
     resolve_backend,
     validate_config,
 )
+from appliance.protocol import model_config_pb2 as mc
 from appliance.protojson import message_to_dict
 from appliance.repository.local import list_versions
 from appliance.repository.manifest import NO_MANIFEST_RULES, ManifestPolicy, check_version

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from tritonclient.grpc import service_pb2 as pb
 
 from appliance.errors import InvalidInput
 from appliance.frontends.tensors import datatype, element_count, from_raw, to_raw
+from appliance.protocol import service_pb2 as pb
 from appliance.types import InferRequest, InferResponse, InputTensor, RequestedOutput
 
 # datatype -> the InferTensorContents field that carries it (FP16 travels only as raw bytes)
