@@ -1,0 +1,115 @@
+"""`edge-appliance check DIR...`: would this repository serve? Answered offline, before shipping.
+
+The check loads every model the way the server does (config read, auto-completed and
+validated; manifests verified; every version's instances created, so ONNX files are parsed by
+ONNX Runtime and Python models run `initialize`; warm-up samples run), prints one row per
+model version with its state and the reason for every problem, and unloads. The exit status
+is 0 when everything would serve, 1 when something would not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from appliance.errors import ApplianceError
+from appliance.protojson import message_to_dict
+from appliance.repository.manager import READY, ManagerSettings, ModelManager
+from appliance.repository.manifest import ManifestPolicy
+
+log = logging.getLogger(__name__)
+
+
+def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.description = (
+        "Validate model repositories offline: load every model as the server would, print each "
+        "version's state and the reason for every problem. Exit status 0: everything serves."
+    )
+    p.add_argument("repositories", nargs="+", type=Path, metavar="DIR")
+    p.add_argument("--strict-model-config", action="store_true", help="no auto-complete")
+    p.add_argument("--require-manifest", action="store_true", help="versions need SHA256SUMS")
+    p.add_argument(
+        "--show-config", action="store_true", help="also print each model's completed config"
+    )
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    return p
+
+
+async def check(
+    repositories: tuple[Path, ...], strict: bool, require_manifest: bool
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The repository index after loading everything, and each loaded model's config."""
+    manager = ModelManager(
+        ManagerSettings(
+            repositories=repositories,
+            strict_model_config=strict,
+            manifest=ManifestPolicy(required=require_manifest),
+            load_concurrency=1,
+        )
+    )
+    try:
+        await manager.load_all()
+        configs = {}
+        for served in manager.ready_versions():
+            configs[served.name] = message_to_dict(served.config)
+        return manager.index(), configs
+    finally:
+        await manager.stop()
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
+    )
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parser(argparse.ArgumentParser(prog="edge-appliance check")).parse_args(list(argv))
+    logging.basicConfig(level=logging.ERROR, format="%(message)s", stream=sys.stderr)
+    try:
+        index, configs = asyncio.run(
+            check(tuple(args.repositories), args.strict_model_config, args.require_manifest)
+        )
+    except ApplianceError as exc:  # e.g. not a folder, a model name in two repositories
+        print(f"edge-appliance check: {exc.message}", file=sys.stderr)  # noqa: T201
+        return 1
+    serves = bool(index) and all(entry["state"] == READY for entry in index)
+    if args.json:
+        result: dict[str, Any] = {"serves": serves, "models": index}
+        if args.show_config:
+            result["configs"] = configs
+        print(json.dumps(result, indent=2))  # noqa: T201
+        return 0 if serves else 1
+    rows = [["MODEL", "VERSION", "STATE", "BACKEND", "REASON"]]
+    for entry in index:
+        config = configs.get(entry["name"], {})
+        backend = config.get("backend") or config.get("platform") or "-"
+        rows.append(
+            [
+                entry["name"],
+                entry.get("version", "-"),
+                entry["state"],
+                backend,
+                entry["reason"] or "",
+            ]
+        )
+    if len(rows) == 1:
+        print("no models found in " + ", ".join(map(str, args.repositories)))  # noqa: T201
+        return 1
+    print(_table(rows))  # noqa: T201
+    if args.show_config:
+        for name, config in sorted(configs.items()):
+            print(f"\n# {name} (completed config)\n{json.dumps(config, indent=2)}")  # noqa: T201
+    failed = sum(1 for entry in index if entry["state"] != READY)
+    print(  # noqa: T201
+        f"\n{'OK' if serves else 'NOT OK'}: {len(index) - failed} of {len(index)} model "
+        "versions would serve"
+    )
+    return 0 if serves else 1
