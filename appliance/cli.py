@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from appliance import __version__, logs
+from appliance import logs
 from appliance.app import StartupError, serve_forever
 from appliance.repository.sources import check_location, is_remote
 from appliance.settings import ServerSettings
@@ -110,9 +110,31 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     serve = sub.add_parser("serve", help="serve a model repository (the default command)")
     add_serve_flags(serve)
-    sub.add_parser("version", help="print the version")
+    version_parser(sub.add_parser("version", help="print the version and build information"))
     manifest_parser(sub.add_parser("manifest", help="write (and sign) version manifests"))
     return parser
+
+
+def version_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.description = (
+        "Print the version, git commit, Python, the backends available and whether an NVIDIA "
+        "GPU was found."
+    )
+    p.add_argument("--json", action="store_true", help="print it as one JSON object")
+    return p
+
+
+def version(argv: Sequence[str]) -> int:
+    import json
+
+    from appliance import buildinfo
+
+    args = version_parser(argparse.ArgumentParser(prog="edge-appliance version")).parse_args(
+        list(argv)
+    )
+    info = buildinfo.build_info()
+    print(json.dumps(info, indent=2) if args.json else buildinfo.render(info))  # noqa: T201
+    return 0
 
 
 def manifest_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -458,8 +480,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help")):
         return serve(args)
     if args[0] == "version":
-        print(__version__)  # noqa: T201
-        return 0
+        return version(args[1:])
     if args[0] == "serve":
         return serve(args[1:])
     if args[0] == "manifest":

@@ -16,7 +16,7 @@ from typing import Any
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance import __version__
+from appliance import __version__, buildinfo
 from appliance.errors import ApplianceError, ConfigError, ModelNotFound
 from appliance.repository.manager import ModelManager, ServedVersion
 from appliance.trace import Tracer
@@ -52,6 +52,7 @@ class ControlPlane:
         tracer: Tracer | None = None,
     ) -> None:
         self.tracer = tracer or Tracer()
+        self._build = buildinfo.summary()
         self.manager = manager
         self.state = state
         self.control_mode = control_mode
@@ -74,8 +75,15 @@ class ControlPlane:
     # ---- metadata ----------------------------------------------------------------------------
 
     def server_metadata(self) -> dict[str, Any]:
+        """Triton's fields, plus "build" (commit, Python), which the HTTP JSON carries and
+        tritonclient ignores; the gRPC message has no such field and drops it."""
         # "triton": Triton's own clients and examples check the name; the version is ours.
-        return {"name": "triton", "version": __version__, "extensions": EXTENSIONS}
+        return {
+            "name": "triton",
+            "version": __version__,
+            "extensions": EXTENSIONS,
+            "build": self._build,
+        }
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         served = self.manager.get(name, version)

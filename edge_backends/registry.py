@@ -30,6 +30,11 @@ def known_backends() -> list[str]:
     return sorted(_BACKENDS)
 
 
+def backend_module(name: str) -> str:
+    """The module that implements backend `name` (for version reports; KeyError if unknown)."""
+    return _BACKENDS[name][0]
+
+
 def get_backend(name: str) -> Backend:
     """The backend called `name`, imported on first use."""
     if name in _loaded:

@@ -258,3 +258,15 @@ def test_unimplemented_extensions_say_so(server: ServerProcess) -> None:
         grpc.unregister_system_shared_memory()
     assert gerr.value.status() == "StatusCode.UNIMPLEMENTED"
     assert http.is_server_ready()
+
+
+def test_server_metadata_build_object(server: ServerProcess) -> None:
+    with urllib.request.urlopen(f"http://{server.http_url}/v2") as resp:
+        meta = json.load(resp)
+    assert meta["name"] == "triton"
+    assert {"version", "commit", "python", "platform"} <= set(meta["build"])
+    # tritonclient takes the extra object in its stride; the gRPC message has no such field.
+    assert httpclient.InferenceServerClient(server.http_url).get_server_metadata() == meta
+    grpc_meta = grpcclient.InferenceServerClient(server.grpc_url).get_server_metadata(as_json=True)
+    assert set(grpc_meta) == {"name", "version", "extensions"}
+    assert grpc_meta["version"] == meta["version"] == meta["build"]["version"]

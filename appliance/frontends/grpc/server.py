@@ -72,7 +72,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return pb.ModelReadyResponse(ready=self.control.model_ready(request.name, request.version))
 
     async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
-        return json_format.ParseDict(self.control.server_metadata(), pb.ServerMetadataResponse())
+        # The message has Triton's fields only: the JSON's "build" object is left out.
+        return json_format.ParseDict(
+            self.control.server_metadata(), pb.ServerMetadataResponse(), ignore_unknown_fields=True
+        )
 
     async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
         meta = self.control.model_metadata(request.name, request.version)
