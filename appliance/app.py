@@ -18,6 +18,7 @@ from appliance.core import InferenceCore
 from appliance.errors import ApplianceError
 from appliance.frontends.grpc.server import InferenceServicer
 from appliance.frontends.http.server import HttpFrontend
+from appliance.logs import LogSettings
 from appliance.metrics import build_registry, metrics_app
 from appliance.repository.manager import ManagerSettings, ModelManager
 from appliance.repository.manifest import ManifestError, ManifestPolicy, load_public_key
@@ -36,7 +37,7 @@ class StartupError(Exception):
 class Appliance:
     """The whole server: model manager, core, HTTP and gRPC listeners."""
 
-    def __init__(self, settings: ServerSettings) -> None:
+    def __init__(self, settings: ServerSettings, logs: LogSettings | None = None) -> None:
         self.settings = settings
         self.state = ServerState()
         try:
@@ -83,6 +84,7 @@ class Appliance:
             settings.model_control_mode,
             settings.strict_readiness,
             self.tracer,
+            logs,
         )
         self.http_port: int | None = None
         self.grpc_port: int | None = None
@@ -228,9 +230,11 @@ async def _listening(
         await runner.cleanup()
 
 
-async def serve_forever(settings: ServerSettings, stop: asyncio.Event) -> None:
+async def serve_forever(
+    settings: ServerSettings, stop: asyncio.Event, logs: LogSettings | None = None
+) -> None:
     """Run until `stop` is set."""
-    appliance = Appliance(settings)
+    appliance = Appliance(settings, logs=logs)
     async with appliance.running():
         await stop.wait()
         log.info("shutting down: refusing new requests, draining in-flight ones")

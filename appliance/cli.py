@@ -27,11 +27,6 @@ log = logging.getLogger("appliance")
 # tritonserver flags that have no meaning here (yet); accepted and reported as ignored.
 IGNORED_FLAGS = (
     "id",
-    "log-info",
-    "log-warning",
-    "log-error",
-    "log-format",
-    "log-file",
     "disable-auto-complete-config",
     "http-header-forward-pattern",
     "reuse-http-port",
@@ -238,7 +233,26 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         "--exit-on-error",
         "exit when a model fails to load at start-up (default false: serve the others)",
     )
-    p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument(
+        "--log-verbose",
+        type=int,
+        default=0,
+        metavar="N",
+        help="1: this server's debug lines; 2 and above: libraries' too (default 0)",
+    )
+    _add_bool(p, "--log-info", "log INFO lines (default true)")
+    _add_bool(p, "--log-warning", "log WARNING lines (default true)")
+    _add_bool(p, "--log-error", "log ERROR lines (default true)")
+    p.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default="default",
+        help="default; ISO8601 (UTC timestamps); json (one object per line). Under systemd "
+        "lines carry syslog priorities and default drops the timestamp",
+    )
+    p.add_argument(
+        "--log-file", default="", metavar="PATH", help="append the log here instead of stderr"
+    )
     p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME")
     p.add_argument(
@@ -411,6 +425,11 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         strict_readiness=_on(args.strict_readiness, False),
         exit_on_error=_on(args.exit_on_error, False),
         log_verbose=args.log_verbose,
+        log_info=_on(args.log_info, True),
+        log_warning=_on(args.log_warning, True),
+        log_error=_on(args.log_error, True),
+        log_format=args.log_format,
+        log_file=args.log_file,
         model_control_mode=args.model_control_mode,
         load_models=tuple(args.load_model),
         repository_poll_secs=args.repository_poll_secs,
@@ -438,7 +457,7 @@ def _install_event_loop_policy() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-async def _serve(settings: ServerSettings) -> int:
+async def _serve(settings: ServerSettings, log_settings: logs.LogSettings) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     signals_seen = 0
@@ -454,7 +473,7 @@ async def _serve(settings: ServerSettings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     try:
-        await serve_forever(settings, stop)
+        await serve_forever(settings, stop, log_settings)
     except StartupError as exc:
         log.error("cannot start: %s", exc)
         return 1
@@ -465,11 +484,26 @@ def serve(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="edge-appliance serve")
     add_serve_flags(parser)
     settings = settings_from_args(parser.parse_args(list(argv)))
-    logs.configure(settings.log_verbose)
+    log_settings = logs.LogSettings(
+        logs.LogState(
+            log_file=settings.log_file,
+            log_info=settings.log_info,
+            log_warning=settings.log_warning,
+            log_error=settings.log_error,
+            log_verbose_level=settings.log_verbose,
+            log_format=settings.log_format,
+        )
+    )
+    try:
+        log_settings.install()
+    except OSError as exc:
+        raise SystemExit(
+            f"edge-appliance: cannot open --log-file {settings.log_file}: {exc.strerror}"
+        ) from None
     for flag in settings.ignored_flags:
         log.warning("%s is a tritonserver flag that edge-appliance ignores", flag)
     _install_event_loop_policy()
-    return asyncio.run(_serve(settings))
+    return asyncio.run(_serve(settings, log_settings))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

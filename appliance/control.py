@@ -18,6 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance import __version__, buildinfo
 from appliance.errors import ApplianceError, ConfigError, ModelNotFound
+from appliance.logs import LogSettings
 from appliance.repository.manager import ModelManager, ServedVersion
 from appliance.trace import Tracer
 
@@ -25,6 +26,7 @@ EXTENSIONS = [
     "classification",
     "generate",
     "trace",
+    "logging",
     "binary_tensor_data",
     "parameters",
     "model_configuration",
@@ -50,8 +52,10 @@ class ControlPlane:
         control_mode: str,
         strict_readiness: bool,
         tracer: Tracer | None = None,
+        logs: LogSettings | None = None,
     ) -> None:
         self.tracer = tracer or Tracer()
+        self.logs = logs or LogSettings()
         self._build = buildinfo.summary()
         self.manager = manager
         self.state = state
@@ -133,6 +137,12 @@ class ControlPlane:
         if changes:
             return self.tracer.update(model, changes)
         return self.tracer.settings(model)
+
+    # ---- logging -----------------------------------------------------------------------------
+
+    def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Read or update the log settings (Triton's logging extension); all of them back."""
+        return self.logs.update(changes) if changes else self.logs.as_dict()
 
     # ---- repository --------------------------------------------------------------------------
 

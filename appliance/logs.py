@@ -1,22 +1,242 @@
-"""Logging set-up that reads well in journald (no timestamps of our own under systemd)."""
+"""Log settings: tritonserver's `--log-*` flags, changed at run time by the logging extension.
+
+One `LogSettings` object owns the root logger's handler. Formats:
+
+- `default`: `2024-05-01 12:00:00,123 INFO appliance.app: message`; when stderr is the journal
+  (`$JOURNAL_STREAM` names it) no timestamp, since journald stamps each line itself.
+- `ISO8601`: the timestamp in ISO 8601, UTC (`2024-05-01T12:00:00.123Z`), as tritonserver's.
+- `json`: one object per line: `ts`, `level`, `logger`, `msg`, and `exc` with a traceback.
+
+Writing to the journal, every line starts with its syslog priority (`<3>` error, `<4>` warning,
+`<6>` info, `<7>` debug), which journald reads into PRIORITY and strips.
+
+`log_verbose_level` 1 shows this server's debug lines (each HTTP request and gRPC call among
+them); 2 and above also the libraries' (aiohttp, botocore, ...), which are many.
+"""
 
 from __future__ import annotations
 
+import datetime
+import json
 import logging
+import logging.handlers
 import os
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, TextIO
+
+from appliance.errors import InvalidInput, Unsupported
+
+FORMATS = ("default", "ISO8601", "json")
+KEYS = ("log_file", "log_info", "log_warning", "log_error", "log_verbose_level", "log_format")
+# Loggers whose debug lines level 1 shows; everything else needs level 2.
+OWN_LOGGERS = ("appliance", "edge_backends", "python_model")
+_SYSLOG_PRIORITY = {
+    logging.DEBUG: 7,
+    logging.INFO: 6,
+    logging.WARNING: 4,
+    logging.ERROR: 3,
+    logging.CRITICAL: 2,
+}
 
 
-def configure(verbose: int) -> None:
-    level = logging.DEBUG if verbose > 0 else logging.INFO
-    if os.environ.get("JOURNAL_STREAM"):
-        fmt = "%(levelname)s %(name)s: %(message)s"  # journald stamps each line itself
-    else:
-        fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(fmt))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    if verbose <= 0:
-        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+@dataclass(frozen=True)
+class LogState:
+    """The settings, in the names of Triton's logging extension."""
+
+    log_file: str = ""  # empty: stderr
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    log_verbose_level: int = 0
+    log_format: str = "default"
+
+    def passes(self, record: logging.LogRecord) -> bool:
+        level = record.levelno
+        if level >= logging.ERROR:
+            return self.log_error
+        if level >= logging.WARNING:
+            return self.log_warning
+        if level >= logging.INFO:
+            return self.log_info
+        if self.log_verbose_level >= 2:
+            return True
+        return self.log_verbose_level == 1 and record.name.startswith(OWN_LOGGERS)
+
+    def root_level(self) -> int:
+        """The lowest level any record can pass at, so that disabled calls cost nothing."""
+        if self.log_verbose_level > 0:
+            return logging.DEBUG
+        for level, on in (
+            (logging.INFO, self.log_info),
+            (logging.WARNING, self.log_warning),
+            (logging.ERROR, self.log_error),
+        ):
+            if on:
+                return level
+        return logging.CRITICAL + 1
+
+
+def checked_changes(current: LogState, changes: Mapping[str, Any]) -> LogState:
+    """The state after `changes` (a JSON object's values), or InvalidInput naming the setting.
+
+    A null value leaves a setting as it is (as in Triton). All are checked before any applies.
+    """
+    updates: dict[str, Any] = {}
+    for key, value in changes.items():
+        if key not in KEYS:
+            raise InvalidInput(f"unknown log setting '{key}'; known: {', '.join(KEYS)}")
+        if value is None:
+            continue
+        if key in ("log_info", "log_warning", "log_error"):
+            if not isinstance(value, bool):
+                raise InvalidInput(
+                    f"log setting '{key}' must be a boolean (true or false), got {_shown(value)}"
+                )
+        elif key == "log_verbose_level":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidInput(
+                    f"log setting 'log_verbose_level' must be an integer >= 0, got {_shown(value)}"
+                )
+        elif not isinstance(value, str):
+            raise InvalidInput(f"log setting '{key}' must be a string, got {_shown(value)}")
+        elif key == "log_format" and value not in FORMATS:
+            raise InvalidInput(
+                f"log setting 'log_format' must be one of {', '.join(FORMATS)}; got '{value}'"
+            )
+        elif key == "log_file" and value != current.log_file:
+            # As tritonserver: a network client must not choose files for the server to write.
+            raise Unsupported(
+                "log setting 'log_file' cannot be changed at run time; "
+                "start the server with --log-file"
+            )
+        updates[key] = value
+    return replace(current, **updates)
+
+
+def _shown(value: Any) -> str:
+    kind = {str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(
+        type(value), "an array" if isinstance(value, list) else "an object"
+    )
+    return f"{json.dumps(value)} ({kind})"
+
+
+class LogSettings:
+    """The server's log settings and the root logger's one handler that applies them."""
+
+    def __init__(self, state: LogState | None = None, stream: TextIO | None = None) -> None:
+        self.state = state or LogState()
+        self._stream = stream
+        self._handler: logging.Handler | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Triton's log settings object (every setting, as `GET /v2/logging` answers)."""
+        state = self.state
+        return {key: getattr(state, key) for key in KEYS}
+
+    def update(self, changes: Mapping[str, Any]) -> dict[str, Any]:
+        """Apply some settings (all or none); returns every setting afterwards."""
+        new = checked_changes(self.state, changes)
+        if new != self.state:
+            self.state = new
+            if self._handler is not None:
+                self._configure(self._handler)
+            logging.getLogger(__name__).info("log settings are now %s", self.as_dict())
+        return self.as_dict()
+
+    def install(self) -> None:
+        """Make the root logger write through these settings (OSError: --log-file unusable)."""
+        handler: logging.Handler
+        if self.state.log_file:
+            handler = logging.handlers.WatchedFileHandler(self.state.log_file, encoding="utf-8")
+        else:
+            handler = logging.StreamHandler(self._stream or sys.stderr)
+        handler.addFilter(self._filter)
+        self._configure(handler)
+        logging.getLogger().handlers[:] = [handler]
+        self._handler = handler
+
+    def _filter(self, record: logging.LogRecord) -> bool:
+        return self.state.passes(record)
+
+    def _configure(self, handler: logging.Handler) -> None:
+        journal = (
+            isinstance(handler, logging.StreamHandler)
+            and not isinstance(handler, logging.FileHandler)
+            and _is_journal(handler.stream)
+        )
+        handler.setFormatter(formatter(self.state.log_format, journal))
+        logging.getLogger().setLevel(self.state.root_level())
+
+
+def _is_journal(stream: TextIO) -> bool:
+    """Whether `stream` is the journal: systemd sets JOURNAL_STREAM to its device:inode."""
+    expected = os.environ.get("JOURNAL_STREAM", "")
+    if not expected:
+        return False
+    try:
+        info = os.fstat(stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return expected == f"{info.st_dev}:{info.st_ino}"
+
+
+def formatter(name: str, journal: bool = False) -> logging.Formatter:
+    """The formatter for a log_format; `journal`: syslog priority prefixes, no own timestamp."""
+    if name == "json":
+        return JsonFormatter(journal)
+    if name == "ISO8601":
+        return TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", journal, iso=True)
+    if journal:
+        return TextFormatter("%(name)s: %(message)s", journal)
+    return TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _iso(created: float) -> str:
+    stamp = datetime.datetime.fromtimestamp(created, datetime.timezone.utc)
+    return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _prefixed(text: str, record: logging.LogRecord) -> str:
+    """Each line with the record's syslog priority: journald makes each line an entry."""
+    prefix = f"<{_SYSLOG_PRIORITY.get(record.levelno, 6)}>"
+    return "\n".join(prefix + line for line in text.split("\n"))
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self, fmt: str, journal: bool = False, iso: bool = False) -> None:
+        super().__init__(fmt)
+        self._journal = journal
+        self._iso = iso
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return _iso(record.created) if self._iso else super().formatTime(record, datefmt)
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return _prefixed(text, record) if self._journal else text
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg (and exc with the traceback)."""
+
+    def __init__(self, journal: bool = False) -> None:
+        super().__init__()
+        self._journal = journal
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": _iso(record.created),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            doc["exc"] = record.exc_text
+        if record.stack_info:
+            doc["stack"] = self.formatStack(record.stack_info)
+        text = json.dumps(doc, ensure_ascii=False, default=str)
+        return _prefixed(text, record) if self._journal else text

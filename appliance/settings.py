@@ -26,6 +26,11 @@ class ServerSettings:
     strict_readiness: bool = False
     exit_on_error: bool = False
     log_verbose: int = 0
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    log_format: str = "default"  # default | ISO8601 | json
+    log_file: str = ""  # empty: stderr
     model_control_mode: str = "none"  # none | poll | explicit
     load_models: tuple[str, ...] = ()
     repository_poll_secs: float = 15

@@ -30,8 +30,10 @@ def _status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, "internal error; see the server log"
 
 
-def _guard_unary(method: Callable[..., Any]) -> Callable[..., Any]:
+def _guard_unary(method: Callable[..., Any], name: str) -> Callable[..., Any]:
     async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("gRPC call: %s", name)
         try:
             return await method(request, context)
         except asyncio.CancelledError:
@@ -57,7 +59,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 continue
             method = getattr(self, name)
             if asyncio.iscoroutinefunction(method):
-                setattr(self, name, _guard_unary(method))
+                setattr(self, name, _guard_unary(method, name))
         return self
 
     # ---- health and metadata -----------------------------------------------------------------
@@ -123,7 +125,19 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         _unsupported
     )
     CudaSharedMemoryStatus = CudaSharedMemoryRegister = CudaSharedMemoryUnregister = _unsupported
-    LogSettings = _unsupported
+
+    async def LogSettings(self, request: Any, context: Any) -> pb.LogSettingsResponse:
+        changes = {key: _setting_value(value) for key, value in request.settings.items()}
+        response = pb.LogSettingsResponse()
+        for key, value in self.control.log_settings(changes).items():
+            slot = response.settings[key]
+            if isinstance(value, bool):
+                slot.bool_param = value
+            elif isinstance(value, int):
+                slot.uint32_param = value
+            else:
+                slot.string_param = str(value)
+        return response
 
     async def TraceSetting(self, request: Any, context: Any) -> pb.TraceSettingResponse:
         changes = {key: list(value.value) for key, value in request.settings.items()}
@@ -202,3 +216,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             for task in list(pending):
                 task.cancel()
             await asyncio.gather(reader, *pending, return_exceptions=True)
+
+
+def _setting_value(value: Any) -> Any:
+    """A LogSettingsRequest.SettingValue as a plain value (None when none is set)."""
+    choice = value.WhichOneof("parameter_choice")
+    return None if choice is None else getattr(value, choice)

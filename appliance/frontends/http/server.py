@@ -37,6 +37,8 @@ def _guard(handler: Handler) -> Handler:
     """Turn every error into Triton's error body with the mapped status."""
 
     async def guarded(request: web.Request) -> web.StreamResponse:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("HTTP request: %s %s", request.method, request.path)
         try:
             return await handler(request)
         except ApplianceError as exc:
@@ -81,6 +83,8 @@ class HttpFrontend:
             ("POST", "/v2/repository/index", self.repository_index),
             ("GET", "/v2/trace/setting", self.trace_setting),
             ("POST", "/v2/trace/setting", self.trace_setting),
+            ("GET", "/v2/logging", self.logging_settings),
+            ("POST", "/v2/logging", self.logging_settings),
             ("GET", "/v2/models/{model}/trace/setting", self.trace_setting),
             ("POST", "/v2/models/{model}/trace/setting", self.trace_setting),
             ("POST", "/v2/repository/models/{model}/load", self.load),
@@ -98,7 +102,7 @@ class HttpFrontend:
             ]
         for method, path, handler in routes:
             app.router.add_route(method, path, _guard(handler))
-        for extension in ("systemsharedmemory", "cudasharedmemory", "logging"):
+        for extension in ("systemsharedmemory", "cudasharedmemory"):
             app.router.add_route("*", f"/v2/{extension}{{tail:.*}}", _guard(self.unsupported))
         app.router.add_route("*", "/{tail:.*}", _guard(self.not_found))
         return app
@@ -187,6 +191,10 @@ class HttpFrontend:
         changes = await self._json_body(request) if request.method == "POST" else None
         model = request.match_info.get("model", "")
         return json_response(self.control.trace_settings(model, changes))
+
+    async def logging_settings(self, request: web.Request) -> web.StreamResponse:
+        changes = await self._json_body(request) if request.method == "POST" else None
+        return json_response(self.control.log_settings(changes))
 
     async def repository_index(self, request: web.Request) -> web.StreamResponse:
         body = await self._json_body(request)
