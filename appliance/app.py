@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from appliance.frontends.grpc.server import InferenceServicer
 from appliance.frontends.http.server import HttpFrontend
 from appliance.logs import LogSettings
 from appliance.metrics import build_registry, metrics_app
+from appliance.notify import Notifier, Supervisor, status_text, watchdog_interval_s
 from appliance.repository.manager import ManagerSettings, ModelManager
 from appliance.repository.manifest import ManifestError, ManifestPolicy, load_public_key
 from appliance.repository.poller import RepositoryPoller
@@ -37,9 +40,21 @@ class StartupError(Exception):
 class Appliance:
     """The whole server: model manager, core, HTTP and gRPC listeners."""
 
-    def __init__(self, settings: ServerSettings, logs: LogSettings | None = None) -> None:
+    def __init__(
+        self,
+        settings: ServerSettings,
+        notifier: Notifier | None = None,
+        logs: LogSettings | None = None,
+    ) -> None:
         self.settings = settings
         self.state = ServerState()
+        self.notifier = notifier or Notifier.from_env()
+        self.supervisor = Supervisor(
+            self.notifier,
+            watchdog_interval_s(os.environ, os.getpid()),
+            self._health_problems,
+            self.status,
+        )
         try:
             public_key = (
                 load_public_key(settings.manifest_public_key)
@@ -95,6 +110,8 @@ class Appliance:
     async def running(self) -> AsyncIterator[Appliance]:
         """Start everything; on exit (or a failed start) stop in reverse order."""
         async with contextlib.AsyncExitStack() as stack:
+            # First in, last out: the watchdog is fed while models load and while they drain.
+            await stack.enter_async_context(self.supervisor.running())
             stack.push_async_callback(asyncio.to_thread, self.tracer.close)
             stack.push_async_callback(self._stop_models)
             await stack.enter_async_context(self.remote.opened())
@@ -113,7 +130,22 @@ class Appliance:
             self.state.loading_done = True
             stack.callback(self._not_ready)
             log.info("server is ready")
+            self.supervisor.ready()
             yield self
+
+    def status(self) -> str:
+        """The one-line summary systemd shows (STATUS=)."""
+        entries = self.manager.index()
+        ready = {e["name"] for e in entries if e["state"] == "READY"}
+        served = sum(v.stats.success.count for v in self.manager.ready_versions())
+        listeners = [("HTTP", self.http_port), ("gRPC", self.grpc_port)]
+        return status_text(len({e["name"] for e in entries}), len(ready), served, listeners)
+
+    def _health_problems(self, stuck_ns: int) -> list[str]:
+        """Versions whose instances cannot make progress (the watchdog's check)."""
+        now = time.monotonic_ns()
+        problems = (v.scheduler.health(now, stuck_ns) for v in self.manager.ready_versions())
+        return [p for p in problems if p]
 
     def _not_ready(self) -> None:
         self.state.shutting_down = True
@@ -231,10 +263,13 @@ async def _listening(
 
 
 async def serve_forever(
-    settings: ServerSettings, stop: asyncio.Event, logs: LogSettings | None = None
+    settings: ServerSettings,
+    stop: asyncio.Event,
+    notifier: Notifier | None = None,
+    logs: LogSettings | None = None,
 ) -> None:
     """Run until `stop` is set."""
-    appliance = Appliance(settings, logs=logs)
+    appliance = Appliance(settings, notifier, logs)
     async with appliance.running():
         await stop.wait()
         log.info("shutting down: refusing new requests, draining in-flight ones")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from appliance import logs
 from appliance.app import StartupError, serve_forever
+from appliance.notify import Notifier
 from appliance.repository.sources import check_location, is_remote
 from appliance.settings import ServerSettings
 
@@ -460,6 +461,7 @@ def _install_event_loop_policy() -> None:
 async def _serve(settings: ServerSettings, log_settings: logs.LogSettings) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    notifier = Notifier.from_env()
     signals_seen = 0
 
     def on_signal() -> None:
@@ -468,15 +470,19 @@ async def _serve(settings: ServerSettings, log_settings: logs.LogSettings) -> in
         if signals_seen > 1:  # a second signal forces the exit
             log.warning("second signal: exiting now")
             raise SystemExit(1)
+        notifier.stopping_now()  # systemd hears it before draining starts
         stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     try:
-        await serve_forever(settings, stop, log_settings)
+        await serve_forever(settings, stop, notifier, log_settings)
     except StartupError as exc:
         log.error("cannot start: %s", exc)
+        notifier.send(f"STATUS=cannot start: {exc}", wait_s=1.0)
         return 1
+    finally:
+        notifier.close()
     return 0
 
 

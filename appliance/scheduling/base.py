@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Sequence
 
 from appliance.errors import ServerUnavailable
 from appliance.scheduling.instances import InstanceWorker, Job
@@ -63,7 +64,33 @@ class SchedulerBase:
         if self._timer is not None:
             self._timer.cancel()
 
+    def health(self, now_ns: int, stuck_ns: int) -> str:
+        """Why this version cannot make progress ('' when it can); see appliance/notify.py."""
+        if self._closing or self._loop is None:
+            return ""
+        states = [(w.alive, w.busy_since_ns) for w in self._workers]
+        return stalled_reason(self._label, states, now_ns, stuck_ns)
+
     def stop_workers(self) -> None:
         """Blocking: join the worker threads and close instances (call from a thread)."""
         for worker in self._workers:
             worker.stop()
+
+
+def stalled_reason(
+    label: str, workers: Sequence[tuple[bool, int]], now_ns: int, stuck_ns: int
+) -> str:
+    """Pure: '' unless an instance thread exited or every instance (alive, busy since) has been
+    in one execution for longer than stuck_ns. One stuck instance of several is fine."""
+    if not workers:
+        return ""
+    dead = sum(1 for alive, _ in workers if not alive)
+    if dead:
+        return f"{label}: {dead} of {len(workers)} instance threads exited"
+    busy_for = [now_ns - since for _, since in workers if since]
+    if len(busy_for) == len(workers) and min(busy_for) > stuck_ns:
+        return (
+            f"{label}: every instance ({len(workers)}) has been in one execution "
+            f"for over {min(busy_for) / 1e9:.1f} s"
+        )
+    return ""

@@ -127,6 +127,13 @@ class InstanceWorker:
         ] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._serve, name=f"instance-{name}", daemon=True)
+        # Monotonic ns the batch in hand started on the thread, or a decoupled model last sent
+        # a response (0: idle): the watchdog's measure of a stuck instance.
+        self.busy_since_ns = 0
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -154,11 +161,25 @@ class InstanceWorker:
             if item is None:
                 return
             jobs, on_done = item
+            self.busy_since_ns = time.monotonic_ns()
             result = self.run(jobs)
+            self.busy_since_ns = 0
             try:
                 self._loop.call_soon_threadsafe(on_done, self, result)
             except RuntimeError:  # loop closed during shutdown
                 return
+
+    def _progress(
+        self, emit: Callable[[dict[str, Array]], None]
+    ) -> Callable[[dict[str, Array]], None]:
+        """`emit`, also marking a decoupled model that keeps responding as not stuck."""
+
+        def emitted(outputs: dict[str, Array]) -> None:
+            if self.busy_since_ns:
+                self.busy_since_ns = time.monotonic_ns()
+            emit(outputs)
+
+        return emitted
 
     def run(self, jobs: list[Job]) -> BatchResult:
         """Execute one batch; never raises: each job's outputs or error is in `outcomes`."""
@@ -177,7 +198,7 @@ class InstanceWorker:
                 execute = getattr(self._instance, "execute_decoupled", None)
                 if execute is None:
                     raise BackendError("this backend cannot serve decoupled models")
-                execute(inputs, names, jobs[0].emit)
+                execute(inputs, names, self._progress(jobs[0].emit))
                 outputs = {}
             else:
                 outputs = self._instance.execute(inputs, names)
