@@ -12,7 +12,6 @@ from pathlib import Path
 
 import grpc
 from aiohttp import web
-from tritonclient.grpc import service_pb2_grpc
 
 from appliance.cache import ResponseCache
 from appliance.control import ControlPlane, ServerState
@@ -23,6 +22,7 @@ from appliance.frontends.http.server import HttpFrontend
 from appliance.logs import LogSettings
 from appliance.metrics import build_registry, metrics_app
 from appliance.notify import Notifier, Supervisor, status_text, watchdog_interval_s
+from appliance.protocol import service_pb2_grpc
 from appliance.repository.manager import ManagerSettings, ModelManager
 from appliance.repository.manifest import ManifestError, ManifestPolicy, load_public_key
 from appliance.repository.poller import RepositoryPoller

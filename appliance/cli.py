@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from appliance import logs
+from appliance import check, logs
 from appliance.app import StartupError, serve_forever
 from appliance.notify import Notifier
 from appliance.repository.sources import check_location, is_remote
@@ -108,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_flags(serve)
     version_parser(sub.add_parser("version", help="print the version and build information"))
     manifest_parser(sub.add_parser("manifest", help="write (and sign) version manifests"))
+    check.parser(sub.add_parser("check", help="validate model repositories offline"))
     return parser
 
 
@@ -525,5 +526,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(args[1:])
     if args[0] == "manifest":
         return manifest(args[1:])
+    if args[0] == "check":
+        return check.main(args[1:])
     build_parser().parse_args(args)
     return 2

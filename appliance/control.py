@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance import __version__, buildinfo
 from appliance.errors import ApplianceError, ConfigError, ModelNotFound
 from appliance.logs import LogSettings
+from appliance.protocol import model_config_pb2 as mc
 from appliance.repository.manager import ModelManager, ServedVersion
 from appliance.trace import Tracer
 

@@ -9,14 +9,14 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
-from tritonclient.grpc import service_pb2 as pb
-from tritonclient.grpc import service_pb2_grpc
 
 from appliance.control import ControlPlane
 from appliance.core import InferenceCore
 from appliance.errors import ApplianceError, Unsupported
 from appliance.frontends.grpc.codec import decode_request, encode_response, parameter_value
 from appliance.frontends.status import GRPC_STATUS
+from appliance.protocol import service_pb2 as pb
+from appliance.protocol import service_pb2_grpc
 
 log = logging.getLogger(__name__)
 
