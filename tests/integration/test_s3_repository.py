@@ -320,10 +320,10 @@ def test_disk_reserve_stops_a_download_with_a_clear_reason(
         s3,
         tmp_path / "store",
         *POLL,
-        f"--model-store-reserve-mb={free_mb - 24}",  # 24 MiB of room: v1 fits, v2 does not
+        f"--model-store-reserve-mb={free_mb - 48}",  # 48 MiB of room: v1 fits, v2 does not
     )
     assert _added(proc.http_url) == 1.0
-    bucket.put_version(2, 2, padding=64 * 1024 * 1024)
+    bucket.put_version(2, 2, padding=128 * 1024 * 1024)
 
     def reason() -> str:
         rows = [e for e in _index(proc.http_url) if e.get("version") == "2"]
