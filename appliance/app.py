@@ -21,7 +21,13 @@ from appliance.frontends.grpc.server import InferenceServicer
 from appliance.frontends.http.server import HttpFrontend
 from appliance.logs import LogSettings
 from appliance.metrics import build_registry, metrics_app
-from appliance.notify import Notifier, Supervisor, status_text, watchdog_interval_s
+from appliance.notify import (
+    Notifier,
+    Supervisor,
+    bootloader_pid,
+    status_text,
+    watchdog_interval_s,
+)
 from appliance.protocol import service_pb2_grpc
 from appliance.repository.manager import ManagerSettings, ModelManager
 from appliance.repository.manifest import ManifestError, ManifestPolicy, load_public_key
@@ -51,7 +57,7 @@ class Appliance:
         self.notifier = notifier or Notifier.from_env()
         self.supervisor = Supervisor(
             self.notifier,
-            watchdog_interval_s(os.environ, os.getpid()),
+            watchdog_interval_s(os.environ, os.getpid(), bootloader_pid()),
             self._health_problems,
             self.status,
         )

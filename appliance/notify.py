@@ -88,16 +88,35 @@ class Notifier:
             self._sock = None
 
 
-def watchdog_interval_s(env: Mapping[str, str], pid: int) -> float:
-    """systemd's watchdog interval for this process in seconds (0: no watchdog)."""
+def watchdog_interval_s(env: Mapping[str, str], pid: int, stand_in: int | None = None) -> float:
+    """systemd's watchdog interval for this process in seconds (0: no watchdog).
+
+    `stand_in`: a pid whose watchdog this process feeds as well. A one-file PyInstaller build
+    runs Python in a child of its bootloader, and systemd's main pid is the bootloader.
+    """
     try:
         usec = int(env.get("WATCHDOG_USEC", "0"))
     except ValueError:
         return 0.0
     owner = env.get("WATCHDOG_PID", "")
-    if usec <= 0 or (owner and owner != str(pid)):
+    if usec <= 0 or (owner and owner not in (str(pid), str(stand_in))):
         return 0.0
     return usec / 1e6
+
+
+def bootloader_pid() -> int | None:
+    """The parent pid when running as a one-file PyInstaller build, else None."""
+    import sys
+
+    bundle = getattr(sys, "_MEIPASS", None)
+    if not getattr(sys, "frozen", False) or bundle is None:
+        return None
+    # One-file builds unpack into a temporary folder; one-folder builds run beside it.
+    from pathlib import Path
+
+    if Path(bundle).resolve().is_relative_to(Path(sys.executable).resolve().parent):
+        return None
+    return os.getppid()
 
 
 def watchdog_verdict(lag_s: float, interval_s: float, problems: Sequence[str]) -> str:

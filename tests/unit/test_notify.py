@@ -10,6 +10,7 @@ import pytest
 
 from appliance.notify import (
     Notifier,
+    bootloader_pid,
     status_text,
     watchdog_interval_s,
     watchdog_verdict,
@@ -104,3 +105,10 @@ def test_status_text() -> None:
         == "serving 7 models (6 ready), 120 requests served; HTTP :8000 gRPC :8001"
     )
     assert status_text(1, 1, 0, [("HTTP", None)]) == "serving 1 model (1 ready), 0 requests served"
+
+
+def test_a_one_file_build_feeds_its_bootloaders_watchdog() -> None:
+    env = {"WATCHDOG_USEC": "2000000", "WATCHDOG_PID": "7"}
+    assert watchdog_interval_s(env, 42) == 0.0  # someone else's watchdog
+    assert watchdog_interval_s(env, 42, stand_in=7) == 2.0  # our bootloader's
+    assert bootloader_pid() is None  # not frozen here
