@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import logging
 import multiprocessing
 import os
@@ -488,6 +489,8 @@ async def _serve(settings: ServerSettings, log_settings: logs.LogSettings) -> in
 
 
 def serve(argv: Sequence[str]) -> int:
+    # A hang the watchdog ends with SIGABRT leaves every thread's stack in the journal.
+    faulthandler.enable()
     parser = argparse.ArgumentParser(prog="edge-appliance serve")
     add_serve_flags(parser)
     settings = settings_from_args(parser.parse_args(list(argv)))

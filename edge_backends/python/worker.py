@@ -139,7 +139,10 @@ def main(
     reader = Reader()
     try:
         while True:
-            message = connection.recv()
+            try:
+                message = connection.recv()
+            except (EOFError, OSError):
+                return  # the server is gone (killed or restarted): nothing to answer
             if message[0] == "finalize":
                 break
             _, in_arena, metas, outputs, decoupled = message
