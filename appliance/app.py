@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import stat
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -192,12 +193,22 @@ class Appliance:
     @contextlib.asynccontextmanager
     async def _http(self) -> AsyncIterator[None]:
         frontend = HttpFrontend(self.core, self.control, self.settings.max_request_bytes)
-        address, port = self.settings.http_address, self.settings.http_port
+        settings = self.settings
+        address, port = settings.http_address, settings.http_port
         async with _listening(
-            frontend.build(), address, port, "HTTP", self.settings.exit_timeout_secs
+            frontend.build(),
+            address,
+            port,
+            "HTTP",
+            settings.exit_timeout_secs,
+            settings.http_unix_socket,
+            settings.unix_socket_mode,
         ) as bound:
             self.http_port = bound
-            log.info("Started HTTPService at %s:%s", address, bound)
+            if bound is not None:
+                log.info("Started HTTPService at %s:%s", address, bound)
+            if settings.http_unix_socket:
+                log.info("Started HTTPService at unix:%s", settings.http_unix_socket)
             yield
 
     @contextlib.asynccontextmanager
@@ -212,6 +223,7 @@ class Appliance:
         )
         address, port = self.settings.metrics_address, self.settings.metrics_port
         async with _listening(metrics_app(registry), address, port, "metrics") as bound:
+            assert bound is not None
             self.metrics_port = bound
             log.info("Started Metrics Service at %s:%s", address, bound)
             yield
@@ -228,44 +240,97 @@ class Appliance:
         )
         servicer = InferenceServicer(self.core, self.control).guarded()
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
-        address = f"{self.settings.grpc_address}:{self.settings.grpc_port}"
-        try:
-            port = server.add_insecure_port(address)
-        except RuntimeError as exc:
-            raise StartupError(f"cannot listen for gRPC on {address}: {exc}") from exc
-        if port == 0:
-            raise StartupError(f"cannot listen for gRPC on {address}: address in use?")
+        addresses = []
+        if self.settings.grpc_port >= 0:
+            addresses.append(f"{self.settings.grpc_address}:{self.settings.grpc_port}")
+        unix_path = self.settings.grpc_unix_socket
+        if unix_path:
+            _clear_stale_socket(unix_path, "gRPC")
+            addresses.append(f"unix:{unix_path}")
+        ports = []
+        for address in addresses:
+            try:
+                port = server.add_insecure_port(address)
+            except RuntimeError as exc:
+                raise StartupError(f"cannot listen for gRPC on {address}: {exc}") from exc
+            if port == 0 and not address.startswith("unix:"):
+                raise StartupError(f"cannot listen for gRPC on {address}: address in use?")
+            ports.append(port)
         await server.start()
-        self.grpc_port = port
-        log.info("Started GRPCInferenceService at %s:%s", self.settings.grpc_address, port)
+        if unix_path:
+            os.chmod(unix_path, self.settings.unix_socket_mode)
+            log.info("Started GRPCInferenceService at unix:%s", unix_path)
+        if self.settings.grpc_port >= 0:
+            self.grpc_port = ports[0]
+            log.info("Started GRPCInferenceService at %s:%s", self.settings.grpc_address, ports[0])
         try:
             yield
         finally:
             await server.stop(grace=self.settings.exit_timeout_secs)
+            if unix_path:
+                with contextlib.suppress(OSError):
+                    os.unlink(unix_path)
+
+
+def _clear_stale_socket(path: str, what: str) -> None:
+    """Remove a socket left by an earlier run; refuse to replace anything else."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise StartupError(f"cannot listen for {what} on unix:{path}: it exists and is no socket")
+    os.unlink(path)
 
 
 @contextlib.asynccontextmanager
 async def _listening(
-    app: web.Application, address: str, port: int, what: str, shutdown_timeout: float = 5.0
-) -> AsyncIterator[int]:
-    """Serve an aiohttp app on address:port; yields the bound port (port 0 picks one)."""
+    app: web.Application,
+    address: str,
+    port: int,
+    what: str,
+    shutdown_timeout: float = 5.0,
+    unix_path: str = "",
+    unix_mode: int = 0o660,
+) -> AsyncIterator[int | None]:
+    """Serve an aiohttp app on address:port (port -1: no TCP) and on a Unix socket if given.
+
+    Yields the bound TCP port (port 0 picks one), or None without TCP.
+    """
     runner = web.AppRunner(
         app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout
     )
     await runner.setup()
+    listening_on_unix = False
     try:
-        site = web.TCPSite(runner, address, port, reuse_address=True)
-        try:
-            await site.start()
-        except OSError as exc:
-            raise StartupError(
-                f"cannot listen for {what} on {address}:{port}: {exc.strerror}"
-            ) from exc
-        server = site._server  # aiohttp keeps the asyncio Server here
-        sockets = getattr(server, "sockets", None) or []
-        yield sockets[0].getsockname()[1] if sockets else port
+        bound: int | None = None
+        if port >= 0:
+            site = web.TCPSite(runner, address, port, reuse_address=True)
+            try:
+                await site.start()
+            except OSError as exc:
+                raise StartupError(
+                    f"cannot listen for {what} on {address}:{port}: {exc.strerror}"
+                ) from exc
+            server = site._server  # aiohttp keeps the asyncio Server here
+            sockets = getattr(server, "sockets", None) or []
+            bound = sockets[0].getsockname()[1] if sockets else port
+        if unix_path:
+            _clear_stale_socket(unix_path, what)
+            try:
+                await web.UnixSite(runner, unix_path).start()
+            except OSError as exc:
+                raise StartupError(
+                    f"cannot listen for {what} on unix:{unix_path}: {exc.strerror}"
+                ) from exc
+            listening_on_unix = True
+            os.chmod(unix_path, unix_mode)
+        yield bound
     finally:
         await runner.cleanup()
+        if listening_on_unix:  # ours: never a file that was there before
+            with contextlib.suppress(OSError):
+                os.unlink(unix_path)
 
 
 async def serve_forever(

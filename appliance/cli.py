@@ -219,6 +219,25 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-address", default="127.0.0.1")
     p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument(
+        "--http-unix-socket",
+        default="",
+        metavar="PATH",
+        help="also serve HTTP on this Unix socket (with --http-port -1: only there)",
+    )
+    p.add_argument(
+        "--grpc-unix-socket",
+        default="",
+        metavar="PATH",
+        help="also serve gRPC on this Unix socket (with --grpc-port -1: only there)",
+    )
+    p.add_argument(
+        "--unix-socket-mode",
+        type=lambda text: int(text, 8),
+        default=0o660,
+        metavar="OCTAL",
+        help="permissions of the Unix sockets (default 660: owner and group)",
+    )
     p.add_argument("--metrics-address", default="127.0.0.1")
     p.add_argument("--metrics-port", type=int, default=8002)
     _add_bool(p, "--allow-http", "serve HTTP (default true)")
@@ -415,6 +434,9 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         http_port=args.http_port,
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
+        http_unix_socket=args.http_unix_socket,
+        grpc_unix_socket=args.grpc_unix_socket,
+        unix_socket_mode=args.unix_socket_mode,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
         allow_http=_on(args.allow_http, True),

@@ -20,6 +20,7 @@ from appliance.errors import ApplianceError, ConfigError, ModelNotFound
 from appliance.logs import LogSettings
 from appliance.protocol import model_config_pb2 as mc
 from appliance.repository.manager import ModelManager, ServedVersion
+from appliance.shared_memory import SharedMemoryRegistry
 from appliance.trace import Tracer
 
 EXTENSIONS = [
@@ -31,7 +32,9 @@ EXTENSIONS = [
     "parameters",
     "model_configuration",
     "model_repository",
+    "schedule_policy",
     "statistics",
+    "system_shared_memory",
 ]
 
 
@@ -56,6 +59,7 @@ class ControlPlane:
     ) -> None:
         self.tracer = tracer or Tracer()
         self.logs = logs or LogSettings()
+        self.shared_memory = SharedMemoryRegistry()
         self._build = buildinfo.summary()
         self.manager = manager
         self.state = state

@@ -15,6 +15,9 @@ class ServerSettings:
     http_port: int = 8000
     grpc_address: str = "127.0.0.1"
     grpc_port: int = 8001
+    http_unix_socket: str = ""  # also (or, with http_port -1, only) listen on this socket
+    grpc_unix_socket: str = ""
+    unix_socket_mode: int = 0o660
     metrics_address: str = "127.0.0.1"
     metrics_port: int = 8002
     allow_http: bool = True

@@ -20,10 +20,20 @@ class InputTensor:
     data: Array
 
 
+@dataclass(frozen=True, slots=True)
+class ShmTarget:
+    """A window of a registered system shared memory region (appliance/shared_memory.py)."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
 @dataclass(slots=True)
 class RequestedOutput:
     name: str
     class_count: int = 0  # > 0: the classification extension's top-k strings
+    shm: ShmTarget | None = None  # written into shared memory instead of the response
 
 
 @dataclass(slots=True)

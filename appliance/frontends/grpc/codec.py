@@ -13,7 +13,8 @@ import numpy as np
 from appliance.errors import InvalidInput
 from appliance.frontends.tensors import datatype, element_count, from_raw, to_raw
 from appliance.protocol import service_pb2 as pb
-from appliance.types import InferRequest, InferResponse, InputTensor, RequestedOutput
+from appliance.shared_memory import SharedMemoryRegistry, read_input, shm_target, write_output
+from appliance.types import InferRequest, InferResponse, InputTensor, RequestedOutput, ShmTarget
 
 # datatype -> the InferTensorContents field that carries it (FP16 travels only as raw bytes)
 CONTENTS_FIELD = {
@@ -61,9 +62,15 @@ def _from_contents(tensor: Any, shape: tuple[int, ...], where: str) -> np.ndarra
         ) from exc
 
 
-def decode_request(msg: pb.ModelInferRequest) -> InferRequest:
+def decode_request(
+    msg: pb.ModelInferRequest, shm: SharedMemoryRegistry | None = None
+) -> InferRequest:
     model = msg.model_name
     raw = msg.raw_input_contents
+    # Inputs in shared memory have no raw_input_contents entry (as tritonclient sends them).
+    targets = [
+        _target(tensor, shm, f"model '{model}' input '{tensor.name}'") for tensor in msg.inputs
+    ]
     if raw:
         for tensor in msg.inputs:
             if tensor.HasField("contents"):
@@ -71,17 +78,23 @@ def decode_request(msg: pb.ModelInferRequest) -> InferRequest:
                     "contents field must not be specified when using raw_input_contents for "
                     f"'{tensor.name}' for model '{model}'"
                 )
-    if raw and len(raw) != len(msg.inputs):
+    in_band = sum(1 for target in targets if target is None)
+    if raw and len(raw) != in_band:
         raise InvalidInput(
-            f"model '{model}': {len(msg.inputs)} inputs but {len(raw)} raw_input_contents; "
-            "raw contents must be given for every input or none"
+            f"model '{model}': {in_band} inputs not in shared memory but {len(raw)} "
+            "raw_input_contents; raw contents must be given for every such input or none"
         )
     inputs = []
-    for i, tensor in enumerate(msg.inputs):
+    raw_index = 0
+    for tensor, target in zip(msg.inputs, targets, strict=True):
         where = f"model '{model}' input '{tensor.name}'"
         shape = tuple(tensor.shape)
-        if raw:
-            data = from_raw(raw[i], tensor.datatype, shape, where)
+        if target is not None:
+            assert shm is not None
+            data = read_input(shm, target, tensor.datatype, shape, where)
+        elif raw:
+            data = from_raw(raw[raw_index], tensor.datatype, shape, where)
+            raw_index += 1
         else:
             data = _from_contents(tensor, shape, where)
         inputs.append(InputTensor(tensor.name, tensor.datatype, shape, data))
@@ -100,12 +113,24 @@ def decode_request(msg: pb.ModelInferRequest) -> InferRequest:
                 if ("classification" in out.parameters)
                 else 0
             )
-            outputs.append(RequestedOutput(out.name, int(count)))
+            where = f"model '{model}' output '{out.name}'"
+            outputs.append(RequestedOutput(out.name, int(count), _target(out, shm, where)))
         request.outputs = outputs
     return request
 
 
-def encode_response(response: InferResponse) -> pb.ModelInferResponse:
+def _target(tensor: Any, shm: SharedMemoryRegistry | None, where: str) -> ShmTarget | None:
+    if shm is None or "shared_memory_region" not in tensor.parameters:
+        return None
+    params = {k: parameter_value(v) for k, v in tensor.parameters.items()}
+    return shm_target(params, where)
+
+
+def encode_response(
+    response: InferResponse,
+    targets: dict[str, ShmTarget] | None = None,
+    shm: SharedMemoryRegistry | None = None,
+) -> pb.ModelInferResponse:
     msg = pb.ModelInferResponse(
         model_name=response.model_name, model_version=response.model_version, id=response.id
     )
@@ -114,5 +139,14 @@ def encode_response(response: InferResponse) -> pb.ModelInferResponse:
         out.name = tensor.name
         out.datatype = tensor.datatype
         out.shape.extend(tensor.shape)
+        target = targets.get(tensor.name) if targets else None
+        if target is not None and shm is not None:
+            where = f"model '{response.model_name}' output '{tensor.name}'"
+            written = write_output(shm, target, tensor.data, tensor.datatype, where)
+            out.parameters["shared_memory_region"].string_param = target.region
+            out.parameters["shared_memory_offset"].int64_param = target.offset
+            out.parameters["shared_memory_byte_size"].int64_param = written
+            msg.raw_output_contents.append(b"")  # keeps raw contents aligned with outputs
+            continue
         msg.raw_output_contents.append(bytes(to_raw(tensor.data, tensor.datatype)))
     return msg

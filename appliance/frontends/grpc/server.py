@@ -17,6 +17,7 @@ from appliance.frontends.grpc.codec import decode_request, encode_response, para
 from appliance.frontends.status import GRPC_STATUS
 from appliance.protocol import service_pb2 as pb
 from appliance.protocol import service_pb2_grpc
+from appliance.shared_memory import shm_targets
 
 log = logging.getLogger(__name__)
 
@@ -121,10 +122,33 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def _unsupported(self, request: Any, context: Any) -> Any:
         raise Unsupported("this server does not implement this extension yet")
 
-    SystemSharedMemoryStatus = SystemSharedMemoryRegister = SystemSharedMemoryUnregister = (
-        _unsupported
-    )
     CudaSharedMemoryStatus = CudaSharedMemoryRegister = CudaSharedMemoryUnregister = _unsupported
+
+    # ---- system shared memory ----------------------------------------------------------------
+
+    async def SystemSharedMemoryStatus(
+        self, request: Any, context: Any
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self.control.shared_memory.status(request.name):
+            slot = response.regions[region["name"]]
+            slot.name, slot.key = region["name"], region["key"]
+            slot.offset, slot.byte_size = region["offset"], region["byte_size"]
+        return response
+
+    async def SystemSharedMemoryRegister(
+        self, request: Any, context: Any
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self.control.shared_memory.register(
+            request.name, request.key, int(request.offset), int(request.byte_size)
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(
+        self, request: Any, context: Any
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self.control.shared_memory.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
 
     async def LogSettings(self, request: Any, context: Any) -> pb.LogSettingsResponse:
         changes = {key: _setting_value(value) for key, value in request.settings.items()}
@@ -150,7 +174,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     # ---- inference ---------------------------------------------------------------------------
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
-        return encode_response(await self.core.infer(decode_request(request)))
+        shm = self.control.shared_memory
+        decoded = decode_request(request, shm)
+        return encode_response(await self.core.infer(decoded), shm_targets(decoded.outputs), shm)
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[Any], context: Any
@@ -165,8 +191,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             )
             try:
                 decoupled = self.core.is_decoupled(request.model_name, request.model_version)
-                async for response in self.core.infer_stream(decode_request(request)):
-                    result = encode_response(response)
+                shm = self.control.shared_memory
+                decoded = decode_request(request, shm)
+                targets = shm_targets(decoded.outputs)
+                async for response in self.core.infer_stream(decoded):
+                    result = encode_response(response, targets, shm)
                     if final_flag:  # the only response of a non-decoupled model is the final one
                         result.parameters["triton_final_response"].bool_param = not decoupled
                     await responses.put(pb.ModelStreamInferResponse(infer_response=result))

@@ -13,6 +13,13 @@ from typing import Any
 from appliance.errors import InvalidInput
 from appliance.frontends import jsonconv
 from appliance.frontends.tensors import from_list, from_raw, to_list, to_raw
+from appliance.shared_memory import (
+    SharedMemoryRegistry,
+    read_input,
+    shm_target,
+    shm_targets,
+    write_output,
+)
 from appliance.types import InferRequest, InferResponse, InputTensor, RequestedOutput
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -54,7 +61,11 @@ def _header_length(header_length: str | None, body_length: int) -> int:
 
 
 def decode_request(
-    body: bytes, header_length: str | None, model: str, version: str
+    body: bytes,
+    header_length: str | None,
+    model: str,
+    version: str,
+    shm: SharedMemoryRegistry | None = None,
 ) -> HttpInferRequest:
     """Parse an infer body. The hot path: error messages are only formatted when raised."""
     json_len = _header_length(header_length, len(body))
@@ -88,10 +99,16 @@ def decode_request(
                 raise _bad_shape(raw_shape, where)
         shape = tuple(raw_shape)
         params = item.get("parameters")
-        size = None
+        size = target = None
         if params is not None:
-            size = _object(params, f"{where} parameters").get("binary_data_size")
-        if size is not None:
+            params = _object(params, f"{where} parameters")
+            size = params.get("binary_data_size")
+            if shm is not None and "shared_memory_region" in params:
+                target = shm_target(params, where)
+        if target is not None:
+            assert shm is not None
+            data = read_input(shm, target, dtype_name, shape, where)
+        elif size is not None:
             if type(size) is not int or size < 0:
                 raise InvalidInput(f"{where}: binary_data_size must be a non-negative integer")
             if offset + size > binary_len:
@@ -125,12 +142,14 @@ def decode_request(
     )
     outputs_json = doc.get("outputs")
     if outputs_json is not None:
-        wire.request.outputs = _requested_outputs(outputs_json, model, wire.binary_outputs)
+        wire.request.outputs = _requested_outputs(
+            outputs_json, model, wire.binary_outputs, shm is not None
+        )
     return wire
 
 
 def _requested_outputs(
-    outputs_json: Any, model: str, binary_outputs: dict[str, bool]
+    outputs_json: Any, model: str, binary_outputs: dict[str, bool], shm: bool
 ) -> list[RequestedOutput]:
     if type(outputs_json) is not list:
         raise InvalidInput("'outputs' must be a list")
@@ -146,24 +165,35 @@ def _requested_outputs(
             raise InvalidInput(f"output '{name}': classification must be an integer")
         if "binary_data" in oparams:
             binary_outputs[name] = bool(oparams["binary_data"])
-        requested.append(RequestedOutput(name, count))
+        target = shm_target(oparams, f"model '{model}' output '{name}'") if shm else None
+        requested.append(RequestedOutput(name, count, target))
     return requested
 
 
 def encode_response(
-    response: InferResponse, wire: HttpInferRequest
+    response: InferResponse, wire: HttpInferRequest, shm: SharedMemoryRegistry | None = None
 ) -> tuple[list[bytes | memoryview], int | None]:
     """Body chunks and, when binary data follows the JSON, the JSON header's length."""
     outputs = []
     blobs: list[bytes | memoryview] = []
     float_lists = []
+    targets = shm_targets(wire.request.outputs)
     for tensor in response.outputs:
         entry: dict[str, Any] = {
             "name": tensor.name,
             "datatype": tensor.datatype,
             "shape": list(tensor.shape),
         }
-        if wire.binary_outputs.get(tensor.name, wire.binary_default):
+        target = targets.get(tensor.name)
+        if target is not None and shm is not None:
+            where = f"model '{response.model_name}' output '{tensor.name}'"
+            written = write_output(shm, target, tensor.data, tensor.datatype, where)
+            entry["parameters"] = {
+                "shared_memory_region": target.region,
+                "shared_memory_offset": target.offset,
+                "shared_memory_byte_size": written,
+            }
+        elif wire.binary_outputs.get(tensor.name, wire.binary_default):
             raw = to_raw(tensor.data, tensor.datatype)
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)

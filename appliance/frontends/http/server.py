@@ -89,6 +89,11 @@ class HttpFrontend:
             ("POST", "/v2/models/{model}/trace/setting", self.trace_setting),
             ("POST", "/v2/repository/models/{model}/load", self.load),
             ("POST", "/v2/repository/models/{model}/unload", self.unload),
+            ("GET", "/v2/systemsharedmemory/status", self.shm_status),
+            ("GET", "/v2/systemsharedmemory/region/{region}/status", self.shm_status),
+            ("POST", "/v2/systemsharedmemory/region/{region}/register", self.shm_register),
+            ("POST", "/v2/systemsharedmemory/region/{region}/unregister", self.shm_unregister),
+            ("POST", "/v2/systemsharedmemory/unregister", self.shm_unregister),
         ]
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             routes += [
@@ -102,8 +107,7 @@ class HttpFrontend:
             ]
         for method, path, handler in routes:
             app.router.add_route(method, path, _guard(handler))
-        for extension in ("systemsharedmemory", "cudasharedmemory"):
-            app.router.add_route("*", f"/v2/{extension}{{tail:.*}}", _guard(self.unsupported))
+        app.router.add_route("*", "/v2/cudasharedmemory{tail:.*}", _guard(self.unsupported))
         app.router.add_route("*", "/{tail:.*}", _guard(self.not_found))
         return app
 
@@ -117,9 +121,10 @@ class HttpFrontend:
     async def infer(self, request: web.Request) -> web.StreamResponse:
         model, version = self._model(request)
         body = await request.read()
-        wire = decode_request(body, request.headers.get(HEADER_LENGTH), model, version)
+        shm = self.control.shared_memory
+        wire = decode_request(body, request.headers.get(HEADER_LENGTH), model, version, shm)
         response = await self.core.infer(wire.request)
-        chunks, header_length = encode_response(response, wire)
+        chunks, header_length = encode_response(response, wire, shm)
         if header_length is None:
             resp = web.Response(body=chunks[0], content_type=_JSON)
         else:
@@ -216,6 +221,28 @@ class HttpFrontend:
         )
         await self.control.unload_model(request.match_info["model"], dependents)
         return web.Response(status=200)
+
+    # ---- system shared memory ----------------------------------------------------------------
+
+    async def shm_status(self, request: web.Request) -> web.StreamResponse:
+        return json_response(
+            self.control.shared_memory.status(request.match_info.get("region", ""))
+        )
+
+    async def shm_register(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["region"]
+        body = await self._json_body(request)
+        key = body.get("key")
+        if type(key) is not str:
+            raise InvalidInput(f"shared memory region '{name}': 'key' must be a string")
+        self.control.shared_memory.register(
+            name, key, body.get("offset", 0), body.get("byte_size")  # type: ignore[arg-type]
+        )
+        return web.Response()
+
+    async def shm_unregister(self, request: web.Request) -> web.StreamResponse:
+        self.control.shared_memory.unregister(request.match_info.get("region", ""))
+        return web.Response()
 
     async def unsupported(self, request: web.Request) -> web.StreamResponse:
         raise Unsupported(f"{request.path}: this server does not implement this extension yet")
