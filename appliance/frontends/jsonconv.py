@@ -17,7 +17,7 @@ from appliance.errors import InvalidInput
 from appliance.protojson import message_to_dict as message_to_dict
 
 
-def loads(data: bytes | str, what: str) -> Any:
+def loads(data: bytes | bytearray | str, what: str) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as first:

@@ -249,13 +249,14 @@ def test_load_and_unload_refused_outside_explicit_mode(server: ServerProcess) ->
 
 
 def test_unimplemented_extensions_say_so(server: ServerProcess) -> None:
+    """CUDA shared memory needs a GPU this server does not drive yet."""
     http = httpclient.InferenceServerClient(server.http_url)
     with pytest.raises(InferenceServerException, match="does not implement") as err:
-        http.get_system_shared_memory_status()
+        http.get_cuda_shared_memory_status()
     assert err.value.status() == "501"
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     with pytest.raises(InferenceServerException, match="does not implement") as gerr:
-        grpc.unregister_system_shared_memory()
+        grpc.unregister_cuda_shared_memory()
     assert gerr.value.status() == "StatusCode.UNIMPLEMENTED"
     assert http.is_server_ready()
 

@@ -694,7 +694,7 @@ GRPC_CASES = {
     "raw_count_mismatch": (
         _two_inputs_one_raw(),
         "StatusCode.INVALID_ARGUMENT",
-        "model 'simple': 2 inputs but 1 raw_input_contents",
+        "model 'simple': 2 inputs not in shared memory but 1 raw_input_contents",
     ),
     "contents_count_mismatch": (
         grpc_request("identity_int8", "INT8", [1, 3], field="int_contents", values=[1, 2]),

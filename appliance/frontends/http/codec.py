@@ -61,7 +61,7 @@ def _header_length(header_length: str | None, body_length: int) -> int:
 
 
 def decode_request(
-    body: bytes,
+    body: bytes | bytearray,
     header_length: str | None,
     model: str,
     version: str,
