@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     version_parser(sub.add_parser("version", help="print the version and build information"))
     manifest_parser(sub.add_parser("manifest", help="write (and sign) version manifests"))
     check.parser(sub.add_parser("check", help="validate model repositories offline"))
+    sub.add_parser("tune", help="find a model's best configuration on this device")
     return parser
 
 
@@ -553,5 +554,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return manifest(args[1:])
     if args[0] == "check":
         return check.main(args[1:])
+    if args[0] == "tune":
+        from appliance import tune  # loads the server path only when tuning
+
+        return tune.main(args[1:])
     build_parser().parse_args(args)
     return 2
