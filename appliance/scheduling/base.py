@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from appliance.errors import ServerUnavailable
 from appliance.scheduling.instances import InstanceWorker, Job
+from appliance.scheduling.precise_timer import PreciseHandle
 from appliance.scheduling.stats import ModelStats
 
 
@@ -22,7 +23,7 @@ class SchedulerBase:
         self._stats = stats
         self._closing = False
         self._drained: asyncio.Event | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | PreciseHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:

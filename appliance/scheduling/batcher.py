@@ -24,6 +24,7 @@ from appliance.errors import InferenceFailed, InvalidInput, ServerUnavailable
 from appliance.scheduling.base import SchedulerBase
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
 from appliance.scheduling.policy import BatchPolicy, next_batch
+from appliance.scheduling.precise_timer import LOOP_TIMER_MIN_NS, TIMERS
 from appliance.scheduling.queues import QueuePolicy, RequestQueue
 from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.stats import ModelStats
@@ -186,7 +187,11 @@ class Scheduler(SchedulerBase):
             self._timer.cancel()
         assert self._loop is not None
         self._timer_at = at
-        self._timer = self._loop.call_later(max(0, at - now) / 1e9, self._on_timer)
+        wait = at - now
+        if 0 < wait < LOOP_TIMER_MIN_NS:  # the loop's timers would round this up to 1 ms
+            self._timer = TIMERS.call_at(self._loop, at, self._on_timer)
+        else:
+            self._timer = self._loop.call_later(max(0, wait) / 1e9, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
