@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 from aiohttp import web
 
+from appliance.access import GRPC_HEADER_PREFIX, Restriction, Restrictions
 from appliance.cache import ResponseCache
 from appliance.control import ControlPlane, ServerState
 from appliance.core import InferenceCore
@@ -192,7 +193,12 @@ class Appliance:
 
     @contextlib.asynccontextmanager
     async def _http(self) -> AsyncIterator[None]:
-        frontend = HttpFrontend(self.core, self.control, self.settings.max_request_bytes)
+        frontend = HttpFrontend(
+            self.core,
+            self.control,
+            self.settings.max_request_bytes,
+            _restrictions(self.settings.http_restricted),
+        )
         settings = self.settings
         address, port = settings.http_address, settings.http_port
         async with _listening(
@@ -238,7 +244,11 @@ class Appliance:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        servicer = InferenceServicer(self.core, self.control).guarded()
+        servicer = InferenceServicer(
+            self.core,
+            self.control,
+            _restrictions(self.settings.grpc_restricted, GRPC_HEADER_PREFIX),
+        ).guarded()
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
         addresses = []
         if self.settings.grpc_port >= 0:
@@ -270,6 +280,10 @@ class Appliance:
             if unix_path:
                 with contextlib.suppress(OSError):
                     os.unlink(unix_path)
+
+
+def _restrictions(groups: tuple[tuple[str, str, str], ...], prefix: str = "") -> Restrictions:
+    return Restrictions({api: Restriction(key, value) for api, key, value in groups}, prefix)
 
 
 def _clear_stale_socket(path: str, what: str) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from appliance import check, logs
+from appliance.access import parse_groups
 from appliance.app import StartupError, serve_forever
 from appliance.notify import Notifier
 from appliance.repository.sources import check_location, is_remote
@@ -32,12 +33,10 @@ IGNORED_FLAGS = (
     "disable-auto-complete-config",
     "http-header-forward-pattern",
     "reuse-http-port",
-    "http-restricted-api",
     "http-thread-count",
     "http-max-input-size",
     "grpc-header-forward-pattern",
     "reuse-grpc-port",
-    "grpc-restricted-protocol",
     "grpc-infer-allocation-pool-size",
     "grpc-max-response-pool-size",
     "grpc-use-ssl",
@@ -233,6 +232,21 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="also serve gRPC on this Unix socket (with --grpc-port -1: only there)",
     )
     p.add_argument(
+        "--http-restricted-api",
+        action="append",
+        default=[],
+        metavar="API,...:KEY=VALUE",
+        help="HTTP APIs (health, metadata, inference, shared-memory, model-config, "
+        "model-repository, statistics, trace, logging) that need header KEY: VALUE; repeatable",
+    )
+    p.add_argument(
+        "--grpc-restricted-protocol",
+        action="append",
+        default=[],
+        metavar="API,...:KEY=VALUE",
+        help="the same for gRPC; the metadata key is triton-grpc-protocol-KEY",
+    )
+    p.add_argument(
         "--unix-socket-mode",
         type=lambda text: int(text, 8),
         default=0o660,
@@ -393,6 +407,14 @@ def parse_metrics_config(values: list[str]) -> dict[str, str]:
     return pairs
 
 
+def _restricted(values: list[str], flag: str) -> tuple[tuple[str, str, str], ...]:
+    try:
+        groups = parse_groups(values, flag)
+    except ValueError as exc:
+        raise SystemExit(f"edge-appliance: {exc}") from None
+    return tuple((api, rule.key, rule.value) for api, rule in sorted(groups.items()))
+
+
 def default_store_dir() -> Path:
     """systemd's StateDirectory= when run as a unit, else the user's state folder."""
     state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
@@ -438,6 +460,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         http_unix_socket=args.http_unix_socket,
         grpc_unix_socket=args.grpc_unix_socket,
         unix_socket_mode=args.unix_socket_mode,
+        http_restricted=_restricted(args.http_restricted_api, "--http-restricted-api"),
+        grpc_restricted=_restricted(args.grpc_restricted_protocol, "--grpc-restricted-protocol"),
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
         allow_http=_on(args.allow_http, True),

@@ -17,6 +17,7 @@ class ErrorCode(enum.Enum):
     INTERNAL = "internal"
     ALREADY_EXISTS = "already_exists"
     RESOURCE_EXHAUSTED = "resource_exhausted"
+    PERMISSION_DENIED = "permission_denied"
 
 
 class ApplianceError(Exception):

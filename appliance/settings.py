@@ -18,6 +18,9 @@ class ServerSettings:
     http_unix_socket: str = ""  # also (or, with http_port -1, only) listen on this socket
     grpc_unix_socket: str = ""
     unix_socket_mode: int = 0o660
+    # API group -> (header key, value) from --http-restricted-api / --grpc-restricted-protocol
+    http_restricted: tuple[tuple[str, str, str], ...] = ()
+    grpc_restricted: tuple[tuple[str, str, str], ...] = ()
     metrics_address: str = "127.0.0.1"
     metrics_port: int = 8002
     allow_http: bool = True

@@ -15,6 +15,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.INTERNAL: 500,
     ErrorCode.ALREADY_EXISTS: 409,
     ErrorCode.RESOURCE_EXHAUSTED: 413,
+    ErrorCode.PERMISSION_DENIED: 403,
 }
 
 GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
@@ -26,4 +27,5 @@ GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
     ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorCode.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
 }

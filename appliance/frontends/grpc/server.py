@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from appliance.access import Restrictions
 from appliance.control import ControlPlane
 from appliance.core import InferenceCore
 from appliance.errors import ApplianceError, Unsupported
@@ -31,11 +32,45 @@ def _status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, "internal error; see the server log"
 
 
-def _guard_unary(method: Callable[..., Any], name: str) -> Callable[..., Any]:
+# Each RPC's API group for --grpc-restricted-protocol (appliance/access.py).
+API_OF = {
+    "ServerLive": "health",
+    "ServerReady": "health",
+    "ModelReady": "health",
+    "ServerMetadata": "metadata",
+    "ModelMetadata": "metadata",
+    "ModelInfer": "inference",
+    "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config",
+    "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository",
+    "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "SystemSharedMemoryStatus": "shared-memory",
+    "SystemSharedMemoryRegister": "shared-memory",
+    "SystemSharedMemoryUnregister": "shared-memory",
+    "CudaSharedMemoryStatus": "shared-memory",
+    "CudaSharedMemoryRegister": "shared-memory",
+    "CudaSharedMemoryUnregister": "shared-memory",
+    "TraceSetting": "trace",
+    "LogSettings": "logging",
+}
+
+
+def check_access(restrictions: Restrictions | None, name: str, context: Any) -> None:
+    if restrictions:
+        metadata = {key.lower(): value for key, value in (context.invocation_metadata() or ())}
+        restrictions.check(API_OF.get(name, ""), metadata)
+
+
+def _guard_unary(
+    method: Callable[..., Any], name: str, restrictions: Restrictions | None = None
+) -> Callable[..., Any]:
     async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("gRPC call: %s", name)
         try:
+            check_access(restrictions, name, context)
             return await method(request, context)
         except asyncio.CancelledError:
             raise
@@ -49,9 +84,12 @@ def _guard_unary(method: Callable[..., Any], name: str) -> Callable[..., Any]:
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]  # generated base is untyped
     """Every RPC the HTTP side serves; errors map through frontends/status.py."""
 
-    def __init__(self, core: InferenceCore, control: ControlPlane) -> None:
+    def __init__(
+        self, core: InferenceCore, control: ControlPlane, restrictions: Restrictions | None = None
+    ) -> None:
         self.core = core
         self.control = control
+        self.restrictions = restrictions
 
     def guarded(self) -> InferenceServicer:
         """Wrap every unary RPC with the one error mapping (done once, at registration)."""
@@ -60,7 +98,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 continue
             method = getattr(self, name)
             if asyncio.iscoroutinefunction(method):
-                setattr(self, name, _guard_unary(method, name))
+                setattr(self, name, _guard_unary(method, name, self.restrictions))
         return self
 
     # ---- health and metadata -----------------------------------------------------------------
@@ -182,6 +220,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         self, request_iterator: AsyncIterator[Any], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Requests on a stream run concurrently; each gets one response, errors in-band."""
+        try:
+            check_access(self.restrictions, "ModelStreamInfer", context)
+        except ApplianceError as exc:
+            await context.abort(GRPC_STATUS[exc.code], exc.message)
         responses: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         pending: set[asyncio.Task[None]] = set()
 

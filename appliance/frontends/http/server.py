@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from appliance.access import Restrictions
 from appliance.control import ControlPlane
 from appliance.core import InferenceCore
 from appliance.errors import ApplianceError, InvalidInput, Unsupported
@@ -33,13 +34,15 @@ def json_response(value: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(value), content_type=_JSON)
 
 
-def _guard(handler: Handler) -> Handler:
-    """Turn every error into Triton's error body with the mapped status."""
+def _guard(handler: Handler, api: str = "", restrictions: Restrictions | None = None) -> Handler:
+    """Check the API's restriction, and turn every error into Triton's error body."""
 
     async def guarded(request: web.Request) -> web.StreamResponse:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("HTTP request: %s %s", request.method, request.path)
         try:
+            if restrictions:
+                restrictions.check(api, request.headers)
             return await handler(request)
         except ApplianceError as exc:
             return error_response(HTTP_STATUS[exc.code], exc.message)
@@ -95,46 +98,60 @@ def _wants_compression(request: web.Request, size: int) -> bool:
 class HttpFrontend:
     """Builds the aiohttp Application."""
 
-    def __init__(self, core: InferenceCore, control: ControlPlane, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        core: InferenceCore,
+        control: ControlPlane,
+        max_body_bytes: int,
+        restrictions: Restrictions | None = None,
+    ) -> None:
         self.core = core
         self.control = control
         self.max_body_bytes = max_body_bytes
+        self.restrictions = restrictions
 
     def build(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
-        routes: list[tuple[str, str, Handler]] = [
-            ("GET", "/v2/health/live", self.live),
-            ("GET", "/v2/health/ready", self.ready),
-            ("GET", "/v2", self.server_metadata),
-            ("GET", "/v2/models/stats", self.stats),
-            ("POST", "/v2/repository/index", self.repository_index),
-            ("GET", "/v2/trace/setting", self.trace_setting),
-            ("POST", "/v2/trace/setting", self.trace_setting),
-            ("GET", "/v2/logging", self.logging_settings),
-            ("POST", "/v2/logging", self.logging_settings),
-            ("GET", "/v2/models/{model}/trace/setting", self.trace_setting),
-            ("POST", "/v2/models/{model}/trace/setting", self.trace_setting),
-            ("POST", "/v2/repository/models/{model}/load", self.load),
-            ("POST", "/v2/repository/models/{model}/unload", self.unload),
-            ("GET", "/v2/systemsharedmemory/status", self.shm_status),
-            ("GET", "/v2/systemsharedmemory/region/{region}/status", self.shm_status),
-            ("POST", "/v2/systemsharedmemory/region/{region}/register", self.shm_register),
-            ("POST", "/v2/systemsharedmemory/region/{region}/unregister", self.shm_unregister),
-            ("POST", "/v2/systemsharedmemory/unregister", self.shm_unregister),
+        routes: list[tuple[str, str, Handler, str]] = [
+            ("GET", "/v2/health/live", self.live, "health"),
+            ("GET", "/v2/health/ready", self.ready, "health"),
+            ("GET", "/v2", self.server_metadata, "metadata"),
+            ("GET", "/v2/models/stats", self.stats, "statistics"),
+            ("POST", "/v2/repository/index", self.repository_index, "model-repository"),
+            ("GET", "/v2/trace/setting", self.trace_setting, "trace"),
+            ("POST", "/v2/trace/setting", self.trace_setting, "trace"),
+            ("GET", "/v2/logging", self.logging_settings, "logging"),
+            ("POST", "/v2/logging", self.logging_settings, "logging"),
+            ("GET", "/v2/models/{model}/trace/setting", self.trace_setting, "trace"),
+            ("POST", "/v2/models/{model}/trace/setting", self.trace_setting, "trace"),
+            ("POST", "/v2/repository/models/{model}/load", self.load, "model-repository"),
+            ("POST", "/v2/repository/models/{model}/unload", self.unload, "model-repository"),
+        ]
+        shm = "/v2/systemsharedmemory"
+        routes += [
+            ("GET", f"{shm}/status", self.shm_status, "shared-memory"),
+            ("GET", f"{shm}/region/{{region}}/status", self.shm_status, "shared-memory"),
+            ("POST", f"{shm}/region/{{region}}/register", self.shm_register, "shared-memory"),
+            ("POST", f"{shm}/region/{{region}}/unregister", self.shm_unregister, "shared-memory"),
+            ("POST", f"{shm}/unregister", self.shm_unregister, "shared-memory"),
         ]
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             routes += [
-                ("GET", prefix, self.model_metadata),
-                ("GET", prefix + "/ready", self.model_ready),
-                ("GET", prefix + "/config", self.model_config),
-                ("GET", prefix + "/stats", self.stats),
-                ("POST", prefix + "/infer", self.infer),
-                ("POST", prefix + "/generate", self.generate),
-                ("POST", prefix + "/generate_stream", self.generate_stream),
+                ("GET", prefix, self.model_metadata, "metadata"),
+                ("GET", prefix + "/ready", self.model_ready, "health"),
+                ("GET", prefix + "/config", self.model_config, "model-config"),
+                ("GET", prefix + "/stats", self.stats, "statistics"),
+                ("POST", prefix + "/infer", self.infer, "inference"),
+                ("POST", prefix + "/generate", self.generate, "inference"),
+                ("POST", prefix + "/generate_stream", self.generate_stream, "inference"),
             ]
-        for method, path, handler in routes:
-            app.router.add_route(method, path, _guard(handler))
-        app.router.add_route("*", "/v2/cudasharedmemory{tail:.*}", _guard(self.unsupported))
+        for method, path, handler, api in routes:
+            app.router.add_route(method, path, _guard(handler, api, self.restrictions))
+        app.router.add_route(
+            "*",
+            "/v2/cudasharedmemory{tail:.*}",
+            _guard(self.unsupported, "shared-memory", self.restrictions),
+        )
         app.router.add_route("*", "/{tail:.*}", _guard(self.not_found))
         return app
 
@@ -273,7 +290,10 @@ class HttpFrontend:
         if type(key) is not str:
             raise InvalidInput(f"shared memory region '{name}': 'key' must be a string")
         self.control.shared_memory.register(
-            name, key, body.get("offset", 0), body.get("byte_size")  # type: ignore[arg-type]
+            name,
+            key,
+            body.get("offset", 0),
+            body.get("byte_size"),  # type: ignore[arg-type]
         )
         return web.Response()
 

@@ -1,0 +1,81 @@
+"""Restricted API groups, as tritonserver's `--http-restricted-api` / `--grpc-restricted-protocol`.
+
+    --http-restricted-api=model-repository,shared-memory,logging:admin-key=s3cret
+
+A call to an API in a group must carry the group's header with the group's value: over HTTP
+the header is `admin-key`, over gRPC the metadata key is `triton-grpc-protocol-admin-key`.
+Otherwise it is refused with 403 / PERMISSION_DENIED and the call does nothing. An API may be
+in one group only. APIs in no group are open, as in Triton.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from appliance.errors import ApplianceError, ErrorCode
+
+APIS = (
+    "health",
+    "metadata",
+    "inference",
+    "shared-memory",
+    "model-config",
+    "model-repository",
+    "statistics",
+    "trace",
+    "logging",
+)
+GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
+
+
+class PermissionDenied(ApplianceError):
+    code = ErrorCode.PERMISSION_DENIED
+
+
+@dataclass(frozen=True)
+class Restriction:
+    key: str  # lower case: HTTP and gRPC header names are case-insensitive
+    value: str
+
+
+def parse_groups(values: Sequence[str], flag: str) -> dict[str, Restriction]:
+    """API -> its restriction, from repeated `API,API,...:key=value` flags."""
+    restricted: dict[str, Restriction] = {}
+    for text in values:
+        apis, sep, pair = text.rpartition(":")
+        key, eq, value = pair.partition("=")
+        if not sep or not apis or not eq or not key:
+            raise ValueError(f"{flag} {text!r}: expected API[,API...]:KEY=VALUE")
+        for api in (a.strip() for a in apis.split(",")):
+            if api not in APIS:
+                raise ValueError(
+                    f"{flag} {text!r}: unknown API '{api}'; expected one of {', '.join(APIS)}"
+                )
+            if api in restricted:
+                raise ValueError(f"{flag}: API '{api}' is in more than one group")
+            restricted[api] = Restriction(key.strip().lower(), value)
+    return restricted
+
+
+class Restrictions:
+    def __init__(self, restricted: Mapping[str, Restriction], header_prefix: str = "") -> None:
+        self._restricted = dict(restricted)
+        self._prefix = header_prefix
+
+    def __bool__(self) -> bool:
+        return bool(self._restricted)
+
+    def check(self, api: str, headers: Mapping[str, str]) -> None:
+        """Raise PermissionDenied unless the call may use `api`."""
+        rule = self._restricted.get(api)
+        if rule is None:
+            return
+        header = self._prefix + rule.key
+        sent = headers.get(header)
+        if sent is None or not hmac.compare_digest(sent.encode(), rule.value.encode()):
+            raise PermissionDenied(
+                f"This API is restricted, expecting header '{header}' with the configured "
+                f"value ({api} API)"
+            )
