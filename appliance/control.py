@@ -19,6 +19,7 @@ from appliance import __version__, buildinfo
 from appliance.errors import ApplianceError, ConfigError, ModelNotFound
 from appliance.logs import LogSettings
 from appliance.protocol import model_config_pb2 as mc
+from appliance.repository.local import check_model_name
 from appliance.repository.manager import ModelManager, ServedVersion
 from appliance.shared_memory import SharedMemoryRegistry
 from appliance.trace import Tracer
@@ -165,6 +166,7 @@ class ControlPlane:
 
     async def load_model(self, name: str, parameters: dict[str, Any]) -> None:
         self.manager.require_explicit(self.control_mode)
+        check_model_name(name)
         override = None
         config_json = parameters.get("config")
         if config_json:

@@ -24,7 +24,7 @@ from appliance.model_config import (
 )
 from appliance.protocol import model_config_pb2 as mc
 from appliance.protojson import message_to_dict
-from appliance.repository.local import list_versions
+from appliance.repository.local import escapes, list_versions
 from appliance.repository.manifest import NO_MANIFEST_RULES, ManifestPolicy, check_version
 from appliance.repository.version_policy import select_versions
 from appliance.repository.warmup import warm_up
@@ -139,6 +139,12 @@ def prepare_model(
     # The newest version that can be read describes the model; unreadable ones fail alone.
     unreadable: dict[int, str] = {}
     for version in versions:
+        model_file = model_dir / str(version) / config.default_model_filename
+        if model_file.exists() and escapes(model_file, model_dir):
+            unreadable[version] = (
+                f"'{model_file}' resolves to '{model_file.resolve()}', outside the model folder"
+            )
+            continue
         why = check_version(model_dir / str(version), manifest)
         if why:
             unreadable[version] = why

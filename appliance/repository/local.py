@@ -3,20 +3,45 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from pathlib import Path
 
-from appliance.errors import ConfigError
+from appliance.errors import ConfigError, InvalidInput
+
+log = logging.getLogger(__name__)
+
+
+def check_model_name(name: str) -> None:
+    """A model name is one folder name: it can never point outside the repository."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise InvalidInput(f"'{name}' is not a valid model name (one folder name expected)")
+
+
+def escapes(path: Path, root: Path) -> bool:
+    """Whether `path`, symlinks resolved, lies outside `root`."""
+    return not path.resolve().is_relative_to(root.resolve())
 
 
 def list_models(repositories: list[Path]) -> dict[str, Path]:
-    """Model name -> folder over every repository; a name found twice is an error."""
+    """Model name -> folder over every repository; a name found twice is an error.
+
+    A model folder that is a symlink to somewhere outside its repository is skipped: the
+    repository is the boundary of what this server loads (and runs, for Python models).
+    """
     models: dict[str, Path] = {}
     for repo in repositories:
         if not repo.is_dir():
             raise ConfigError(f"model repository '{repo}' is not a directory")
         for entry in sorted(repo.iterdir()):
             if not entry.is_dir() or entry.name.startswith("."):
+                continue
+            if entry.is_symlink() and escapes(entry, repo):
+                log.warning(
+                    "model folder '%s' links outside the repository (to '%s'); skipped",
+                    entry,
+                    entry.resolve(),
+                )
                 continue
             if entry.name in models:
                 raise ConfigError(
