@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import ssl
 import stat
 import time
 from collections.abc import AsyncIterator
@@ -35,7 +36,7 @@ from appliance.repository.manager import ManagerSettings, ModelManager
 from appliance.repository.manifest import ManifestError, ManifestPolicy, load_public_key
 from appliance.repository.poller import RepositoryPoller
 from appliance.repository.sources import RemoteSources
-from appliance.settings import ServerSettings
+from appliance.settings import ServerSettings, TlsSettings
 from appliance.trace import Tracer
 
 log = logging.getLogger(__name__)
@@ -209,6 +210,7 @@ class Appliance:
             settings.exit_timeout_secs,
             settings.http_unix_socket,
             settings.unix_socket_mode,
+            _http_ssl_context(settings.tls),
         ) as bound:
             self.http_port = bound
             if bound is not None:
@@ -257,10 +259,14 @@ class Appliance:
         if unix_path:
             _clear_stale_socket(unix_path, "gRPC")
             addresses.append(f"unix:{unix_path}")
+        credentials = _grpc_credentials(self.settings.tls)
         ports = []
         for address in addresses:
             try:
-                port = server.add_insecure_port(address)
+                if credentials is not None and not address.startswith("unix:"):
+                    port = server.add_secure_port(address, credentials)
+                else:
+                    port = server.add_insecure_port(address)
             except RuntimeError as exc:
                 raise StartupError(f"cannot listen for gRPC on {address}: {exc}") from exc
             if port == 0 and not address.startswith("unix:"):
@@ -280,6 +286,40 @@ class Appliance:
             if unix_path:
                 with contextlib.suppress(OSError):
                     os.unlink(unix_path)
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise StartupError(f"cannot read {what} '{path}': {exc.strerror}") from exc
+
+
+def _grpc_credentials(tls: TlsSettings) -> grpc.ServerCredentials | None:
+    """TLS for the gRPC TCP listener (Unix sockets stay plain: the file mode guards them)."""
+    if not tls.grpc:
+        return None
+    key = _read(tls.grpc_key, "--grpc-server-key")
+    cert = _read(tls.grpc_cert, "--grpc-server-cert")
+    root = _read(tls.grpc_root, "--grpc-root-cert") if tls.grpc_root else None
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=root, require_client_auth=tls.grpc_mutual
+    )
+
+
+def _http_ssl_context(tls: TlsSettings) -> ssl.SSLContext | None:
+    if not tls.http_cert:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(tls.http_cert, tls.http_key)
+        if tls.http_root:
+            context.load_verify_locations(tls.http_root)
+            context.verify_mode = ssl.CERT_REQUIRED
+    except (OSError, ssl.SSLError) as exc:
+        raise StartupError(f"cannot use the HTTP TLS certificate or key: {exc}") from exc
+    return context
 
 
 def _restrictions(groups: tuple[tuple[str, str, str], ...], prefix: str = "") -> Restrictions:
@@ -306,6 +346,7 @@ async def _listening(
     shutdown_timeout: float = 5.0,
     unix_path: str = "",
     unix_mode: int = 0o660,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> AsyncIterator[int | None]:
     """Serve an aiohttp app on address:port (port -1: no TCP) and on a Unix socket if given.
 
@@ -319,7 +360,7 @@ async def _listening(
     try:
         bound: int | None = None
         if port >= 0:
-            site = web.TCPSite(runner, address, port, reuse_address=True)
+            site = web.TCPSite(runner, address, port, reuse_address=True, ssl_context=ssl_context)
             try:
                 await site.start()
             except OSError as exc:

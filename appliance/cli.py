@@ -23,7 +23,7 @@ from appliance.access import parse_groups
 from appliance.app import StartupError, serve_forever
 from appliance.notify import Notifier
 from appliance.repository.sources import check_location, is_remote
-from appliance.settings import ServerSettings
+from appliance.settings import ServerSettings, TlsSettings
 
 log = logging.getLogger("appliance")
 
@@ -39,11 +39,6 @@ IGNORED_FLAGS = (
     "reuse-grpc-port",
     "grpc-infer-allocation-pool-size",
     "grpc-max-response-pool-size",
-    "grpc-use-ssl",
-    "grpc-use-ssl-mutual",
-    "grpc-server-cert",
-    "grpc-server-key",
-    "grpc-root-cert",
     "grpc-infer-response-compression-level",
     "grpc-keepalive-time",
     "grpc-keepalive-timeout",
@@ -231,6 +226,19 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="also serve gRPC on this Unix socket (with --grpc-port -1: only there)",
     )
+    _add_bool(p, "--grpc-use-ssl", "serve gRPC over TLS (--grpc-server-cert, --grpc-server-key)")
+    _add_bool(p, "--grpc-use-ssl-mutual", "TLS with client certificates signed by --grpc-root-cert")
+    p.add_argument("--grpc-server-cert", default="", metavar="PEM")
+    p.add_argument("--grpc-server-key", default="", metavar="PEM")
+    p.add_argument("--grpc-root-cert", default="", metavar="PEM")
+    p.add_argument("--http-ssl-cert", default="", metavar="PEM", help="serve HTTP over TLS")
+    p.add_argument("--http-ssl-key", default="", metavar="PEM")
+    p.add_argument(
+        "--http-ssl-root-cert",
+        default="",
+        metavar="PEM",
+        help="require HTTP clients to present a certificate signed by this CA",
+    )
     p.add_argument(
         "--http-restricted-api",
         action="append",
@@ -407,6 +415,24 @@ def parse_metrics_config(values: list[str]) -> dict[str, str]:
     return pairs
 
 
+def _tls(args: argparse.Namespace) -> TlsSettings:
+    mutual = _on(args.grpc_use_ssl_mutual, False)
+    tls = TlsSettings(
+        grpc=_on(args.grpc_use_ssl, False) or mutual,
+        grpc_mutual=mutual,
+        grpc_cert=args.grpc_server_cert,
+        grpc_key=args.grpc_server_key,
+        grpc_root=args.grpc_root_cert,
+        http_cert=args.http_ssl_cert,
+        http_key=args.http_ssl_key,
+        http_root=args.http_ssl_root_cert,
+    )
+    problem = tls.problem()
+    if problem:
+        raise SystemExit(f"edge-appliance: {problem}")
+    return tls
+
+
 def _restricted(values: list[str], flag: str) -> tuple[tuple[str, str, str], ...]:
     try:
         groups = parse_groups(values, flag)
@@ -461,6 +487,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         grpc_unix_socket=args.grpc_unix_socket,
         unix_socket_mode=args.unix_socket_mode,
         http_restricted=_restricted(args.http_restricted_api, "--http-restricted-api"),
+        tls=_tls(args),
         grpc_restricted=_restricted(args.grpc_restricted_protocol, "--grpc-restricted-protocol"),
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,

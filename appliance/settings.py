@@ -9,6 +9,32 @@ MiB = 1024 * 1024
 
 
 @dataclass(frozen=True)
+class TlsSettings:
+    """Certificates for TLS listeners (PEM file paths); empty: plain TCP."""
+
+    grpc: bool = False
+    grpc_mutual: bool = False
+    grpc_cert: str = ""
+    grpc_key: str = ""
+    grpc_root: str = ""
+    http_cert: str = ""
+    http_key: str = ""
+    http_root: str = ""  # set: HTTP clients must present a certificate signed by it
+
+    def problem(self) -> str:
+        """'' when consistent, else what is missing."""
+        if self.grpc and not (self.grpc_cert and self.grpc_key):
+            return "--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key"
+        if self.grpc_mutual and not self.grpc_root:
+            return "--grpc-use-ssl-mutual needs --grpc-root-cert"
+        if bool(self.http_cert) != bool(self.http_key):
+            return "--http-ssl-cert and --http-ssl-key go together"
+        if self.http_root and not self.http_cert:
+            return "--http-ssl-root-cert needs --http-ssl-cert and --http-ssl-key"
+        return ""
+
+
+@dataclass(frozen=True)
 class ServerSettings:
     model_repositories: tuple[Path, ...]
     http_address: str = "127.0.0.1"  # a device listens on loopback unless told otherwise
@@ -19,6 +45,7 @@ class ServerSettings:
     grpc_unix_socket: str = ""
     unix_socket_mode: int = 0o660
     # API group -> (header key, value) from --http-restricted-api / --grpc-restricted-protocol
+    tls: TlsSettings = field(default_factory=TlsSettings)
     http_restricted: tuple[tuple[str, str, str], ...] = ()
     grpc_restricted: tuple[tuple[str, str, str], ...] = ()
     metrics_address: str = "127.0.0.1"
