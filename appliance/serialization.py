@@ -19,8 +19,9 @@ __all__ = ["as_bytes_item", "decode_bytes", "encode_bytes"]
 def decode_bytes(raw: Any, count: int, where: str) -> Array:
     """Length-prefixed BYTES elements -> object array of bytes."""
     view = memoryview(raw).cast("B")
-    out = np.empty(count, dtype=np.object_)
     offset, end = 0, len(view)
+    # Allocated only as elements are found: a huge shape with little data costs nothing.
+    items: list[bytes] = []
     for i in range(count):
         if offset + 4 > end:
             raise InvalidInput(
@@ -32,10 +33,12 @@ def decode_bytes(raw: Any, count: int, where: str) -> Array:
             raise InvalidInput(
                 f"{where}: BYTES element {i} claims {length} bytes but only {end - offset} remain"
             )
-        out[i] = bytes(view[offset : offset + length])
+        items.append(bytes(view[offset : offset + length]))
         offset += length
     if offset != end:
         raise InvalidInput(f"{where}: {end - offset} bytes left over after {count} BYTES elements")
+    out = np.empty(count, dtype=np.object_)
+    out[:] = items
     return out
 
 

@@ -21,9 +21,11 @@ def loads(data: bytes | bytearray | str, what: str) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as first:
+        if "depth limit" in str(first):  # nested deeper than orjson allows (1024)
+            raise InvalidInput(f"malformed JSON in {what}: nested too deeply") from None
         try:
-            return json.loads(data)
-        except (ValueError, UnicodeDecodeError):
+            return json.loads(data)  # NaN / Infinity, which orjson refuses
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise InvalidInput(f"malformed JSON in {what}: {first}") from None
 
 

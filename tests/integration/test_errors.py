@@ -435,6 +435,35 @@ def _raw_cases() -> dict[str, RawCase]:
             headers=headers,
         )
 
+    # Hostile inputs found by probing: each was a 500 before it got its check.
+    add(
+        "json_nested_too_deeply",
+        b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        400,
+        "nested",
+    )
+    huge, headers = binary_body(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "datatype": "BYTES",
+                    "shape": [1_000_000_000_000],
+                    "parameters": {"binary_data_size": 4},
+                }
+            ]
+        },
+        b"\0\0\0\0",
+    )
+    add(
+        "bytes_huge_shape_little_data",
+        huge,
+        400,
+        "BYTES data ends after 1 of 1000000000000 elements",
+        path=bytes_infer,
+        headers=headers,
+    )
+
     add(
         "unknown_endpoint",
         b"{}",
