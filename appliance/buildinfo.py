@@ -60,8 +60,9 @@ def summary() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": f"{platform.system()} {platform.machine()}",
     }
-    if built.get("built"):
-        info["built"] = built["built"]
+    for key, name in (("built", "built"), ("glibc", "glibc_floor")):
+        if built.get(key):
+            info[name] = built[key]  # a binary: when, and the oldest glibc it runs on
     return info
 
 

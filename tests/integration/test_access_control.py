@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +86,9 @@ def test_stream_infer_is_checked_too(model_repository: Path, start_server) -> No
     errors: list[InferenceServerException] = []
     client.start_stream(callback=lambda result, error: errors.append(error))
     client.async_stream_infer("simple", _simple_inputs(grpcclient))
+    deadline = time.monotonic() + 30
+    while not errors and time.monotonic() < deadline:
+        time.sleep(0.05)
     client.stop_stream()
     assert errors
     assert "triton-grpc-protocol-k" in str(errors[0])
