@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -50,8 +51,8 @@ def test_rate_limited_server_still_serves(
     start_server, model_repository: Path, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "multi_group").symlink_to(model_repository / "multi_group", target_is_directory=True)
+    # A copy: symlinks out of a repository are not followed (tests/integration/test_path_safety).
+    shutil.copytree(model_repository / "multi_group", repo / "multi_group")
     proc = start_server(repo, "--rate-limit=execution_count", "--rate-limit-resource=R:1")
     outputs = asyncio.run(_burst(proc.http_url, 12))
     for i, out in enumerate(outputs):
