@@ -161,7 +161,8 @@ def render(info: dict[str, Any]) -> str:
     """The human-readable form of build_info()."""
     lines = [f"edge-appliance {info['version']} (commit {info['commit']})"]
     if info.get("built"):
-        lines.append(f"built:     {info['built']}")
+        glibc = f" (needs glibc {info['glibc_floor']}+)" if info.get("glibc_floor") else ""
+        lines.append(f"built:     {info['built']}{glibc}")
     lines.append(f"python:    {info['python']} on {info['platform']}")
     parts = []
     for name, entry in info["backends"].items():
