@@ -54,6 +54,11 @@ class Bucket:
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.name, Key=f"models/{key}")
 
+    def seed(self) -> None:
+        """Model m: its config and version 1 (adding 1), with a manifest."""
+        self.put("m/config.pbtxt", CONFIG.encode())
+        self.put_version(1, 1)
+
     def put_version(
         self,
         version: int,
@@ -129,8 +134,7 @@ def test_new_version_from_s3_switches_in_under_load_without_failing_a_request(
     start_server, s3: S3Server, tmp_path: Path
 ) -> None:
     bucket = Bucket(s3)
-    bucket.put("m/config.pbtxt", CONFIG.encode())
-    bucket.put_version(1, 1)
+    bucket.seed()
     proc = _start(start_server, bucket, s3, tmp_path / "store", *POLL)
     assert _added(proc.http_url) == 1.0
     seen: Counter[float] = Counter()
@@ -203,8 +207,7 @@ def test_partial_or_wrong_upload_is_never_loaded_and_is_taken_once_complete(
     start_server, s3: S3Server, tmp_path: Path
 ) -> None:
     bucket = Bucket(s3)
-    bucket.put("m/config.pbtxt", CONFIG.encode())
-    bucket.put_version(1, 1)
+    bucket.seed()
     proc = _start(start_server, bucket, s3, tmp_path / "store", *POLL, "--require-manifest")
     files = bucket.put_version(2, 2, manifest=False)  # the manifest has not arrived yet
 
@@ -227,8 +230,7 @@ def test_corrupt_model_in_a_new_version_keeps_the_old_one_serving(
     start_server, s3: S3Server, tmp_path: Path
 ) -> None:
     bucket = Bucket(s3)
-    bucket.put("m/config.pbtxt", CONFIG.encode())
-    bucket.put_version(1, 1)
+    bucket.seed()
     proc = _start(start_server, bucket, s3, tmp_path / "store", *POLL)
     bucket.put_version(2, None)  # a manifest that matches a file that is not a model
 
@@ -283,8 +285,7 @@ def test_restart_with_the_bucket_unreachable_serves_from_the_cache_and_catches_u
 ) -> None:
     proxy = TcpProxy(s3.host_port)
     bucket = Bucket(s3, endpoint=proxy.address)
-    bucket.put("m/config.pbtxt", CONFIG.encode())
-    bucket.put_version(1, 1)
+    bucket.seed()
     store = tmp_path / "store"
     first = _start(start_server, bucket, s3, store, *POLL)
     assert _added(first.http_url) == 1.0
@@ -311,8 +312,7 @@ def test_disk_reserve_stops_a_download_with_a_clear_reason(
     import shutil
 
     bucket = Bucket(s3)
-    bucket.put("m/config.pbtxt", CONFIG.encode())
-    bucket.put_version(1, 1)
+    bucket.seed()
     free_mb = shutil.disk_usage(tmp_path).free // (1024 * 1024)
     proc = _start(
         start_server,
@@ -396,8 +396,7 @@ def test_s3_repository_merges_with_a_local_one_and_removed_models_unload(
     (local / "here" / "config.pbtxt").write_text(CONFIG.replace('"m"', '"here"'))
     (local / "here" / "1" / "model.onnx").write_bytes(_model_bytes(4))
     bucket = Bucket(s3)
-    bucket.put("m/config.pbtxt", CONFIG.encode())
-    bucket.put_version(1, 1)
+    bucket.seed()
     proc = start_server(
         [local, bucket.url], f"--model-store-dir={tmp_path / 'store'}", *POLL, env=s3.env()
     )
