@@ -92,6 +92,7 @@ class Appliance:
                 manifest=manifest,
                 rollback_error_rate=settings.rollback_error_rate,
                 rollback_window=settings.rollback_window,
+                max_queue_wait_ms=settings.max_queue_wait_ms,
                 rate_limit_resources=settings.rate_limit_resources,
             )
         )

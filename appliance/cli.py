@@ -357,6 +357,14 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--response-cache-byte-size", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument(
+        "--max-queue-wait-ms",
+        type=int,
+        default=10_000,
+        metavar="MS",
+        help="answer 503 / UNAVAILABLE at once when the work queued for a model would keep a "
+        "new request waiting longer than this (default 10000; 0: no limit)",
+    )
+    p.add_argument(
         "--inline-execution-budget-us",
         type=int,
         default=100,
@@ -514,6 +522,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         max_request_bytes=args.max_request_bytes,
         grpc_max_message_bytes=args.grpc_max_message_bytes,
         inline_budget_us=args.inline_execution_budget_us,
+        max_queue_wait_ms=args.max_queue_wait_ms,
         rate_limit=args.rate_limit == "execution_count",
         require_manifest=_on(args.require_manifest, False),
         rate_limit_resources=parse_rate_limit_resources(args.rate_limit_resource),

@@ -72,6 +72,7 @@ class ServerSettings:
     max_request_bytes: int = 128 * MiB
     grpc_max_message_bytes: int = 128 * MiB
     max_queue_size: int = 4096
+    max_queue_wait_ms: int = 10_000
     inline_budget_us: int = 100
     require_manifest: bool = False
     manifest_public_key: Path | None = None  # manifests must carry an Ed25519 signature

@@ -101,6 +101,7 @@ class ManagerSettings:
     # `rollback_window` requests is taken out, and the version it replaced serves again.
     rollback_error_rate: float = 0.0  # 0: off
     rollback_window: int = 100
+    max_queue_wait_ms: int = 10_000  # refuse requests that would wait longer (0: no limit)
 
 
 @dataclass
@@ -508,6 +509,7 @@ class ModelManager:
                 default_priority_level=default_level,
                 queue_policies=policies,
                 rate_limiter=self.rate_limiter,
+                max_queue_wait_ns=self._settings.max_queue_wait_ms * 1_000_000,
             )
             scheduler.start()
             served[pv.version] = ServedVersion(

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from itertools import islice
 
-from appliance.errors import InferenceFailed, InvalidInput, ServerUnavailable
+from appliance.errors import InferenceFailed, InvalidInput, QueueFull, ServerUnavailable
 from appliance.scheduling.base import SchedulerBase
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
 from appliance.scheduling.policy import BatchPolicy, next_batch
@@ -58,8 +58,13 @@ class Scheduler(SchedulerBase):
         default_priority_level: int = 0,
         queue_policies: dict[int, QueuePolicy] | None = None,
         rate_limiter: RateLimiter | None = None,
+        max_queue_wait_ns: int = 0,
     ) -> None:
         super().__init__(label, workers, stats)
+        # Admission: refuse a request when the work queued ahead of it would take longer than
+        # this (0: no limit), so overload is answered at once and admitted latency stays bounded.
+        self._max_queue_wait_ns = max_queue_wait_ns
+        self._request_ns = 0.0  # moving average of execution wall time per request
         self._policy = policy
         self._batching = policy.dynamic and policy.max_batch_size > 0
         self._head_limit = max(1, policy.max_batch_size) if self._batching else 1
@@ -90,6 +95,8 @@ class Scheduler(SchedulerBase):
         A full queue raises QueueFull at once; nothing blocks or grows without bound.
         """
         self._refuse_if_closing()
+        if self._max_queue_wait_ns and self._request_ns:
+            self._admit()
         self._queue.push(job, job.priority, job.timeout_us, time.monotonic_ns())
         self._dispatch()
         try:
@@ -99,6 +106,17 @@ class Scheduler(SchedulerBase):
                 self._queue.discard(job)
                 self._stats.cancelled += 1
             raise
+
+    def _admit(self) -> None:
+        """Raise QueueFull when the queued work would keep this request past the limit."""
+        ahead = len(self._queue) + len(self._workers) - len(self._idle)
+        wait_ns = ahead * self._request_ns / max(1, len(self._workers))
+        if wait_ns > self._max_queue_wait_ns:
+            raise QueueFull(
+                f"{self._label}: overloaded: {ahead} requests ahead, about "
+                f"{wait_ns / 1e6:.0f} ms of work (--max-queue-wait-ms "
+                f"{self._max_queue_wait_ns / 1e6:.0f}); retry later"
+            )
 
     def _dispatch(self) -> None:
         """Hand batches to idle instances while the policy says to run."""
@@ -169,11 +187,15 @@ class Scheduler(SchedulerBase):
         if not result.batch_size:
             return
         per_byte = result.cpu_ns / max(1, _input_bytes(result.jobs))
+        # Batched requests share one execution: its wall time spread over them.
+        per_request = (result.input_ns + result.infer_ns + result.output_ns) / len(result.jobs)
         self._measured += 1
         if self._measured == 1:
             self._cost_per_byte_ns = per_byte
+            self._request_ns = per_request
         else:
             self._cost_per_byte_ns += (per_byte - self._cost_per_byte_ns) * 0.1
+            self._request_ns += (per_request - self._request_ns) * 0.1
 
     def _arm_timer(self, now: int, wait_ns: int) -> None:
         """One timer for the batching window and the earliest queue timeout."""
