@@ -245,6 +245,8 @@ class Appliance:
                 ("grpc.max_send_message_length", size),
                 ("grpc.max_receive_message_length", size),
                 ("grpc.so_reuseport", 0),
+                # One connection cannot open unbounded concurrent calls (each holds a task).
+                ("grpc.max_concurrent_streams", 256),
             ]
         )
         servicer = InferenceServicer(
