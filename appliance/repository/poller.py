@@ -109,4 +109,7 @@ class RepositoryPoller:
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self._interval_s)
-            await self.poll_once()
+            try:
+                await self.poll_once()
+            except Exception:  # a bug or a full disk must not end polling for good
+                log.exception("repository poll failed; trying again in %.0f s", self._interval_s)

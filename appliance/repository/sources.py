@@ -66,8 +66,12 @@ class RemoteSources:
         logged (by the source) and skipped: its cached models keep serving."""
         changed: set[str] = set()
         for source in self.sources:
-            with contextlib.suppress(SourceError):
+            try:
                 changed |= await source.sync(only)
+            except SourceError:
+                pass  # logged by the source; its cached models keep serving
+            except OSError as exc:  # the store's disk: the next sync tries again
+                log.error("syncing %s into the model store failed: %s", source.url, exc)
         return changed
 
     def pending(self) -> dict[tuple[str, int], str]:
