@@ -47,7 +47,7 @@ from google.protobuf import text_format
 
 from appliance.core import InferenceCore
 from appliance.errors import ApplianceError
-from appliance.model_config import ModelConfig
+from appliance.model_config import ModelConfig, datatype_of
 from appliance.repository.local import list_models
 from appliance.repository.manager import ManagerSettings, ModelManager
 from appliance.types import InferRequest, InputTensor
@@ -127,7 +127,7 @@ def make_request(config: ModelConfig, shapes: dict[str, list[int]]) -> InferRequ
     for tensor in config.input:
         dims = shapes.get(tensor.name) or [1 if d < 0 else int(d) for d in tensor.dims]
         shape = tuple(([1] if config.max_batch_size > 0 else []) + list(dims))
-        triton = _triton_type(tensor.data_type)
+        triton = datatype_of(tensor.data_type)
         dtype = BY_TRITON[triton]
         if triton == "BYTES":
             data = np.full(shape, b"tune", dtype=np.object_)
@@ -139,12 +139,6 @@ def make_request(config: ModelConfig, shapes: dict[str, list[int]]) -> InferRequ
             data = rng.integers(0, 8, shape).astype(dtype.numpy)
         inputs.append(InputTensor(tensor.name, triton, shape, data))
     return InferRequest(model_name=config.name, inputs=inputs)
-
-
-def _triton_type(data_type: int) -> str:
-    from appliance.protocol import model_config_pb2 as mc
-
-    return str(mc.DataType.Name(data_type)).removeprefix("TYPE_").replace("STRING", "BYTES")
 
 
 def _rss_mib() -> float:

@@ -19,31 +19,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.common import ROOT, free_port
-
-
-def tree(pid: int) -> list[int]:
-    """pid and all its descendants."""
-    found, frontier = [pid], [pid]
-    while frontier:
-        parent = frontier.pop()
-        children: list[str] = []
-        for task in Path(f"/proc/{parent}/task").glob("*"):  # threads spawn children too
-            try:
-                children += (task / "children").read_text().split()
-            except OSError:
-                continue
-        for child in map(int, children):
-            found.append(child)
-            frontier.append(child)
-    return found
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+from bench.common import ROOT, free_port, process_tree, rss_mib
 
 
 def disk_mib(binary: Path) -> float:
@@ -91,7 +67,7 @@ def one_start(binary: Path, repo: Path, tmp: Path) -> tuple[float, float, float]
             time.sleep(0.01)
         ready = time.monotonic() - started
         time.sleep(2.0)
-        pids = tree(proc.pid)
+        pids = process_tree(proc.pid)
         server = max(pids, key=rss_mib)  # onefile: the child, not the bootloader
         return ready, rss_mib(server), sum(rss_mib(p) for p in pids)
     finally:

@@ -65,3 +65,31 @@ def last_json_line(stdout: str) -> str:
         if line.startswith("{"):
             return line
     raise ValueError(f"no JSON result in output:\n{stdout[-2000:]}")
+
+
+def process_tree(pid: int) -> list[int]:
+    """pid and all its descendants (children of every thread: threads spawn processes too)."""
+    found, frontier = [pid], [pid]
+    while frontier:
+        parent = frontier.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = (task / "children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                found.append(child)
+                frontier.append(child)
+    return found
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of one process (0 once it is gone)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return 0.0
+    for line in lines:
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0

@@ -19,8 +19,6 @@ import json
 import os
 import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -30,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import ROOT, free_port, pin_to_core
+from bench.common import pin_to_core
+from bench.server import start_server, stop_server, wait_ready
 
 SIZES = {"600KB": 224 * 224 * 3, "8MB": 2 * 1024 * 1024}  # FP32 elements
 CONFIG = """name: "identity"
@@ -200,46 +199,22 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         repo = build_repository(Path(tmp) / "models")
-        http_port, grpc_port = free_port(), free_port()
         socks = {"http_sock": f"{tmp}/http.sock", "grpc_sock": f"{tmp}/grpc.sock"}
-        log = open(Path(tmp) / "server.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen(
+        big = str(256 * 2**20)
+        proc = start_server(
+            repo,
+            0,
+            Path(tmp) / "server.log",
             [
-                "taskset",
-                "-c",
-                "0",
-                sys.executable,
-                "-m",
-                "appliance",
-                "serve",
-                "--model-repository",
-                str(repo),
-                "--http-port",
-                str(http_port),
-                "--grpc-port",
-                str(grpc_port),
-                "--metrics-port",
-                str(free_port()),
-                "--http-unix-socket",
-                socks["http_sock"],
-                "--grpc-unix-socket",
-                socks["grpc_sock"],
-                "--max-request-bytes",
-                str(256 * 2**20),
-                "--grpc-max-message-bytes",
-                str(256 * 2**20),
+                "--http-unix-socket", socks["http_sock"],
+                "--grpc-unix-socket", socks["grpc_sock"],
+                "--max-request-bytes", big,
+                "--grpc-max-message-bytes", big,
             ],
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        )  # fmt: skip
         try:
-            server = {"http": f"127.0.0.1:{http_port}", "grpc": f"127.0.0.1:{grpc_port}", **socks}
-            deadline = time.monotonic() + 60
-            while not os.path.exists(socks["grpc_sock"]) or not _ready(server["http"]):
-                assert proc.poll() is None, "the server exited"
-                assert time.monotonic() < deadline, "the server did not become ready"
-                time.sleep(0.05)
+            wait_ready(proc)  # gRPC, and its socket, start before HTTP answers
+            server = {"http": proc.http_url, "grpc": proc.grpc_url, **socks}
             pin_to_core(1)
             for size in args.sizes.split(","):
                 data = np.random.default_rng(0).random(SIZES[size], dtype=np.float32)
@@ -248,27 +223,16 @@ def main() -> None:
                 release, steps = transports(server, data)
                 try:
                     for name, step in steps.items():
-                        rows.append((size, name, *measure(step, args.seconds, proc.pid)))
+                        rows.append((size, name, *measure(step, args.seconds, proc.proc.pid)))
                 finally:
                     release()
         finally:
-            proc.terminate()
-            proc.wait(30)
+            stop_server(proc)
     print("| tensor | transport | infer/s | MB/s in | p50 ms | p99 ms | server CPU ms/req |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for size, name, rate, p50, p99, cpu in rows:
         mbs = rate * SIZES[size] * 4 / 1e6
         print(f"| {size} | {name} | {rate:,.1f} | {mbs:,.0f} | {p50:.2f} | {p99:.2f} | {cpu:.2f} |")
-
-
-def _ready(http_url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://{http_url}/v2/health/ready", timeout=1) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
 
 
 if __name__ == "__main__":

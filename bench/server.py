@@ -7,6 +7,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -33,11 +34,17 @@ class Server:
         return self.proc.poll() is None
 
 
-def server_command(repository: Path, core: int, http_port: int, grpc_port: int) -> list[str]:
+def server_command(
+    repository: Path,
+    core: int | None,
+    http_port: int,
+    grpc_port: int,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The serve command line; `core` pins it with taskset (None: not pinned)."""
+    pin = ["taskset", "-c", str(core)] if core is not None else []
     return [
-        "taskset",
-        "-c",
-        str(core),
+        *pin,
         sys.executable,
         "-m",
         "appliance",
@@ -50,14 +57,17 @@ def server_command(repository: Path, core: int, http_port: int, grpc_port: int) 
         str(grpc_port),
         "--metrics-port",
         str(free_port()),
+        *extra,
     ]
 
 
-def start_server(repository: Path, core: int, log_path: Path) -> Server:
+def start_server(
+    repository: Path, core: int | None, log_path: Path, extra: Sequence[str] = ()
+) -> Server:
     http_port, grpc_port = free_port(), free_port()
     log_file = log_path.open("wb")
     proc = subprocess.Popen(
-        server_command(repository, core, http_port, grpc_port),
+        server_command(repository, core, http_port, grpc_port, extra),
         cwd=ROOT,
         stdout=log_file,
         stderr=subprocess.STDOUT,

@@ -23,8 +23,6 @@ import argparse
 import contextlib
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -35,29 +33,13 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from bench.common import ROOT, free_port
-
-
-def tree(pid: int) -> list[int]:
-    found, frontier = [pid], [pid]
-    while frontier:
-        parent = frontier.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            with contextlib.suppress(OSError):
-                for child in map(int, (task / "children").read_text().split()):
-                    found.append(child)
-                    frontier.append(child)
-    return found
+from bench.common import process_tree, rss_mib
+from bench.server import start_server, stop_server, wait_ready
 
 
 def sample(pid: int) -> tuple[float, int, int]:
     """(RSS MiB of the process tree, open fds of the server, server threads)."""
-    rss = 0.0
-    for p in tree(pid):
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    rss += int(line.split()[1]) / 1024
+    rss = sum(rss_mib(p) for p in process_tree(pid))
     fds = len(os.listdir(f"/proc/{pid}/fd"))
     threads = len(os.listdir(f"/proc/{pid}/task"))
     return rss, fds, threads
@@ -157,16 +139,6 @@ def model_flipper(repo: Path, stop: threading.Event, flips: list[int]) -> None:
         flips.append(1)
 
 
-def _ready(http_url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://{http_url}/v2/health/ready", timeout=1) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=3.0)
@@ -178,39 +150,12 @@ def main() -> None:
         repo = write_repository(Path(tmp) / "models")
         shutil.rmtree(repo / "densenet_onnx")  # keep the soak about churn, not one slow model
         shutil.rmtree(repo / "densenet_preprocess")
-        http_port, grpc_port = free_port(), free_port()
-        log = open(Path(tmp) / "server.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "appliance",
-                "serve",
-                "--model-repository",
-                str(repo),
-                "--http-port",
-                str(http_port),
-                "--grpc-port",
-                str(grpc_port),
-                "--metrics-port",
-                str(free_port()),
-                "--model-control-mode",
-                "poll",
-                "--repository-poll-secs",
-                "1",
-            ],
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        poll = ["--model-control-mode", "poll", "--repository-poll-secs", "1"]
+        proc = start_server(repo, None, Path(tmp) / "server.log", poll)
         stop = threading.Event()
         try:
-            http_url, grpc_url = f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
-            deadline = time.monotonic() + 60
-            while not _ready(http_url):
-                assert proc.poll() is None, "the server exited"
-                assert time.monotonic() < deadline, "the server did not become ready"
-                time.sleep(0.2)
+            wait_ready(proc)
+            http_url, grpc_url = proc.http_url, proc.grpc_url
             load = Load(http_url, grpc_url, stop)
             switches: list[int] = []
             flips: list[int] = []
@@ -229,15 +174,14 @@ def main() -> None:
             end = started + args.minutes * 60
             while time.monotonic() < end:
                 time.sleep(args.sample_s)
-                rss, fds, threads = sample(proc.pid)
+                rss, fds, threads = sample(proc.proc.pid)
                 samples.append((time.monotonic() - started, rss, fds, threads, load.ok))
             stop.set()
             for worker in workers:
                 worker.join(30)
         finally:
             stop.set()
-            proc.terminate()
-            code = proc.wait(60)
+            code = stop_server(proc)
     print("| t (s) | RSS MiB (tree) | open fds | threads | requests ok |")
     print("|---:|---:|---:|---:|---:|")
     for t, rss, fds, threads, ok in samples:

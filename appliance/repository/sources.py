@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from appliance.repository.manifest import ManifestPolicy
-from appliance.repository.s3 import S3Source, SourceError
+from appliance.repository.s3 import S3Location, S3Source, SourceError
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +25,6 @@ def is_remote(location: str) -> bool:
 def check_location(location: str) -> None:
     """Raise ValueError for a remote location this server cannot read."""
     if location.startswith("s3://"):
-        from appliance.repository.s3 import S3Location
-
         S3Location.parse(location)
         return
     scheme = location.split("://", 1)[0]

@@ -189,9 +189,6 @@ class ModelStore:
         os.replace(staged, target)
         fsync_dir(target.parent)
 
-    def publish_model_file(self, model: str, relpath: str, data: bytes) -> None:
-        write_atomically(self.root / model / relpath, data)
-
     def remove_version(self, model: str, version: int) -> None:
         self._remove(self.version_dir(model, version))
         shutil.rmtree(self.staging_dir(model, version), ignore_errors=True)
