@@ -10,11 +10,26 @@ from edge_backends.api import Backend, ModelLoadError
 _BACKENDS: dict[str, tuple[str, str]] = {
     "onnxruntime": ("edge_backends.ort", "OrtBackend"),
     "python": ("edge_backends.python.backend", "PythonBackend"),
+    "tensorrt": ("edge_backends.trt", "TensorRTBackend"),
+    "fil": ("edge_backends.fil", "FilBackend"),
+    "openvino": ("edge_backends.openvino", "OpenVinoBackend"),
+    "pytorch": ("edge_backends.torch_backend", "TorchBackend"),
 }
-PLATFORM_TO_BACKEND: dict[str, str] = {"onnxruntime_onnx": "onnxruntime"}
+PLATFORM_TO_BACKEND: dict[str, str] = {
+    "onnxruntime_onnx": "onnxruntime",
+    "tensorrt_plan": "tensorrt",
+    "pytorch_libtorch": "pytorch",
+}
 BACKEND_TO_PLATFORM: dict[str, str] = {v: k for k, v in PLATFORM_TO_BACKEND.items()}
 # The file a version folder holds when config.pbtxt does not name one.
-DEFAULT_MODEL_FILENAME: dict[str, str] = {"onnxruntime": "model.onnx", "python": "model.py"}
+DEFAULT_MODEL_FILENAME: dict[str, str] = {
+    "onnxruntime": "model.onnx",
+    "python": "model.py",
+    "tensorrt": "model.plan",
+    "fil": "xgboost.model",  # Triton's FIL default; model_type picks others
+    "openvino": "model.xml",
+    "pytorch": "model.pt",
+}
 
 _loaded: dict[str, Backend] = {}
 
