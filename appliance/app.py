@@ -22,6 +22,7 @@ from appliance.core import InferenceCore
 from appliance.errors import ApplianceError
 from appliance.frontends.grpc.server import InferenceServicer
 from appliance.frontends.http.server import HttpFrontend
+from appliance.gpu_metrics import find_gpu_source
 from appliance.logs import LogSettings
 from appliance.metrics import build_registry, metrics_app
 from appliance.notify import (
@@ -222,6 +223,13 @@ class Appliance:
 
     @contextlib.asynccontextmanager
     async def _metrics(self) -> AsyncIterator[None]:
+        settings = self.settings
+        gpu = (
+            # NVML initialises the driver: seconds on some machines, so off the loop.
+            await asyncio.to_thread(find_gpu_source, settings.metrics_interval_ms / 1000)
+            if settings.allow_gpu_metrics
+            else None
+        )
         registry = build_registry(
             self.manager.ready_versions,
             self.settings.allow_cpu_metrics,
@@ -229,6 +237,7 @@ class Appliance:
             self.manager,
             self.poller,
             self.remote,
+            gpu,
         )
         address, port = self.settings.metrics_address, self.settings.metrics_port
         async with _listening(metrics_app(registry), address, port, "metrics") as bound:

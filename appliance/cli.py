@@ -56,8 +56,6 @@ IGNORED_FLAGS = (
     "vertex-ai-port",
     "vertex-ai-thread-count",
     "vertex-ai-default-model",
-    "allow-gpu-metrics",
-    "metrics-interval-ms",
     "trace-config",
     "trace-log-frequency",
     "model-load-thread-count",
@@ -267,6 +265,17 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     _add_bool(p, "--allow-grpc", "serve gRPC (default true)")
     _add_bool(p, "--allow-metrics", "serve Prometheus metrics on /metrics (default true)")
     _add_bool(p, "--allow-cpu-metrics", "include CPU utilisation and memory (default true)")
+    _add_bool(
+        p,
+        "--allow-gpu-metrics",
+        "include GPU utilisation, memory and power from NVML or a Jetson's sysfs (default true)",
+    )
+    p.add_argument(
+        "--metrics-interval-ms",
+        type=int,
+        default=2000,
+        help="how old GPU readings may be when scraped (default 2000)",
+    )
     _add_bool(p, "--strict-model-config", "refuse models without a complete config.pbtxt")
     _add_bool(
         p,
@@ -503,6 +512,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         allow_grpc=_on(args.allow_grpc, True),
         allow_metrics=_on(args.allow_metrics, True),
         allow_cpu_metrics=_on(args.allow_cpu_metrics, True),
+        allow_gpu_metrics=_on(args.allow_gpu_metrics, True),
+        metrics_interval_ms=max(0, args.metrics_interval_ms),
         latency_histograms=parse_bool(
             parse_metrics_config(args.metrics_config).get("histogram_latencies", "false")
         ),

@@ -23,6 +23,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from appliance.cache import ResponseCache
+from appliance.gpu_metrics import GpuCollector, GpuSource
 from appliance.repository.manager import ModelManager, ServedVersion
 from appliance.repository.poller import RepositoryPoller
 from appliance.repository.sources import RemoteSources
@@ -296,6 +297,7 @@ def build_registry(
     manager: ModelManager | None = None,
     poller: RepositoryPoller | None = None,
     remote: RemoteSources | None = None,
+    gpu: GpuSource | None = None,
 ) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(InferenceCollector(versions))
@@ -307,6 +309,8 @@ def build_registry(
         registry.register(CacheCollector(cache, versions))
     if cpu_metrics and os.path.exists("/proc/stat"):
         registry.register(CpuCollector())
+    if gpu is not None:
+        registry.register(GpuCollector(gpu))
     return registry
 
 

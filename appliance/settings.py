@@ -54,6 +54,8 @@ class ServerSettings:
     allow_grpc: bool = True
     allow_metrics: bool = True
     allow_cpu_metrics: bool = True
+    allow_gpu_metrics: bool = True  # NVML, or a Jetson's sysfs; absent without a GPU
+    metrics_interval_ms: int = 2000  # NVML readings are at most this old
     latency_histograms: bool = False  # --metrics-config histogram_latencies=true
     strict_model_config: bool = False
     strict_readiness: bool = False
