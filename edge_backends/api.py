@@ -88,13 +88,25 @@ class InstanceSpec:
     instance_count: int = 1
     # The model's configuration as JSON-ready data (Python models receive it in `args`).
     model_config: Mapping[str, Any] | None = None
+    # The instance group's `profile` list (TensorRT optimization profiles; empty: all).
+    profiles: tuple[str, ...] = ()
+    # `optimization { execution_accelerators { gpu_execution_accelerator [...] } }`:
+    # (name, parameters) pairs in the config's order, e.g. ("tensorrt", {"precision_mode": "FP16"}).
+    gpu_accelerators: tuple[tuple[str, Mapping[str, str]], ...] = ()
+    # A folder this model version may keep derived files in (built engines, converted models),
+    # under the server's state directory; None when the server has none.
+    cache_dir: Path | None = None
     # The server's inference entry for models that call other models (BLS):
     # (model, version, inputs by name, output names) -> outputs by name. Blocking.
     host: Any = None
 
 
 class ModelInstance(Protocol):
-    """One loaded copy of a model; `execute` is called from one worker thread at a time."""
+    """One loaded copy of a model; `execute` is called from one worker thread at a time.
+
+    An instance may also have `placement_kind` ("KIND_CPU" / "KIND_GPU": where it really runs)
+    and `placement_note` (why that differs from its spec, e.g. the GPU ran out of memory at
+    load); the server reports both."""
 
     def execute(
         self, inputs: Arrays, output_names: Sequence[str]

@@ -1,4 +1,5 @@
-"""ONNX Runtime backend (CPU execution provider).
+"""ONNX Runtime backend: CPU, and the CUDA and TensorRT execution providers for KIND_GPU
+instances where this onnxruntime build has them (ort_providers.py picks them).
 
 Threading: ONNX Runtime releases the GIL in `run`, so each instance runs on its own worker thread.
 ORT's default of one intra-op thread per core, spinning while idle, fights the event loop and the
@@ -28,6 +29,7 @@ from edge_backends.api import (
     TensorSpec,
 )
 from edge_backends.datatypes import BY_ONNX
+from edge_backends.ort_providers import CPU, CUDA, fallen_back, plan_providers
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +90,16 @@ def session_options(spec: InstanceSpec) -> ort.SessionOptions:
     return opts
 
 
-def _open_session(path: Path, opts: ort.SessionOptions) -> ort.InferenceSession:
+def _open_session(
+    path: Path,
+    opts: ort.SessionOptions,
+    providers: list[tuple[str, dict[str, str]]] | None = None,
+) -> ort.InferenceSession:
     if not path.is_file():
         raise ModelLoadError(f"model file '{path}' does not exist")
     try:
         return ort.InferenceSession(
-            str(path), sess_options=opts, providers=["CPUExecutionProvider"]
+            str(path), sess_options=opts, providers=providers or [(CPU, {})]
         )
     except Exception as exc:  # ORT raises its own untyped errors for bad files
         raise ModelLoadError(f"onnxruntime cannot load '{path}': {exc}") from exc
@@ -139,9 +145,14 @@ def _from_ort_strings(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 class OrtInstance:
     """One InferenceSession."""
 
-    def __init__(self, session: ort.InferenceSession) -> None:
+    def __init__(
+        self, session: ort.InferenceSession, placement_note: str = "", on_gpu: bool = False
+    ) -> None:
         self._session = session
         self._run_options = ort.RunOptions()
+        # Read by the server (edge_backends/api.py, ModelInstance): where this really runs.
+        self.placement_note = placement_note
+        self.placement_kind = "KIND_GPU" if on_gpu else "KIND_CPU"
 
     def execute(
         self, inputs: Arrays, output_names: Sequence[str]
@@ -165,7 +176,7 @@ class OrtInstance:
 
 
 class OrtBackend:
-    """Loads .onnx files into CPU sessions."""
+    """Loads .onnx files into sessions on CPU, or on a GPU for KIND_GPU instances."""
 
     name = "onnxruntime"
 
@@ -182,10 +193,27 @@ class OrtBackend:
 
     def gpu_problem(self) -> str:
         """Why ONNX Runtime cannot run on a GPU here ('' when it can)."""
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
+        if CUDA not in ort.get_available_providers():
             return "no usable GPU (this onnxruntime has no CUDA execution provider)"
-        # GPU sessions come with the GPU issue; until then CUDA builds also serve on CPU.
-        return "GPU execution is not enabled in this build"
+        return ""
 
     def create_instance(self, spec: InstanceSpec) -> OrtInstance:
-        return OrtInstance(_open_session(spec.model_path, session_options(spec)))
+        plan = plan_providers(
+            spec.kind,
+            spec.device_id,
+            spec.gpu_accelerators,
+            ort.get_available_providers(),
+            spec.cache_dir,
+        )
+        opts = session_options(spec)
+        if plan.names == [CPU]:
+            return OrtInstance(_open_session(spec.model_path, opts))
+        try:
+            session = _open_session(spec.model_path, opts, plan.providers)
+        except ModelLoadError as exc:
+            # Out of GPU memory, a broken driver: serve on CPU rather than not at all.
+            cpu = _open_session(spec.model_path, session_options(spec))
+            return OrtInstance(cpu, f"the GPU session failed ({exc}); running on CPU")
+        moved = fallen_back(plan, session.get_providers())
+        note = "; ".join(n for n in (*plan.notes, moved) if n)
+        return OrtInstance(session, note, on_gpu=not moved)

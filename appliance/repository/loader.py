@@ -26,6 +26,12 @@ from appliance.protocol import model_config_pb2 as mc
 from appliance.protojson import message_to_dict
 from appliance.repository.local import escapes, list_versions
 from appliance.repository.manifest import NO_MANIFEST_RULES, ManifestPolicy, check_version
+from appliance.repository.placement import (
+    backend_gpu_problem,
+    onnx_substitute,
+    place_group,
+    tensorrt_problem,
+)
 from appliance.repository.version_policy import select_versions
 from appliance.repository.warmup import warm_up
 from appliance.scheduling.ensemble import EnsemblePlan, plan_from_config
@@ -109,6 +115,7 @@ def prepare_model(
     host: Any = None,
     manifest: ManifestPolicy = NO_MANIFEST_RULES,
     skip: dict[int, str] | None = None,
+    cache_dir: Path | None = None,
 ) -> PreparedModel:
     """Read, complete and validate the config, then load the instances of each chosen version.
 
@@ -129,7 +136,6 @@ def prepare_model(
     if config.platform == ENSEMBLE:
         return _prepare_ensemble(config, model_dir, available)
     backend_name = resolve_backend(config, model_dir, available)
-    backend = get_backend(backend_name)
     versions = select_versions(config.version_policy, available)
     if not versions:
         raise ConfigError(
@@ -138,6 +144,18 @@ def prepare_model(
         )
     # The newest version that can be read describes the model; unreadable ones fail alone.
     unreadable: dict[int, str] = {}
+    placement_notes: list[str] = []
+    if backend_name == "tensorrt":
+        problem = tensorrt_problem()
+        substitute = onnx_substitute(config, model_dir, versions, problem) if problem else None
+        if substitute is not None:
+            log.warning("model '%s': %s", name, substitute.note)
+            placement_notes.append(substitute.note)
+            unreadable.update(substitute.missing)
+            backend_name = "onnxruntime"
+        elif problem:
+            raise ConfigError(f"model '{name}': TensorRT engines cannot run here: {problem}")
+    backend = get_backend(backend_name)
     for version in versions:
         model_file = model_dir / str(version) / config.default_model_filename
         if model_file.exists() and escapes(model_file, model_dir):
@@ -175,13 +193,14 @@ def prepare_model(
     validate_config(config, model_dir, signature if described else None)
 
     prepared = PreparedModel(name=name, config=config, labels=read_labels(model_dir, config))
+    prepared.notes.extend(placement_notes)
     for version, reason in unreadable.items():
         log.error("model '%s' version %d failed to load: %s", name, version, reason)
         prepared.failed[version] = reason
     for version in (v for v in versions if v not in unreadable):
         try:
             workers = _load_instances(
-                backend_name, config, model_dir, version, prepared.notes, host
+                backend_name, config, model_dir, version, prepared.notes, host, cache_dir
             )
         except (BackendError, ApplianceError) as exc:
             log.error("model '%s' version %d failed to load: %s", name, version, exc)
@@ -216,8 +235,10 @@ def _load_instances(
     version: int,
     notes: list[str],
     host: Any = None,
+    cache_dir: Path | None = None,
 ) -> list[InstanceWorker]:
-    """Create every instance of every group; GPU kinds fall back to CPU, noted in `notes`."""
+    """Create every instance of every group, placed on GPU or CPU (placement.py); what runs
+    elsewhere than asked is noted in `notes` and the config's group kinds say where each runs."""
     backend = get_backend(backend_name)
     path = model_dir / str(version) / config.default_model_filename
     signature = backend.inspect(path)
@@ -228,20 +249,24 @@ def _load_instances(
     level = config.optimization.graph.level if config.optimization.HasField("graph") else None
     total = sum(g.count for g in config.instance_group)
     no_gpu = backend_gpu_problem(backend)
+    accelerators = tuple(
+        (a.name, dict(a.parameters))
+        for a in config.optimization.execution_accelerators.gpu_execution_accelerator
+    )
+    version_cache = cache_dir / "derived" / config.name / str(version) if cache_dir else None
     batching = config.max_batch_size > 0
     workers: list[InstanceWorker] = []
     instances: list[ModelInstance] = []
     try:
         for group in config.instance_group:
-            kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
-            if kind == "KIND_GPU" and no_gpu:
-                note = (
-                    f"{group.count} KIND_GPU instance(s) of group '{group.name}' run on CPU: "
-                    f"{no_gpu}"
-                )
-                log.warning("model '%s' version %d: %s", config.name, version, note)
-                notes.append(note)
-                kind = "KIND_CPU"
+            requested = mc.ModelInstanceGroup.Kind.Name(group.kind)
+            placed = place_group(requested, group.name, group.count, no_gpu)
+            if placed.note:
+                log.warning("model '%s' version %d: %s", config.name, version, placed.note)
+                if placed.note not in notes:
+                    notes.append(placed.note)
+            kind = placed.kind
+            group.kind = mc.ModelInstanceGroup.Kind.Value(kind)  # the served config says where
             resources = {r.name: int(r.count) for r in group.rate_limiter.resources}
             for i in range(group.count):
                 instance_name = f"{group.name}_{i}"
@@ -257,9 +282,20 @@ def _load_instances(
                     instance_count=total,
                     model_config=config_json,
                     host=host,
+                    profiles=tuple(group.profile),
+                    gpu_accelerators=accelerators if kind == "KIND_GPU" else (),
+                    cache_dir=version_cache,
                 )
                 instance = backend.create_instance(spec)
                 instances.append(instance)
+                moved = str(getattr(instance, "placement_note", "") or "")
+                actual = str(getattr(instance, "placement_kind", "") or kind)
+                if actual != kind:  # e.g. a GPU session that came up on CPU
+                    group.kind = mc.ModelInstanceGroup.Kind.Value(actual)
+                if moved:
+                    note = f"instance '{instance_name}': {moved}"
+                    log.warning("model '%s' version %d: %s", config.name, version, note)
+                    notes.append(note)
                 workers.append(
                     InstanceWorker(
                         f"{config.name}_v{version}_{instance_name}",
@@ -276,8 +312,3 @@ def _load_instances(
         raise
     return workers
 
-
-def backend_gpu_problem(backend: Any) -> str:
-    """Why this backend cannot use a GPU here ('' when it can)."""
-    check = getattr(backend, "gpu_problem", None)
-    return str(check()) if check is not None else "this backend has no GPU support"

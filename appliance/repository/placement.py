@@ -1,0 +1,94 @@
+"""Where a model runs: GPU or CPU, decided per model when it loads, and said out loud.
+
+The rules (DESIGN.md, "GPU or CPU"):
+- KIND_GPU runs on the GPU when its backend can use one here; otherwise on CPU, with a note in
+  the repository index and a warning in the log.
+- KIND_AUTO runs on the GPU when its backend can use one, else on CPU, quietly: that is what
+  AUTO asks for.
+- KIND_CPU runs on CPU.
+- A TensorRT model that cannot run here (no GPU, no driver, no tensorrt) is served from the
+  `model.onnx` beside its `model.plan` with ONNX Runtime, where the version folder has one;
+  otherwise it fails to load with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from appliance.model_config import ModelConfig
+from appliance.protocol import model_config_pb2 as mc
+from edge_backends.api import ModelLoadError
+from edge_backends.registry import get_backend
+
+ONNX_FALLBACK_FILENAME = "model.onnx"
+
+
+@dataclass(frozen=True)
+class GroupPlacement:
+    kind: str  # KIND_CPU | KIND_GPU: where the group's instances run
+    note: str = ""  # why that is not what the config asked for ('' when it is)
+
+
+def place_group(requested: str, group_name: str, count: int, gpu_problem: str) -> GroupPlacement:
+    """Resolve one instance group's kind, given why the backend cannot use a GPU here."""
+    if requested == "KIND_CPU":
+        return GroupPlacement("KIND_CPU")
+    if not gpu_problem:
+        return GroupPlacement("KIND_GPU")
+    if requested == "KIND_AUTO":
+        return GroupPlacement("KIND_CPU")
+    return GroupPlacement(
+        "KIND_CPU",
+        f"{count} {requested} instance(s) of group '{group_name}' run on CPU: {gpu_problem}",
+    )
+
+
+def backend_gpu_problem(backend: object) -> str:
+    """Why this backend cannot use a GPU here ('' when it can)."""
+    check = getattr(backend, "gpu_problem", None)
+    return str(check()) if check is not None else "this backend has no GPU support"
+
+
+def tensorrt_problem() -> str:
+    """Why TensorRT engines cannot run here ('' when they can)."""
+    try:
+        backend = get_backend("tensorrt")
+    except ModelLoadError as exc:
+        return str(exc)
+    return backend_gpu_problem(backend)
+
+
+@dataclass(frozen=True)
+class OnnxSubstitute:
+    """A TensorRT model served from its ONNX files on CPU instead."""
+
+    versions: tuple[int, ...]  # versions that have model.onnx
+    missing: dict[int, str]  # versions that do not: their load error
+    note: str
+
+
+def onnx_substitute(
+    config: ModelConfig, model_dir: Path, versions: list[int], problem: str
+) -> OnnxSubstitute | None:
+    """Switch a TensorRT config to ONNX Runtime when TensorRT cannot run and any version
+    folder holds model.onnx; None when none does (the model then fails with `problem`)."""
+    having = tuple(v for v in versions if (model_dir / str(v) / ONNX_FALLBACK_FILENAME).is_file())
+    if not having:
+        return None
+    missing = {
+        v: f"TensorRT cannot run here ({problem}) and version {v} has no "
+        f"{ONNX_FALLBACK_FILENAME} to serve instead"
+        for v in versions
+        if v not in having
+    }
+    config.platform = "onnxruntime_onnx"
+    config.backend = "onnxruntime"
+    config.default_model_filename = ONNX_FALLBACK_FILENAME
+    for group in config.instance_group:
+        group.kind = mc.ModelInstanceGroup.KIND_CPU
+    note = (
+        f"TensorRT cannot run here ({problem}): serving {ONNX_FALLBACK_FILENAME} of version(s) "
+        f"{', '.join(map(str, having))} with onnxruntime on CPU"
+    )
+    return OnnxSubstitute(having, missing, note)

@@ -1,0 +1,257 @@
+"""TensorRT engines (`platform: "tensorrt_plan"`, `model.plan`). Unverified on hardware: written
+against TensorRT's documented named-tensor API (TensorRT 10 and later); the decisions around it
+live in trt_engine.py and are tested without a GPU, the device memory in cuda_device.py is tested
+on a GPU by tests/gpu/run_device_checks.sh.
+
+Each instance owns one execution context and one CUDA stream, and keeps its device buffers and
+pinned host buffers between batches, growing them when a batch needs more. A batch runs as:
+pick the optimization profile that holds the input shapes, set the shapes, copy the inputs to
+pinned memory and on to the device, enqueue, copy the outputs back, wait for the stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorrt as trt
+
+from edge_backends.api import (
+    Arrays,
+    ExecutionError,
+    InstanceSpec,
+    ModelLoadError,
+    ModelSignature,
+)
+from edge_backends.cuda_device import (
+    CudaDevice,
+    DeviceBuffer,
+    DeviceError,
+    DeviceUnavailable,
+    open_device,
+)
+from edge_backends.datatypes import BY_TRITON
+from edge_backends.trt_engine import (
+    TRT_TO_TRITON,
+    EngineDescription,
+    EngineTensor,
+    ProfileRange,
+    allowed_profiles,
+    auto_complete,
+    explain_deserialize_failure,
+    select_profile,
+    signature,
+)
+
+log = logging.getLogger(__name__)
+
+
+class _CapturingLogger(trt.ILogger):  # type: ignore[misc]
+    """Keeps TensorRT's errors of one call, so the load error can quote them."""
+
+    def __init__(self) -> None:
+        trt.ILogger.__init__(self)
+        self.messages: list[str] = []
+
+    def log(self, severity: Any, msg: str) -> None:
+        if severity <= trt.ILogger.Severity.WARNING:
+            self.messages.append(msg)
+            log.debug("tensorrt: %s", msg)
+
+
+def describe_engine(engine: Any, device_name: str = "") -> EngineDescription:
+    """Record what a deserialized ICudaEngine declares."""
+    tensors = []
+    for index in range(engine.num_io_tensors):
+        name = engine.get_tensor_name(index)
+        is_input = engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT
+        kind = engine.get_tensor_dtype(name).name
+        datatype = TRT_TO_TRITON.get(kind)
+        if datatype is None:
+            raise ModelLoadError(
+                f"engine tensor '{name}' has TensorRT type {kind}, which has no Triton datatype"
+            )
+        profiles: tuple[ProfileRange, ...] = ()
+        if is_input:
+            profiles = tuple(
+                ProfileRange(*(tuple(int(d) for d in s) for s in
+                               engine.get_tensor_profile_shape(name, p)))
+                for p in range(engine.num_optimization_profiles)
+            )
+        shape = tuple(int(d) for d in engine.get_tensor_shape(name))
+        tensors.append(EngineTensor(name, is_input, datatype, shape, profiles))
+    return EngineDescription(
+        tensors=tuple(tensors),
+        num_profiles=int(engine.num_optimization_profiles),
+        trt_version=str(trt.__version__),
+        device_name=device_name,
+    )
+
+
+def _deserialize(path: Path) -> tuple[Any, Any]:
+    """(runtime, engine) from a plan file; ModelLoadError says why not."""
+    if not path.is_file():
+        raise ModelLoadError(f"model file '{path}' does not exist")
+    logger = _CapturingLogger()
+    runtime = trt.Runtime(logger)
+    engine = runtime.deserialize_cuda_engine(path.read_bytes())
+    if engine is None:
+        raise ModelLoadError(explain_deserialize_failure(logger.messages, str(trt.__version__)))
+    return runtime, engine
+
+
+class TrtInstance:
+    """One execution context and stream on one GPU."""
+
+    def __init__(self, spec: InstanceSpec, device: CudaDevice) -> None:
+        self._device = device
+        self._lock = threading.Lock()
+        with device.activate():
+            self._runtime, self._engine = _deserialize(spec.model_path)
+            self.description = describe_engine(self._engine, device.name)
+            self._context = self._engine.create_execution_context()
+            if self._context is None:
+                raise ModelLoadError("TensorRT could not create an execution context (GPU memory?)")
+            self._stream = device.create_stream()
+        self._allowed = allowed_profiles(spec.profiles, self.description)
+        self._profile = -1
+        self._device_buffers: dict[str, DeviceBuffer] = {}
+        self._pinned: dict[str, np.ndarray[Any, np.dtype[np.uint8]]] = {}
+
+    def _buffers(self, name: str, nbytes: int) -> tuple[DeviceBuffer, np.ndarray[Any, Any]]:
+        """The device and pinned host buffers for a tensor, at least `nbytes` long."""
+        current = self._device_buffers.get(name)
+        if current is None or current.nbytes < nbytes:
+            if current is not None:
+                self._device.free(current)
+            size = max(nbytes, 2 * current.nbytes if current else nbytes)
+            self._device_buffers[name] = self._device.alloc(size)
+            self._pinned[name] = self._device.alloc_pinned(size)
+        return self._device_buffers[name], self._pinned[name]
+
+    def execute(
+        self, inputs: Arrays, output_names: Sequence[str]
+    ) -> dict[str, np.ndarray[Any, Any]]:
+        shapes = {name: tuple(array.shape) for name, array in inputs.items()}
+        try:
+            profile = select_profile(self.description, shapes, self._allowed)
+        except ModelLoadError as exc:
+            raise ExecutionError(str(exc)) from None
+        with self._lock, self._device.activate():
+            try:
+                return self._run(profile, inputs, output_names)
+            except DeviceError as exc:
+                raise ExecutionError(f"CUDA: {exc}") from exc
+
+    def _run(
+        self, profile: int, inputs: Arrays, output_names: Sequence[str]
+    ) -> dict[str, np.ndarray[Any, Any]]:
+        device, context, stream = self._device, self._context, self._stream
+        handle = device.stream_handle(stream)
+        if profile != self._profile:
+            context.set_optimization_profile_async(profile, handle)
+            self._profile = profile
+        for tensor in self.description.inputs:
+            array = np.ascontiguousarray(
+                inputs[tensor.name], dtype=BY_TRITON[tensor.datatype].numpy
+            )
+            if not context.set_input_shape(tensor.name, array.shape):
+                raise ExecutionError(
+                    f"TensorRT refused shape {list(array.shape)} for '{tensor.name}'"
+                )
+            buffer, pinned = self._buffers(tensor.name, array.nbytes)
+            staged = pinned[: array.nbytes]
+            staged[:] = array.reshape(-1).view(np.uint8)
+            device.copy_to_device(buffer, staged, stream)
+            context.set_tensor_address(tensor.name, buffer.ptr)
+        results: dict[str, tuple[np.ndarray[Any, Any], tuple[int, ...], np.dtype[Any]]] = {}
+        for tensor in self.description.outputs:
+            shape = tuple(int(d) for d in context.get_tensor_shape(tensor.name))
+            if any(d < 0 for d in shape):
+                raise ExecutionError(
+                    f"output '{tensor.name}' has a data-dependent shape {list(shape)}, which this "
+                    "backend does not support"
+                )
+            dtype = BY_TRITON[tensor.datatype].numpy
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            buffer, pinned = self._buffers(tensor.name, nbytes)
+            context.set_tensor_address(tensor.name, buffer.ptr)
+            results[tensor.name] = (pinned[:nbytes], shape, dtype)
+        if not context.execute_async_v3(handle):
+            raise ExecutionError("TensorRT failed to enqueue the batch")
+        for name in output_names:
+            host, _, _ = results[name]
+            device.copy_to_host(host, self._device_buffers[name], stream)
+        device.synchronize(stream)
+        # Copies: the pinned buffers are reused by the next batch.
+        return {
+            name: results[name][0].view(results[name][2]).reshape(results[name][1]).copy()
+            for name in output_names
+        }
+
+    def close(self) -> None:
+        with self._device.activate():
+            for buffer in self._device_buffers.values():
+                self._device.free(buffer)
+            self._device_buffers.clear()
+            self._pinned.clear()
+            del self._context, self._engine, self._runtime
+
+
+class TensorRTBackend:
+    """Loads TensorRT plans onto a GPU; KIND_CPU cannot run them."""
+
+    name = "tensorrt"
+
+    def __init__(self) -> None:
+        self._devices: dict[int, CudaDevice] = {}
+        self._problem: str | None = None
+
+    def _device(self, device_id: int) -> CudaDevice:
+        if device_id not in self._devices:
+            self._devices[device_id] = open_device(device_id)
+        return self._devices[device_id]
+
+    def gpu_problem(self) -> str:
+        """Why no engine can run here ('' when a GPU is usable)."""
+        if self._problem is None:
+            try:
+                self._device(0)
+                self._problem = ""
+            except DeviceUnavailable as exc:
+                self._problem = f"no usable GPU ({exc})"
+        return self._problem
+
+    def _describe(self, model_path: Path) -> EngineDescription:
+        problem = self.gpu_problem()
+        if problem:
+            raise ModelLoadError(f"TensorRT engines need an NVIDIA GPU: {problem}")
+        device = self._device(0)
+        with device.activate():
+            _, engine = _deserialize(model_path)
+            return describe_engine(engine, device.name)
+
+    def inspect(self, model_path: Path) -> ModelSignature:
+        return signature(self._describe(model_path))
+
+    def auto_complete(self, model_path: Path, config: dict[str, Any]) -> dict[str, Any]:
+        return auto_complete(self._describe(model_path), config)
+
+    def create_instance(self, spec: InstanceSpec) -> TrtInstance:
+        if spec.kind == "KIND_CPU":
+            raise ModelLoadError(
+                "TensorRT engines run on a GPU only; use KIND_GPU instances (or serve a "
+                "model.onnx from the same version folder with onnxruntime on CPU)"
+            )
+        try:
+            device = self._device(spec.device_id)
+        except DeviceUnavailable as exc:
+            raise ModelLoadError(f"GPU {spec.device_id} is not usable: {exc}") from exc
+        try:
+            return TrtInstance(spec, device)
+        except DeviceError as exc:
+            raise ModelLoadError(f"GPU {spec.device_id}: {exc}") from exc
