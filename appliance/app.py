@@ -21,6 +21,7 @@ from appliance.control import ControlPlane, ServerState
 from appliance.core import InferenceCore
 from appliance.errors import ApplianceError
 from appliance.frontends.grpc.server import InferenceServicer
+from appliance.frontends.http.connections import GuardedAppRunner
 from appliance.frontends.http.server import HttpFrontend
 from appliance.gpu_metrics import find_gpu_source
 from appliance.logs import LogSettings
@@ -37,7 +38,7 @@ from appliance.repository.manager import ManagerSettings, ModelManager
 from appliance.repository.manifest import ManifestError, ManifestPolicy, load_public_key
 from appliance.repository.poller import RepositoryPoller
 from appliance.repository.sources import RemoteSources
-from appliance.settings import ServerSettings, TlsSettings
+from appliance.settings import HttpConnectionLimits, ServerSettings, TlsSettings
 from appliance.trace import Tracer
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ class Appliance:
         self.tracer = Tracer(
             settings.trace_file, settings.trace_level, settings.trace_rate, settings.trace_count
         )
-        self.core = InferenceCore(self.manager, self.cache, self.tracer)
+        self.core = InferenceCore(self.manager, self.cache, self.tracer, settings.request_limits)
         self.control = ControlPlane(
             self.manager,
             self.state,
@@ -213,6 +214,7 @@ class Appliance:
             settings.http_unix_socket,
             settings.unix_socket_mode,
             _http_ssl_context(settings.tls),
+            settings.http_connections,
         ) as bound:
             self.http_port = bound
             if bound is not None:
@@ -359,13 +361,18 @@ async def _listening(
     unix_path: str = "",
     unix_mode: int = 0o660,
     ssl_context: ssl.SSLContext | None = None,
+    limits: HttpConnectionLimits | None = None,
 ) -> AsyncIterator[int | None]:
     """Serve an aiohttp app on address:port (port -1: no TCP) and on a Unix socket if given.
 
     Yields the bound TCP port (port 0 picks one), or None without TCP.
     """
-    runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout
+    runner = GuardedAppRunner(
+        app,
+        limits or HttpConnectionLimits(),
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=shutdown_timeout,
     )
     await runner.setup()
     listening_on_unix = False

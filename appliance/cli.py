@@ -21,9 +21,10 @@ from pathlib import Path
 from appliance import check, logs
 from appliance.access import parse_groups
 from appliance.app import StartupError, serve_forever
+from appliance.limits import RequestLimits
 from appliance.notify import Notifier
 from appliance.repository.sources import check_location, is_remote
-from appliance.settings import ServerSettings, TlsSettings
+from appliance.settings import HttpConnectionLimits, ServerSettings, TlsSettings
 
 log = logging.getLogger("appliance")
 
@@ -328,6 +329,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         default=128 * 1024 * 1024,
         help="largest gRPC message sent or received (default 128 MiB)",
     )
+    _add_limit_flags(p)
     _add_bool(
         p,
         "--require-manifest",
@@ -532,6 +534,15 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         exit_timeout_secs=args.exit_timeout_secs,
         max_request_bytes=args.max_request_bytes,
         grpc_max_message_bytes=args.grpc_max_message_bytes,
+        request_limits=RequestLimits(args.max_tensor_elements, args.max_request_tensor_bytes),
+        http_connections=HttpConnectionLimits(
+            max_header_bytes=args.max_request_header_bytes,
+            max_headers=args.max_request_headers,
+            header_timeout_secs=args.http_header_timeout_secs,
+            body_timeout_secs=args.http_body_timeout_secs,
+            keepalive_timeout_secs=args.http_keepalive_timeout_secs,
+            max_connections=args.http_max_connections,
+        ),
         inline_budget_us=args.inline_execution_budget_us,
         max_queue_wait_ms=args.max_queue_wait_ms,
         rate_limit=args.rate_limit == "execution_count",
@@ -543,6 +554,56 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         trace_count=args.trace_count,
         response_cache_bytes=parse_cache_config(args.cache_config, args.response_cache_byte_size),
         ignored_flags=ignored,
+    )
+
+
+def _add_limit_flags(p: argparse.ArgumentParser) -> None:
+    """Input limits and slow-client timeouts (defaults sized for a 4 GB device)."""
+    defaults, conn = RequestLimits(), HttpConnectionLimits()
+    p.add_argument(
+        "--max-tensor-elements",
+        type=int,
+        default=defaults.max_tensor_elements,
+        help="most elements in one input tensor; more: 413 / RESOURCE_EXHAUSTED "
+        f"(default {defaults.max_tensor_elements}; 0: no limit)",
+    )
+    p.add_argument(
+        "--max-request-tensor-bytes",
+        type=int,
+        default=defaults.max_request_tensor_bytes,
+        help="most bytes of input tensors in one request (default 256 MiB; 0: no limit)",
+    )
+    p.add_argument(
+        "--max-request-header-bytes",
+        type=int,
+        default=conn.max_header_bytes,
+        help="longest HTTP request line or header field; longer: 400 "
+        f"(default {conn.max_header_bytes})",
+    )
+    p.add_argument(
+        "--max-request-headers",
+        type=int,
+        default=conn.max_headers,
+        help=f"most HTTP header fields in one request (default {conn.max_headers})",
+    )
+    for flag, value, what in (
+        ("header", conn.header_timeout_secs, "for a request's headers, from their first byte"),
+        ("body", conn.body_timeout_secs, "while reading a request body, between bytes"),
+        ("keepalive", conn.keepalive_timeout_secs, "for the next request on an idle connection"),
+    ):
+        p.add_argument(
+            f"--http-{flag}-timeout-secs",
+            type=float,
+            default=value,
+            metavar="SECS",
+            help=f"close an HTTP connection after waiting this long {what} (default {value:g})",
+        )
+    p.add_argument(
+        "--http-max-connections",
+        type=int,
+        default=conn.max_connections,
+        help="open HTTP connections per listener; more are answered 503 and closed "
+        f"(default {conn.max_connections}; 0: no limit)",
     )
 
 

@@ -18,6 +18,7 @@ from appliance.errors import (
     ServerUnavailable,
     Unsupported,
 )
+from appliance.limits import NO_LIMITS, RequestLimits
 from appliance.repository.manager import ModelManager, ServedVersion
 from appliance.scheduling.batcher import QueueTimeout
 from appliance.scheduling.ensemble import EnsembleStep, run_ensemble
@@ -52,13 +53,20 @@ class InferenceCore:
         manager: ModelManager,
         cache: ResponseCache | None = None,
         tracer: Tracer | None = None,
+        limits: RequestLimits | None = None,
     ) -> None:
         self.manager = manager
         self.cache = cache
         self.tracer = tracer or Tracer()
+        # Front ends pass these to their decoders too, to refuse before allocating.
+        self.limits = limits or RequestLimits()
         self.accepting = True
 
     async def infer(self, request: InferRequest) -> InferResponse:
+        """A client's request: checked against the input limits."""
+        return await self._infer(request, self.limits)
+
+    async def _infer(self, request: InferRequest, limits: RequestLimits) -> InferResponse:
         if not self.accepting:
             raise ServerUnavailable("server is shutting down; not accepting new requests")
         served = self.manager.get(request.model_name, request.model_version)
@@ -69,7 +77,7 @@ class InferenceCore:
             )
         start = time.monotonic_ns()
         try:
-            job = self._job(served, request)
+            job = self._job(served, request, limits)
             if served.ensemble is not None:
                 outputs = await run_ensemble(served.ensemble, job.inputs, self._run_step)
             elif served.cache_enabled and self.cache is not None and not served.sequence:
@@ -107,7 +115,7 @@ class InferenceCore:
         start = time.monotonic_ns()
         loop = asyncio.get_running_loop()
         responses: asyncio.Queue[dict[str, Array]] = asyncio.Queue()
-        job = self._job(served, request)
+        job = self._job(served, request, self.limits)
 
         def emit(outputs: dict[str, Array]) -> None:  # called from the instance's thread
             loop.call_soon_threadsafe(responses.put_nowait, outputs)
@@ -180,7 +188,8 @@ class InferenceCore:
             inputs=tensors,
             outputs=[RequestedOutput(name) for name in outputs] if outputs else None,
         )
-        response = await self.infer(request)
+        # The server's own tensors (ensemble steps, BLS): not a client's, so not limited.
+        response = await self._infer(request, NO_LIMITS)
         return {tensor.name: tensor.data for tensor in response.outputs}
 
     def blocking_host(self, loop: asyncio.AbstractEventLoop) -> Callable[..., dict[str, Array]]:
@@ -214,9 +223,11 @@ class InferenceCore:
 
     # ---- validation --------------------------------------------------------------------------
 
-    def _job(self, served: ServedVersion, request: InferRequest) -> Job:
+    def _job(self, served: ServedVersion, request: InferRequest, limits: RequestLimits) -> Job:
         """Check every input against the config once; error text is built only on failure."""
         name = served.name
+        max_elements = limits.max_tensor_elements or -1
+        max_bytes = limits.max_request_tensor_bytes or -1
         rules = served.inputs
         batching = served.max_batch_size > 0
         arrays: dict[str, Array] = {}
@@ -264,6 +275,10 @@ class InferenceCore:
                 data = data.reshape(((shape[0],) if batching else ()) + rule.model_dims)
             arrays[tensor.name] = data
             nbytes += data.nbytes
+            if data.size > max_elements >= 0:
+                limits.check_elements(data.size, shape, f"model '{name}' input '{tensor.name}'")
+            if nbytes > max_bytes >= 0:
+                limits.check_bytes(nbytes, name, tensor.name)
             keys.append(item_shape)
         if len(arrays) < len(rules):
             missing = [n for n, r in rules.items() if n not in arrays and not r.optional]

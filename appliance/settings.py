@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from appliance.limits import RequestLimits
+
 MiB = 1024 * 1024
 
 
@@ -32,6 +34,18 @@ class TlsSettings:
         if self.http_root and not self.http_cert:
             return "--http-ssl-root-cert needs --http-ssl-cert and --http-ssl-key"
         return ""
+
+
+@dataclass(frozen=True)
+class HttpConnectionLimits:
+    """What one HTTP connection may hold and how slow it may be (0 disables a timeout)."""
+
+    max_header_bytes: int = 16 * 1024  # the request line and each header field
+    max_headers: int = 100
+    header_timeout_secs: float = 20.0  # from a request's first byte to its last header byte
+    body_timeout_secs: float = 30.0  # longest silence while a request body is read
+    keepalive_timeout_secs: float = 60.0  # idle between requests
+    max_connections: int = 1000  # open connections per listener; more are answered 503
 
 
 @dataclass(frozen=True)
@@ -73,6 +87,8 @@ class ServerSettings:
     # Big enough for a 100 MB tensor plus its JSON header.
     max_request_bytes: int = 128 * MiB
     grpc_max_message_bytes: int = 128 * MiB
+    request_limits: RequestLimits = field(default_factory=RequestLimits)
+    http_connections: HttpConnectionLimits = field(default_factory=HttpConnectionLimits)
     max_queue_size: int = 4096
     max_queue_wait_ms: int = 10_000
     inline_budget_us: int = 100

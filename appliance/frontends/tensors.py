@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from appliance.errors import InvalidInput
+from appliance.limits import RequestLimits
 from appliance.serialization import decode_bytes, encode_bytes
 from appliance.types import Array
 from edge_backends.datatypes import BY_TRITON, DataType
@@ -22,17 +23,23 @@ def datatype(name: str, where: str) -> DataType:
     return dtype
 
 
-def element_count(shape: tuple[int, ...], where: str) -> int:
+def element_count(shape: tuple[int, ...], where: str, limits: RequestLimits | None = None) -> int:
+    """Elements of a declared shape, refused over the limit before anything is allocated."""
     for d in shape:
         if d < 0:
             raise InvalidInput(f"{where}: shape {list(shape)} has a negative dimension")
-    return math.prod(shape)
+    count = math.prod(shape)
+    if limits is not None:
+        limits.check_elements(count, shape, where)
+    return count
 
 
-def from_raw(raw: Any, name: str, shape: tuple[int, ...], where: str) -> Array:
+def from_raw(
+    raw: Any, name: str, shape: tuple[int, ...], where: str, limits: RequestLimits | None = None
+) -> Array:
     """Decode a tensor from its raw bytes (a view of `raw` where the dtype allows: no copy)."""
     dtype = datatype(name, where)
-    count = element_count(shape, where)
+    count = element_count(shape, where, limits)
     if dtype.itemsize == 0:
         return decode_bytes(raw, count, where).reshape(shape)
     expected = count * dtype.itemsize
@@ -82,11 +89,13 @@ def _check_json_types(data: Any, name: str, where: str) -> None:
         )
 
 
-def from_list(data: Any, name: str, shape: tuple[int, ...], where: str) -> Array:
+def from_list(
+    data: Any, name: str, shape: tuple[int, ...], where: str, limits: RequestLimits | None = None
+) -> Array:
     """A tensor from JSON data (flat or nested, row-major); values must have the JSON type of
     the datatype."""
     dtype = datatype(name, where)
-    count = element_count(shape, where)
+    count = element_count(shape, where, limits)
     if not isinstance(data, list):
         raise InvalidInput(f"{where}: 'data' must be a list, got {type(data).__name__}")
     _check_json_types(data, name, where)

@@ -458,8 +458,8 @@ def _raw_cases() -> dict[str, RawCase]:
     add(
         "bytes_huge_shape_little_data",
         huge,
-        400,
-        "BYTES data ends after 1 of 1000000000000 elements",
+        413,  # refused on the declared shape, before decoding
+        "has 1000000000000 elements, more than the limit of 33554432 per input",
         path=bytes_infer,
         headers=headers,
     )

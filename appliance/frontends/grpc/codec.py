@@ -12,6 +12,7 @@ import numpy as np
 
 from appliance.errors import InvalidInput
 from appliance.frontends.tensors import datatype, element_count, from_raw, to_raw
+from appliance.limits import RequestLimits
 from appliance.protocol import service_pb2 as pb
 from appliance.shared_memory import SharedMemoryRegistry, read_input, shm_target, write_output
 from appliance.types import InferRequest, InferResponse, InputTensor, RequestedOutput, ShmTarget
@@ -38,13 +39,15 @@ def parameter_value(param: Any) -> Any:
     return getattr(param, which) if which else None
 
 
-def _from_contents(tensor: Any, shape: tuple[int, ...], where: str) -> np.ndarray[Any, Any]:
+def _from_contents(
+    tensor: Any, shape: tuple[int, ...], where: str, limits: RequestLimits | None
+) -> np.ndarray[Any, Any]:
     dtype = datatype(tensor.datatype, where)
     field = CONTENTS_FIELD.get(tensor.datatype)
     if field is None:
         raise InvalidInput(f"{where}: {tensor.datatype} must be sent in raw_input_contents")
     values = getattr(tensor.contents, field)
-    count = element_count(shape, where)
+    count = element_count(shape, where, limits)
     if len(values) != count:
         raise InvalidInput(
             f"{where}: unexpected number of elements {len(values)} in contents.{field}, "
@@ -63,8 +66,11 @@ def _from_contents(tensor: Any, shape: tuple[int, ...], where: str) -> np.ndarra
 
 
 def decode_request(
-    msg: pb.ModelInferRequest, shm: SharedMemoryRegistry | None = None
+    msg: pb.ModelInferRequest,
+    shm: SharedMemoryRegistry | None = None,
+    limits: RequestLimits | None = None,
 ) -> InferRequest:
+    """`limits` are checked on each input's declared shape before its data is decoded."""
     model = msg.model_name
     raw = msg.raw_input_contents
     # Inputs in shared memory have no raw_input_contents entry (as tritonclient sends them).
@@ -93,10 +99,10 @@ def decode_request(
             assert shm is not None
             data = read_input(shm, target, tensor.datatype, shape, where)
         elif raw:
-            data = from_raw(raw[raw_index], tensor.datatype, shape, where)
+            data = from_raw(raw[raw_index], tensor.datatype, shape, where, limits)
             raw_index += 1
         else:
-            data = _from_contents(tensor, shape, where)
+            data = _from_contents(tensor, shape, where, limits)
         inputs.append(InputTensor(tensor.name, tensor.datatype, shape, data))
     request = InferRequest(
         model_name=model,

@@ -13,6 +13,7 @@ from typing import Any
 from appliance.errors import InvalidInput
 from appliance.frontends import jsonconv
 from appliance.frontends.tensors import from_list, from_raw, to_list, to_raw
+from appliance.limits import RequestLimits
 from appliance.shared_memory import (
     SharedMemoryRegistry,
     read_input,
@@ -66,8 +67,12 @@ def decode_request(
     model: str,
     version: str,
     shm: SharedMemoryRegistry | None = None,
+    limits: RequestLimits | None = None,
 ) -> HttpInferRequest:
-    """Parse an infer body. The hot path: error messages are only formatted when raised."""
+    """Parse an infer body. The hot path: error messages are only formatted when raised.
+
+    `limits` are checked on each input's declared shape before its data is decoded.
+    """
     json_len = _header_length(header_length, len(body))
     doc = jsonconv.loads(
         body[:json_len] if json_len != len(body) else body, "the inference request"
@@ -116,10 +121,10 @@ def decode_request(
                     f"{where}: binary_data_size {size} exceeds the {binary_len - offset} bytes "
                     "of binary data left in the request body"
                 )
-            data = from_raw(binary[offset : offset + size], dtype_name, shape, where)
+            data = from_raw(binary[offset : offset + size], dtype_name, shape, where, limits)
             offset += size
         elif "data" in item:
-            data = from_list(item["data"], dtype_name, shape, where)
+            data = from_list(item["data"], dtype_name, shape, where, limits)
         else:
             raise InvalidInput(f"{where}: no 'data' and no binary_data_size parameter")
         inputs.append(InputTensor(name, dtype_name, shape, data))

@@ -166,14 +166,15 @@ class HttpFrontend:
         model, version = self._model(request)
         body = await read_body(request, self.max_body_bytes)
         shm = self.control.shared_memory
-        wire = decode_request(body, request.headers.get(HEADER_LENGTH), model, version, shm)
+        header_length = request.headers.get(HEADER_LENGTH)
+        wire = decode_request(body, header_length, model, version, shm, self.core.limits)
         response = await self.core.infer(wire.request)
-        chunks, header_length = encode_response(response, wire, shm)
-        if header_length is None:
+        chunks, json_length = encode_response(response, wire, shm)
+        if json_length is None:
             resp = web.Response(body=chunks[0], content_type=_JSON)
         else:
             total = sum(len(chunk) for chunk in chunks)
-            headers = {HEADER_LENGTH: str(header_length)}
+            headers = {HEADER_LENGTH: str(json_length)}
             if total >= STREAMED_BYTES and not _wants_compression(request, total):
                 # Tensor bytes go to the socket from the model's output arrays: no join copy.
                 stream = web.StreamResponse(headers=headers)
