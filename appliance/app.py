@@ -96,6 +96,7 @@ class Appliance:
                 rollback_window=settings.rollback_window,
                 max_queue_wait_ms=settings.max_queue_wait_ms,
                 rate_limit_resources=settings.rate_limit_resources,
+                cache_dir=settings.model_store_dir,
             )
         )
         self.cache = (

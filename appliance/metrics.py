@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from appliance.cache import ResponseCache
 from appliance.gpu_metrics import GpuCollector, GpuSource
+from appliance.protocol import model_config_pb2 as mc
 from appliance.repository.manager import ModelManager, ServedVersion
 from appliance.repository.poller import RepositoryPoller
 from appliance.repository.sources import RemoteSources
@@ -130,6 +131,25 @@ class InferenceCollector(Collector):
             yield histogram
         yield from (success, failure, count, executions, pending)
         yield from (family for family, _ in durations)
+        yield self._placement()
+
+    def _placement(self) -> Metric:
+        """Where each version's instances run: the server's GPU / CPU decision, per model."""
+        placed = GaugeMetricFamily(
+            "edge_model_instances",
+            "Model instances by where they run (KIND_GPU or KIND_CPU) and backend",
+            labels=[*_LABELS, "kind", "backend"],
+        )
+        for served in self._versions():
+            counts: dict[str, int] = {}
+            for group in served.config.instance_group:
+                kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
+                counts[kind] = counts.get(kind, 0) + group.count
+            for kind, total in sorted(counts.items()):
+                placed.add_metric(
+                    [served.name, str(served.version), kind, served.config.backend], total
+                )
+        return placed
 
 
 class CpuCollector(Collector):

@@ -102,6 +102,7 @@ class ManagerSettings:
     rollback_error_rate: float = 0.0  # 0: off
     rollback_window: int = 100
     max_queue_wait_ms: int = 10_000  # refuse requests that would wait longer (0: no limit)
+    cache_dir: Path | None = None  # derived files of models (engines, conversions) go under it
 
 
 @dataclass
@@ -325,6 +326,7 @@ class ModelManager:
                     self.host,
                     self._settings.manifest,
                     skip,
+                    self._settings.cache_dir,
                 )
             except ApplianceError as exc:
                 self._count_load(name, "failure")
