@@ -15,6 +15,7 @@ from appliance.protocol import ModelConfig as ModelConfig
 from appliance.protocol import model_config_pb2 as mc
 from edge_backends.api import ModelSignature, TensorSpec
 from edge_backends.datatypes import BY_CONFIG, BY_TRITON
+from edge_backends.fil_params import default_filename as fil_default_filename
 from edge_backends.registry import (
     BACKEND_TO_PLATFORM,
     DEFAULT_MODEL_FILENAME,
@@ -89,6 +90,9 @@ def resolve_backend(config: ModelConfig, model_dir: Path, versions: list[int]) -
         config.platform = BACKEND_TO_PLATFORM[name]
     if not config.default_model_filename:
         config.default_model_filename = DEFAULT_MODEL_FILENAME.get(name, "")
+        if name == "fil" and "model_type" in config.parameters:  # FIL's file follows model_type
+            model_type = config.parameters["model_type"].string_value
+            config.default_model_filename = fil_default_filename(model_type)
     return name
 
 
