@@ -24,6 +24,8 @@ def test_gpu_group_without_a_gpu_runs_on_cpu_and_says_so(server: ServerProcess) 
     assert "run on CPU" in server.log()
     config = client.get_model_config("multi_group")
     assert [(g["name"], g["count"]) for g in config["instance_group"]] == [("cpus", 2), ("gpus", 1)]
+    # The served config says where the instances really run.
+    assert [g["kind"] for g in config["instance_group"]] == ["KIND_CPU", "KIND_CPU"]
 
 
 async def _burst(url: str, count: int) -> list[np.ndarray]:
