@@ -240,10 +240,15 @@ def _find_load(root: Path) -> Path | None:
     for relative in _LOAD_PATHS:
         if _number(root / relative) is not None:
             return root / relative
-    # jetson-stats' way: a devfreq device whose device-tree node is a known integrated GPU.
+    # jetson-stats' way: a devfreq device whose device-tree node is a known integrated GPU;
+    # NVIDIA's, because other SoCs (Mali, Adreno) name their GPU node "gpu" too.
     for entry in sorted((root / "sys/class/devfreq").glob("*")):
-        name = _read(entry / "device/of_node/name")
-        if name in _IGPU_NAMES and _number(entry / "device/load") is not None:
+        node = entry / "device/of_node"
+        if (
+            _read(node / "name") in _IGPU_NAMES
+            and "nvidia," in _read(node / "compatible")
+            and _number(entry / "device/load") is not None
+        ):
             return entry / "device/load"
     return None
 

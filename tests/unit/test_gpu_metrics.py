@@ -59,6 +59,7 @@ def orin_tree(root: Path, load_at: str) -> None:
         node = root / "sys/devices/platform/bus@0/17000000.gpu-x"
         write(node, "load", "523\n")
         write(node, "of_node/name", "ga10b\x00")
+        write(node, "of_node/compatible", "nvidia,ga10b\x00")
         devfreq = root / "sys/class/devfreq/17000000.gpu"
         devfreq.mkdir(parents=True)
         (devfreq / "device").symlink_to(node)
@@ -66,6 +67,7 @@ def orin_tree(root: Path, load_at: str) -> None:
         emc = root / "sys/devices/platform/emc"
         write(emc, "load", "999\n")
         write(emc, "of_node/name", "external-memory-controller\x00")
+        write(emc, "of_node/compatible", "nvidia,tegra234-emc\x00")
         (root / "sys/class/devfreq/emc").mkdir(parents=True)
         (root / "sys/class/devfreq/emc/device").symlink_to(emc)
     else:
@@ -148,6 +150,16 @@ def test_orin_nano_uses_the_shared_cpu_gpu_rail_and_no_model_still_labels(tmp_pa
         ("nv_gpu_utilization", "jetson-igpu"): 1.0,
         ("nv_gpu_power_usage", "jetson-igpu"): pytest.approx(1.5),
     }
+
+
+def test_another_socs_gpu_is_not_taken_for_a_jetson(tmp_path: Path) -> None:
+    mali = tmp_path / "sys/devices/platform/fb000000.gpu"
+    write(mali, "load", "500\n")
+    write(mali, "of_node/name", "gpu\x00")
+    write(mali, "of_node/compatible", "rockchip,rk3588-mali\x00arm,mali-valhall-csf\x00")
+    (tmp_path / "sys/class/devfreq/fb000000.gpu").mkdir(parents=True)
+    (tmp_path / "sys/class/devfreq/fb000000.gpu/device").symlink_to(mali)
+    assert JetsonSource.find(tmp_path) is None
 
 
 def test_jetson_without_power_monitor_and_with_vanished_files(tmp_path: Path) -> None:
