@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from appliance.cuda_shared_memory import CudaMemoryAccess, CudaRegion
 from appliance.errors import ApplianceError, ErrorCode, InvalidInput, ModelNotFound
 from appliance.frontends.tensors import datatype, element_count
 from appliance.serialization import decode_bytes, encode_bytes
@@ -75,11 +76,48 @@ def _map(key: str, offset: int, byte_size: int) -> memoryview:
 
 
 class SharedMemoryRegistry:
-    """The registered system shared memory regions, by name. Thread-safe."""
+    """The registered system and CUDA shared memory regions, by name (one namespace, as in
+    Triton). Thread-safe."""
 
-    def __init__(self) -> None:
-        self._regions: dict[str, Region] = {}
+    def __init__(self, cuda: CudaMemoryAccess | None = None) -> None:
+        self._regions: dict[str, Region | CudaRegion] = {}
         self._lock = threading.Lock()
+        self._cuda = cuda or CudaMemoryAccess()
+
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        if not name:
+            raise InvalidInput("a CUDA shared memory region needs a name")
+        with self._lock:
+            if name in self._regions:
+                raise RegionExists(f"shared memory region '{name}' already in manager")
+        region = self._cuda.open(name, raw_handle, device_id, byte_size)
+        with self._lock:
+            if name not in self._regions:
+                self._regions[name] = region
+                return
+        self._cuda.close(region)
+        raise RegionExists(f"shared memory region '{name}' already in manager")
+
+    def unregister_cuda(self, name: str = "") -> None:
+        with self._lock:
+            names = [name] if name else list(self._regions)
+            gone = [self._regions.pop(n) for n in names
+                    if isinstance(self._regions.get(n), CudaRegion)]
+        for region in gone:
+            assert isinstance(region, CudaRegion)
+            self._cuda.close(region)
+
+    def cuda_status(self, name: str = "") -> list[dict[str, Any]]:
+        with self._lock:
+            found = [r for n, r in sorted(self._regions.items())
+                     if isinstance(r, CudaRegion) and (not name or n == name)]
+        if name and not found:
+            raise ModelNotFound(f"Unable to find cuda shared memory region: '{name}'")
+        return [r.status() for r in found]
+
+    def cuda_region(self, name: str) -> CudaRegion | None:
+        region = self._regions.get(name)
+        return region if isinstance(region, CudaRegion) else None
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         if not name:
@@ -100,33 +138,48 @@ class SharedMemoryRegistry:
     def unregister(self, name: str = "") -> None:
         """Forget one region ('' : all). Requests still using it keep their mapping."""
         with self._lock:
-            if name:
-                self._regions.pop(name, None)
-            else:
-                self._regions.clear()
+            for key in [name] if name else list(self._regions):
+                if isinstance(self._regions.get(key), Region):
+                    del self._regions[key]
 
     def status(self, name: str = "") -> list[dict[str, Any]]:
         with self._lock:
             if name:
                 region = self._regions.get(name)
-                if region is None:
+                if not isinstance(region, Region):
                     raise ModelNotFound(
                         f"Unable to find system shared memory region: '{name}'"
                     )
                 return [region.status()]
-            return [r.status() for _, r in sorted(self._regions.items())]
+            return [r.status() for _, r in sorted(self._regions.items()) if isinstance(r, Region)]
 
     def window(self, name: str, offset: int, byte_size: int, where: str) -> memoryview:
         """`byte_size` bytes at `offset` in a registered region, bounds-checked."""
         region = self._regions.get(name)
         if region is None:
-            raise InvalidInput(f"{where}: unable to find system shared memory region: '{name}'")
+            raise InvalidInput(f"{where}: unable to find shared memory region: '{name}'")
         if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
             raise InvalidInput(
                 f"{where}: invalid offset + byte size for shared memory region '{name}': "
                 f"{offset} + {byte_size} > its {region.byte_size} bytes"
             )
+        if isinstance(region, CudaRegion):  # device memory: a host copy of the window
+            return self._cuda.read(region, offset, byte_size).data
         return region.view[offset : offset + byte_size]
+
+    def write_window(self, name: str, offset: int, data: np.ndarray[Any, Any], where: str) -> None:
+        """Copy bytes into a registered region, bounds-checked."""
+        cuda = self.cuda_region(name)
+        if cuda is None:
+            window = self.window(name, offset, data.nbytes, where)
+            np.frombuffer(window, dtype=np.uint8)[:] = data
+            return
+        if offset < 0 or offset + data.nbytes > cuda.byte_size:
+            raise InvalidInput(
+                f"{where}: invalid offset + byte size for shared memory region '{name}': "
+                f"{offset} + {data.nbytes} > its {cuda.byte_size} bytes"
+            )
+        self._cuda.write(cuda, offset, data)
 
 
 def _int_parameter(params: dict[str, Any], key: str, where: str, default: int | None) -> int:
@@ -195,6 +248,7 @@ def write_output(
             f"{where}: the output is {size} bytes, more than shared_memory_byte_size "
             f"{target.byte_size} of region '{target.region}'"
         )
-    window = registry.window(target.region, target.offset, size, where)
-    np.frombuffer(window, dtype=np.uint8)[:] = np.frombuffer(data, dtype=np.uint8, count=size)
+    registry.write_window(
+        target.region, target.offset, np.frombuffer(data, dtype=np.uint8, count=size), where
+    )
     return size

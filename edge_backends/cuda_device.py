@@ -92,7 +92,9 @@ class CudaDevice(Protocol):
         self, dst: np.ndarray[Any, Any], src: DeviceBuffer, stream: Any, offset: int = 0
     ) -> None: ...
 
-    def synchronize(self, stream: Any) -> None: ...
+    def synchronize(self, stream: Any) -> None:
+        """Wait for the stream's work; None: the context's (default-stream copies)."""
+        ...
 
     def ipc_handle(self, buffer: DeviceBuffer) -> bytes:
         """The 64-byte handle another process opens the buffer with."""
@@ -204,7 +206,10 @@ class PyCudaDevice:
         self._cuda.memcpy_dtoh_async(dst, src.ptr + offset, stream)
 
     def synchronize(self, stream: Any) -> None:
-        stream.synchronize()
+        if stream is None:
+            self._cuda.Context.synchronize()
+        else:
+            stream.synchronize()
 
     def ipc_handle(self, buffer: DeviceBuffer) -> bytes:
         return bytes(self._cuda.mem_get_ipc_handle(buffer.ptr))
@@ -302,16 +307,23 @@ class CudaPythonDevice:
     ) -> None:
         _bounds(dst, offset, src.nbytes)
         src = np.ascontiguousarray(src)
-        self._call("cuMemcpyHtoDAsync", dst.ptr + offset, _host_pointer(src), src.nbytes, stream)
+        self._call(
+            "cuMemcpyHtoDAsync", dst.ptr + offset, _host_pointer(src), src.nbytes, stream or 0
+        )
 
     def copy_to_host(
         self, dst: np.ndarray[Any, Any], src: DeviceBuffer, stream: Any, offset: int = 0
     ) -> None:
         _bounds(src, offset, dst.nbytes)
-        self._call("cuMemcpyDtoHAsync", _host_pointer(dst), src.ptr + offset, dst.nbytes, stream)
+        self._call(
+            "cuMemcpyDtoHAsync", _host_pointer(dst), src.ptr + offset, dst.nbytes, stream or 0
+        )
 
     def synchronize(self, stream: Any) -> None:
-        self._call("cuStreamSynchronize", stream)
+        if stream is None:
+            self._call("cuCtxSynchronize")
+        else:
+            self._call("cuStreamSynchronize", stream)
 
     def ipc_handle(self, buffer: DeviceBuffer) -> bytes:
         handle = self._call("cuIpcGetMemHandle", buffer.ptr)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -248,16 +250,32 @@ def test_load_and_unload_refused_outside_explicit_mode(server: ServerProcess) ->
     assert client.is_model_ready("simple")
 
 
-def test_unimplemented_extensions_say_so(server: ServerProcess) -> None:
-    """CUDA shared memory needs a GPU this server does not drive yet."""
+def test_cuda_shared_memory_without_a_gpu_says_why(server: ServerProcess) -> None:
+    """No CUDA device here: status lists nothing, registering is UNSUPPORTED with the reason,
+    malformed handles are the client's fault, and the server keeps serving."""
     http = httpclient.InferenceServerClient(server.http_url)
-    with pytest.raises(InferenceServerException, match="does not implement") as err:
-        http.get_cuda_shared_memory_status()
-    assert err.value.status() == "501"
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
-    with pytest.raises(InferenceServerException, match="does not implement") as gerr:
-        grpc.unregister_cuda_shared_memory()
+    assert http.get_cuda_shared_memory_status() == []
+    assert not grpc.get_cuda_shared_memory_status().regions
+    handle = base64.b64encode(bytes(64)).decode()
+    with pytest.raises(InferenceServerException, match="no usable CUDA device 0") as err:
+        http.register_cuda_shared_memory("gpu_in", handle, 0, 64)
+    assert err.value.status() == "501"
+    with pytest.raises(InferenceServerException, match="no usable CUDA device 0") as gerr:
+        grpc.register_cuda_shared_memory("gpu_in", base64.b64decode(handle), 0, 64)
     assert gerr.value.status() == "StatusCode.UNIMPLEMENTED"
+    bad = urllib.request.Request(
+        f"http://{server.http_url}/v2/cudasharedmemory/region/x/register",
+        data=json.dumps({"raw_handle": {"b64": "not base64!"}, "byte_size": 64}).encode(),
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as bad_err:
+        urllib.request.urlopen(bad)
+    assert bad_err.value.code == 400
+    assert "raw_handle.b64 is not base64" in bad_err.value.read().decode()
+    http.unregister_cuda_shared_memory()
+    grpc.unregister_cuda_shared_memory("gpu_in")
+    assert http.get_cuda_shared_memory_status() == []
     assert http.is_server_ready()
 
 

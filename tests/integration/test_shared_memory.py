@@ -192,7 +192,7 @@ def test_region_unregistered_mid_stream(server: ServerProcess, regions: dict) ->
     first, second = results
     _check_outputs(first, regions)
     assert isinstance(second, InferenceServerException)
-    assert "unable to find system shared memory region" in second.message()
+    assert "unable to find shared memory region" in second.message()
     assert client.is_server_live()
 
 

@@ -13,7 +13,7 @@ from google.protobuf import json_format
 from appliance.access import Restrictions
 from appliance.control import ControlPlane
 from appliance.core import InferenceCore
-from appliance.errors import ApplianceError, Unsupported
+from appliance.errors import ApplianceError
 from appliance.frontends.grpc.codec import decode_request, encode_response, parameter_value
 from appliance.frontends.status import GRPC_STATUS
 from appliance.protocol import service_pb2 as pb
@@ -155,12 +155,35 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         await self.control.unload_model(request.model_name, dependents)
         return pb.RepositoryModelUnloadResponse()
 
-    # ---- not yet implemented: a clear UNIMPLEMENTED instead of the generated stub's error -------
+    # ---- CUDA shared memory (UNIMPLEMENTED with the reason where CUDA IPC is unavailable) -----
 
-    async def _unsupported(self, request: Any, context: Any) -> Any:
-        raise Unsupported("this server does not implement this extension yet")
+    async def CudaSharedMemoryStatus(
+        self, request: Any, context: Any
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        response = pb.CudaSharedMemoryStatusResponse()
+        for region in self.control.shared_memory.cuda_status(request.name):
+            slot = response.regions[region["name"]]
+            slot.name, slot.device_id = region["name"], region["device_id"]
+            slot.byte_size = region["byte_size"]
+        return response
 
-    CudaSharedMemoryStatus = CudaSharedMemoryRegister = CudaSharedMemoryUnregister = _unsupported
+    async def CudaSharedMemoryRegister(
+        self, request: Any, context: Any
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        await asyncio.to_thread(  # opening a device and an IPC handle blocks
+            self.control.shared_memory.register_cuda,
+            request.name,
+            bytes(request.raw_handle),
+            int(request.device_id),
+            int(request.byte_size),
+        )
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    async def CudaSharedMemoryUnregister(
+        self, request: Any, context: Any
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        self.control.shared_memory.unregister_cuda(request.name)
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     # ---- system shared memory ----------------------------------------------------------------
 

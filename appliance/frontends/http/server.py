@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import binascii
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -12,7 +15,7 @@ from aiohttp import web
 from appliance.access import Restrictions
 from appliance.control import ControlPlane
 from appliance.core import InferenceCore
-from appliance.errors import ApplianceError, InvalidInput, Unsupported
+from appliance.errors import ApplianceError, InvalidInput
 from appliance.frontends import jsonconv
 from appliance.frontends.http.codec import HEADER_LENGTH, decode_request, encode_response
 from appliance.frontends.http.generate import decode_generate, encode_generate
@@ -135,6 +138,15 @@ class HttpFrontend:
             ("POST", f"{shm}/region/{{region}}/unregister", self.shm_unregister, "shared-memory"),
             ("POST", f"{shm}/unregister", self.shm_unregister, "shared-memory"),
         ]
+        cuda = "/v2/cudasharedmemory"
+        routes += [
+            ("GET", f"{cuda}/status", self.cuda_status, "shared-memory"),
+            ("GET", f"{cuda}/region/{{region}}/status", self.cuda_status, "shared-memory"),
+            ("POST", f"{cuda}/region/{{region}}/register", self.cuda_register, "shared-memory"),
+            ("POST", f"{cuda}/region/{{region}}/unregister", self.cuda_unregister,
+             "shared-memory"),
+            ("POST", f"{cuda}/unregister", self.cuda_unregister, "shared-memory"),
+        ]
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             routes += [
                 ("GET", prefix, self.model_metadata, "metadata"),
@@ -147,11 +159,6 @@ class HttpFrontend:
             ]
         for method, path, handler, api in routes:
             app.router.add_route(method, path, _guard(handler, api, self.restrictions))
-        app.router.add_route(
-            "*",
-            "/v2/cudasharedmemory{tail:.*}",
-            _guard(self.unsupported, "shared-memory", self.restrictions),
-        )
         app.router.add_route("*", "/{tail:.*}", _guard(self.not_found))
         return app
 
@@ -302,8 +309,38 @@ class HttpFrontend:
         self.control.shared_memory.unregister(request.match_info.get("region", ""))
         return web.Response()
 
-    async def unsupported(self, request: web.Request) -> web.StreamResponse:
-        raise Unsupported(f"{request.path}: this server does not implement this extension yet")
+    async def cuda_status(self, request: web.Request) -> web.StreamResponse:
+        return json_response(
+            self.control.shared_memory.cuda_status(request.match_info.get("region", ""))
+        )
+
+    async def cuda_register(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["region"]
+        body = await self._json_body(request)
+        handle = body.get("raw_handle")
+        encoded = handle.get("b64") if isinstance(handle, dict) else None
+        if type(encoded) is not str:
+            raise InvalidInput(
+                f"CUDA shared memory region '{name}': 'raw_handle' must be {{\"b64\": ...}}"
+            )
+        try:
+            raw = base64.b64decode(encoded, validate=True)
+        except binascii.Error:
+            raise InvalidInput(
+                f"CUDA shared memory region '{name}': raw_handle.b64 is not base64"
+            ) from None
+        await asyncio.to_thread(  # opening a device and an IPC handle blocks
+            self.control.shared_memory.register_cuda,
+            name,
+            raw,
+            body.get("device_id", 0),  # checked by the registry
+            body.get("byte_size"),  # type: ignore[arg-type]
+        )
+        return web.Response()
+
+    async def cuda_unregister(self, request: web.Request) -> web.StreamResponse:
+        self.control.shared_memory.unregister_cuda(request.match_info.get("region", ""))
+        return web.Response()
 
     async def not_found(self, request: web.Request) -> web.StreamResponse:
         return error_response(404, f"no such endpoint: {request.method} {request.path}")

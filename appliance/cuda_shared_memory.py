@@ -1,0 +1,107 @@
+"""Triton's CUDA shared memory extension: device memory a local client shares by IPC handle.
+
+The client allocates GPU memory, takes its `cudaIpcMemHandle_t` (64 bytes) and registers it
+with a name, device id and byte size; the server opens the handle once, at registration.
+Inputs named in such a region are copied from the device to host memory for the backend (the
+ONNX Runtime and Python backends take host arrays); outputs are copied back into the region.
+Region names share one namespace with system shared memory regions, as in Triton.
+
+Where CUDA IPC does not exist (a Jetson's integrated GPU, as Triton says too) or no CUDA device
+can be opened, registering fails with UNSUPPORTED and the reason, and status lists nothing.
+Unverified on hardware until tests/gpu/run_device_checks.sh runs on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from appliance.errors import InvalidInput, Unsupported
+from edge_backends.cuda_device import (
+    CudaDevice,
+    DeviceBuffer,
+    DeviceError,
+    DeviceUnavailable,
+    open_device,
+)
+
+JETSON_RELEASE = Path("/etc/nv_tegra_release")
+
+
+@dataclass(frozen=True)
+class CudaRegion:
+    name: str
+    device_id: int
+    byte_size: int
+    buffer: DeviceBuffer
+    device: CudaDevice
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
+
+
+class CudaMemoryAccess:
+    """Opens IPC handles and copies between them and host memory, one device at a time."""
+
+    def __init__(self, jetson: bool | None = None) -> None:
+        self._jetson = JETSON_RELEASE.exists() if jetson is None else jetson
+        self._devices: dict[int, CudaDevice] = {}
+        self._lock = threading.Lock()
+
+    def _device(self, device_id: int) -> CudaDevice:
+        if self._jetson:
+            raise Unsupported(
+                "CUDA shared memory is not supported on Jetson: its integrated GPU has no CUDA "
+                "IPC; use system shared memory (the GPU shares the host's memory)"
+            )
+        with self._lock:
+            if device_id not in self._devices:
+                try:
+                    self._devices[device_id] = open_device(device_id)
+                except DeviceUnavailable as exc:
+                    raise Unsupported(
+                        f"CUDA shared memory is not available: no usable CUDA device "
+                        f"{device_id} ({exc})"
+                    ) from None
+            return self._devices[device_id]
+
+    def open(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> CudaRegion:
+        if type(device_id) is not int or device_id < 0:
+            raise InvalidInput(f"CUDA shared memory region '{name}': device_id must be >= 0")
+        if type(byte_size) is not int or byte_size <= 0:
+            raise InvalidInput(f"CUDA shared memory region '{name}': byte_size must be > 0")
+        device = self._device(device_id)
+        try:
+            with device.activate():
+                buffer = device.open_ipc(raw_handle, byte_size)
+        except DeviceError as exc:
+            raise InvalidInput(
+                f"failed to register CUDA shared memory region '{name}': {exc}"
+            ) from None
+        return CudaRegion(name, device_id, byte_size, buffer, device)
+
+    @staticmethod
+    def close(region: CudaRegion) -> None:
+        with region.device.activate():
+            region.device.close_ipc(region.buffer)
+
+    @staticmethod
+    def read(region: CudaRegion, offset: int, byte_size: int) -> np.ndarray[Any, Any]:
+        """A host copy of [offset, offset + byte_size) of the region."""
+        device = region.device
+        host = np.empty(byte_size, dtype=np.uint8)
+        with device.activate():  # on the default stream: a few copies per request
+            device.copy_to_host(host, region.buffer, None, offset)
+            device.synchronize(None)
+        return host
+
+    @staticmethod
+    def write(region: CudaRegion, offset: int, data: np.ndarray[Any, Any]) -> None:
+        device = region.device
+        with device.activate():
+            device.copy_to_device(region.buffer, data, None, offset)
+            device.synchronize(None)
