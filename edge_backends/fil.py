@@ -76,8 +76,8 @@ def check_type(model: TreeModel, options: FilOptions, path: Path) -> None:
         suggested = [t for t, (family, _) in MODEL_TYPES.items() if family == model.family]
         raise ModelLoadError(
             f"model_type '{options.model_type}' expects a {FAMILY_NAMES[options.family]} model "
-            f"but '{path}' holds a {FAMILY_NAMES[model.family]} model; set model_type to "
-            f"{' or '.join(repr(t) for t in suggested)}"
+            f"but '{path}' holds a model written by {FAMILY_NAMES[model.family]}; set "
+            f"model_type to {' or '.join(repr(t) for t in suggested)}"
         )
 
 

@@ -15,6 +15,8 @@ import importlib.metadata
 import json
 import logging
 import os
+import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,6 +38,8 @@ _LIBRARIES = {
     "lightgbm": ("lightgbm", ("lightgbm",)),
 }
 _CONVERTER = ("onnxmltools", ("onnxmltools",))
+_locks: dict[str, threading.Lock] = {}  # conversion key -> its lock (a few per process)
+_locks_guard = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -102,17 +106,28 @@ def load_tree_model(path: Path, family: str, cache: Path) -> TreeModel:
     source_sha = sha256_file(path)
     key = hashlib.sha256(f"{source_sha} {family} {versions}".encode()).hexdigest()[:40]
     entry, onnx_file = cache / f"{key}.json", cache / f"{key}.onnx"
-    cached = _read_entry(entry, onnx_file)
-    if cached is not None:
-        log.info("model file '%s': reusing its ONNX conversion '%s'", path, onnx_file)
-        return cached
+    with _lock_for(key):  # versions or models sharing a file convert it once
+        cached = _read_entry(entry, onnx_file)
+        if cached is not None:
+            log.info("model file '%s': reusing its ONNX conversion '%s'", path, onnx_file)
+            return cached
+        return _convert(path, family, cache, key, source_sha)
+
+
+def _lock_for(key: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault(key, threading.Lock())
+
+
+def _convert(path: Path, family: str, cache: Path, key: str, source_sha: str) -> TreeModel:
+    entry, onnx_file = cache / f"{key}.json", cache / f"{key}.onnx"
     start = time.monotonic()
     data = path.read_bytes()
     if family == "xgboost":
         booster, description, onnx_bytes = _convert_xgboost(path, data)
     else:
         booster, description, onnx_bytes = _convert_lightgbm(path, data)
-    partial = cache / f"{key}.onnx.{os.getpid()}.tmp"
+    partial = cache / f".{key}.{os.getpid()}.{threading.get_ident()}.onnx"
     _write(partial, onnx_bytes)
     try:
         model = describe_onnx(partial, family, description)
@@ -136,12 +151,16 @@ def load_tree_model(path: Path, family: str, cache: Path) -> TreeModel:
 
 def _write(path: Path, data: bytes) -> None:
     """Write whole or not at all: a power cut mid-write leaves no half file under the name."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.part")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _read_entry(entry: Path, onnx_file: Path) -> TreeModel | None:
