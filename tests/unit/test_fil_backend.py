@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from edge_backends.fil_params import (
     sniff_family,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
 TREE_LIBRARIES = ("xgboost", "lightgbm", "sklearn", "onnxmltools", "skl2onnx")
 
 
@@ -159,7 +161,12 @@ def test_tree_libraries_are_not_imported_without_a_fil_model() -> None:
         f"print(sorted(m for m in {TREE_LIBRARIES!r} if m in sys.modules))"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+        timeout=60,
     )
     assert out.stdout.strip() == "[]"
 
@@ -192,6 +199,17 @@ def test_second_load_reuses_the_cached_conversion(
     assert second == first
     assert "reusing its ONNX conversion" in caplog.text
     assert {p: p.stat().st_mtime_ns for p in cache.iterdir()} == stamps
+    # A process that finds the conversion cached never imports the tree libraries.
+    code = (
+        "import sys, pathlib\nfrom edge_backends.fil import FilBackend\n"
+        f"FilBackend().model(pathlib.Path({str(path)!r}))\n"
+        f"print(sorted(m for m in {TREE_LIBRARIES!r} if m in sys.modules))"
+    )
+    env = {**os.environ, "EDGE_APPLIANCE_FIL_CACHE": str(cache)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60
+    )
+    assert out.stdout.strip() == "[]", out.stderr
     # A damaged cache entry is converted again, not served.
     first.onnx_path.write_bytes(b"damaged")
     caplog.clear()
