@@ -19,9 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from appliance.errors import ApplianceError
+from appliance.model_config import read_config
 from appliance.protojson import message_to_dict
+from appliance.repository.local import list_versions
 from appliance.repository.manager import READY, ManagerSettings, ModelManager
 from appliance.repository.manifest import ManifestPolicy
+from appliance.tf_advice import TensorflowAdvice, tensorflow_advice
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,23 @@ async def check(
         await manager.stop()
 
 
+def conversions(repositories: tuple[Path, ...]) -> dict[str, TensorflowAdvice]:
+    """Model name -> how to convert it, for each TensorFlow model in the repositories."""
+    found: dict[str, TensorflowAdvice] = {}
+    for repo in repositories:
+        if not repo.is_dir():
+            continue
+        for model_dir in sorted(p for p in repo.iterdir() if p.is_dir()):
+            try:
+                config, _ = read_config(model_dir)
+            except ApplianceError:
+                continue  # the load reports the broken config
+            advice = tensorflow_advice(config, model_dir, list_versions(model_dir))
+            if advice is not None:
+                found[model_dir.name] = advice
+    return found
+
+
 def _table(rows: list[list[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
@@ -81,8 +101,23 @@ def main(argv: Sequence[str]) -> int:
         print(f"edge-appliance check: {exc.message}", file=sys.stderr)  # noqa: T201
         return 1
     serves = bool(index) and all(entry["state"] == READY for entry in index)
+    served = {entry["name"] for entry in index if entry["state"] == READY}
+    tensorflow = {
+        name: advice
+        for name, advice in conversions(tuple(args.repositories)).items()
+        if name not in served  # e.g. a model.onnx beside the SavedModel is served
+    }
     if args.json:
         result: dict[str, Any] = {"serves": serves, "models": index}
+        if tensorflow:
+            result["conversions"] = {
+                name: {
+                    "platform": a.platform,
+                    "command": a.command,
+                    "config_change": a.config_change,
+                }
+                for name, a in tensorflow.items()
+            }
         if args.show_config:
             result["configs"] = configs
         print(json.dumps(result, indent=2))  # noqa: T201
@@ -91,19 +126,21 @@ def main(argv: Sequence[str]) -> int:
     for entry in index:
         config = configs.get(entry["name"], {})
         backend = config.get("backend") or config.get("platform") or "-"
-        rows.append(
-            [
-                entry["name"],
-                entry.get("version", "-"),
-                entry["state"],
-                backend,
-                entry["reason"] or "",
-            ]
-        )
+        reason = entry["reason"] or ""
+        advice = tensorflow.get(entry["name"])
+        if advice is not None and entry["state"] != READY:
+            backend = advice.platform
+            reason = f"a TensorFlow {advice.kind}, not run here: convert it to ONNX (below)"
+        rows.append([entry["name"], entry.get("version", "-"), entry["state"], backend, reason])
     if len(rows) == 1:
         print("no models found in " + ", ".join(map(str, args.repositories)))  # noqa: T201
         return 1
     print(_table(rows))  # noqa: T201
+    for name, advice in tensorflow.items():
+        print(  # noqa: T201
+            f"\n{name}: TensorFlow {advice.kind}. Convert it to ONNX (pip install tf2onnx "
+            f"tensorflow):\n  {advice.command}\nthen {advice.config_change}."
+        )
     if args.show_config:
         for name, config in sorted(configs.items()):
             print(f"\n# {name} (completed config)\n{json.dumps(config, indent=2)}")  # noqa: T201

@@ -13,6 +13,7 @@ from google.protobuf import text_format
 from appliance.errors import ConfigError
 from appliance.protocol import ModelConfig as ModelConfig
 from appliance.protocol import model_config_pb2 as mc
+from appliance.tf_advice import tensorflow_advice
 from edge_backends.api import ModelSignature, TensorSpec
 from edge_backends.datatypes import BY_CONFIG, BY_TRITON
 from edge_backends.fil_params import default_filename as fil_default_filename
@@ -69,6 +70,8 @@ def config_type_of(triton: str) -> int:
 def resolve_backend(config: ModelConfig, model_dir: Path, versions: list[int]) -> str:
     """Fill platform / backend (from the files present when neither is set); return the backend."""
     name = backend_name(config.platform, config.backend)
+    if name == "tensorflow" or (not name and config.platform.startswith("tensorflow")):
+        _refuse_tensorflow(config, model_dir, versions)
     if not name:
         if config.platform or config.backend:
             raise ConfigError(
@@ -80,6 +83,7 @@ def resolve_backend(config: ModelConfig, model_dir: Path, versions: list[int]) -
                 name = candidate
                 break
         if not name:
+            _refuse_tensorflow(config, model_dir, versions)
             raise ConfigError(
                 f"{model_dir}: no config.pbtxt names a platform or backend and no version folder "
                 f"holds a known model file ({', '.join(DEFAULT_MODEL_FILENAME.values())})"
@@ -94,6 +98,13 @@ def resolve_backend(config: ModelConfig, model_dir: Path, versions: list[int]) -
             model_type = config.parameters["model_type"].string_value
             config.default_model_filename = fil_default_filename(model_type)
     return name
+
+
+def _refuse_tensorflow(config: ModelConfig, model_dir: Path, versions: list[int]) -> None:
+    """TensorFlow models fail with what to do instead (appliance/tf_advice.py)."""
+    advice = tensorflow_advice(config, model_dir, versions)
+    if advice is not None:
+        raise ConfigError(advice.message())
 
 
 def _batchable(signature: ModelSignature) -> bool:
