@@ -29,7 +29,9 @@ ensemble = pytest.importorskip("sklearn.ensemble", reason=_WHY)
 FEATURES = 8
 
 
-def fil_config(name: str, model_type: str, dims: int | None, **params: str) -> str:
+def fil_config(
+    name: str, model_type: str, dims: int | None, kind: str = "KIND_AUTO", **params: str
+) -> str:
     """A Triton FIL config.pbtxt; dims None leaves inputs and outputs to auto-complete."""
     params = {"model_type": model_type, **params}
     tensors = ""
@@ -43,7 +45,7 @@ def fil_config(name: str, model_type: str, dims: int | None, **params: str) -> s
     )
     return (
         f'name: "{name}"\nbackend: "fil"\nmax_batch_size: 64\n{tensors}'
-        f"instance_group [{{ kind: KIND_AUTO }}]\nparameters [\n{parameters}\n]\n"
+        f"instance_group [{{ kind: {kind} }}]\nparameters [\n{parameters}\n]\n"
         "dynamic_batching { max_queue_delay_microseconds: 50000 }\n"
     )
 
@@ -121,7 +123,9 @@ def train(tmp: Path) -> Trees:
     place(
         repo,
         "xgb_class",
-        fil_config("xgb_class", "xgboost_json", None, output_class="true", threshold="0.3"),
+        fil_config(
+            "xgb_class", "xgboost_json", None, "KIND_GPU", output_class="true", threshold="0.3"
+        ),
         {"xgboost.json": files / "xgboost.json"},
     )
     regressor_config = fil_config("xgb_reg", "xgboost_json", 1, output_class="false")
@@ -295,12 +299,13 @@ def test_broken_models_fail_alone_with_their_reason(fil_server: ServerProcess) -
     assert client.is_server_live()
 
 
-def test_kind_auto_runs_on_cpu_and_says_so(fil_server: ServerProcess) -> None:
+def test_gpu_instances_run_on_cpu_and_say_so(fil_server: ServerProcess) -> None:
     client = httpclient.InferenceServerClient(fil_server.http_url)
     index = {e["name"]: e for e in client.get_model_repository_index()}
-    assert index["xgb_proba"]["state"] == "READY"
-    config = client.get_model_config("xgb_proba")
-    assert config["instance_group"][0]["kind"] == "KIND_CPU"
+    assert index["xgb_class"]["state"] == "READY"
+    assert "KIND_GPU instance(s)" in index["xgb_class"]["reason"]
+    assert "tree models run on CPU here" in index["xgb_class"]["reason"]
+    assert client.get_model_config("xgb_proba")["instance_group"][0]["kind"] == "KIND_CPU"
 
 
 async def test_concurrent_requests_are_batched(fil_server: ServerProcess, trees: Trees) -> None:

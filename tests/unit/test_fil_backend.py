@@ -225,6 +225,14 @@ def test_second_load_reuses_the_cached_conversion(
     expected = booster.predict(xgb.DMatrix(rows))  # type: ignore[attr-defined]
     np.testing.assert_allclose(got[:, 1], expected, rtol=1e-5, atol=1e-6)
     assert third.onnx_path == first.onnx_path
+    # With --strict-model-config there is no auto-complete: the instance checks the dims.
+    strict = {"output": [{"name": "output__0", "dims": [1]}]}
+    with pytest.raises(ModelLoadError, match=r"dims \[1\] do not match .* \[2\] per row"):
+        FilBackend().create_instance(
+            InstanceSpec(
+                "m", 1, path, "i", parameters={"predict_proba": "true"}, model_config=strict
+            )
+        )
 
 
 def test_a_conversion_that_disagrees_with_the_library_is_refused(
