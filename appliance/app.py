@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 from aiohttp import web
 
+from appliance import buildinfo
 from appliance.access import GRPC_HEADER_PREFIX, Restriction, Restrictions
 from appliance.cache import ResponseCache
 from appliance.control import ControlPlane, ServerState
@@ -128,6 +129,7 @@ class Appliance:
             stack.push_async_callback(asyncio.to_thread, self.tracer.close)
             stack.push_async_callback(self._stop_models)
             await stack.enter_async_context(self.remote.opened())
+            log.info("backends available: %s", buildinfo.backends_line())
             await self._load_models()
             if self.settings.allow_grpc:
                 await stack.enter_async_context(self._grpc())

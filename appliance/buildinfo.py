@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.metadata
+import importlib.util
 import platform
 import subprocess
 import sys
@@ -20,6 +22,20 @@ from appliance import __version__
 _ROOT = Path(__file__).resolve().parent.parent
 # Libraries a GPU deployment uses, reported whether or not a backend serves with them yet.
 GPU_LIBRARIES = ("tensorrt", "pycuda", "pynvml")
+# Backend -> (module, distribution) of the library that runs its models. Availability is the
+# module being installed (find_spec), the version its distribution's: importing torch or
+# openvino only to list them would cost seconds. "python" needs nothing beyond this package;
+# "fil" runs its converted trees with ONNX Runtime (converters are checked per model at load).
+BACKEND_LIBRARIES: dict[str, tuple[str, str] | None] = {
+    "onnxruntime": ("onnxruntime", "onnxruntime"),
+    "python": None,
+    "fil": ("onnxruntime", "onnxruntime"),
+    "openvino": ("openvino", "openvino"),
+    "pytorch": ("torch", "torch"),
+    "tensorrt": ("tensorrt", "tensorrt"),
+}
+# The optional extra that brings each backend's library (pip install 'edge-appliance[X]').
+_EXTRAS = {"openvino": "openvino", "pytorch": "torch", "tensorrt": "gpu"}
 
 
 def _build_module() -> dict[str, str]:
@@ -63,23 +79,59 @@ def summary() -> dict[str, Any]:
     for key, name in (("built", "built"), ("glibc", "glibc_floor")):
         if built.get(key):
             info[name] = built[key]  # a binary: when, and the oldest glibc it runs on
+    info["backends"] = available_backends()
     return info
 
 
+def _probe(name: str) -> dict[str, Any]:
+    """Whether backend `name` can serve here, from installed files only (nothing imported)."""
+    from edge_backends.registry import backend_module
+
+    library = BACKEND_LIBRARIES.get(name, (backend_module(name), ""))
+    if library is None:
+        return {"available": True}
+    module, dist = library
+    try:
+        present = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        present = False
+    if not present:
+        extra = f" (pip install 'edge-appliance[{_EXTRAS[name]}]')" if name in _EXTRAS else ""
+        return {"available": False, "error": f"{module} is not installed{extra}"}
+    entry: dict[str, Any] = {"available": True, "library": dist}
+    if dist:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            entry["version"] = importlib.metadata.version(dist)
+    return entry
+
+
+def available_backends() -> dict[str, str]:
+    """Backend -> the library (and version) that runs it, for the backends this build can
+    serve with: the server metadata's "build" and the start-up log. Cheap: no imports."""
+    from edge_backends.registry import known_backends
+
+    found = {}
+    for name in known_backends():
+        entry = _probe(name)
+        if entry["available"]:
+            found[name] = " ".join(filter(None, (entry.get("library"), entry.get("version"))))
+    return found
+
+
+def backends_line() -> str:
+    """One line naming the available backends, e.g. for the log."""
+    return ", ".join(f"{n} ({lib})" if lib else n for n, lib in available_backends().items())
+
+
 def backends() -> dict[str, dict[str, Any]]:
-    """Each backend the registry knows: whether it imports, and what it runs on."""
-    from edge_backends.registry import backend_module, known_backends
+    """Each backend the registry knows: whether it can serve here, and with what."""
+    from edge_backends.registry import known_backends
 
     found: dict[str, dict[str, Any]] = {}
     for name in known_backends():
-        try:
-            importlib.import_module(backend_module(name))
-        except Exception as exc:
-            found[name] = {"available": False, "error": str(exc)}
-            continue
-        entry: dict[str, Any] = {"available": True}
-        if name == "onnxruntime":
-            entry.update(_onnxruntime())
+        entry = _probe(name)
+        if name == "onnxruntime" and entry["available"]:
+            entry.update(_onnxruntime())  # the providers need the import; ORT is a core dep
         found[name] = entry
     return found
 
@@ -168,11 +220,12 @@ def render(info: dict[str, Any]) -> str:
     for name, entry in info["backends"].items():
         if not entry.get("available"):
             parts.append(f"{name} (unavailable: {entry.get('error', '?')})")
-        elif "version" in entry:
-            providers = ", ".join(entry.get("providers", []))
-            parts.append(f"{name} {entry['version']} [{providers}]")
         else:
-            parts.append(name)
+            library = entry.get("library", "")
+            runs = f" via {library}" if library and library != name else ""
+            version = f" {entry['version']}" if "version" in entry else ""
+            providers = ", ".join(entry.get("providers", []))
+            parts.append(f"{name}{runs}{version}" + (f" [{providers}]" if providers else ""))
     lines.append(f"backends:  {'; '.join(parts)}")
     libs = [
         f"{name} {entry.get('version', '')}".strip() if entry["available"] else f"no {name}"
