@@ -37,6 +37,7 @@ class GuardedRequestHandler(RequestHandler):
         # Timeouts fire within a quarter of themselves: precise enough, one timer per connection.
         self._tick = max(0.05, min(timeouts) / 4) if timeouts else 0.0
         self._header_start: float | None = None
+        self._handled = 0  # requests answered; all parsed ones answered: waiting for the next
         self._last_data = 0.0
         self._write_paused_at: float | None = None
         self._watch: asyncio.TimerHandle | None = None
@@ -64,12 +65,18 @@ class GuardedRequestHandler(RequestHandler):
     def data_received(self, data: bytes) -> None:
         now = self._loop.time()
         self._last_data = now
-        if self._header_start is None and self._current_request is None and not self._messages:
+        if self._header_start is None and self._handled == self._request_count:
             self._header_start = now  # the first byte of the next request
         parsed = self._request_count
         super().data_received(data)
         if self._request_count != parsed:
             self._header_start = None
+
+    async def _handle_request(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super()._handle_request(*args, **kwargs)
+        finally:
+            self._handled += 1
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -112,14 +119,12 @@ class GuardedRequestHandler(RequestHandler):
 
     def _close_with(self, answer: bytes) -> None:
         transport = self.transport
+        if transport is not None:
+            if answer and not self._write_paused_at:
+                transport.write(answer)  # sent before the close that force_close starts
+            else:  # a client that does not read would keep a graceful close waiting
+                transport.abort()
         self.force_close()
-        if transport is None:
-            return
-        if answer and not self._write_paused_at:
-            transport.write(answer)
-            transport.close()
-        else:  # a client that does not read would keep a graceful close waiting
-            transport.abort()
 
 
 class GuardedServer(web.Server):
