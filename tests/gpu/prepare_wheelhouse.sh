@@ -15,9 +15,15 @@ pip=(.venv/bin/python -m pip download --quiet --dest "$out" --python-version "$v
 # The server's runtime and the test tools, pinned as CI pins them.
 "${pip[@]}" -c constraints.txt onnxruntime aiohttp grpcio protobuf orjson prometheus-client \
     'tritonclient[http,grpc]' onnx pytest pytest-timeout pytest-asyncio requests
-# pycuda has no wheels: its source, built on the device against the image's CUDA with nvcc.
-.venv/bin/python -m pip download --quiet --dest "$out" --no-deps --no-binary=:all: pycuda
-"${pip[@]}" pytools platformdirs mako markupsafe typing-extensions siphash24
+# pycuda has no wheels: its source (taken as the file itself: pip would try to build it here),
+# built on the device against the image's CUDA with nvcc; its build and run dependencies.
+.venv/bin/python - "$out" <<'PY'
+import json, sys, urllib.request
+release = json.load(urllib.request.urlopen("https://pypi.org/pypi/pycuda/json", timeout=60))
+url = next(u["url"] for u in release["urls"] if u["packagetype"] == "sdist")
+urllib.request.urlretrieve(url, f"{sys.argv[1]}/{url.rsplit('/', 1)[1]}")
+PY
+"${pip[@]}" pytools platformdirs mako markupsafe typing-extensions siphash24 setuptools wheel
 # The image's own numpy serves (the device venv sees system packages); 16 MB saved.
 rm -f "$out"/numpy-*.whl
 echo "$version" > "$out/PYTHON_VERSION"
