@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,8 @@ class _CapturingLogger(trt.ILogger):  # type: ignore[misc]
         self.messages: list[str] = []
 
     def log(self, severity: Any, msg: str) -> None:
-        if severity <= trt.ILogger.Severity.WARNING:
+        levels = trt.ILogger.Severity
+        if severity in (levels.INTERNAL_ERROR, levels.ERROR, levels.WARNING):
             self.messages.append(msg)
             log.debug("tensorrt: %s", msg)
 
@@ -92,28 +94,32 @@ def describe_engine(engine: Any, device_name: str = "") -> EngineDescription:
     )
 
 
-def _deserialize(path: Path) -> tuple[Any, Any]:
-    """(runtime, engine) from a plan file; ModelLoadError says why not."""
-    if not path.is_file():
-        raise ModelLoadError(f"model file '{path}' does not exist")
-    logger = _CapturingLogger()
-    runtime = trt.Runtime(logger)
-    engine = runtime.deserialize_cuda_engine(path.read_bytes())
-    if engine is None:
-        raise ModelLoadError(explain_deserialize_failure(logger.messages, str(trt.__version__)))
-    return runtime, engine
+class LoadedEngine:
+    """A deserialized engine and the runtime that owns it, shared by a model version's
+    instances on one GPU (each has its own execution context), as Triton shares them."""
+
+    def __init__(self, path: Path) -> None:
+        if not path.is_file():
+            raise ModelLoadError(f"model file '{path}' does not exist")
+        logger = _CapturingLogger()
+        self.runtime = trt.Runtime(logger)
+        self.engine = self.runtime.deserialize_cuda_engine(path.read_bytes())
+        if self.engine is None:
+            raise ModelLoadError(
+                explain_deserialize_failure(logger.messages, str(trt.__version__))
+            )
 
 
 class TrtInstance:
     """One execution context and stream on one GPU."""
 
-    def __init__(self, spec: InstanceSpec, device: CudaDevice) -> None:
+    def __init__(self, spec: InstanceSpec, device: CudaDevice, loaded: LoadedEngine) -> None:
         self._device = device
         self._lock = threading.Lock()
+        self._loaded = loaded  # kept alive while this instance is
         with device.activate():
-            self._runtime, self._engine = _deserialize(spec.model_path)
-            self.description = describe_engine(self._engine, device.name)
-            self._context = self._engine.create_execution_context()
+            self.description = describe_engine(loaded.engine, device.name)
+            self._context = loaded.engine.create_execution_context()
             if self._context is None:
                 raise ModelLoadError("TensorRT could not create an execution context (GPU memory?)")
             self._stream = device.create_stream()
@@ -199,7 +205,7 @@ class TrtInstance:
                 self._device.free(buffer)
             self._device_buffers.clear()
             self._pinned.clear()
-            del self._context, self._engine, self._runtime
+            del self._context, self._loaded
 
 
 class TensorRTBackend:
@@ -210,6 +216,25 @@ class TensorRTBackend:
     def __init__(self) -> None:
         self._devices: dict[int, CudaDevice] = {}
         self._problem: str | None = None
+        # (file, size, mtime, device) -> the engine its live instances share.
+        self._engines: weakref.WeakValueDictionary[tuple[str, int, int, int], LoadedEngine] = (
+            weakref.WeakValueDictionary()
+        )
+        self._engines_lock = threading.Lock()
+
+    def _engine(self, path: Path, device_id: int, device: CudaDevice) -> LoadedEngine:
+        try:
+            stat = path.stat()
+        except OSError as exc:
+            raise ModelLoadError(f"model file '{path}' cannot be read: {exc.strerror}") from None
+        key = (str(path), stat.st_size, stat.st_mtime_ns, device_id)
+        with self._engines_lock:
+            loaded = self._engines.get(key)
+            if loaded is None:
+                with device.activate():
+                    loaded = LoadedEngine(path)
+                self._engines[key] = loaded
+            return loaded
 
     def _device(self, device_id: int) -> CudaDevice:
         if device_id not in self._devices:
@@ -231,9 +256,9 @@ class TensorRTBackend:
         if problem:
             raise ModelLoadError(f"TensorRT engines need an NVIDIA GPU: {problem}")
         device = self._device(0)
+        loaded = self._engine(model_path, 0, device)
         with device.activate():
-            _, engine = _deserialize(model_path)
-            return describe_engine(engine, device.name)
+            return describe_engine(loaded.engine, device.name)
 
     def inspect(self, model_path: Path) -> ModelSignature:
         return signature(self._describe(model_path))
@@ -252,6 +277,6 @@ class TensorRTBackend:
         except DeviceUnavailable as exc:
             raise ModelLoadError(f"GPU {spec.device_id} is not usable: {exc}") from exc
         try:
-            return TrtInstance(spec, device)
+            return TrtInstance(spec, device, self._engine(spec.model_path, spec.device_id, device))
         except DeviceError as exc:
             raise ModelLoadError(f"GPU {spec.device_id}: {exc}") from exc
