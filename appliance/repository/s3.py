@@ -140,6 +140,8 @@ def group_objects(prefix: str, objects: list[RemoteObject]) -> dict[str, RemoteM
         parts = [p for p in rel.split("/") if p]
         if rel.endswith("/") or len(parts) < 2 or parts[0].startswith("."):
             continue  # folder markers and files at the repository root
+        if "." in parts or ".." in parts:
+            continue  # "m/../../x" would be written outside the model's folder
         model = models.setdefault(parts[0], RemoteModel())
         if len(parts) >= 3 and parts[1].isdigit() and str(int(parts[1])) == parts[1]:
             model.versions.setdefault(int(parts[1]), {})["/".join(parts[2:])] = obj

@@ -1,0 +1,1 @@
+"""Long-running fuzzing of the decoders and parsers (python -m fuzz.run; scripts/fuzz)."""

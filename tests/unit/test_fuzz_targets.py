@@ -1,0 +1,59 @@
+"""The long fuzz run's targets (fuzz/targets.py) as a smoke test, and its findings as
+regression cases. The long run: scripts/fuzz (atheris where installed, else hypothesis)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from appliance.errors import ConfigError
+from appliance.model_config import parse_config_text, validate_config
+from appliance.repository.s3 import RemoteObject, group_objects
+from fuzz.run import NAMES
+from fuzz.targets import TARGETS
+
+SMOKE = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def test_runner_knows_every_target() -> None:
+    assert set(NAMES) == set(TARGETS)
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_target_on_random_bytes(name: str) -> None:
+    @SMOKE
+    @given(st.binary(max_size=512))
+    def run(data: bytes) -> None:
+        TARGETS[name](data)
+
+    run()
+
+
+def _obj(key: str) -> RemoteObject:
+    return RemoteObject(key, 1, "e", 0.0)
+
+
+def test_s3_keys_with_dot_segments_are_not_model_files() -> None:
+    """Finding (atheris, s3 target): 'repo/m/../../x' grouped into model 'm' as file
+    '../../x', which the sync then wrote outside the model store."""
+    models = group_objects(
+        "repo/",
+        [
+            _obj("repo/m/config.pbtxt"),
+            _obj("repo/m/../../../etc/evil"),
+            _obj("repo/m/1/../../../evil"),
+            _obj("repo/m/./labels.txt"),
+            _obj("repo/m/1/model.onnx"),
+        ],
+    )
+    assert list(models["m"].files) == ["config.pbtxt"]
+    assert {v: list(files) for v, files in models["m"].versions.items()} == {1: ["model.onnx"]}
+
+
+def test_config_validation_without_a_model_gives_config_errors() -> None:
+    config = parse_config_text('name: "m"\nmax_batch_size: -1\n', "config.pbtxt")
+    with pytest.raises(ConfigError):
+        validate_config(config, Path("/models/m"))
