@@ -4,7 +4,7 @@
 
 Each model comes from the onnx wheel (backend/test/data/light), with its batch dimension made
 dynamic; OpenVINO gets the IR converted from that file (full-precision weights). Both run
-through this server's own backends (edge_backends.ort and edge_backends.openvino) with their
+through this server's own backends (edge_backends.ort and edge_backends.openvino_backend) with their
 default settings for one instance, so the numbers are what a served model gets, minus the
 network. "other CPU" is what other processes took meanwhile (the machine may be shared).
 """
@@ -53,7 +53,7 @@ def _spec(name: str, path: Path, parameters: dict[str, str]) -> InstanceSpec:
 def _instances(onnx_path: Path, ir_path: Path, threads: int) -> dict[str, ModelInstance]:
     import openvino as ov
 
-    from edge_backends.openvino import OpenVinoBackend
+    from edge_backends.openvino_backend import OpenVinoBackend
     from edge_backends.ort import OrtBackend
 
     ov.save_model(ov.convert_model(str(onnx_path)), str(ir_path), compress_to_fp16=False)

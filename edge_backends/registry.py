@@ -12,7 +12,7 @@ _BACKENDS: dict[str, tuple[str, str]] = {
     "python": ("edge_backends.python.backend", "PythonBackend"),
     "tensorrt": ("edge_backends.trt", "TensorRTBackend"),
     "fil": ("edge_backends.fil", "FilBackend"),
-    "openvino": ("edge_backends.openvino", "OpenVinoBackend"),
+    "openvino": ("edge_backends.openvino_backend", "OpenVinoBackend"),
     "pytorch": ("edge_backends.torch_backend", "TorchBackend"),
 }
 PLATFORM_TO_BACKEND: dict[str, str] = {
