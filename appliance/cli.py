@@ -370,10 +370,11 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-queue-wait-ms",
         type=int,
-        default=10_000,
+        default=1_000,
         metavar="MS",
         help="answer 503 / UNAVAILABLE at once when the work queued for a model would keep a "
-        "new request waiting longer than this (default 10000; 0: no limit)",
+        "new request waiting longer than this; one request per instance may always wait "
+        "(default 1000; 0: no limit)",
     )
     p.add_argument(
         "--inline-execution-budget-us",

@@ -90,7 +90,7 @@ class ServerSettings:
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     http_connections: HttpConnectionLimits = field(default_factory=HttpConnectionLimits)
     max_queue_size: int = 4096
-    max_queue_wait_ms: int = 10_000
+    max_queue_wait_ms: int = 1_000
     inline_budget_us: int = 100
     require_manifest: bool = False
     manifest_public_key: Path | None = None  # manifests must carry an Ed25519 signature

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -33,8 +34,13 @@ def run_atheris(name: str, seconds: int) -> int:
 
     with atheris.instrument_imports(include=["appliance", "fuzz"]):
         from fuzz.targets import TARGETS
+    from fuzz.targets import seeds
+
     target = TARGETS[name]
     FINDINGS.mkdir(exist_ok=True)
+    corpus = Path(tempfile.mkdtemp(prefix=f"fuzz-{name}-"))  # grows as coverage does
+    for i, seed in enumerate(seeds()[name]):
+        (corpus / f"seed{i}").write_bytes(seed)
     argv = [
         sys.argv[0],
         f"-max_total_time={seconds}",
@@ -42,6 +48,7 @@ def run_atheris(name: str, seconds: int) -> int:
         "-rss_limit_mb=2048",
         f"-artifact_prefix={FINDINGS}/{name}-",
         "-max_len=4096",
+        str(corpus),
     ]
     atheris.Setup(argv, target)
     atheris.Fuzz()  # exits the process: 0 when time is up, non-zero on a finding

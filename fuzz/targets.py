@@ -119,3 +119,31 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "config": config_pbtxt,
     "s3": s3_listing,
 }
+
+
+def seeds() -> dict[str, list[bytes]]:
+    """A few valid inputs per target, so that coverage-guided runs start past the parsers."""
+    header = (
+        b'{"inputs":[{"name":"INPUT0","datatype":"BYTES","shape":[1,2],'
+        b'"parameters":{"binary_data_size":9}}],"outputs":[{"name":"OUTPUT0"}]}'
+    )
+    blob = struct.pack("<I", 1) + b"a" + struct.pack("<I", 0)
+    message = pb.ModelInferRequest(model_name="m", id="1")
+    tensor = message.inputs.add(name="INPUT0", datatype="INT32", shape=[1, 2])
+    tensor.contents.int_contents.extend([1, 2])
+    return {
+        "http_json": [
+            b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,2],"data":[1.5,2]}],'
+            b'"parameters":{"binary_data_output":true},"id":"x"}'
+        ],
+        "http_binary": [(len(header) + 8).to_bytes(2, "little") + header + blob],
+        "bytes": [struct.pack("<I", 2) + blob],
+        "grpc": [message.SerializeToString()],
+        "config": [
+            b'name: "m"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
+            b'input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1, 3 ] } ]\n'
+            b'output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1, 3 ] } ]\n'
+            b"dynamic_batching { max_queue_delay_microseconds: 100 }\n"
+        ],
+        "s3": [b"\x05repo/\x14repo/m/1/model.onnx\x05\x02e1\x00\x13repo/m/config.pbtxt\x01"],
+    }

@@ -110,6 +110,8 @@ class Scheduler(SchedulerBase):
     def _admit(self) -> None:
         """Raise QueueFull when the queued work would keep this request past the limit."""
         ahead = len(self._queue) + len(self._workers) - len(self._idle)
+        if ahead < 2 * len(self._workers):
+            return  # one running and one waiting per instance, however slow the model
         wait_ns = ahead * self._request_ns / max(1, len(self._workers))
         if wait_ns > self._max_queue_wait_ns:
             raise QueueFull(
