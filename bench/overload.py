@@ -1,9 +1,11 @@
 """Overload: what the server does at 4x the rate it can sustain, and how it recovers.
 
-    python -m bench.overload [--seconds 15] [--flags "--max-queue-wait-ms=10000" ...]
+    python -m bench.overload [--seconds 15] [--flags="--max-queue-wait-ms=10000" ...]
 
-For each server configuration (each --flags value; default: the server's defaults):
-1. closed loop (4 clients back to back) finds the sustainable rate R of a ~50 ms model;
+For each server configuration (each --flags value; default: the old 10 s queue-wait limit,
+then the server's defaults):
+1. closed loop (4 clients back to back) finds the sustainable rate R of a model of tens of
+   ms (so that the Python load generator, at tens of requests per second, is no bottleneck);
 2. open loop at 4 R (requests sent on a fixed schedule, whatever the answers) for --seconds;
 3. open loop at 0.5 R for 10 s: recovery.
 Each request's status and latency are recorded (a Python open-loop generator: perf_analyzer
@@ -180,12 +182,14 @@ def run(flags: list[str], seconds: float, workdir: Path) -> dict[str, float | st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=15.0, help="length of the 4x phase")
-    parser.add_argument("--steps", type=int, default=60, help="model cost: MatMul+Tanh steps")
+    parser.add_argument("--steps", type=int, default=300, help="model cost: MatMul+Tanh steps")
     parser.add_argument(
         "--flags", action="append", default=None, help="server flags of one configuration"
     )
     args = parser.parse_args()
-    configs = [shlex.split(f) for f in args.flags] if args.flags else [[]]
+    configs = (
+        [shlex.split(f) for f in args.flags] if args.flags else [["--max-queue-wait-ms=10000"], []]
+    )
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         save(chain_model(args.steps), workdir / "repo" / MODEL / "1" / "model.onnx")
