@@ -56,3 +56,21 @@ def test_excess_is_refused_at_once_and_admitted_latency_stays_bounded(
     assert max(admitted) < 0.3 + 4 * service_s + 1.0, (max(admitted), service_s)
     # And the server recovers at once.
     assert client.infer("slow", [inp]).as_numpy("OUTPUT0").shape == (1, 1024)
+
+
+def test_one_request_per_instance_may_always_wait(start_server, model_repository: Path) -> None:
+    """However small the limit (and however slow the model), a request arriving while the
+    only instance is busy is queued, not refused; the one after it is refused."""
+    proc = start_server(model_repository, "--max-queue-wait-ms=1")
+    client = httpclient.InferenceServerClient(proc.http_url)
+    inp = httpclient.InferInput("INPUT0", [1, 1024], "FP32")
+    inp.set_data_from_numpy(np.ones((1, 1024), np.float32))
+    for _ in range(3):  # the scheduler learns what one request costs (far more than 1 ms)
+        client.infer("slow", [inp])
+
+    results = asyncio.run(_burst(proc.http_url, 2))
+    assert [error for _, error in results] == ["", ""]
+    results = asyncio.run(_burst(proc.http_url, 6))
+    errors = sorted(error[:3] for _, error in results)
+    assert errors.count("") >= 2
+    assert "503" in errors
