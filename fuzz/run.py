@@ -30,7 +30,7 @@ def _save(name: str, data: bytes) -> Path:
 
 
 def run_atheris(name: str, seconds: int) -> int:
-    import atheris  # type: ignore[import-not-found]  # no stubs
+    import atheris  # type: ignore[import-untyped]  # no stubs
 
     with atheris.instrument_imports(include=["appliance", "fuzz"]):
         from fuzz.targets import TARGETS
@@ -101,7 +101,7 @@ def main() -> int:
     engine = args.engine
     if engine == "auto":
         try:
-            import atheris  # type: ignore[import-not-found]  # noqa: F401
+            import atheris  # noqa: F401
         except ImportError:
             print("atheris is not installed (pip install -e '.[fuzz]'): using hypothesis")
             engine = "hypothesis"

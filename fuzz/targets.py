@@ -93,7 +93,7 @@ def s3_listing(data: bytes) -> None:
     """An S3 listing (keys, sizes, etags) grouped into models and versions."""
     reader = Reader(data)
     prefix = reader.text(6)
-    objects = []
+    objects: list[RemoteObject] = []
     while reader.pos < len(data) and len(objects) < 32:
         key = reader.text(40)
         objects.append(RemoteObject(key, reader.byte(), reader.text(8), float(reader.byte())))
