@@ -37,7 +37,7 @@ def read_config(model_dir: Path) -> tuple[ModelConfig, bool]:
         return config, False
     try:
         text_format.Parse(path.read_text(encoding="utf-8"), config)
-    except (text_format.ParseError, UnicodeDecodeError) as exc:
+    except (text_format.ParseError, ValueError) as exc:  # also bad UTF-8, numbers out of range
         raise ConfigError(f"{path}: {exc}") from exc
     return config, True
 
@@ -47,7 +47,7 @@ def parse_config_text(text: str, origin: str) -> ModelConfig:
     config = mc.ModelConfig()
     try:
         text_format.Parse(text, config)
-    except text_format.ParseError as exc:
+    except (text_format.ParseError, ValueError) as exc:  # ValueError: numbers out of range
         raise ConfigError(f"{origin}: {exc}") from exc
     return config
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from appliance.errors import ConfigError
-from appliance.model_config import parse_config_text, validate_config
+from appliance.model_config import parse_config_text, read_config, validate_config
 from appliance.repository.s3 import RemoteObject, group_objects
 from fuzz.run import NAMES
 from fuzz.targets import TARGETS
@@ -57,3 +57,20 @@ def test_config_validation_without_a_model_gives_config_errors() -> None:
     config = parse_config_text('name: "m"\nmax_batch_size: -1\n', "config.pbtxt")
     with pytest.raises(ConfigError):
         validate_config(config, Path("/models/m"))
+
+
+def test_config_numbers_out_of_range_are_config_errors() -> None:
+    """Finding (atheris, config target): an enum or integer field given a number past its
+    range made protobuf raise ValueError, not a ConfigError naming the file."""
+    for text in (
+        'name: "m"\ninput [ { name: "x", data_type: 66666666666666666666666 } ]\n',
+        'name: "m"\nmax_batch_size: 99999999999999999999\n',
+    ):
+        with pytest.raises(ConfigError, match=r"^config.pbtxt: .*out of range"):
+            parse_config_text(text, "config.pbtxt")
+
+
+def test_config_file_with_a_number_out_of_range_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "config.pbtxt").write_text('name: "m"\nmax_batch_size: 99999999999999999999\n')
+    with pytest.raises(ConfigError, match="out of range"):
+        read_config(tmp_path)
