@@ -236,7 +236,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
         shm = self.control.shared_memory
-        decoded = decode_request(request, shm)
+        decoded = decode_request(request, shm, self.core.limits)
         return encode_response(await self.core.infer(decoded), shm_targets(decoded.outputs), shm)
 
     async def ModelStreamInfer(
@@ -257,7 +257,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             try:
                 decoupled = self.core.is_decoupled(request.model_name, request.model_version)
                 shm = self.control.shared_memory
-                decoded = decode_request(request, shm)
+                decoded = decode_request(request, shm, self.core.limits)
                 targets = shm_targets(decoded.outputs)
                 async for response in self.core.infer_stream(decoded):
                     result = encode_response(response, targets, shm)
