@@ -147,6 +147,25 @@ def test_bytes_input_with_a_hostile_shape_is_refused_before_decoding(
     )
 
 
+def test_grpc_bytes_input_with_a_hostile_shape_is_refused_before_decoding(
+    limited: ServerProcess,
+) -> None:
+    """The same over gRPC, with a raw ModelInferRequest: tritonclient would refuse to build it."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    request = service_pb2.ModelInferRequest(model_name="identity_bytes")
+    tensor = request.inputs.add(name="INPUT0", datatype="BYTES")
+    tensor.shape.extend([1, 10**9])
+    request.raw_input_contents.append(struct.pack("<I", 4) + b"abcd")
+    with grpc.insecure_channel(limited.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(request, timeout=30)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "shape [1, 1000000000] has 1000000000 elements" in (info.value.details() or "")
+
+
 def _raw_request(proc: ServerProcess, headers: dict[str, str]) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection(proc.http_url, timeout=30)
     conn.request("GET", "/v2/health/ready", headers=headers)
