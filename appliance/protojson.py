@@ -32,6 +32,12 @@ def message_to_dict(message: Message) -> dict[str, Any]:
     return raw  # type: ignore[no-any-return]  # MessageToDict returns dict[str, Any]
 
 
+def _repeated(field: FieldDescriptor) -> bool:
+    # protobuf 6 deprecates `label` for the `is_repeated` attribute; protobuf 4 lacks it.
+    flag = getattr(field, "is_repeated", None)
+    return bool(flag) if flag is not None else field.label == FieldDescriptor.LABEL_REPEATED
+
+
 def _fix_int64(message: Message, raw: dict[str, Any]) -> None:
     for field in message.DESCRIPTOR.fields:
         if field.name not in raw:
@@ -45,13 +51,13 @@ def _fix_int64(message: Message, raw: dict[str, Any]) -> None:
                 elif value_field.type in _INT64_TYPES:
                     raw[field.name][str(key)] = int(item)
         elif field.message_type is not None:
-            if field.label == FieldDescriptor.LABEL_REPEATED:
+            if _repeated(field):
                 for item, item_raw in zip(value, raw[field.name], strict=True):
                     _fix_int64(item, item_raw)
             else:
                 _fix_int64(value, raw[field.name])
         elif field.type in _INT64_TYPES:
-            if field.label == FieldDescriptor.LABEL_REPEATED:
+            if _repeated(field):
                 raw[field.name] = [int(v) for v in value]
             else:
                 raw[field.name] = int(value)
