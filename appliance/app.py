@@ -245,7 +245,8 @@ class Appliance:
             gpu,
         )
         address, port = self.settings.metrics_address, self.settings.metrics_port
-        async with _listening(metrics_app(registry), address, port, "metrics") as bound:
+        app = metrics_app(registry, gpu.read if gpu is not None else None)
+        async with _listening(app, address, port, "metrics") as bound:
             assert bound is not None
             self.metrics_port = bound
             log.info("Started Metrics Service at %s:%s", address, bound)

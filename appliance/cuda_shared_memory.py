@@ -4,6 +4,9 @@ The client allocates GPU memory, takes its `cudaIpcMemHandle_t` (64 bytes) and r
 with a name, device id and byte size; the server opens the handle once, at registration.
 Inputs named in such a region are copied from the device to host memory for the backend (the
 ONNX Runtime and Python backends take host arrays); outputs are copied back into the region.
+The copies run on a non-blocking stream of the region's own, so they never wait for inference
+on the GPU; they run where the codecs run (the event loop), which is fine for the tensor sizes
+local clients send and would move to a worker thread if large tensors showed otherwise.
 Region names share one namespace with system shared memory regions, as in Triton.
 
 Where CUDA IPC does not exist (a Jetson's integrated GPU, as Triton says too) or no CUDA device
@@ -39,6 +42,7 @@ class CudaRegion:
     byte_size: int
     buffer: DeviceBuffer
     device: CudaDevice
+    stream: Any  # non-blocking: copies don't wait for inference running on the device
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
@@ -71,22 +75,28 @@ class CudaMemoryAccess:
 
     def open(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> CudaRegion:
         if type(device_id) is not int or device_id < 0:
-            raise InvalidInput(f"CUDA shared memory region '{name}': device_id must be >= 0")
+            raise InvalidInput(
+                f"CUDA shared memory region '{name}': device_id must be an integer >= 0"
+            )
         if type(byte_size) is not int or byte_size <= 0:
-            raise InvalidInput(f"CUDA shared memory region '{name}': byte_size must be > 0")
+            raise InvalidInput(
+                f"CUDA shared memory region '{name}': byte_size must be an integer > 0"
+            )
         device = self._device(device_id)
         try:
             with device.activate():
                 buffer = device.open_ipc(raw_handle, byte_size)
+                stream = device.create_stream(non_blocking=True)
         except DeviceError as exc:
             raise InvalidInput(
                 f"failed to register CUDA shared memory region '{name}': {exc}"
             ) from None
-        return CudaRegion(name, device_id, byte_size, buffer, device)
+        return CudaRegion(name, device_id, byte_size, buffer, device, stream)
 
     @staticmethod
     def close(region: CudaRegion) -> None:
         with region.device.activate():
+            region.device.destroy_stream(region.stream)
             region.device.close_ipc(region.buffer)
 
     @staticmethod
@@ -94,14 +104,14 @@ class CudaMemoryAccess:
         """A host copy of [offset, offset + byte_size) of the region."""
         device = region.device
         host = np.empty(byte_size, dtype=np.uint8)
-        with device.activate():  # on the default stream: a few copies per request
-            device.copy_to_host(host, region.buffer, None, offset)
-            device.synchronize(None)
+        with device.activate():
+            device.copy_to_host(host, region.buffer, region.stream, offset)
+            device.synchronize(region.stream)
         return host
 
     @staticmethod
     def write(region: CudaRegion, offset: int, data: np.ndarray[Any, Any]) -> None:
         device = region.device
         with device.activate():
-            device.copy_to_device(region.buffer, data, None, offset)
-            device.synchronize(None)
+            device.copy_to_device(region.buffer, data, region.stream, offset)
+            device.synchronize(region.stream)

@@ -7,6 +7,7 @@ path pays nothing for metrics. Each Appliance has its own registry (no global st
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -334,11 +335,17 @@ def build_registry(
     return registry
 
 
-def metrics_app(registry: CollectorRegistry) -> web.Application:
+def metrics_app(
+    registry: CollectorRegistry, prefetch: Callable[[], object] | None = None
+) -> web.Application:
     """`GET /metrics` in Prometheus' text format."""
 
     async def metrics(request: web.Request) -> web.Response:
         started = time.monotonic()
+        if prefetch is not None:
+            # NVML can stall for seconds on a GPU in a bad state: read it off the event loop;
+            # the collector then serves that (cached) reading.
+            await asyncio.to_thread(prefetch)
         body = generate_latest(registry)
         log.debug("metrics scraped in %.1f ms", (time.monotonic() - started) * 1000)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -25,6 +25,7 @@ import numpy as np
 from appliance.cuda_shared_memory import CudaMemoryAccess, CudaRegion
 from appliance.errors import ApplianceError, ErrorCode, InvalidInput, ModelNotFound
 from appliance.frontends.tensors import datatype, element_count
+from appliance.limits import RequestLimits
 from appliance.serialization import decode_bytes, encode_bytes
 from appliance.types import Array, RequestedOutput, ShmTarget
 
@@ -214,12 +215,16 @@ def read_input(
     datatype_name: str,
     shape: tuple[int, ...],
     where: str,
+    limits: RequestLimits | None = None,
 ) -> Array:
-    """An input tensor viewed in place in a registered region (BYTES are decoded: a copy)."""
+    """An input tensor viewed in place in a registered region (BYTES are decoded: a copy; a
+    CUDA region is copied to the host). Sizes are checked before anything is read."""
     dtype = datatype(datatype_name, where)
     count = element_count(shape, where)
-    window = registry.window(target.region, target.offset, target.byte_size, where)
+    if limits is not None:
+        limits.check_elements(count, shape, where)
     if dtype.itemsize == 0:
+        window = registry.window(target.region, target.offset, target.byte_size, where)
         return decode_bytes(window, count, where).reshape(shape)
     expected = count * dtype.itemsize
     if target.byte_size != expected:
@@ -227,6 +232,7 @@ def read_input(
             f"{where}: shared_memory_byte_size {target.byte_size} does not match the "
             f"{expected} bytes of {datatype_name} with shape {list(shape)}"
         )
+    window = registry.window(target.region, target.offset, target.byte_size, where)
     array: Array = np.frombuffer(window, dtype=dtype.numpy, count=count).reshape(shape)
     array.flags.writeable = False  # the client's memory: a backend must not write into it
     return array

@@ -78,11 +78,15 @@ class CudaDevice(Protocol):
         """Page-locked host memory (fast, asynchronous copies), as a uint8 array."""
         ...
 
-    def create_stream(self) -> Any: ...
+    def create_stream(self, non_blocking: bool = False) -> Any:
+        """A new stream; `non_blocking` ones do not wait for work on the legacy default stream."""
+        ...
 
     def stream_handle(self, stream: Any) -> int:
         """The raw cudaStream_t, for TensorRT's execute_async_v3."""
         ...
+
+    def destroy_stream(self, stream: Any) -> None: ...
 
     def copy_to_device(
         self, dst: DeviceBuffer, src: np.ndarray[Any, Any], stream: Any, offset: int = 0
@@ -100,7 +104,9 @@ class CudaDevice(Protocol):
         """The 64-byte handle another process opens the buffer with."""
         ...
 
-    def open_ipc(self, handle: bytes, nbytes: int) -> DeviceBuffer: ...
+    def open_ipc(self, handle: bytes, nbytes: int) -> DeviceBuffer:
+        """Open another process's allocation; DeviceError when it is smaller than `nbytes`."""
+        ...
 
     def close_ipc(self, buffer: DeviceBuffer) -> None: ...
 
@@ -181,16 +187,22 @@ class PyCudaDevice:
             buffer.handle = None
 
     def alloc_pinned(self, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
-        array: np.ndarray[Any, np.dtype[np.uint8]] = self._cuda.pagelocked_empty(
-            (max(1, nbytes),), np.uint8
-        )
+        try:
+            array: np.ndarray[Any, np.dtype[np.uint8]] = self._cuda.pagelocked_empty(
+                (max(1, nbytes),), np.uint8
+            )
+        except self._cuda.Error as exc:
+            raise DeviceError(f"cuMemHostAlloc({nbytes}): {exc}") from exc
         return array[:nbytes]
 
-    def create_stream(self) -> Any:
-        return self._cuda.Stream()
+    def create_stream(self, non_blocking: bool = False) -> Any:
+        return self._cuda.Stream(flags=1 if non_blocking else 0)  # 1: CU_STREAM_NON_BLOCKING
 
     def stream_handle(self, stream: Any) -> int:
         return int(stream.handle)
+
+    def destroy_stream(self, stream: Any) -> None:
+        pass  # pycuda destroys a Stream when it is collected
 
     def copy_to_device(
         self, dst: DeviceBuffer, src: np.ndarray[Any, Any], stream: Any, offset: int = 0
@@ -217,9 +229,12 @@ class PyCudaDevice:
     def open_ipc(self, handle: bytes, nbytes: int) -> DeviceBuffer:
         try:
             opened = self._cuda.IPCMemoryHandle(bytearray(_check_handle(handle)))
+            _, size = self._cuda.mem_get_address_range(int(opened))
         except self._cuda.Error as exc:
             raise DeviceError(f"cuIpcOpenMemHandle: {exc}") from exc
-        return DeviceBuffer(int(opened), nbytes, owned=False, handle=opened)
+        buffer = DeviceBuffer(int(opened), nbytes, owned=False, handle=opened)
+        _check_ipc_size(buffer, int(size), self.close_ipc)
+        return buffer
 
     def close_ipc(self, buffer: DeviceBuffer) -> None:
         if buffer.handle is not None:
@@ -296,11 +311,14 @@ class CudaPythonDevice:
         weakref.finalize(storage, self._driver.cuMemFreeHost, ptr)
         return array[:nbytes]
 
-    def create_stream(self) -> Any:
-        return self._call("cuStreamCreate", 0)
+    def create_stream(self, non_blocking: bool = False) -> Any:
+        return self._call("cuStreamCreate", 1 if non_blocking else 0)
 
     def stream_handle(self, stream: Any) -> int:
         return int(stream)
+
+    def destroy_stream(self, stream: Any) -> None:
+        self._call("cuStreamDestroy", stream)
 
     def copy_to_device(
         self, dst: DeviceBuffer, src: np.ndarray[Any, Any], stream: Any, offset: int = 0
@@ -334,7 +352,10 @@ class CudaPythonDevice:
         raw.reserved = _check_handle(handle)
         flags = self._driver.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
         ptr = self._call("cuIpcOpenMemHandle", raw, flags)
-        return DeviceBuffer(int(ptr), nbytes, owned=False, handle=ptr)
+        buffer = DeviceBuffer(int(ptr), nbytes, owned=False, handle=ptr)
+        _, size = self._call("cuMemGetAddressRange", ptr)
+        _check_ipc_size(buffer, int(size), self.close_ipc)
+        return buffer
 
     def close_ipc(self, buffer: DeviceBuffer) -> None:
         if buffer.handle is not None:
@@ -344,6 +365,16 @@ class CudaPythonDevice:
     def memory_info(self) -> tuple[int, int]:
         free, total = self._call("cuMemGetInfo")
         return int(free), int(total)
+
+
+def _check_ipc_size(buffer: DeviceBuffer, size: int, close: Any) -> None:
+    """A client may claim more bytes than it shared: copies past the allocation would fault the
+    whole context (every GPU model in the process), so refuse the claim."""
+    if buffer.nbytes > size:
+        close(buffer)
+        raise DeviceError(
+            f"byte_size {buffer.nbytes} is larger than the shared allocation ({size} bytes)"
+        )
 
 
 def _bounds(buffer: DeviceBuffer, offset: int, nbytes: int) -> None:

@@ -11,6 +11,7 @@ pinned memory and on to the device, enqueue, copy the outputs back, wait for the
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import weakref
@@ -56,12 +57,14 @@ class _CapturingLogger(trt.ILogger):  # type: ignore[misc]
 
     def __init__(self) -> None:
         trt.ILogger.__init__(self)
-        self.messages: list[str] = []
+        self.messages: collections.deque[str] = collections.deque(maxlen=20)
 
     def log(self, severity: Any, msg: str) -> None:
         levels = trt.ILogger.Severity
+        if severity in (levels.INTERNAL_ERROR, levels.ERROR):
+            log.error("tensorrt: %s", msg)
         if severity in (levels.INTERNAL_ERROR, levels.ERROR, levels.WARNING):
-            self.messages.append(msg)
+            self.messages.append(msg)  # the last few, for a load error to quote
             log.debug("tensorrt: %s", msg)
 
 
@@ -101,12 +104,13 @@ class LoadedEngine:
     def __init__(self, path: Path) -> None:
         if not path.is_file():
             raise ModelLoadError(f"model file '{path}' does not exist")
-        logger = _CapturingLogger()
-        self.runtime = trt.Runtime(logger)
+        # TensorRT needs the logger alive for as long as what the runtime created.
+        self.logger = _CapturingLogger()
+        self.runtime = trt.Runtime(self.logger)
         self.engine = self.runtime.deserialize_cuda_engine(path.read_bytes())
         if self.engine is None:
             raise ModelLoadError(
-                explain_deserialize_failure(logger.messages, str(trt.__version__))
+                explain_deserialize_failure(list(self.logger.messages), str(trt.__version__))
             )
 
 
@@ -132,11 +136,19 @@ class TrtInstance:
         """The device and pinned host buffers for a tensor, at least `nbytes` long."""
         current = self._device_buffers.get(name)
         if current is None or current.nbytes < nbytes:
+            # Forget the old pair first: if an allocation fails, nothing dangles.
+            self._device_buffers.pop(name, None)
+            self._pinned.pop(name, None)
             if current is not None:
                 self._device.free(current)
             size = max(nbytes, 2 * current.nbytes if current else nbytes)
-            self._device_buffers[name] = self._device.alloc(size)
-            self._pinned[name] = self._device.alloc_pinned(size)
+            buffer = self._device.alloc(size)
+            try:
+                pinned = self._device.alloc_pinned(size)
+            except DeviceError:
+                self._device.free(buffer)
+                raise
+            self._device_buffers[name], self._pinned[name] = buffer, pinned
         return self._device_buffers[name], self._pinned[name]
 
     def execute(
@@ -205,6 +217,7 @@ class TrtInstance:
                 self._device.free(buffer)
             self._device_buffers.clear()
             self._pinned.clear()
+            self._device.destroy_stream(self._stream)
             del self._context, self._loaded
 
 

@@ -197,16 +197,26 @@ def prepare_model(
     for version, reason in unreadable.items():
         log.error("model '%s' version %d failed to load: %s", name, version, reason)
         prepared.failed[version] = reason
+    # Placement is decided from what the config asked, for every version alike; the served
+    # config then says where the instances really run.
+    requested = [mc.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group]
+    on_gpu = [0] * len(requested)
     for version in (v for v in versions if v not in unreadable):
         try:
             workers = _load_instances(
-                backend_name, config, model_dir, version, prepared.notes, host, cache_dir
+                backend_name, config, model_dir, version, prepared.notes, host, cache_dir,
+                requested, on_gpu,
             )
         except (BackendError, ApplianceError) as exc:
             log.error("model '%s' version %d failed to load: %s", name, version, exc)
             prepared.failed[version] = str(exc)
             continue
         prepared.versions.append(PreparedVersion(version, workers))
+    if prepared.versions:
+        for group, gpu_instances in zip(config.instance_group, on_gpu, strict=True):
+            group.kind = (
+                mc.ModelInstanceGroup.KIND_GPU if gpu_instances else mc.ModelInstanceGroup.KIND_CPU
+            )
     return prepared
 
 
@@ -236,9 +246,14 @@ def _load_instances(
     notes: list[str],
     host: Any = None,
     cache_dir: Path | None = None,
+    requested: list[str] | None = None,
+    on_gpu: list[int] | None = None,
 ) -> list[InstanceWorker]:
-    """Create every instance of every group, placed on GPU or CPU (placement.py); what runs
-    elsewhere than asked is noted in `notes` and the config's group kinds say where each runs."""
+    """Create every instance of every group, placed on GPU or CPU (placement.py) from the kind
+    each group `requested`; what runs elsewhere than asked is noted in `notes`, and `on_gpu`
+    counts, per group, the instances that really run on a GPU.
+
+    As in Triton, a GPU group has `count` instances on each GPU its `gpus` lists."""
     backend = get_backend(backend_name)
     path = model_dir / str(version) / config.default_model_filename
     signature = backend.inspect(path)
@@ -247,8 +262,17 @@ def _load_instances(
     config_json = message_to_dict(config)
     parameters = {k: v.string_value for k, v in config.parameters.items()}
     level = config.optimization.graph.level if config.optimization.HasField("graph") else None
-    total = sum(g.count for g in config.instance_group)
     no_gpu = backend_gpu_problem(backend)
+    kinds = requested or [mc.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group]
+    placements = [
+        place_group(kind, group.name, group.count, no_gpu)
+        for kind, group in zip(kinds, config.instance_group, strict=True)
+    ]
+    devices = [
+        list(group.gpus) if placed.kind == "KIND_GPU" and group.gpus else [0]
+        for placed, group in zip(placements, config.instance_group, strict=True)
+    ]
+    total = sum(g.count * len(d) for g, d in zip(config.instance_group, devices, strict=True))
     accelerators = tuple(
         (a.name, dict(a.parameters))
         for a in config.optimization.execution_accelerators.gpu_execution_accelerator
@@ -258,25 +282,24 @@ def _load_instances(
     workers: list[InstanceWorker] = []
     instances: list[ModelInstance] = []
     try:
-        for group in config.instance_group:
-            requested = mc.ModelInstanceGroup.Kind.Name(group.kind)
-            placed = place_group(requested, group.name, group.count, no_gpu)
+        for index, group in enumerate(config.instance_group):
+            placed = placements[index]
             if placed.note:
                 log.warning("model '%s' version %d: %s", config.name, version, placed.note)
                 if placed.note not in notes:
                     notes.append(placed.note)
             kind = placed.kind
-            group.kind = mc.ModelInstanceGroup.Kind.Value(kind)  # the served config says where
             resources = {r.name: int(r.count) for r in group.rate_limiter.resources}
-            for i in range(group.count):
-                instance_name = f"{group.name}_{i}"
+            slots = [(gpu, i) for gpu in devices[index] for i in range(group.count)]
+            for number, (gpu, _) in enumerate(slots):
+                instance_name = f"{group.name}_{number}"
                 spec = InstanceSpec(
                     model_name=config.name,
                     model_version=version,
                     model_path=path,
                     instance_name=instance_name,
                     kind=kind,
-                    device_id=group.gpus[i % len(group.gpus)] if group.gpus else 0,
+                    device_id=gpu,
                     parameters=parameters,
                     graph_optimization_level=level,
                     instance_count=total,
@@ -290,8 +313,8 @@ def _load_instances(
                 instances.append(instance)
                 moved = str(getattr(instance, "placement_note", "") or "")
                 actual = str(getattr(instance, "placement_kind", "") or kind)
-                if actual != kind:  # e.g. a GPU session that came up on CPU
-                    group.kind = mc.ModelInstanceGroup.Kind.Value(actual)
+                if on_gpu is not None and actual == "KIND_GPU":  # not one that came up on CPU
+                    on_gpu[index] += 1
                 if moved:
                     note = f"instance '{instance_name}': {moved}"
                     log.warning("model '%s' version %d: %s", config.name, version, note)

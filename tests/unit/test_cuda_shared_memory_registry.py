@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from appliance.cuda_shared_memory import CudaMemoryAccess
-from appliance.errors import InvalidInput, ModelNotFound, Unsupported
+from appliance.errors import InvalidInput, ModelNotFound, RequestTooLarge, Unsupported
+from appliance.limits import RequestLimits
 from appliance.shared_memory import RegionExists, SharedMemoryRegistry, read_input, write_output
 from appliance.types import ShmTarget
-from edge_backends.cuda_device import DeviceBuffer, DeviceError
+from edge_backends.cuda_device import DeviceBuffer, DeviceError, _check_ipc_size
 
 
 class HostDevice:
@@ -29,6 +30,7 @@ class HostDevice:
     def __init__(self, shared: dict[bytes, np.ndarray[Any, Any]]) -> None:
         self.shared = shared
         self.closed: list[bytes] = []
+        self.copied = 0  # bytes moved between "device" and host
 
     @contextlib.contextmanager
     def activate(self) -> Iterator[None]:
@@ -44,9 +46,17 @@ class HostDevice:
 
     def copy_to_host(self, dst: Any, src: DeviceBuffer, stream: Any, offset: int = 0) -> None:
         dst[:] = self.shared[src.handle][offset : offset + dst.nbytes]
+        self.copied += dst.nbytes
 
     def copy_to_device(self, dst: DeviceBuffer, src: Any, stream: Any, offset: int = 0) -> None:
         self.shared[dst.handle][offset : offset + src.nbytes] = src
+        self.copied += src.nbytes
+
+    def create_stream(self, non_blocking: bool = False) -> Any:
+        return "stream"
+
+    def destroy_stream(self, stream: Any) -> None:
+        pass
 
     def synchronize(self, stream: Any) -> None:
         pass
@@ -67,8 +77,13 @@ def memory() -> dict[bytes, np.ndarray[Any, Any]]:
 
 
 @pytest.fixture
-def registry(memory: dict[bytes, np.ndarray[Any, Any]]) -> SharedMemoryRegistry:
-    return SharedMemoryRegistry(HostAccess(HostDevice(memory)))
+def device(memory: dict[bytes, np.ndarray[Any, Any]]) -> HostDevice:
+    return HostDevice(memory)
+
+
+@pytest.fixture
+def registry(device: HostDevice) -> SharedMemoryRegistry:
+    return SharedMemoryRegistry(HostAccess(device))
 
 
 def test_inputs_are_read_from_the_region_and_outputs_written_back(
@@ -95,6 +110,29 @@ def test_windows_outside_the_region_are_refused(registry: SharedMemoryRegistry) 
         write_output(registry, ShmTarget("gpu", 0, 8), np.zeros(16, np.int32), "INT32", "out")
 
 
+def test_sizes_are_checked_before_anything_is_copied(
+    registry: SharedMemoryRegistry, device: HostDevice
+) -> None:
+    registry.register_cuda("gpu", b"A" * 64, 0, 256)
+    with pytest.raises(InvalidInput, match="shared_memory_byte_size 256 does not match the 4"):
+        read_input(registry, ShmTarget("gpu", 0, 256), "INT32", (1,), "input 'X'")
+    with pytest.raises(RequestTooLarge, match="more than the limit of 10 per input"):
+        read_input(
+            registry, ShmTarget("gpu", 0, 256), "BYTES", (1, 10**9), "input 'X'",
+            RequestLimits(max_tensor_elements=10),
+        )
+    assert device.copied == 0
+
+
+def test_a_claim_larger_than_the_shared_allocation_is_refused() -> None:
+    closed: list[DeviceBuffer] = []
+    buffer = DeviceBuffer(0x1000, 1 << 34, owned=False)
+    with pytest.raises(DeviceError, match="larger than the shared allocation"):
+        _check_ipc_size(buffer, 16, closed.append)
+    assert closed == [buffer]  # and the handle is closed again
+    _check_ipc_size(DeviceBuffer(0x1000, 16, owned=False), 16, closed.append)
+
+
 def test_names_are_shared_with_system_regions(registry: SharedMemoryRegistry) -> None:
     registry.register_cuda("gpu", b"A" * 64, 0, 256)
     with pytest.raises(RegionExists, match="already in manager"):
@@ -109,11 +147,10 @@ def test_names_are_shared_with_system_regions(registry: SharedMemoryRegistry) ->
     assert [r["name"] for r in registry.cuda_status()] == ["gpu"]
 
 
-def test_unregister_closes_the_handle(
-    registry: SharedMemoryRegistry, memory: dict[bytes, np.ndarray[Any, Any]]
-) -> None:
+def test_unregister_closes_the_handle(registry: SharedMemoryRegistry, device: HostDevice) -> None:
     registry.register_cuda("gpu", b"A" * 64, 0, 256)
     registry.unregister_cuda("gpu")
+    assert device.closed == [b"A" * 64]
     assert registry.cuda_status() == []
     with pytest.raises(ModelNotFound, match="Unable to find cuda shared memory region: 'gpu'"):
         registry.cuda_status("gpu")
@@ -124,9 +161,9 @@ def test_unregister_closes_the_handle(
 def test_bad_registrations_say_what_is_wrong(registry: SharedMemoryRegistry) -> None:
     with pytest.raises(InvalidInput, match="failed to register CUDA shared memory region 'x'"):
         registry.register_cuda("x", b"B" * 64, 0, 64)  # a handle that opens nothing
-    with pytest.raises(InvalidInput, match="byte_size must be > 0"):
+    with pytest.raises(InvalidInput, match="byte_size must be an integer > 0"):
         registry.register_cuda("x", b"A" * 64, 0, 0)
-    with pytest.raises(InvalidInput, match="device_id must be >= 0"):
+    with pytest.raises(InvalidInput, match="device_id must be an integer >= 0"):
         registry.register_cuda("x", b"A" * 64, -1, 64)
     assert registry.cuda_status() == []
 

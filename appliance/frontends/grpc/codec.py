@@ -97,7 +97,7 @@ def decode_request(
         shape = tuple(tensor.shape)
         if target is not None:
             assert shm is not None
-            data = read_input(shm, target, tensor.datatype, shape, where)
+            data = read_input(shm, target, tensor.datatype, shape, where, limits)
         elif raw:
             data = from_raw(raw[raw_index], tensor.datatype, shape, where, limits)
             raw_index += 1

@@ -112,7 +112,7 @@ def decode_request(
                 target = shm_target(params, where)
         if target is not None:
             assert shm is not None
-            data = read_input(shm, target, dtype_name, shape, where)
+            data = read_input(shm, target, dtype_name, shape, where, limits)
         elif size is not None:
             if type(size) is not int or size < 0:
                 raise InvalidInput(f"{where}: binary_data_size must be a non-negative integer")
