@@ -16,11 +16,11 @@ from appliance.protocol import model_config_pb2 as mc
 from appliance.tf_advice import tensorflow_advice
 from edge_backends.api import ModelSignature, TensorSpec
 from edge_backends.datatypes import BY_CONFIG, BY_TRITON
-from edge_backends.fil_params import default_filename as fil_default_filename
 from edge_backends.registry import (
     BACKEND_TO_PLATFORM,
     DEFAULT_MODEL_FILENAME,
     backend_name,
+    default_model_filename,
 )
 
 CONFIG_FILENAME = "config.pbtxt"
@@ -93,10 +93,8 @@ def resolve_backend(config: ModelConfig, model_dir: Path, versions: list[int]) -
     if not config.platform and name in BACKEND_TO_PLATFORM:
         config.platform = BACKEND_TO_PLATFORM[name]
     if not config.default_model_filename:
-        config.default_model_filename = DEFAULT_MODEL_FILENAME.get(name, "")
-        if name == "fil" and "model_type" in config.parameters:  # FIL's file follows model_type
-            model_type = config.parameters["model_type"].string_value
-            config.default_model_filename = fil_default_filename(model_type)
+        parameters = {k: v.string_value for k, v in config.parameters.items()}
+        config.default_model_filename = default_model_filename(name, parameters)
     return name
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 
 from edge_backends.api import Backend, ModelLoadError
 
@@ -32,6 +33,15 @@ DEFAULT_MODEL_FILENAME: dict[str, str] = {
 }
 
 _loaded: dict[str, Backend] = {}
+
+
+def default_model_filename(backend: str, parameters: Mapping[str, str]) -> str:
+    """The file a version folder holds when config.pbtxt names none ('' when unknown)."""
+    if backend == "fil" and "model_type" in parameters:  # FIL's file follows its model_type
+        from edge_backends.fil_params import default_filename  # standard library only
+
+        return default_filename(parameters["model_type"])
+    return DEFAULT_MODEL_FILENAME.get(backend, "")
 
 
 def backend_name(platform: str, backend: str) -> str:
