@@ -128,8 +128,8 @@ class FilBackend:
         """The model file as ONNX-ML, converted at most once (per process, then per cache)."""
         try:
             stat = path.stat()
-        except OSError:
-            raise ModelLoadError(f"model file '{path}' does not exist") from None
+        except OSError as exc:
+            raise ModelLoadError(f"model file '{path}' cannot be read: {exc.strerror}") from None
         key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
         with self._lock:
             if key in self._models:
