@@ -98,8 +98,11 @@ def describe_engine(engine: Any, device_name: str = "") -> EngineDescription:
 
 
 class LoadedEngine:
-    """A deserialized engine and the runtime that owns it, shared by a model version's
-    instances on one GPU (each has its own execution context), as Triton shares them."""
+    """A deserialized engine and the runtime that owns it.
+
+    Instances share one only when their instance groups name their optimization profiles
+    (`profile: [...]`), as in Triton: TensorRT has let only one execution context at a time use
+    a given profile of an engine, so instances that pick profiles per batch get an engine each."""
 
     def __init__(self, path: Path) -> None:
         if not path.is_file():
@@ -290,6 +293,11 @@ class TensorRTBackend:
         except DeviceUnavailable as exc:
             raise ModelLoadError(f"GPU {spec.device_id} is not usable: {exc}") from exc
         try:
-            return TrtInstance(spec, device, self._engine(spec.model_path, spec.device_id, device))
+            if spec.profiles:
+                loaded = self._engine(spec.model_path, spec.device_id, device)
+            else:
+                with device.activate():
+                    loaded = LoadedEngine(spec.model_path)
+            return TrtInstance(spec, device, loaded)
         except DeviceError as exc:
             raise ModelLoadError(f"GPU {spec.device_id}: {exc}") from exc
