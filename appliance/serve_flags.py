@@ -1,0 +1,532 @@
+"""tritonserver's flags for `edge-appliance serve`, and the ServerSettings they make.
+
+Every tritonserver flag is accepted in both spellings (`--flag value`, `--flag=value`), so
+scripts and units written for Triton run unchanged: the ones that apply here are implemented,
+the rest are accepted with a one-line warning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from appliance import logs
+from appliance.access import parse_groups
+from appliance.limits import RequestLimits
+from appliance.repository.sources import check_location, is_remote
+from appliance.settings import HttpConnectionLimits, ServerSettings, TlsSettings
+
+# tritonserver flags that have no meaning here (yet); accepted and reported as ignored.
+IGNORED_FLAGS = (
+    "id",
+    "disable-auto-complete-config",
+    "http-header-forward-pattern",
+    "reuse-http-port",
+    "http-thread-count",
+    "http-max-input-size",
+    "grpc-header-forward-pattern",
+    "reuse-grpc-port",
+    "grpc-infer-allocation-pool-size",
+    "grpc-max-response-pool-size",
+    "grpc-infer-response-compression-level",
+    "grpc-keepalive-time",
+    "grpc-keepalive-timeout",
+    "grpc-keepalive-permit-without-calls",
+    "grpc-http2-max-pings-without-data",
+    "grpc-http2-min-recv-ping-interval-without-data",
+    "grpc-http2-max-ping-strikes",
+    "grpc-max-connection-age",
+    "grpc-max-connection-age-grace",
+    "allow-sagemaker",
+    "sagemaker-port",
+    "sagemaker-safe-port-range",
+    "sagemaker-thread-count",
+    "allow-vertex-ai",
+    "vertex-ai-port",
+    "vertex-ai-thread-count",
+    "vertex-ai-default-model",
+    "trace-config",
+    "trace-log-frequency",
+    "model-load-thread-count",
+    "model-load-retry-count",
+    "model-namespacing",
+    "enable-peer-access",
+    "pinned-memory-pool-byte-size",
+    "cuda-memory-pool-byte-size",
+    "cuda-virtual-address-size",
+    "min-supported-compute-capability",
+    "buffer-manager-thread-count",
+    "host-policy",
+    "model-load-gpu-limit",
+    "backend-directory",
+    "backend-config",
+    "repoagent-directory",
+    "cache-directory",
+)
+
+
+def parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "on", "yes"):
+        return True
+    if value in ("0", "false", "off", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def _add_bool(parser: argparse.ArgumentParser, flag: str, help_text: str) -> None:
+    # tritonserver takes `--flag=true`; a bare `--flag` means true here.
+    parser.add_argument(flag, type=parse_bool, nargs="?", const=True, default=None, help=help_text)
+
+
+def add_serve_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model-repository",
+        "--model-store",
+        action="append",
+        default=[],
+        metavar="DIR|URL",
+        help="model repository: a folder or s3://[host:port/]bucket/prefix; repeat to merge",
+    )
+    p.add_argument(
+        "--model-store-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where remote repositories are cached (default: $STATE_DIRECTORY, else "
+        "~/.local/state/edge-appliance)",
+    )
+    p.add_argument(
+        "--model-store-reserve-mb",
+        type=int,
+        default=256,
+        metavar="MB",
+        help="free disk space that downloads never use (default 256)",
+    )
+    p.add_argument(
+        "--model-download-limit-mbps",
+        type=float,
+        default=0.0,
+        metavar="MBIT/S",
+        help="cap on the bandwidth model downloads use, in megabits per second (default: none)",
+    )
+    p.add_argument(
+        "--model-rollback-error-rate",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="roll a newly switched-in version back when more than RATE (0-1) of its first "
+        "requests fail in the model (default 0: off)",
+    )
+    p.add_argument(
+        "--model-rollback-window",
+        type=int,
+        default=100,
+        metavar="N",
+        help="how many first requests --model-rollback-error-rate watches (default 100)",
+    )
+    p.add_argument(
+        "--manifest-public-key",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="Ed25519 public key (PEM): every version needs a SHA256SUMS signed by it",
+    )
+    p.add_argument("--http-address", default="127.0.0.1")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-address", default="127.0.0.1")
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument(
+        "--http-unix-socket",
+        default="",
+        metavar="PATH",
+        help="also serve HTTP on this Unix socket (with --http-port -1: only there)",
+    )
+    p.add_argument(
+        "--grpc-unix-socket",
+        default="",
+        metavar="PATH",
+        help="also serve gRPC on this Unix socket (with --grpc-port -1: only there)",
+    )
+    _add_bool(p, "--grpc-use-ssl", "serve gRPC over TLS (--grpc-server-cert, --grpc-server-key)")
+    _add_bool(p, "--grpc-use-ssl-mutual", "TLS with client certificates signed by --grpc-root-cert")
+    p.add_argument("--grpc-server-cert", default="", metavar="PEM")
+    p.add_argument("--grpc-server-key", default="", metavar="PEM")
+    p.add_argument("--grpc-root-cert", default="", metavar="PEM")
+    p.add_argument("--http-ssl-cert", default="", metavar="PEM", help="serve HTTP over TLS")
+    p.add_argument("--http-ssl-key", default="", metavar="PEM")
+    p.add_argument(
+        "--http-ssl-root-cert",
+        default="",
+        metavar="PEM",
+        help="require HTTP clients to present a certificate signed by this CA",
+    )
+    p.add_argument(
+        "--http-restricted-api",
+        action="append",
+        default=[],
+        metavar="API,...:KEY=VALUE",
+        help="HTTP APIs (health, metadata, inference, shared-memory, model-config, "
+        "model-repository, statistics, trace, logging) that need header KEY: VALUE; repeatable",
+    )
+    p.add_argument(
+        "--grpc-restricted-protocol",
+        action="append",
+        default=[],
+        metavar="API,...:KEY=VALUE",
+        help="the same for gRPC; the metadata key is triton-grpc-protocol-KEY",
+    )
+    p.add_argument(
+        "--unix-socket-mode",
+        type=lambda text: int(text, 8),
+        default=0o660,
+        metavar="OCTAL",
+        help="permissions of the Unix sockets (default 660: owner and group)",
+    )
+    p.add_argument("--metrics-address", default="127.0.0.1")
+    p.add_argument("--metrics-port", type=int, default=8002)
+    _add_bool(p, "--allow-http", "serve HTTP (default true)")
+    _add_bool(p, "--allow-grpc", "serve gRPC (default true)")
+    _add_bool(p, "--allow-metrics", "serve Prometheus metrics on /metrics (default true)")
+    _add_bool(p, "--allow-cpu-metrics", "include CPU utilisation and memory (default true)")
+    _add_bool(
+        p,
+        "--allow-gpu-metrics",
+        "include GPU utilisation, memory and power from NVML or a Jetson's sysfs (default true)",
+    )
+    p.add_argument(
+        "--metrics-interval-ms",
+        type=int,
+        default=2000,
+        help="how old GPU readings may be when scraped (default 2000)",
+    )
+    _add_bool(p, "--strict-model-config", "refuse models without a complete config.pbtxt")
+    _add_bool(
+        p,
+        "--strict-readiness",
+        "ready only when every model is ready (default false: a device serves what loaded)",
+    )
+    _add_bool(
+        p,
+        "--exit-on-error",
+        "exit when a model fails to load at start-up (default false: serve the others)",
+    )
+    p.add_argument(
+        "--log-verbose",
+        type=int,
+        default=0,
+        metavar="N",
+        help="1: this server's debug lines; 2 and above: libraries' too (default 0)",
+    )
+    _add_bool(p, "--log-info", "log INFO lines (default true)")
+    _add_bool(p, "--log-warning", "log WARNING lines (default true)")
+    _add_bool(p, "--log-error", "log ERROR lines (default true)")
+    p.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default="default",
+        help="default; ISO8601 (UTC timestamps); json (one object per line). Under systemd "
+        "lines carry syslog priorities and default drops the timestamp",
+    )
+    p.add_argument(
+        "--log-file", default="", metavar="PATH", help="append the log here instead of stderr"
+    )
+    p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
+    p.add_argument("--load-model", action="append", default=[], metavar="NAME")
+    p.add_argument(
+        "--repository-poll-secs",
+        type=float,
+        default=15,
+        help="poll mode: seconds between repository scans (changes apply once settled)",
+    )
+    p.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=128 * 1024 * 1024,
+        help="largest HTTP request body accepted (default 128 MiB)",
+    )
+    p.add_argument(
+        "--grpc-max-message-bytes",
+        type=int,
+        default=128 * 1024 * 1024,
+        help="largest gRPC message sent or received (default 128 MiB)",
+    )
+    _add_limit_flags(p)
+    _add_bool(
+        p,
+        "--require-manifest",
+        "load a version only when its SHA256SUMS manifest lists and matches its files",
+    )
+    p.add_argument(
+        "--rate-limit",
+        default="off",
+        choices=("off", "execution_count"),
+        help="execution_count: instances run only when their rate_limiter resources are free",
+    )
+    p.add_argument(
+        "--rate-limit-resource",
+        action="append",
+        default=[],
+        metavar="NAME:COUNT[:DEVICE]",
+        help="a rate limiter resource and how many there are",
+    )
+    p.add_argument("--trace-file", default="", help="where traces go (JSON lines)")
+    p.add_argument("--trace-level", default="OFF", choices=("OFF", "TIMESTAMPS"))
+    p.add_argument("--trace-rate", type=int, default=1000, help="trace one request in N")
+    p.add_argument("--trace-count", type=int, default=-1, help="stop after N traces (-1: never)")
+    p.add_argument(
+        "--metrics-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="histogram_latencies=true adds nv_inference_first_response_histogram_ms",
+    )
+    p.add_argument(
+        "--cache-config",
+        action="append",
+        default=[],
+        metavar="local,size=BYTES",
+        help="enable the response cache with a byte limit (models opt in with response_cache)",
+    )
+    p.add_argument("--response-cache-byte-size", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--max-queue-wait-ms",
+        type=int,
+        default=1_000,
+        metavar="MS",
+        help="answer 503 / UNAVAILABLE at once when the work queued for a model would keep a "
+        "new request waiting longer than this; one request per instance may always wait "
+        "(default 1000; 0: no limit)",
+    )
+    p.add_argument(
+        "--inline-execution-budget-us",
+        type=int,
+        default=100,
+        help="run a batch on the event loop instead of a worker thread when the model's "
+        "measured cost says it finishes within this many microseconds (0: never)",
+    )
+    for flag in IGNORED_FLAGS:
+        p.add_argument(
+            f"--{flag}",
+            dest=f"ignored_{flag}",
+            default=None,
+            nargs="?",
+            const="",
+            help=argparse.SUPPRESS,
+        )
+
+
+def parse_cache_config(values: list[str], legacy_bytes: int) -> int:
+    """The response cache size from Triton's `--cache-config local,size=N` (0: no cache)."""
+    size = legacy_bytes
+    for value in values:
+        name, _, rest = value.partition(",")
+        if name != "local":
+            raise SystemExit(
+                f"edge-appliance: --cache-config: only the 'local' cache exists, got '{name}'"
+            )
+        key, _, number = rest.partition("=")
+        if key != "size" or not number.isdigit():
+            raise SystemExit(
+                f"edge-appliance: --cache-config expects local,size=BYTES, got '{value}'"
+            )
+        size = int(number)
+    return size
+
+
+def parse_rate_limit_resources(values: list[str]) -> tuple[tuple[str, int], ...]:
+    resources = []
+    for value in values:
+        parts = value.split(":")
+        if len(parts) not in (2, 3) or not parts[1].isdigit():
+            raise SystemExit(
+                f"edge-appliance: --rate-limit-resource expects NAME:COUNT[:DEVICE], got '{value}'"
+            )
+        resources.append((parts[0], int(parts[1])))
+    return tuple(resources)
+
+
+def parse_metrics_config(values: list[str]) -> dict[str, str]:
+    """Triton's `--metrics-config key=value` pairs; unknown keys are warned about later."""
+    pairs = {}
+    for value in values:
+        key, sep, setting = value.partition("=")
+        if not sep:
+            raise SystemExit(f"edge-appliance: --metrics-config expects KEY=VALUE, got '{value}'")
+        pairs[key] = setting
+    return pairs
+
+
+def _tls(args: argparse.Namespace) -> TlsSettings:
+    mutual = _on(args.grpc_use_ssl_mutual, False)
+    tls = TlsSettings(
+        grpc=_on(args.grpc_use_ssl, False) or mutual,
+        grpc_mutual=mutual,
+        grpc_cert=args.grpc_server_cert,
+        grpc_key=args.grpc_server_key,
+        grpc_root=args.grpc_root_cert,
+        http_cert=args.http_ssl_cert,
+        http_key=args.http_ssl_key,
+        http_root=args.http_ssl_root_cert,
+    )
+    problem = tls.problem()
+    if problem:
+        raise SystemExit(f"edge-appliance: {problem}")
+    return tls
+
+
+def _restricted(values: list[str], flag: str) -> tuple[tuple[str, str, str], ...]:
+    try:
+        groups = parse_groups(values, flag)
+    except ValueError as exc:
+        raise SystemExit(f"edge-appliance: {exc}") from None
+    return tuple((api, rule.key, rule.value) for api, rule in sorted(groups.items()))
+
+
+def default_store_dir() -> Path:
+    """systemd's StateDirectory= when run as a unit, else the user's state folder."""
+    state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if state:
+        return Path(state)
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "edge-appliance"
+
+
+def _on(value: bool | None, default: bool) -> bool:
+    return default if value is None else value
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    if not args.model_repository:
+        raise SystemExit("edge-appliance: --model-repository is required")
+    ignored = tuple(
+        f"--{flag}" for flag in IGNORED_FLAGS if getattr(args, f"ignored_{flag}") is not None
+    ) + tuple(
+        f"--metrics-config {key}"
+        for key in parse_metrics_config(args.metrics_config)
+        if key != "histogram_latencies"
+    )
+    remote = tuple(r for r in args.model_repository if is_remote(r))
+    for location in remote:
+        try:
+            check_location(location)
+        except ValueError as exc:
+            raise SystemExit(f"edge-appliance: {exc}") from None
+    return ServerSettings(
+        model_repositories=tuple(Path(p) for p in args.model_repository if not is_remote(p)),
+        remote_repositories=remote,
+        model_store_dir=args.model_store_dir or default_store_dir(),
+        model_store_reserve_bytes=args.model_store_reserve_mb * 1024 * 1024,
+        manifest_public_key=args.manifest_public_key,
+        download_rate_bytes_s=args.model_download_limit_mbps * 1e6 / 8,
+        rollback_error_rate=args.model_rollback_error_rate,
+        rollback_window=args.model_rollback_window,
+        http_address=args.http_address,
+        http_port=args.http_port,
+        grpc_address=args.grpc_address,
+        grpc_port=args.grpc_port,
+        http_unix_socket=args.http_unix_socket,
+        grpc_unix_socket=args.grpc_unix_socket,
+        unix_socket_mode=args.unix_socket_mode,
+        http_restricted=_restricted(args.http_restricted_api, "--http-restricted-api"),
+        tls=_tls(args),
+        grpc_restricted=_restricted(args.grpc_restricted_protocol, "--grpc-restricted-protocol"),
+        metrics_address=args.metrics_address,
+        metrics_port=args.metrics_port,
+        allow_http=_on(args.allow_http, True),
+        allow_grpc=_on(args.allow_grpc, True),
+        allow_metrics=_on(args.allow_metrics, True),
+        allow_cpu_metrics=_on(args.allow_cpu_metrics, True),
+        allow_gpu_metrics=_on(args.allow_gpu_metrics, True),
+        metrics_interval_ms=max(0, args.metrics_interval_ms),
+        latency_histograms=parse_bool(
+            parse_metrics_config(args.metrics_config).get("histogram_latencies", "false")
+        ),
+        strict_model_config=_on(args.strict_model_config, False),
+        strict_readiness=_on(args.strict_readiness, False),
+        exit_on_error=_on(args.exit_on_error, False),
+        log_verbose=args.log_verbose,
+        log_info=_on(args.log_info, True),
+        log_warning=_on(args.log_warning, True),
+        log_error=_on(args.log_error, True),
+        log_format=args.log_format,
+        log_file=args.log_file,
+        model_control_mode=args.model_control_mode,
+        load_models=tuple(args.load_model),
+        repository_poll_secs=args.repository_poll_secs,
+        exit_timeout_secs=args.exit_timeout_secs,
+        max_request_bytes=args.max_request_bytes,
+        grpc_max_message_bytes=args.grpc_max_message_bytes,
+        request_limits=RequestLimits(args.max_tensor_elements, args.max_request_tensor_bytes),
+        http_connections=HttpConnectionLimits(
+            max_header_bytes=args.max_request_header_bytes,
+            max_headers=args.max_request_headers,
+            header_timeout_secs=args.http_header_timeout_secs,
+            body_timeout_secs=args.http_body_timeout_secs,
+            keepalive_timeout_secs=args.http_keepalive_timeout_secs,
+            max_connections=args.http_max_connections,
+        ),
+        inline_budget_us=args.inline_execution_budget_us,
+        max_queue_wait_ms=args.max_queue_wait_ms,
+        rate_limit=args.rate_limit == "execution_count",
+        require_manifest=_on(args.require_manifest, False),
+        rate_limit_resources=parse_rate_limit_resources(args.rate_limit_resource),
+        trace_file=args.trace_file,
+        trace_level=args.trace_level,
+        trace_rate=args.trace_rate,
+        trace_count=args.trace_count,
+        response_cache_bytes=parse_cache_config(args.cache_config, args.response_cache_byte_size),
+        ignored_flags=ignored,
+    )
+
+
+def _add_limit_flags(p: argparse.ArgumentParser) -> None:
+    """Input limits and slow-client timeouts (defaults sized for a 4 GB device)."""
+    defaults, conn = RequestLimits(), HttpConnectionLimits()
+    p.add_argument(
+        "--max-tensor-elements",
+        type=int,
+        default=defaults.max_tensor_elements,
+        help="most elements in one input tensor; more: 413 / RESOURCE_EXHAUSTED "
+        f"(default {defaults.max_tensor_elements}; 0: no limit)",
+    )
+    p.add_argument(
+        "--max-request-tensor-bytes",
+        type=int,
+        default=defaults.max_request_tensor_bytes,
+        help="most bytes of input tensors in one request (default 256 MiB; 0: no limit)",
+    )
+    p.add_argument(
+        "--max-request-header-bytes",
+        type=int,
+        default=conn.max_header_bytes,
+        help="longest HTTP request line or header field; longer: 400 "
+        f"(default {conn.max_header_bytes})",
+    )
+    p.add_argument(
+        "--max-request-headers",
+        type=int,
+        default=conn.max_headers,
+        help=f"most HTTP header fields in one request (default {conn.max_headers})",
+    )
+    for flag, value, what in (
+        ("header", conn.header_timeout_secs, "for a request's headers, from their first byte"),
+        ("body", conn.body_timeout_secs, "while reading a request body, between bytes"),
+        ("keepalive", conn.keepalive_timeout_secs, "for the next request on an idle connection"),
+    ):
+        p.add_argument(
+            f"--http-{flag}-timeout-secs",
+            type=float,
+            default=value,
+            metavar="SECS",
+            help=f"close an HTTP connection after waiting this long {what} (default {value:g})",
+        )
+    p.add_argument(
+        "--http-max-connections",
+        type=int,
+        default=conn.max_connections,
+        help="open HTTP connections per listener; more are answered 503 and closed "
+        f"(default {conn.max_connections}; 0: no limit)",
+    )
