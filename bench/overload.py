@@ -26,11 +26,10 @@ from pathlib import Path
 
 import aiohttp
 import numpy as np
-from onnx import TensorProto, helper
 
 from bench.common import process_tree, rss_mib
 from bench.server import start_server, stop_server, wait_ready
-from configs.generate import IR_VERSION, OPSET, save
+from configs.generate import matmul_chain_model, save
 
 MODEL = "chain"
 CONFIG = (
@@ -43,22 +42,7 @@ CONFIG = (
 
 def chain_model(steps: int) -> object:
     """tanh(... tanh(x @ W) ... @ W) with a 512x512 W: a CPU-bound model of tunable cost."""
-    weight = helper.make_tensor("W", TensorProto.FLOAT, [512, 512], [0.001] * (512 * 512))
-    nodes, current = [], "INPUT0"
-    for i in range(steps):
-        nodes.append(helper.make_node("MatMul", [current, "W"], [f"m{i}"]))
-        current = "OUTPUT0" if i == steps - 1 else f"t{i}"
-        nodes.append(helper.make_node("Tanh", [f"m{i}"], [current]))
-    graph = helper.make_graph(
-        nodes,
-        "chain",
-        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [1, 512])],
-        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, [1, 512])],
-        initializer=[weight],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    model.ir_version = IR_VERSION
-    return model
+    return matmul_chain_model(512, steps, 1)
 
 
 def _body() -> tuple[bytes, dict[str, str]]:

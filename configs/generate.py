@@ -185,6 +185,29 @@ def identity_model(
     )
 
 
+def matmul_chain_model(width: int, steps: int, batch: int | str) -> onnx.ModelProto:
+    """OUTPUT0 = tanh(... tanh(INPUT0 @ W) ... @ W), W a constant [width, width]: a CPU-bound
+    FP32 model whose cost grows with `steps` (for tests and benches of slow models)."""
+    weight = helper.make_tensor(
+        "W", TensorProto.FLOAT, [width, width], [0.001] * (width * width)
+    )
+    nodes, current = [], "INPUT0"
+    for i in range(steps):
+        nodes.append(helper.make_node("MatMul", [current, "W"], [f"m{i}"]))
+        current = "OUTPUT0" if i == steps - 1 else f"t{i}"
+        nodes.append(helper.make_node("Tanh", [f"m{i}"], [current]))
+    graph = helper.make_graph(
+        nodes,
+        "matmul_chain",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [batch, width])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, [batch, width])],
+        initializer=[weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    return model
+
+
 def light_model(name: str) -> onnx.ModelProto:
     """An onnx-wheel model (e.g. 'light_densenet121') with its batch dimension made dynamic."""
     model = onnx.load(str(ONNX_LIGHT / f"{name}.onnx"))

@@ -7,7 +7,15 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from configs.generate import IR_VERSION, OPSET, SIMPLE_CONFIG, identity_model, save, simple_model
+from configs.generate import (
+    IR_VERSION,
+    OPSET,
+    SIMPLE_CONFIG,
+    identity_model,
+    matmul_chain_model,
+    save,
+    simple_model,
+)
 
 # Triton datatype -> ONNX element type, for the identity models of every datatype.
 ONNX_TYPES = {
@@ -530,22 +538,7 @@ dynamic_batching {{ priority_levels: 2 default_priority_level: 2 {queue} }}
 
 def slow_model(steps: int = 160) -> onnx.ModelProto:
     """OUTPUT0 = tanh(... tanh(INPUT0 @ W) ... @ W): a chain of 1024x1024 MatMuls."""
-    weight = helper.make_tensor("W", TensorProto.FLOAT, [1024, 1024], [0.001] * (1024 * 1024))
-    nodes, current = [], "INPUT0"
-    for i in range(steps):
-        nodes.append(helper.make_node("MatMul", [current, "W"], [f"m{i}"]))
-        current = "OUTPUT0" if i == steps - 1 else f"t{i}"
-        nodes.append(helper.make_node("Tanh", [f"m{i}"], [current]))
-    graph = helper.make_graph(
-        nodes,
-        "slow",
-        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 1024])],
-        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 1024])],
-        initializer=[weight],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    model.ir_version = IR_VERSION
-    return model
+    return matmul_chain_model(1024, steps, "batch")
 
 
 def _add_constant_model(value: int) -> onnx.ModelProto:
