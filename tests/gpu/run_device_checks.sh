@@ -36,12 +36,38 @@ $py -m pip install --quiet --no-index --find-links .device-wheels onnxruntime ai
   && row "server dependencies from the wheelhouse" PASS "" \
   || { row "server dependencies from the wheelhouse" FAIL "see install.log"; }
 
-export CUDA_ROOT=${CUDA_ROOT:-$(dirname "$(dirname "$(command -v nvcc)")")}
-if timeout 240 $py -m pip install --no-index --find-links .device-wheels --no-build-isolation \
-     pycuda > "$out/pycuda-build.log" 2>&1 && $py -c 'import pycuda.driver' 2>>"$out/pycuda-build.log"; then
-  row "pycuda built from source (nvcc $(nvcc --version | grep -o 'release [0-9.]*'))" PASS ""
+# The toolkit's root: the first of $CUDA_ROOT, /usr/local/cuda and nvcc's parent that has
+# cuda.h (nvcc may be a wrapper script elsewhere); its bin/ first on PATH, since pycuda's build
+# finds the root from where nvcc is.
+for root in "${CUDA_ROOT:-}" /usr/local/cuda "$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")"; do
+  if [[ -n $root && -f $root/include/cuda.h ]]; then CUDA_ROOT=$root; break; fi
+done
+CUDA_ROOT=${CUDA_ROOT:-/usr/local/cuda}
+export CUDA_ROOT PATH="$CUDA_ROOT/bin:$PATH"
+# pycuda's build reads its options from ~/.aksetup-defaults.py: the toolkit root, and CURAND
+# only where its headers are (some images ship the runtime without them).
+aksetup_home=$(mktemp -d)
+curand=False; [[ -f $CUDA_ROOT/include/curand.h ]] && curand=True
+# pycuda links the driver (-lcuda): containers often mount only libcuda.so.1, so link to that.
+mkdir -p "$aksetup_home/lib"
+driver=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so(\.1)? /{print $NF; exit}')
+[[ -n $driver ]] && ln -sf "$driver" "$aksetup_home/lib/libcuda.so"
+printf 'CUDA_ROOT = "%s"\nCUDA_ENABLE_CURAND = %s\nCUDADRV_LIB_DIR = ["%s", "%s/lib64", "%s/lib64/stubs"]\n' \
+  "$CUDA_ROOT" "$curand" "$aksetup_home/lib" "$CUDA_ROOT" "$CUDA_ROOT" \
+  > "$aksetup_home/.aksetup-defaults.py"
+# Without build isolation (nothing can be downloaded there), pycuda's build needs these first.
+$py -m pip install --quiet --no-index --find-links .device-wheels setuptools wheel pytools \
+    platformdirs mako markupsafe typing-extensions siphash24 > "$out/pycuda-build.log" 2>&1
+if HOME=$aksetup_home timeout 300 $py -m pip install --no-index --find-links .device-wheels \
+     --no-build-isolation pycuda >> "$out/pycuda-build.log" 2>&1; then
+  if $py -c 'import pycuda.driver' 2>>"$out/pycuda-build.log"; then
+    row "pycuda built from source (nvcc $(nvcc --version | grep -o 'release [0-9.]*'))" PASS ""
+  else
+    row "pycuda built from source" FAIL "built, but import failed: see pycuda-build.log"
+  fi
 else
-  row "pycuda built from source" FAIL "cuda-python serves alone; see pycuda-build.log"
+  why=$(grep -m1 -o "cannot find -lcuda\|fatal error: [^ ]*" "$out/pycuda-build.log")
+  row "pycuda built from source" FAIL "${why:-see pycuda-build.log}; cuda-python serves alone"
 fi
 $py -c 'import cuda.bindings.driver' 2>/dev/null \
   && row "cuda-python (cuda.bindings) present" PASS "" \
