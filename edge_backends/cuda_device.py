@@ -30,12 +30,15 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 IPC_HANDLE_BYTES = 64  # sizeof(CUipcMemHandle)
 
@@ -306,10 +309,18 @@ class CudaPythonDevice:
         size = max(1, nbytes)
         ptr = int(self._call("cuMemHostAlloc", size, 0))
         storage = (ctypes.c_uint8 * size).from_address(ptr)
-        # Freed when the array's base is collected.
         array: np.ndarray[Any, np.dtype[np.uint8]] = np.frombuffer(storage, dtype=np.uint8)  # type: ignore[call-overload]
-        weakref.finalize(storage, self._driver.cuMemFreeHost, ptr)
+        weakref.finalize(storage, self._free_host, ptr)  # when the last view of it is gone
         return array[:nbytes]
+
+    def _free_host(self, ptr: int) -> None:
+        """Free pinned memory from whichever thread collects it: with the context current, and
+        a failure logged rather than lost."""
+        try:
+            with self.activate():
+                self._call("cuMemFreeHost", ptr)
+        except DeviceError as exc:
+            log.warning("pinned host memory at %#x was not freed: %s", ptr, exc)
 
     def create_stream(self, non_blocking: bool = False) -> Any:
         return self._call("cuStreamCreate", 1 if non_blocking else 0)
