@@ -7,7 +7,8 @@
 #      library: buffers, streams, pinned memory, copies, IPC handles across processes;
 #   3. CUDA shared memory through the real server, with IPC handles from another process;
 #   4. NVML GPU metrics with real values through the real server;
-#   5. KIND_GPU placement and the fallback rules (CPU onnxruntime, no tensorrt here).
+#   5. TorchScript models on KIND_GPU instances with the image's CUDA torch;
+#   6. KIND_GPU placement and the fallback rules (CPU onnxruntime, no tensorrt here).
 # TensorRT engines and onnxruntime-gpu cannot be brought to that machine (over 1 GB and
 # 256 MB): their code stays "unverified on hardware" (README's support table).
 set -uo pipefail
@@ -90,6 +91,7 @@ check() {
 check "device memory layer (pycuda, cuda-python)" tests/gpu/test_device_memory.py -v
 check "CUDA shared memory through the server" tests/gpu/test_cuda_shared_memory.py
 check "NVML metrics through the server" tests/gpu/test_nvml_metrics.py tests/unit/test_gpu_metrics.py
+check "PyTorch KIND_GPU on CUDA (the image's torch)" tests/integration/test_torch_models.py
 check "KIND_GPU placement and fallback rules" tests/unit/test_gpu_placement.py \
   tests/unit/test_trt_engine.py tests/integration/test_gpu_fallback.py \
   tests/integration/test_instance_groups.py

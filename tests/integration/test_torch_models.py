@@ -188,6 +188,25 @@ def test_dynamic_batcher_batches_requests(server: ServerProcess) -> None:
     assert after["execution_count"] - before["execution_count"] < inferences
 
 
+@pytest.mark.gpu
+def test_gpu_group_runs_on_cuda(server: ServerProcess) -> None:
+    """On a machine whose torch has CUDA (tests/gpu/run_device_checks.sh runs this)."""
+    if not torch.cuda.is_available():
+        pytest.skip(f"this torch {torch.__version__} has no CUDA device")
+    entry = _index(server)["pt_gpu"]
+    assert (entry["state"], entry["reason"]) == ("READY", "")
+    client = httpclient.InferenceServerClient(server.http_url)
+    assert [g["kind"] for g in client.get_model_config("pt_gpu")["instance_group"]] == [
+        "KIND_GPU"
+    ]
+    x, y = _data(5, seed=4)
+    inputs = [httpclient.InferInput(n, [5, 4], "FP32") for n in ("INPUT__0", "INPUT__1")]
+    inputs[0].set_data_from_numpy(x)
+    inputs[1].set_data_from_numpy(y)
+    out = client.infer("pt_gpu", inputs).as_numpy("OUTPUT__0")
+    np.testing.assert_allclose(out, _expected(x, y)[0], rtol=1e-4, atol=1e-5)
+
+
 def test_gpu_group_without_cuda_runs_on_cpu_and_says_so(server: ServerProcess) -> None:
     if torch.cuda.is_available():
         pytest.skip("CUDA is available: KIND_GPU runs on the GPU here")
