@@ -22,6 +22,8 @@ from appliance import __version__
 _ROOT = Path(__file__).resolve().parent.parent
 # Libraries a GPU deployment uses, reported whether or not a backend serves with them yet.
 GPU_LIBRARIES = ("tensorrt", "pycuda", "pynvml")
+# JetPack's release file: the sign of a Jetson (NVML does not see its integrated GPU).
+JETSON_RELEASE = Path("/etc/nv_tegra_release")
 # Backend -> (module, distribution) of the library that runs its models. Availability is the
 # module being installed (find_spec), the version its distribution's: importing torch or
 # openvino only to list them would cost seconds. "python" needs nothing beyond this package;
@@ -185,7 +187,7 @@ def gpu() -> dict[str, Any]:
     for path in ("/dev/nvidia0", "/proc/driver/nvidia/version"):
         if Path(path).exists():
             return {"found": True, "via": path, **({"notes": notes} if notes else {})}
-    tegra = Path("/etc/nv_tegra_release")
+    tegra = JETSON_RELEASE
     try:
         if tegra.exists():
             first = tegra.read_text(errors="replace").splitlines()[:1]

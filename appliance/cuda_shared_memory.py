@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from appliance.buildinfo import JETSON_RELEASE
 from appliance.errors import InvalidInput, Unsupported
 from edge_backends.cuda_device import (
     CudaDevice,
@@ -31,8 +31,6 @@ from edge_backends.cuda_device import (
     DeviceUnavailable,
     open_device,
 )
-
-JETSON_RELEASE = Path("/etc/nv_tegra_release")
 
 
 @dataclass(frozen=True)

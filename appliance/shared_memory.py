@@ -102,10 +102,10 @@ class SharedMemoryRegistry:
     def unregister_cuda(self, name: str = "") -> None:
         with self._lock:
             names = [name] if name else list(self._regions)
-            gone = [self._regions.pop(n) for n in names
-                    if isinstance(self._regions.get(n), CudaRegion)]
+            gone = [r for n in names if isinstance(r := self._regions.get(n), CudaRegion)]
+            for region in gone:
+                del self._regions[region.name]
         for region in gone:
-            assert isinstance(region, CudaRegion)
             self._cuda.close(region)
 
     def cuda_status(self, name: str = "") -> list[dict[str, Any]]:

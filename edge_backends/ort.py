@@ -11,7 +11,6 @@ spinning off. Config `parameters` override both, using onnxruntime_backend's nam
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from edge_backends.api import (
 )
 from edge_backends.datatypes import BY_ONNX
 from edge_backends.ort_providers import CPU, CUDA, fallen_back, plan_providers
+from edge_backends.params import Parameters, threads_per_instance
 
 log = logging.getLogger(__name__)
 
@@ -40,48 +40,20 @@ _GRAPH_LEVELS = {
 }
 
 
-def usable_cpu_count() -> int:
-    """CPUs this process may run on (cgroup / taskset aware where the OS tells)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def _int_param(spec: InstanceSpec, key: str, default: int) -> int:
-    raw = spec.parameters.get(key)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ModelLoadError(f"parameter '{key}' must be an integer, got '{raw}'") from None
-
-
-def _bool_param(spec: InstanceSpec, key: str, default: bool) -> bool:
-    raw = spec.parameters.get(key)
-    if raw is None or raw == "":
-        return default
-    if raw.lower() in ("1", "true", "on", "yes"):
-        return True
-    if raw.lower() in ("0", "false", "off", "no"):
-        return False
-    raise ModelLoadError(f"parameter '{key}' must be true or false, got '{raw}'")
-
-
 def session_options(spec: InstanceSpec) -> ort.SessionOptions:
     """SessionOptions from the instance spec, with edge-friendly thread defaults."""
     opts = ort.SessionOptions()
-    per_instance = max(1, usable_cpu_count() // max(1, spec.instance_count))
-    opts.intra_op_num_threads = _int_param(spec, "intra_op_thread_count", per_instance)
-    opts.inter_op_num_threads = _int_param(spec, "inter_op_thread_count", 1)
-    if _int_param(spec, "execution_mode", 0) == 1:
+    params = Parameters(spec.model_name, "onnxruntime", spec.parameters)
+    per_instance = threads_per_instance(spec.instance_count)
+    opts.intra_op_num_threads = params.integer("intra_op_thread_count", per_instance)
+    opts.inter_op_num_threads = params.integer("inter_op_thread_count", 1)
+    if params.integer("execution_mode", 0) == 1:
         opts.execution_mode = ort.ExecutionMode.ORT_PARALLEL
-    spinning = "1" if _bool_param(spec, "allow_spinning", False) else "0"
+    spinning = "1" if params.boolean("allow_spinning", False) else "0"
     opts.add_session_config_entry("session.intra_op.allow_spinning", spinning)
     opts.add_session_config_entry("session.inter_op.allow_spinning", spinning)
-    opts.enable_cpu_mem_arena = _bool_param(spec, "enable_mem_arena", True)
-    opts.enable_mem_pattern = _bool_param(spec, "enable_mem_pattern", True)
+    opts.enable_cpu_mem_arena = params.boolean("enable_mem_arena", True)
+    opts.enable_mem_pattern = params.boolean("enable_mem_pattern", True)
     level = spec.graph_optimization_level
     opts.graph_optimization_level = _GRAPH_LEVELS.get(
         level if level is not None else 0, ort.GraphOptimizationLevel.ORT_ENABLE_ALL

@@ -237,6 +237,7 @@ class TensorRTBackend:
             weakref.WeakValueDictionary()
         )
         self._engines_lock = threading.Lock()
+        self._descriptions: dict[tuple[str, int, int], EngineDescription] = {}  # a few KB each
 
     def _engine(self, path: Path, device_id: int, device: CudaDevice) -> LoadedEngine:
         try:
@@ -268,13 +269,26 @@ class TensorRTBackend:
         return self._problem
 
     def _describe(self, model_path: Path) -> EngineDescription:
+        """The engine's description, deserialized once per file content (inspect and
+        auto_complete both ask, and deserializing takes seconds on a Jetson)."""
         problem = self.gpu_problem()
         if problem:
             raise ModelLoadError(f"TensorRT engines need an NVIDIA GPU: {problem}")
-        device = self._device(0)
-        loaded = self._engine(model_path, 0, device)
-        with device.activate():
-            return describe_engine(loaded.engine, device.name)
+        try:
+            stat = model_path.stat()
+        except OSError as exc:
+            raise ModelLoadError(
+                f"model file '{model_path}' cannot be read: {exc.strerror}"
+            ) from None
+        key = (str(model_path), stat.st_size, stat.st_mtime_ns)
+        known = self._descriptions.get(key)
+        if known is None:
+            device = self._device(0)
+            loaded = self._engine(model_path, 0, device)
+            with device.activate():
+                known = describe_engine(loaded.engine, device.name)
+            self._descriptions[key] = known
+        return known
 
     def inspect(self, model_path: Path) -> ModelSignature:
         return signature(self._describe(model_path))

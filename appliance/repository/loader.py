@@ -36,7 +36,7 @@ from appliance.repository.version_policy import select_versions
 from appliance.repository.warmup import warm_up
 from appliance.scheduling.ensemble import EnsemblePlan, plan_from_config
 from appliance.scheduling.instances import InstanceWorker
-from edge_backends.api import BackendError, InstanceSpec, ModelInstance
+from edge_backends.api import BackendError, InstanceSpec, ModelInstance, ModelSignature
 from edge_backends.datatypes import BY_TRITON
 from edge_backends.registry import get_backend
 
@@ -166,11 +166,11 @@ def prepare_model(
         why = check_version(model_dir / str(version), manifest)
         if why:
             unreadable[version] = why
-    signature = None
+    signature, described_version = None, 0
     for version in (v for v in versions if v not in unreadable):
         newest_file = model_dir / str(version) / config.default_model_filename
         try:
-            signature = backend.inspect(newest_file)
+            signature, described_version = backend.inspect(newest_file), version
             break
         except BackendError as exc:
             unreadable[version] = str(exc)
@@ -206,6 +206,9 @@ def prepare_model(
             workers = _load_instances(
                 backend_name, config, model_dir, version, prepared.notes, host, cache_dir,
                 requested, on_gpu,
+                # The file that described the model is not read again (an engine or a
+                # converted forest costs seconds to open).
+                signature if version == described_version else None,
             )
         except (BackendError, ApplianceError) as exc:
             log.error("model '%s' version %d failed to load: %s", name, version, exc)
@@ -248,6 +251,7 @@ def _load_instances(
     cache_dir: Path | None = None,
     requested: list[str] | None = None,
     on_gpu: list[int] | None = None,
+    signature: ModelSignature | None = None,
 ) -> list[InstanceWorker]:
     """Create every instance of every group, placed on GPU or CPU (placement.py) from the kind
     each group `requested`; what runs elsewhere than asked is noted in `notes`, and `on_gpu`
@@ -256,7 +260,8 @@ def _load_instances(
     As in Triton, a GPU group has `count` instances on each GPU its `gpus` lists."""
     backend = get_backend(backend_name)
     path = model_dir / str(version) / config.default_model_filename
-    signature = backend.inspect(path)
+    if signature is None:
+        signature = backend.inspect(path)
     described = bool(signature.inputs or signature.outputs)
     validate_config(config, model_dir, signature if described else None)
     config_json = message_to_dict(config)
