@@ -18,8 +18,6 @@ from aiohttp import web
 from appliance import buildinfo
 from appliance.access import GRPC_HEADER_PREFIX, Restriction, Restrictions
 from appliance.cache import ResponseCache
-from appliance.control import ControlPlane, ServerState
-from appliance.core import InferenceCore
 from appliance.errors import ApplianceError
 from appliance.frontends.grpc.server import InferenceServicer
 from appliance.frontends.http.connections import GuardedAppRunner
@@ -35,10 +33,12 @@ from appliance.notify import (
     watchdog_interval_s,
 )
 from appliance.protocol import service_pb2_grpc
-from appliance.repository.manager import ManagerSettings, ModelManager
 from appliance.repository.manifest import ManifestError, ManifestPolicy, load_public_key
 from appliance.repository.poller import RepositoryPoller
 from appliance.repository.sources import RemoteSources
+from appliance.runtime.models import ModelRuntime, RuntimeSettings
+from appliance.services.control import ControlService, ServerState
+from appliance.services.inference import InferenceService
 from appliance.settings import HttpConnectionLimits, ServerSettings, TlsSettings
 from appliance.trace import Tracer
 
@@ -83,8 +83,8 @@ class Appliance:
             manifest,
             settings.download_rate_bytes_s,
         )
-        self.manager = ModelManager(
-            ManagerSettings(
+        self.manager = ModelRuntime(
+            RuntimeSettings(
                 repositories=settings.model_repositories + self.remote.roots,
                 strict_model_config=settings.strict_model_config,
                 max_queue_size=settings.max_queue_size,
@@ -106,8 +106,8 @@ class Appliance:
         self.tracer = Tracer(
             settings.trace_file, settings.trace_level, settings.trace_rate, settings.trace_count
         )
-        self.core = InferenceCore(self.manager, self.cache, self.tracer, settings.request_limits)
-        self.control = ControlPlane(
+        self.core = InferenceService(self.manager, self.cache, self.tracer, settings.request_limits)
+        self.control = ControlService(
             self.manager,
             self.state,
             settings.model_control_mode,

@@ -22,8 +22,8 @@ from appliance.errors import ApplianceError
 from appliance.model_config import read_config
 from appliance.protojson import message_to_dict
 from appliance.repository.local import list_versions
-from appliance.repository.manager import READY, ManagerSettings, ModelManager
 from appliance.repository.manifest import ManifestPolicy
+from appliance.runtime.models import READY, ModelRuntime, RuntimeSettings
 from appliance.tf_advice import TensorflowAdvice, tensorflow_advice
 
 log = logging.getLogger(__name__)
@@ -48,8 +48,8 @@ async def check(
     repositories: tuple[Path, ...], strict: bool, require_manifest: bool
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """The repository index after loading everything, and each loaded model's config."""
-    manager = ModelManager(
-        ManagerSettings(
+    manager = ModelRuntime(
+        RuntimeSettings(
             repositories=repositories,
             strict_model_config=strict,
             manifest=ManifestPolicy(required=require_manifest),

@@ -26,9 +26,9 @@ from prometheus_client.registry import Collector
 from appliance.cache import ResponseCache
 from appliance.gpu_metrics import GpuCollector, GpuSource
 from appliance.protocol import model_config_pb2 as mc
-from appliance.repository.manager import ModelManager, ServedVersion
 from appliance.repository.poller import RepositoryPoller
 from appliance.repository.sources import RemoteSources
+from appliance.runtime.models import ModelRuntime, ServedVersion
 from appliance.scheduling.stats import LATENCY_BUCKETS_MS
 
 log = logging.getLogger(__name__)
@@ -250,7 +250,7 @@ class CacheCollector(Collector):
 class LifecycleCollector(Collector):
     """Model loads (success / failure) and, in poll mode, when the repository was last read."""
 
-    def __init__(self, manager: ModelManager, poller: RepositoryPoller | None) -> None:
+    def __init__(self, manager: ModelRuntime, poller: RepositoryPoller | None) -> None:
         self._manager = manager
         self._poller = poller
 
@@ -315,7 +315,7 @@ def build_registry(
     versions: Callable[[], Iterable[ServedVersion]],
     cpu_metrics: bool,
     cache: ResponseCache | None = None,
-    manager: ModelManager | None = None,
+    manager: ModelRuntime | None = None,
     poller: RepositoryPoller | None = None,
     remote: RemoteSources | None = None,
     gpu: GpuSource | None = None,

@@ -158,7 +158,7 @@ def complete_scheduling(config: ModelConfig) -> None:
             group.name = f"{config.name}_{i}"
         if group.count < 1:
             group.count = 1
-        # KIND_AUTO is resolved when the model loads (repository/placement.py).
+        # KIND_AUTO is resolved when the model loads (runtime/placement.py).
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
 

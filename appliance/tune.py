@@ -45,11 +45,11 @@ from typing import Any
 import numpy as np
 from google.protobuf import text_format
 
-from appliance.core import InferenceCore
 from appliance.errors import ApplianceError
 from appliance.model_config import ModelConfig, datatype_of
 from appliance.repository.local import list_models
-from appliance.repository.manager import ManagerSettings, ModelManager
+from appliance.runtime.models import ModelRuntime, RuntimeSettings
+from appliance.services.inference import InferenceService
 from appliance.types import InferRequest, InputTensor
 from edge_backends.datatypes import BY_TRITON
 
@@ -149,7 +149,7 @@ def _rss_mib() -> float:
 
 
 async def drive(
-    core: InferenceCore, request: InferRequest, concurrency: int, seconds: float
+    core: InferenceService, request: InferRequest, concurrency: int, seconds: float
 ) -> Point:
     """Closed-loop clients for `seconds` after a short warm-up; throughput and percentiles."""
     latencies: list[float] = []
@@ -205,8 +205,8 @@ class Tuner:
         self.results: dict[Candidate, Result] = {}
 
     async def run(self) -> tuple[ModelConfig, list[Result]]:
-        manager = ModelManager(ManagerSettings(repositories=(self.repository,)))
-        core = InferenceCore(manager)
+        manager = ModelRuntime(RuntimeSettings(repositories=(self.repository,)))
+        core = InferenceService(manager)
         try:
             try:
                 await manager.load(self.model)
@@ -226,7 +226,7 @@ class Tuner:
         return self.deadline - time.monotonic()
 
     async def _measure(
-        self, manager: ModelManager, core: InferenceCore, base: ModelConfig, c: Candidate
+        self, manager: ModelRuntime, core: InferenceService, base: ModelConfig, c: Candidate
     ) -> Result:
         if c in self.results:
             return self.results[c]
@@ -245,7 +245,9 @@ class Tuner:
             result.error = getattr(exc, "message", str(exc))
         return result
 
-    async def _search(self, manager: ModelManager, core: InferenceCore, base: ModelConfig) -> None:
+    async def _search(
+        self, manager: ModelRuntime, core: InferenceService, base: ModelConfig
+    ) -> None:
         batching = base.max_batch_size > 0
         start = Candidate(
             instances=1,

@@ -22,7 +22,7 @@ class InputTensor:
 
 @dataclass(frozen=True, slots=True)
 class ShmTarget:
-    """A window of a registered system shared memory region (appliance/shared_memory.py)."""
+    """A window of a registered system shared memory region (services/shared_memory.py)."""
 
     region: str
     offset: int

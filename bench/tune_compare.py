@@ -21,9 +21,9 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from appliance.core import InferenceCore
 from appliance.model_config import ModelConfig
-from appliance.repository.manager import ManagerSettings, ModelManager
+from appliance.runtime.models import ModelRuntime, RuntimeSettings
+from appliance.services.inference import InferenceService
 from appliance.tune import Point, drive, make_request
 from bench.common import ROOT
 from configs.generate import write_repository
@@ -32,8 +32,8 @@ from configs.generate import write_repository
 async def measure(
     repo: Path, model: str, config: ModelConfig | None, levels: list[int], seconds: float
 ) -> list[Point]:
-    manager = ModelManager(ManagerSettings(repositories=(repo,)))
-    core = InferenceCore(manager)
+    manager = ModelRuntime(RuntimeSettings(repositories=(repo,)))
+    core = InferenceService(manager)
     try:
         await manager.load(model, override=config)
         record = manager.record(model)

@@ -20,7 +20,7 @@ from appliance.model_config import parse_config_text, validate_config
 from appliance.protocol import service_pb2 as pb
 from appliance.repository.s3 import RemoteObject, S3Location, group_objects
 from appliance.serialization import decode_bytes
-from appliance.shared_memory import SharedMemoryRegistry
+from appliance.services.shared_memory import SharedMemoryRegistry
 
 LIMITS = RequestLimits()
 

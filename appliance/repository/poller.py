@@ -5,7 +5,7 @@ A change in a local folder is acted on only once its fingerprint (every file's p
 and mtime) is the same on two polls in a row, so a model still being copied is never loaded
 half-way; the store needs no such wait, as versions appear there whole. A version that fails
 to load is not retried until its content changes again, and what already serves keeps
-serving (see ModelManager.load).
+serving (see ModelRuntime.load).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from appliance.errors import ApplianceError
 from appliance.repository.local import fingerprint
-from appliance.repository.manager import ModelManager
 from appliance.repository.sources import RemoteSources
+from appliance.runtime.models import ModelRuntime
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def plan_changes(
 
 class RepositoryPoller:
     def __init__(
-        self, manager: ModelManager, interval_s: float, remote: RemoteSources | None = None
+        self, manager: ModelRuntime, interval_s: float, remote: RemoteSources | None = None
     ) -> None:
         self._manager = manager
         self._remote = remote

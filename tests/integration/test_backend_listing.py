@@ -6,7 +6,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from appliance import buildinfo
-from appliance.control import EXTENSIONS
+from appliance.services.control import EXTENSIONS
 from tests.serverproc import ServerProcess
 
 

@@ -12,7 +12,7 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from appliance.repository.placement import tensorrt_problem
+from appliance.runtime.placement import tensorrt_problem
 from configs.generate import SIMPLE_CONFIG, save, simple_model
 from tests.serverproc import ServerProcess
 

@@ -12,10 +12,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from appliance.cuda_shared_memory import CudaMemoryAccess
 from appliance.errors import InvalidInput, ModelNotFound, RequestTooLarge, Unsupported
 from appliance.limits import RequestLimits
-from appliance.shared_memory import RegionExists, SharedMemoryRegistry, read_input, write_output
+from appliance.services.cuda_shared_memory import CudaMemoryAccess
+from appliance.services.shared_memory import (
+    RegionExists,
+    SharedMemoryRegistry,
+    read_input,
+    write_output,
+)
 from appliance.types import ShmTarget
 from edge_backends.cuda_device import DeviceBuffer, DeviceError, _check_ipc_size
 

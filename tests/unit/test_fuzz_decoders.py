@@ -18,7 +18,7 @@ from appliance.model_config import parse_config_text
 from appliance.protocol import service_pb2 as pb
 from appliance.repository.s3 import RemoteObject, S3Location, group_objects
 from appliance.serialization import decode_bytes
-from appliance.shared_memory import SharedMemoryRegistry
+from appliance.services.shared_memory import SharedMemoryRegistry
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DATATYPES = ["BOOL", "INT8", "INT32", "INT64", "UINT8", "FP16", "FP32", "FP64", "BYTES", "X"]

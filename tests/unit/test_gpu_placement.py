@@ -8,7 +8,7 @@ import pytest
 
 from appliance.model_config import ModelConfig
 from appliance.protocol import model_config_pb2 as mc
-from appliance.repository.placement import onnx_substitute, place_group
+from appliance.runtime.placement import onnx_substitute, place_group
 from edge_backends.api import ModelLoadError
 from edge_backends.ort_providers import CPU, CUDA, TENSORRT, fallen_back, plan_providers
 

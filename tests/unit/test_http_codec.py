@@ -15,7 +15,7 @@ from appliance.frontends.http.codec import (
     decode_request,
     encode_response,
 )
-from appliance.frontends.tensors import encode_bytes
+from appliance.tensors import encode_bytes
 from appliance.types import InferRequest, InferResponse, OutputTensor, RequestedOutput
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from appliance.protocol import model_config_pb2 as mc
-from appliance.repository.loader import prepare_model
+from appliance.runtime.loader import prepare_model
 from edge_backends import registry
 from edge_backends.api import InstanceSpec, ModelSignature, TensorSpec
 

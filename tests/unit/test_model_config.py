@@ -10,7 +10,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.errors import ConfigError
 from appliance.model_config import complete_config, read_config, validate_config
-from appliance.repository.version_policy import select_versions
+from appliance.runtime.version_policy import select_versions
 from edge_backends.api import ModelSignature, TensorSpec
 
 BATCHED = ModelSignature(

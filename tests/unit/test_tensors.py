@@ -1,4 +1,4 @@
-"""Tensor bytes <-> numpy (appliance/frontends/tensors.py), BYTES encoding included."""
+"""Tensor bytes <-> numpy (appliance/tensors.py), BYTES encoding included."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
 from appliance.errors import InvalidInput
-from appliance.frontends.tensors import (
+from appliance.tensors import (
     decode_bytes,
     element_count,
     encode_bytes,

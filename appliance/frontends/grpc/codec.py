@@ -11,10 +11,15 @@ from typing import Any
 import numpy as np
 
 from appliance.errors import InvalidInput
-from appliance.frontends.tensors import datatype, element_count, from_raw, to_raw
 from appliance.limits import RequestLimits
 from appliance.protocol import service_pb2 as pb
-from appliance.shared_memory import SharedMemoryRegistry, read_input, shm_target, write_output
+from appliance.services.shared_memory import (
+    SharedMemoryRegistry,
+    read_input,
+    shm_target,
+    write_output,
+)
+from appliance.tensors import datatype, element_count, from_raw, to_raw
 from appliance.types import InferRequest, InferResponse, InputTensor, RequestedOutput, ShmTarget
 
 # datatype -> the InferTensorContents field that carries it (FP16 travels only as raw bytes)

@@ -11,14 +11,14 @@ import grpc
 from google.protobuf import json_format
 
 from appliance.access import Restrictions
-from appliance.control import ControlPlane
-from appliance.core import InferenceCore
 from appliance.errors import ApplianceError
 from appliance.frontends.grpc.codec import decode_request, encode_response, parameter_value
 from appliance.frontends.status import GRPC_STATUS
 from appliance.protocol import service_pb2 as pb
 from appliance.protocol import service_pb2_grpc
-from appliance.shared_memory import shm_targets
+from appliance.services.control import ControlService
+from appliance.services.inference import InferenceService
+from appliance.services.shared_memory import shm_targets
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     """Every RPC the HTTP side serves; errors map through frontends/status.py."""
 
     def __init__(
-        self, core: InferenceCore, control: ControlPlane, restrictions: Restrictions | None = None
+        self,
+        core: InferenceService,
+        control: ControlService,
+        restrictions: Restrictions | None = None,
     ) -> None:
         self.core = core
         self.control = control

@@ -12,15 +12,15 @@ from typing import Any
 
 from appliance.errors import InvalidInput
 from appliance.frontends import jsonconv
-from appliance.frontends.tensors import from_list, from_raw, to_list, to_raw
 from appliance.limits import RequestLimits
-from appliance.shared_memory import (
+from appliance.services.shared_memory import (
     SharedMemoryRegistry,
     read_input,
     shm_target,
     shm_targets,
     write_output,
 )
+from appliance.tensors import from_list, from_raw, to_list, to_raw
 from appliance.types import InferRequest, InferResponse, InputTensor, RequestedOutput
 
 HEADER_LENGTH = "Inference-Header-Content-Length"

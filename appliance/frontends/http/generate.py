@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from appliance.errors import InvalidInput
-from appliance.frontends.tensors import from_list
+from appliance.tensors import from_list
 from appliance.types import InferRequest, InferResponse, InputTensor
 
 

@@ -13,13 +13,13 @@ import orjson
 from aiohttp import web
 
 from appliance.access import Restrictions
-from appliance.control import ControlPlane
-from appliance.core import InferenceCore
 from appliance.errors import ApplianceError, InvalidInput
 from appliance.frontends import jsonconv
 from appliance.frontends.http.codec import HEADER_LENGTH, decode_request, encode_response
 from appliance.frontends.http.generate import decode_generate, encode_generate
 from appliance.frontends.status import HTTP_STATUS
+from appliance.services.control import ControlService
+from appliance.services.inference import InferenceService
 from appliance.types import InferRequest
 
 log = logging.getLogger(__name__)
@@ -103,8 +103,8 @@ class HttpFrontend:
 
     def __init__(
         self,
-        core: InferenceCore,
-        control: ControlPlane,
+        core: InferenceService,
+        control: ControlService,
         max_body_bytes: int,
         restrictions: Restrictions | None = None,
     ) -> None:

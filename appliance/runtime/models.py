@@ -1,4 +1,4 @@
-"""ModelManager: which models and versions are loaded, their state, load / unload / lookup."""
+"""ModelRuntime: which models and versions are loaded, their state, load / unload / lookup."""
 
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ from appliance.errors import (
     Unsupported,
 )
 from appliance.model_config import ENSEMBLE, ModelConfig, read_config
-from appliance.repository.loader import (
+from appliance.repository.local import fingerprint, list_models
+from appliance.repository.manifest import NO_MANIFEST_RULES, ManifestPolicy
+from appliance.runtime.loader import (
     PreparedModel,
     TensorRule,
     prepare_model,
     tensor_rules,
 )
-from appliance.repository.local import fingerprint, list_models
-from appliance.repository.manifest import NO_MANIFEST_RULES, ManifestPolicy
 from appliance.scheduling.batcher import Scheduler
 from appliance.scheduling.ensemble import EnsemblePlan
 from appliance.scheduling.policy import BatchPolicy
@@ -86,7 +86,7 @@ class ModelRecord:
 
 
 @dataclass(frozen=True)
-class ManagerSettings:
+class RuntimeSettings:
     repositories: tuple[Path, ...]
     strict_model_config: bool = False
     max_queue_size: int = 4096  # per version, when the config sets none
@@ -162,10 +162,10 @@ def _is_ensemble(model_dir: Path) -> bool:
     return bool(config.platform == ENSEMBLE)
 
 
-class ModelManager:
+class ModelRuntime:
     """Loads models from the repositories and hands out ready versions."""
 
-    def __init__(self, settings: ManagerSettings) -> None:
+    def __init__(self, settings: RuntimeSettings) -> None:
         self._settings = settings
         self._models: dict[str, ModelRecord] = {}
         self.host: Any = None  # blocking inference entry handed to backends for BLS

@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from appliance.cuda_shared_memory import CudaMemoryAccess, CudaRegion
 from appliance.errors import ApplianceError, ErrorCode, InvalidInput, ModelNotFound
-from appliance.frontends.tensors import datatype, element_count
 from appliance.limits import RequestLimits
 from appliance.serialization import decode_bytes, encode_bytes
+from appliance.services.cuda_shared_memory import CudaMemoryAccess, CudaRegion
+from appliance.tensors import datatype, element_count
 from appliance.types import Array, RequestedOutput, ShmTarget
 
 SHM_ROOT = "/dev/shm"

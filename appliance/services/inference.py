@@ -19,7 +19,7 @@ from appliance.errors import (
     Unsupported,
 )
 from appliance.limits import NO_LIMITS, RequestLimits
-from appliance.repository.manager import ModelManager, ServedVersion
+from appliance.runtime.models import ModelRuntime, ServedVersion
 from appliance.scheduling.batcher import QueueTimeout
 from appliance.scheduling.ensemble import EnsembleStep, run_ensemble
 from appliance.scheduling.instances import Job
@@ -45,12 +45,12 @@ def _fmt(dims: tuple[int, ...]) -> str:
     return "[" + ",".join(str(d) for d in dims) + "]"
 
 
-class InferenceCore:
+class InferenceService:
     """Validates requests against the model config once, for every protocol."""
 
     def __init__(
         self,
-        manager: ModelManager,
+        manager: ModelRuntime,
         cache: ResponseCache | None = None,
         tracer: Tracer | None = None,
         limits: RequestLimits | None = None,

@@ -26,14 +26,14 @@ from appliance.protocol import model_config_pb2 as mc
 from appliance.protojson import message_to_dict
 from appliance.repository.local import escapes, list_versions
 from appliance.repository.manifest import NO_MANIFEST_RULES, ManifestPolicy, check_version
-from appliance.repository.placement import (
+from appliance.runtime.placement import (
     backend_gpu_problem,
     onnx_substitute,
     place_group,
     tensorrt_problem,
 )
-from appliance.repository.version_policy import select_versions
-from appliance.repository.warmup import warm_up
+from appliance.runtime.version_policy import select_versions
+from appliance.runtime.warmup import warm_up
 from appliance.scheduling.ensemble import EnsemblePlan, plan_from_config
 from appliance.scheduling.instances import InstanceWorker
 from edge_backends.api import BackendError, InstanceSpec, ModelInstance, ModelSignature

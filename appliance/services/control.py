@@ -20,8 +20,8 @@ from appliance.errors import ApplianceError, ConfigError, ModelNotFound
 from appliance.logs import LogSettings
 from appliance.protocol import model_config_pb2 as mc
 from appliance.repository.local import check_model_name
-from appliance.repository.manager import ModelManager, ServedVersion
-from appliance.shared_memory import SharedMemoryRegistry
+from appliance.runtime.models import ModelRuntime, ServedVersion
+from appliance.services.shared_memory import SharedMemoryRegistry
 from appliance.trace import Tracer
 
 EXTENSIONS = [
@@ -48,10 +48,10 @@ class ServerState:
     shutting_down: bool = False
 
 
-class ControlPlane:
+class ControlService:
     def __init__(
         self,
-        manager: ModelManager,
+        manager: ModelRuntime,
         state: ServerState,
         control_mode: str,
         strict_readiness: bool,

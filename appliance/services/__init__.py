@@ -1,0 +1,1 @@
+"""Transport-neutral services both front ends call: inference and control."""
