@@ -87,16 +87,12 @@ class Appliance:
             RuntimeSettings(
                 repositories=settings.model_repositories + self.remote.roots,
                 strict_model_config=settings.strict_model_config,
-                max_queue_size=settings.max_queue_size,
                 drain_timeout_s=settings.exit_timeout_secs,
-                inline_budget_us=settings.inline_budget_us,
                 latency_histograms=settings.latency_histograms,
-                rate_limit=settings.rate_limit,
                 manifest=manifest,
                 rollback_error_rate=settings.rollback_error_rate,
                 rollback_window=settings.rollback_window,
-                max_queue_wait_ms=settings.max_queue_wait_ms,
-                rate_limit_resources=settings.rate_limit_resources,
+                scheduling=settings.scheduling,
                 cache_dir=settings.model_store_dir,
             )
         )

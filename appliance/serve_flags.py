@@ -15,7 +15,12 @@ from appliance import logs
 from appliance.access import parse_groups
 from appliance.limits import RequestLimits
 from appliance.repository.sources import check_location, is_remote
-from appliance.settings import HttpConnectionLimits, ServerSettings, TlsSettings
+from appliance.settings import (
+    HttpConnectionLimits,
+    SchedulingSettings,
+    ServerSettings,
+    TlsSettings,
+)
 
 # tritonserver flags that have no meaning here (yet); accepted and reported as ignored.
 IGNORED_FLAGS = (
@@ -468,11 +473,13 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             keepalive_timeout_secs=args.http_keepalive_timeout_secs,
             max_connections=args.http_max_connections,
         ),
-        inline_budget_us=args.inline_execution_budget_us,
-        max_queue_wait_ms=args.max_queue_wait_ms,
-        rate_limit=args.rate_limit == "execution_count",
+        scheduling=SchedulingSettings(
+            inline_budget_us=args.inline_execution_budget_us,
+            max_queue_wait_ms=args.max_queue_wait_ms,
+            rate_limit=args.rate_limit == "execution_count",
+            rate_limit_resources=parse_rate_limit_resources(args.rate_limit_resource),
+        ),
         require_manifest=_on(args.require_manifest, False),
-        rate_limit_resources=parse_rate_limit_resources(args.rate_limit_resource),
         trace_file=args.trace_file,
         trace_level=args.trace_level,
         trace_rate=args.trace_rate,

@@ -49,6 +49,18 @@ class HttpConnectionLimits:
 
 
 @dataclass(frozen=True)
+class SchedulingSettings:
+    """Server-wide scheduling rules every model version gets; a config's own values win."""
+
+    max_queue_size: int = 4096  # per version, when the config sets none
+    # Refuse a request when the work queued ahead of it would take longer (0: no limit).
+    max_queue_wait_ms: int = 1_000
+    inline_budget_us: int = 100  # see scheduling/batcher.py; 0 turns inline execution off
+    rate_limit: bool = False  # --rate-limit=execution_count
+    rate_limit_resources: tuple[tuple[str, int], ...] = ()  # --rate-limit-resource name:count
+
+
+@dataclass(frozen=True)
 class ServerSettings:
     model_repositories: tuple[Path, ...]
     http_address: str = "127.0.0.1"  # a device listens on loopback unless told otherwise
@@ -89,9 +101,7 @@ class ServerSettings:
     grpc_max_message_bytes: int = 128 * MiB
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     http_connections: HttpConnectionLimits = field(default_factory=HttpConnectionLimits)
-    max_queue_size: int = 4096
-    max_queue_wait_ms: int = 1_000
-    inline_budget_us: int = 100
+    scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)
     require_manifest: bool = False
     manifest_public_key: Path | None = None  # manifests must carry an Ed25519 signature
     remote_repositories: tuple[str, ...] = ()  # s3://... synced into the model store
@@ -100,8 +110,6 @@ class ServerSettings:
     rollback_error_rate: float = 0.0  # 0: no automatic rollback
     rollback_window: int = 100
     download_rate_bytes_s: float = 0.0  # cap on model download bandwidth; 0: none
-    rate_limit: bool = False
-    rate_limit_resources: tuple[tuple[str, int], ...] = ()
     trace_file: str = ""
     trace_level: str = "OFF"
     trace_rate: int = 1000

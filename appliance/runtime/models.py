@@ -36,6 +36,7 @@ from appliance.scheduling.queues import QueuePolicy
 from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.sequence import SequenceScheduler
 from appliance.scheduling.stats import LatencyHistogram, ModelStats
+from appliance.settings import SchedulingSettings
 
 log = logging.getLogger(__name__)
 
@@ -89,19 +90,15 @@ class ModelRecord:
 class RuntimeSettings:
     repositories: tuple[Path, ...]
     strict_model_config: bool = False
-    max_queue_size: int = 4096  # per version, when the config sets none
     drain_timeout_s: float = 30.0
     load_concurrency: int = 2
-    inline_budget_us: int = 100  # see scheduling/batcher.py; 0 turns inline execution off
     latency_histograms: bool = False
     manifest: ManifestPolicy = NO_MANIFEST_RULES  # SHA256SUMS required / signed
-    rate_limit: bool = False  # --rate-limit=execution_count
-    rate_limit_resources: tuple[tuple[str, int], ...] = ()
+    scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)
     # Automatic rollback: a new version whose model errors exceed this share of its first
     # `rollback_window` requests is taken out, and the version it replaced serves again.
     rollback_error_rate: float = 0.0  # 0: off
     rollback_window: int = 100
-    max_queue_wait_ms: int = 10_000  # refuse requests that would wait longer (0: no limit)
     cache_dir: Path | None = None  # derived files of models (engines, conversions) go under it
 
 
@@ -174,7 +171,9 @@ class ModelRuntime:
         # Explicit mode: brings a remote model into the store before it loads.
         self.fetch: Callable[[str], Awaitable[object]] | None = None
         self.load_results: dict[tuple[str, str], int] = {}  # (model, success|failure) -> count
-        self.rate_limiter = RateLimiter(settings.rate_limit, dict(settings.rate_limit_resources))
+        self.rate_limiter = RateLimiter(
+            settings.scheduling.rate_limit, dict(settings.scheduling.rate_limit_resources)
+        )
         self._locks: dict[str, asyncio.Lock] = {}
         self._stopping = False
         self._probation: dict[str, Probation] = {}
@@ -480,7 +479,7 @@ class ModelRuntime:
         config = prepared.config
         inputs, outputs = tensor_rules(config.input), tensor_rules(config.output)
         labels = prepared.labels
-        queue_size = self._settings.max_queue_size
+        queue_size = self._settings.scheduling.max_queue_size
         if config.HasField("dynamic_batching"):
             configured = config.dynamic_batching.default_queue_policy.max_queue_size
             queue_size = configured if configured > 0 else queue_size
@@ -506,12 +505,12 @@ class ModelRuntime:
                 stats=stats,
                 max_queue_size=queue_size,
                 preserve_ordering=config.dynamic_batching.preserve_ordering,
-                inline_budget_ns=self._settings.inline_budget_us * 1000,
+                inline_budget_ns=self._settings.scheduling.inline_budget_us * 1000,
                 priority_levels=levels,
                 default_priority_level=default_level,
                 queue_policies=policies,
                 rate_limiter=self.rate_limiter,
-                max_queue_wait_ns=self._settings.max_queue_wait_ms * 1_000_000,
+                max_queue_wait_ns=self._settings.scheduling.max_queue_wait_ms * 1_000_000,
             )
             scheduler.start()
             served[pv.version] = ServedVersion(
