@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import sys
@@ -22,8 +23,9 @@ from appliance.errors import ApplianceError
 from appliance.model_config import read_config
 from appliance.protojson import message_to_dict
 from appliance.repository.local import list_versions
-from appliance.repository.manifest import ManifestPolicy
-from appliance.runtime.models import READY, ModelRuntime, RuntimeSettings
+from appliance.runtime.models import ModelRuntime, RuntimeSettings
+from appliance.runtime.registry import READY
+from appliance.settings import ServerSettings
 from appliance.tf_advice import TensorflowAdvice, tensorflow_advice
 
 log = logging.getLogger(__name__)
@@ -44,18 +46,24 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def runtime_settings(
+    repositories: tuple[Path, ...], strict: bool, require_manifest: bool
+) -> RuntimeSettings:
+    """The runtime `serve` would run with these flags (one model loads at a time)."""
+    server = ServerSettings(
+        model_repositories=repositories,
+        strict_model_config=strict,
+        require_manifest=require_manifest,
+    )
+    return dataclasses.replace(RuntimeSettings.from_server(server), load_concurrency=1)
+
+
 async def check(
     repositories: tuple[Path, ...], strict: bool, require_manifest: bool
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """The repository index after loading everything, and each loaded model's config."""
-    manager = ModelRuntime(
-        RuntimeSettings(
-            repositories=repositories,
-            strict_model_config=strict,
-            manifest=ManifestPolicy(required=require_manifest),
-            load_concurrency=1,
-        )
-    )
+    settings = runtime_settings(repositories, strict, require_manifest)
+    manager = ModelRuntime(settings)
     try:
         await manager.load_all()
         configs = {}
@@ -63,7 +71,7 @@ async def check(
             configs[served.name] = message_to_dict(served.config)
         return manager.index(), configs
     finally:
-        await manager.stop()
+        await manager.stop(settings.drain_timeout_s)
 
 
 def conversions(repositories: tuple[Path, ...]) -> dict[str, TensorflowAdvice]:

@@ -28,7 +28,8 @@ from appliance.gpu_metrics import GpuCollector, GpuSource
 from appliance.protocol import model_config_pb2 as mc
 from appliance.repository.poller import RepositoryPoller
 from appliance.repository.sources import RemoteSources
-from appliance.runtime.models import ModelRuntime, ServedVersion
+from appliance.runtime.models import ModelRuntime
+from appliance.runtime.registry import ServedVersion
 from appliance.scheduling.stats import LATENCY_BUCKETS_MS
 
 log = logging.getLogger(__name__)

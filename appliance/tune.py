@@ -50,6 +50,7 @@ from appliance.model_config import ModelConfig, datatype_of
 from appliance.repository.local import list_models
 from appliance.runtime.models import ModelRuntime, RuntimeSettings
 from appliance.services.inference import InferenceService
+from appliance.settings import ServerSettings
 from appliance.types import InferRequest, InputTensor
 from edge_backends.datatypes import BY_TRITON
 
@@ -205,7 +206,8 @@ class Tuner:
         self.results: dict[Candidate, Result] = {}
 
     async def run(self) -> tuple[ModelConfig, list[Result]]:
-        manager = ModelRuntime(RuntimeSettings(repositories=(self.repository,)))
+        settings = self.runtime_settings()
+        manager = ModelRuntime(settings)
         core = InferenceService(manager)
         try:
             try:
@@ -220,7 +222,12 @@ class Tuner:
             await self._search(manager, core, base)
             return base, list(self.results.values())
         finally:
-            await manager.stop()
+            await manager.stop(settings.drain_timeout_s)
+
+    def runtime_settings(self) -> RuntimeSettings:
+        """The runtime `serve` runs with its default flags, so a point measures what serving
+        would give."""
+        return RuntimeSettings.from_server(ServerSettings(model_repositories=(self.repository,)))
 
     def _left(self) -> float:
         return self.deadline - time.monotonic()

@@ -1,150 +1,91 @@
-"""ModelRuntime: which models and versions are loaded, their state, load / unload / lookup."""
+"""ModelRuntime: the lifecycle of model versions: load, warm up, swap, drain, roll back, stop.
+
+The registry (registry.py) answers which version a request runs on; the loader (loader.py)
+turns a model folder into ready instances; specs.py builds each version's scheduler from its
+config; probation.py watches a switched-in version and rolls it back. Repositories (local
+folders and the model store the remote sources sync into) feed it model folders.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import shutil
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from appliance.errors import (
-    ApplianceError,
-    ConfigError,
-    InvalidInput,
-    ModelNotFound,
-    ModelNotReady,
-    Unsupported,
-)
+from appliance.errors import ApplianceError, ConfigError, ModelNotFound, ModelNotReady, Unsupported
 from appliance.model_config import ENSEMBLE, ModelConfig, read_config
-from appliance.repository.local import fingerprint, list_models
-from appliance.repository.manifest import NO_MANIFEST_RULES, ManifestPolicy
-from appliance.runtime.loader import (
-    PreparedModel,
-    TensorRule,
-    prepare_model,
-    tensor_rules,
+from appliance.repository.local import list_models
+from appliance.repository.manifest import ManifestPolicy
+from appliance.runtime.loader import PreparedModel, prepare_model, tensor_rules
+from appliance.runtime.probation import RollbackGuard
+from appliance.runtime.registry import (
+    LOADING,
+    READY,
+    UNAVAILABLE,
+    ModelRecord,
+    ModelRegistry,
+    ServedVersion,
 )
-from appliance.scheduling.batcher import Scheduler
-from appliance.scheduling.ensemble import EnsemblePlan
-from appliance.scheduling.policy import BatchPolicy
-from appliance.scheduling.queues import QueuePolicy
+from appliance.runtime.specs import build_scheduler
+from appliance.scheduling.ensemble import EnsembleStep
 from appliance.scheduling.rate_limiter import RateLimiter
-from appliance.scheduling.sequence import SequenceScheduler
 from appliance.scheduling.stats import LatencyHistogram, ModelStats
-from appliance.settings import SchedulingSettings
+from appliance.settings import SchedulingSettings, ServerSettings
+from appliance.types import Array
+from edge_backends.api import InferenceHost
 
 log = logging.getLogger(__name__)
 
-READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
-
-
-@dataclass
-class ServedVersion:
-    """One ready model version: its config, tensor rules, scheduler and statistics."""
-
-    name: str
-    version: int
-    config: ModelConfig
-    inputs: dict[str, TensorRule]
-    outputs: dict[str, TensorRule]
-    labels: dict[str, list[str]]
-    scheduler: Scheduler | SequenceScheduler  # an ensemble's has no instances, gets no work
-    stats: ModelStats
-    ensemble: EnsemblePlan | None = None
-    # Read on every request: plain attributes, not protobuf lookups.
-    max_batch_size: int = 0
-    all_outputs: tuple[str, ...] = ()
-    cache_enabled: bool = False
-    sequence: bool = False
-    decoupled: bool = False
-
-    def __post_init__(self) -> None:
-        self.max_batch_size = int(self.config.max_batch_size)
-        self.all_outputs = tuple(self.outputs)
-        self.cache_enabled = bool(self.config.response_cache.enable)
-        self.sequence = self.config.HasField("sequence_batching")
-        self.decoupled = bool(self.config.model_transaction_policy.decoupled)
-
-
-@dataclass
-class ModelRecord:
-    """What the repository index shows for one model."""
-
-    name: str
-    path: Path | None
-    state: str = UNAVAILABLE
-    reason: str = ""
-    config: ModelConfig | None = None
-    versions: dict[int, ServedVersion] = field(default_factory=dict)
-    failed: dict[int, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)  # e.g. GPU instances running on CPU
-    owned_dir: Path | None = None  # a folder the server made for it (file overrides)
+SHUTTING_DOWN = "server is shutting down"
 
 
 @dataclass(frozen=True)
 class RuntimeSettings:
+    """What the runtime takes from the server's settings (see `from_server`); no defaults of
+    its own beyond those of ServerSettings, so serve, check and tune run under one set."""
+
     repositories: tuple[Path, ...]
-    strict_model_config: bool = False
-    drain_timeout_s: float = 30.0
-    load_concurrency: int = 2
-    latency_histograms: bool = False
-    manifest: ManifestPolicy = NO_MANIFEST_RULES  # SHA256SUMS required / signed
-    scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)
+    strict_model_config: bool
+    drain_timeout_s: float  # a retiring version's in-flight requests get this long
+    latency_histograms: bool
+    manifest: ManifestPolicy  # SHA256SUMS required / signed
+    scheduling: SchedulingSettings
     # Automatic rollback: a new version whose model errors exceed this share of its first
     # `rollback_window` requests is taken out, and the version it replaced serves again.
-    rollback_error_rate: float = 0.0  # 0: off
-    rollback_window: int = 100
-    cache_dir: Path | None = None  # derived files of models (engines, conversions) go under it
+    rollback_error_rate: float  # 0: off
+    rollback_window: int
+    cache_dir: Path | None  # derived files of models (engines, conversions) go under it
+    load_concurrency: int = 2
+
+    @classmethod
+    def from_server(
+        cls,
+        settings: ServerSettings,
+        repositories: tuple[Path, ...] | None = None,
+        manifest: ManifestPolicy | None = None,
+    ) -> RuntimeSettings:
+        """The runtime's part of the server's settings (`repositories`: the local ones plus
+        the model store's roots, when remote sources feed it)."""
+        return cls(
+            repositories=settings.model_repositories if repositories is None else repositories,
+            strict_model_config=settings.strict_model_config,
+            drain_timeout_s=settings.exit_timeout_secs,
+            latency_histograms=settings.latency_histograms,
+            manifest=manifest or ManifestPolicy(settings.require_manifest, None),
+            scheduling=settings.scheduling,
+            rollback_error_rate=settings.rollback_error_rate,
+            rollback_window=settings.rollback_window,
+            cache_dir=settings.model_store_dir,
+        )
 
 
-@dataclass
-class Probation:
-    """A newly switched-in version watched over its first requests, with the versions it
-    replaced still loaded (not drained) so that a rollback is instant."""
-
-    served: ServedVersion
-    held: list[ServedVersion]
-    requests: int = 0
-    failures: int = 0
-
-
-def _policy(config: ModelConfig) -> BatchPolicy:
-    dyn = config.dynamic_batching if config.HasField("dynamic_batching") else None
-    if config.model_transaction_policy.decoupled:
-        dyn = None  # a decoupled request streams its own responses: one request per execution
-    return BatchPolicy(
-        max_batch_size=int(config.max_batch_size),
-        dynamic=dyn is not None,
-        preferred_batch_sizes=tuple(dyn.preferred_batch_size) if dyn else (),
-        max_queue_delay_ns=int(dyn.max_queue_delay_microseconds) * 1000 if dyn else 0,
-    )
-
-
-def _queue_policy(policy: Any) -> QueuePolicy:
-    return QueuePolicy(
-        max_queue_size=int(policy.max_queue_size),
-        default_timeout_ns=int(policy.default_timeout_microseconds) * 1000,
-        delay_on_timeout=policy.timeout_action == policy.DELAY,
-        allow_timeout_override=bool(policy.allow_timeout_override),
-    )
-
-
-def _queue_settings(config: ModelConfig) -> tuple[int, int, dict[int, QueuePolicy]]:
-    """Priority levels, the default level and each level's queue policy from the config."""
-    if not config.HasField("dynamic_batching"):
-        return 0, 0, {}
-    dyn = config.dynamic_batching
-    levels = int(dyn.priority_levels)
-    default = _queue_policy(dyn.default_queue_policy)
-    policies = dict.fromkeys(range(1, max(1, levels) + 1), default)
-    for level, policy in dyn.priority_queue_policy.items():
-        policies[int(level)] = _queue_policy(policy)
-    return levels, int(dyn.default_priority_level), policies
+async def _no_step_runner(step: EnsembleStep, inputs: dict[str, Array]) -> dict[str, Array]:
+    raise Unsupported(f"ensemble step {step.index} has no inference service to run on")
 
 
 def _join(*parts: str) -> str:
@@ -164,8 +105,15 @@ class ModelRuntime:
 
     def __init__(self, settings: RuntimeSettings) -> None:
         self._settings = settings
-        self._models: dict[str, ModelRecord] = {}
-        self.host: Any = None  # blocking inference entry handed to backends for BLS
+        self.registry = ModelRegistry()
+        # The hot-path lookups, bound once.
+        self.get = self.registry.get
+        self.is_ready = self.registry.is_ready
+        self.record = self.registry.record
+        self.ready_versions = self.registry.ready_versions
+        self.all_ready = self.registry.all_ready
+        self.host: InferenceHost | None = None  # blocking inference entry for backends (BLS)
+        self.run_step = _no_step_runner  # ensemble steps: set by the inference service
         # (model, version) -> why a remote version is not in the store yet (sources.py).
         self.pending: Callable[[], dict[tuple[str, int], str]] = dict
         # Explicit mode: brings a remote model into the store before it loads.
@@ -176,71 +124,22 @@ class ModelRuntime:
         )
         self._locks: dict[str, asyncio.Lock] = {}
         self._stopping = False
-        self._probation: dict[str, Probation] = {}
         self._tasks: set[asyncio.Future[None]] = set()
-        # (model, version) -> (folder fingerprint, why): rolled back, skipped until it changes.
-        self._rolled_back: dict[tuple[str, int], tuple[str, str]] = {}
-
-    # ---- lookup (hot path) -------------------------------------------------------------------
-
-    def get(self, name: str, version: str = "") -> ServedVersion:
-        """The version to run a request on; raises ModelNotFound / ModelNotReady."""
-        record = self._models.get(name)
-        if record is None:
-            raise ModelNotFound(f"Request for unknown model: '{name}' is not found")
-        if version:
-            try:
-                wanted = int(version)
-            except ValueError:
-                raise InvalidInput(
-                    f"failed to get model version from specified version string '{version}', "
-                    f"version should be an integral value > 0 (model '{name}')"
-                ) from None
-            if wanted < 0:
-                raise InvalidInput(
-                    f"invalid model version specified '{version}', version should be an "
-                    f"integral value > 0 (model '{name}')"
-                )
-            served = record.versions.get(wanted)
-            if served is None:
-                if wanted in record.failed:
-                    raise ModelNotReady(
-                        f"model '{name}' version {wanted} is not ready: {record.failed[wanted]}"
-                    )
-                raise ModelNotFound(
-                    f"Request for unknown model: '{name}' version {wanted} is not found"
-                )
-            return served
-        if not record.versions:
-            reason = f": {record.reason}" if record.reason else ""
-            raise ModelNotReady(f"model '{name}' has no ready versions{reason}")
-        return record.versions[max(record.versions)]
-
-    def is_ready(self, name: str, version: str = "") -> bool:
-        try:
-            self.get(name, version)
-        except ApplianceError:
-            return False
-        return True
-
-    def record(self, name: str) -> ModelRecord:
-        record = self._models.get(name)
-        if record is None:
-            raise ModelNotFound(f"Request for unknown model: '{name}' is not found")
-        return record
-
-    def ready_versions(self) -> list[ServedVersion]:
-        return [v for r in self._models.values() for _, v in sorted(r.versions.items())]
-
-    def all_ready(self) -> bool:
-        return all(r.state == READY for r in self._models.values())
+        self._guard = RollbackGuard(
+            self.registry,
+            settings.rollback_error_rate,
+            settings.rollback_window,
+            lambda versions: self._spawn(self._retire(versions)),
+            self._count_load,
+        )
 
     def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         """Triton's repository index: one entry per model version (per model when none load)."""
         entries: list[dict[str, Any]] = []
         pending = self.pending()
-        for name in sorted(self._models.keys() | {model for model, _ in pending}):
-            record = self._models.get(name) or ModelRecord(name=name, path=None)
+        known = {r.name for r in self.registry.records()}
+        for name in sorted(known | {model for model, _ in pending}):
+            record = self.registry.find(name) or ModelRecord(name=name, path=None)
             note = "; ".join(record.notes)
             rows: list[tuple[int | None, str, str]] = [
                 (v, READY, _join(note, f"new content failed: {record.failed[v]}"))
@@ -311,11 +210,11 @@ class ModelRuntime:
                 f"folder named '{name}'"
             )
         async with self._locks.setdefault(name, asyncio.Lock()):
-            record = self._models.setdefault(name, ModelRecord(name=name, path=path))
+            record = self.registry.add(name, path)
             if not record.versions:
                 record.state = LOADING
             log.info("loading model '%s' from %s", name, path)
-            skip = await asyncio.to_thread(self._still_rolled_back, name, path)
+            skip = await asyncio.to_thread(self._guard.still_rolled_back, name, path)
             try:
                 prepared = await asyncio.to_thread(
                     prepare_model,
@@ -340,7 +239,7 @@ class ModelRuntime:
             if prepared.ensemble is not None:
                 self._check_steps(prepared)
                 for step_model in prepared.ensemble.models:  # load what the ensemble calls
-                    step_record = self._models.get(step_model)
+                    step_record = self.registry.find(step_model)
                     if step_record is None or not step_record.versions:
                         await self.load(step_model)
             old = dict(record.versions)
@@ -380,95 +279,10 @@ class ModelRuntime:
             else:
                 record.state = UNAVAILABLE
                 record.reason = "; ".join(f"version {v}: {r}" for v, r in prepared.failed.items())
-            await self._retire(self._watch(name, old, new, record.versions))
+            await self._retire(self._guard.watch(name, old, new, record.versions))
             for folder in unused:  # after the versions that used it have drained
                 await asyncio.to_thread(shutil.rmtree, folder, True)
 
-    # ---- automatic rollback --------------------------------------------------------------------
-
-    def _still_rolled_back(self, name: str, path: Path) -> dict[int, str]:
-        """Rolled-back versions of a model whose files have not changed since (blocking)."""
-        skip: dict[int, str] = {}
-        for (model, version), (print_, why) in list(self._rolled_back.items()):
-            if model != name:
-                continue
-            if fingerprint(path / str(version)) == print_:
-                skip[version] = why
-            else:
-                del self._rolled_back[(model, version)]  # new content: it gets a new chance
-        return skip
-
-    def _watch(
-        self,
-        name: str,
-        old: dict[int, ServedVersion],
-        new: dict[int, ServedVersion],
-        now: dict[int, ServedVersion],
-    ) -> list[ServedVersion]:
-        """The replaced versions to retire now. With rollback on, the version now taking the
-        traffic goes on probation, and the ones it replaced stay loaded until it passes."""
-        replaced = [s for v, s in old.items() if now.get(v) is not s]
-        replaced += [s for s in self._drop_probation(name) if now.get(s.version) is not s]
-        on = self._settings.rollback_error_rate > 0
-        if not (on and old and now and max(now) in new and max(now) >= max(old)):
-            return replaced  # nothing replaced, or an older version came back
-        # Only what the new version directly replaced is held; older holds retire now.
-        held = [s for v, s in old.items() if now.get(v) is not s]
-        probe = Probation(now[max(now)], held=held)
-        probe.served.stats.watcher = functools.partial(self._observe, name, probe)
-        self._probation[name] = probe
-        return [s for s in replaced if s not in held]
-
-    def _observe(self, name: str, probe: Probation, failed: bool) -> None:
-        """One request's outcome on a version on probation (on the event loop)."""
-        probe.requests += 1
-        probe.failures += failed
-        window, limit = self._settings.rollback_window, self._settings.rollback_error_rate
-        if probe.failures > limit * window:
-            self._end_probation(name, probe)
-            self._roll_back(name, probe)
-        elif probe.requests >= window:
-            self._end_probation(name, probe)
-            log.info(
-                "model '%s' version %d passed its first %d requests (%d failed); unloading "
-                "the version it replaced",
-                name,
-                probe.served.version,
-                probe.requests,
-                probe.failures,
-            )
-            self._spawn(self._retire(probe.held))
-
-    def _end_probation(self, name: str, probe: Probation) -> None:
-        probe.served.stats.watcher = None
-        if self._probation.get(name) is probe:
-            del self._probation[name]
-
-    def _roll_back(self, name: str, probe: Probation) -> None:
-        """Put the held versions back in place of the failing one, at once."""
-        record = self._models[name]
-        bad = probe.served
-        why = (
-            f"rolled back: {probe.failures} of its first {probe.requests} requests failed "
-            f"(--model-rollback-error-rate {self._settings.rollback_error_rate:g})"
-        )
-        record.versions = {
-            **{v: s for v, s in record.versions.items() if s is not bad},
-            **{s.version: s for s in probe.held},
-        }
-        record.failed[bad.version] = why
-        if record.path is not None:  # skipped by loads until its files change
-            print_ = fingerprint(record.path / str(bad.version))
-            self._rolled_back[(name, bad.version)] = (print_, why)
-        self._count_load(name, "rollback")
-        log.error(
-            "model '%s' version %d %s; version %s serves again",
-            name,
-            bad.version,
-            why,
-            ", ".join(str(s.version) for s in probe.held) or "(none)",
-        )
-        self._spawn(self._retire([bad]))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(work)
@@ -478,39 +292,20 @@ class ModelRuntime:
     def _serve(self, prepared: PreparedModel) -> dict[int, ServedVersion]:
         config = prepared.config
         inputs, outputs = tensor_rules(config.input), tensor_rules(config.output)
-        labels = prepared.labels
-        queue_size = self._settings.scheduling.max_queue_size
-        if config.HasField("dynamic_batching"):
-            configured = config.dynamic_batching.default_queue_policy.max_queue_size
-            queue_size = configured if configured > 0 else queue_size
         served: dict[int, ServedVersion] = {}
-        levels, default_level, policies = _queue_settings(config)
         for pv in prepared.versions:
             stats = ModelStats(
                 latency=LatencyHistogram() if self._settings.latency_histograms else None
             )
-            label = f"model '{config.name}' version {pv.version}"
-            scheduler: Scheduler | SequenceScheduler
-            if config.HasField("sequence_batching"):
-                scheduler = SequenceScheduler(label, pv.workers, config, stats)
-                scheduler.start()
-                served[pv.version] = ServedVersion(
-                    config.name, pv.version, config, inputs, outputs, labels, scheduler, stats
-                )
-                continue
-            scheduler = Scheduler(
-                label=label,
-                workers=pv.workers,
-                policy=_policy(config),
-                stats=stats,
-                max_queue_size=queue_size,
-                preserve_ordering=config.dynamic_batching.preserve_ordering,
-                inline_budget_ns=self._settings.scheduling.inline_budget_us * 1000,
-                priority_levels=levels,
-                default_priority_level=default_level,
-                queue_policies=policies,
-                rate_limiter=self.rate_limiter,
-                max_queue_wait_ns=self._settings.scheduling.max_queue_wait_ms * 1_000_000,
+            scheduler = build_scheduler(
+                config,
+                f"model '{config.name}' version {pv.version}",
+                pv.workers,
+                stats,
+                self._settings.scheduling,
+                self.rate_limiter,
+                prepared.ensemble,
+                self.run_step,
             )
             scheduler.start()
             served[pv.version] = ServedVersion(
@@ -519,7 +314,7 @@ class ModelRuntime:
                 config,
                 inputs,
                 outputs,
-                labels,
+                prepared.labels,
                 scheduler,
                 stats,
                 ensemble=prepared.ensemble,
@@ -540,7 +335,7 @@ class ModelRuntime:
                     f"ensemble '{prepared.name}' step {step.index} calls model "
                     f"'{step.model_name}', which is not in the model repository"
                 )
-                record = self._models[prepared.name]
+                record = self.registry.record(prepared.name)
                 if not record.versions:
                     record.state, record.reason = UNAVAILABLE, message
                 log.error("%s", message)
@@ -556,19 +351,19 @@ class ModelRuntime:
         await self.unload(name)
         still_used = {
             m
-            for r in self._models.values()
+            for r in self.registry.records()
             for v in r.versions.values()
             if v.ensemble is not None
             for m in v.ensemble.models
         }
         for model in sorted(calls - still_used):
-            if model in self._models:
+            if self.registry.find(model) is not None:
                 await self.unload(model)
 
     async def unload(self, name: str) -> None:
         record = self.record(name)
         async with self._locks.setdefault(name, asyncio.Lock()):
-            old = list(record.versions.values()) + self._drop_probation(name)
+            old = list(record.versions.values()) + self._guard.drop(name)
             record.versions, record.failed = {}, {}
             record.state, record.reason = UNAVAILABLE, "unloaded"
             await self._retire(old)
@@ -577,30 +372,40 @@ class ModelRuntime:
                 record.owned_dir = None
             log.info("model '%s' unloaded", name)
 
-    def _drop_probation(self, name: str) -> list[ServedVersion]:
-        """End a model's probation; the versions it held loaded, to retire."""
-        probe = self._probation.pop(name, None)
-        if probe is None:
-            return []
-        probe.served.stats.watcher = None
-        return probe.held
-
     async def _retire(self, versions: list[ServedVersion]) -> None:
-        """Drain in-flight requests of versions no longer served, then free their instances."""
-        for served in versions:
-            await served.scheduler.drain(self._settings.drain_timeout_s)
-            await asyncio.to_thread(served.scheduler.stop_workers)
-            if not self._stopping:
-                log.info("model '%s' version %d drained and unloaded", served.name, served.version)
+        """Drain in-flight requests of versions no longer served, then free their instances;
+        every version at once, so N versions take one drain timeout, not N."""
+        timeout_s = self._settings.drain_timeout_s
+        await asyncio.gather(*(self._release(s, timeout_s, "was unloaded") for s in versions))
+        if not self._stopping:
+            for served in versions:
+                log.info("%s drained and unloaded", served.label)
 
-    async def stop(self) -> None:
+    async def _release(self, served: ServedVersion, timeout_s: float, reason: str) -> str:
+        """Stop one version's scheduler within timeout_s and close its instances; a line
+        naming what had to be cancelled, '' when nothing was."""
+        failed = await served.scheduler.stop(timeout_s, reason)
+        stuck = await asyncio.to_thread(served.scheduler.release, 1.0 if failed else timeout_s)
+        parts = [f"{failed} request(s) cancelled"] if failed else []
+        if stuck:
+            parts.append(f"instance(s) still running: {', '.join(stuck)}")
+        return f"{served.label}: {'; '.join(parts)}" if parts else ""
+
+    async def stop(self, timeout_s: float) -> list[str]:
+        """Stop every version at once: in-flight requests get timeout_s, the rest fail with
+        "server is shutting down". One line per version that had work cancelled."""
         self._stopping = True
-        for name, record in self._models.items():
-            old = list(record.versions.values()) + self._drop_probation(name)
+        versions: list[ServedVersion] = []
+        for record in self.registry.records():
+            versions += list(record.versions.values()) + self._guard.drop(record.name)
             record.versions = {}
-            await self._retire(old)
-        for task in list(self._tasks):
-            await task
+        lines = await asyncio.gather(
+            *(self._release(s, timeout_s, SHUTTING_DOWN) for s in versions)
+        )
+        for task in list(self._tasks):  # retirements already under way (replaced versions)
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        return [line for line in lines if line]
 
     def require_explicit(self, mode: str) -> None:
         if mode != "explicit":

@@ -1,4 +1,5 @@
-"""What every scheduler of a model version shares: its instances, start, drain and stop."""
+"""What the instance-backed schedulers share: instances, the rate limiter, in-flight
+accounting, and the stop protocol used when a version retires or the server shuts down."""
 
 from __future__ import annotations
 
@@ -8,23 +9,37 @@ from collections import deque
 from collections.abc import Sequence
 
 from appliance.errors import ServerUnavailable
-from appliance.scheduling.instances import InstanceWorker, Job
+from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
+from appliance.scheduling.outcome import log_unexpected, settle
 from appliance.scheduling.precise_timer import PreciseHandle
+from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.stats import ModelStats
+from appliance.types import Array
 
 
 class SchedulerBase:
-    """Instances on worker threads, and the drain protocol used when a version retires."""
+    """Instances on worker threads; subclasses decide what runs next (`_dispatch`)."""
 
-    def __init__(self, label: str, workers: list[InstanceWorker], stats: ModelStats) -> None:
+    def __init__(
+        self,
+        label: str,
+        workers: list[InstanceWorker],
+        stats: ModelStats,
+        rate_limiter: RateLimiter | None = None,
+    ) -> None:
         self._label = label  # "model 'x' version 1", for messages
         self._workers = workers
         self._idle: deque[InstanceWorker] = deque(workers)
+        self._running: dict[InstanceWorker, list[Job]] = {}
         self._stats = stats
         self._closing = False
         self._drained: asyncio.Event | None = None
         self._timer: asyncio.TimerHandle | PreciseHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._limiter = rate_limiter or RateLimiter(enabled=False)
+        self._awaiting_resources = False
+        for worker in workers:
+            self._limiter.register(worker.resources)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -37,12 +52,62 @@ class SchedulerBase:
         raise NotImplementedError
 
     @property
-    def busy(self) -> bool:
-        return bool(self.pending) or len(self._idle) < len(self._workers)
+    def in_flight(self) -> int:
+        return self.pending + sum(len(jobs) for jobs in self._running.values())
 
     def _take_queued(self) -> list[Job]:
         """Remove and return every job still waiting."""
         raise NotImplementedError
+
+    def _dispatch(self) -> None:
+        raise NotImplementedError
+
+    # ---- instances ---------------------------------------------------------------------------
+
+    def _free_worker(self) -> InstanceWorker | None:
+        """An idle instance whose rate-limiter resources are available (now taken); None
+        (and a wake-up once resources free up) when the limiter holds every one back."""
+        for worker in self._idle:
+            if self._limiter.try_acquire(worker.resources):
+                self._idle.remove(worker)
+                return worker
+        self._awaiting_resources = True
+        self._limiter.wait(self._on_resources, min(w.priority for w in self._idle))
+        return None
+
+    def _on_resources(self) -> None:
+        self._awaiting_resources = False
+        assert self._loop is not None
+        self._loop.call_soon(self._dispatch)
+
+    def _run(self, worker: InstanceWorker, jobs: list[Job], inline: bool = False) -> None:
+        """Hand a batch to an instance: on its thread, or here on the loop when inline."""
+        self._running[worker] = jobs
+        if inline:
+            result = worker.run(jobs)
+            assert self._loop is not None
+            self._loop.call_soon(self._on_batch_done, worker, result)
+        else:
+            worker.submit(jobs, self._on_batch_done)
+
+    def _on_batch_done(self, worker: InstanceWorker, result: BatchResult) -> None:
+        raise NotImplementedError
+
+    def _instance_done(self, worker: InstanceWorker, result: BatchResult) -> None:
+        """An instance is free again; log what went unexpectedly wrong in its batch."""
+        del self._running[worker]
+        self._idle.append(worker)
+        self._limiter.release(worker.resources)
+        log_unexpected(self._label, result.outcomes)
+
+    def _settle(self, job: Job, outcome: dict[str, Array] | BaseException) -> None:
+        settle(self._label, job.future, outcome)
+
+    # ---- stop --------------------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending) or bool(self._running)
 
     def _refuse_if_closing(self) -> None:
         if self._closing:
@@ -52,18 +117,27 @@ class SchedulerBase:
         if self._drained is not None and not self.busy:
             self._drained.set()
 
-    async def drain(self, timeout_s: float) -> None:
-        """Refuse new work, wait for queued and running jobs up to timeout_s, then fail the rest."""
+    async def stop(self, timeout_s: float, reason: str) -> int:
+        """Refuse new work, wait for queued and running jobs up to timeout_s, fail the rest."""
         self._closing = True
         if self.busy:
             self._drained = asyncio.Event()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._drained.wait(), timeout_s)
-        for job in self._take_queued():
+        left = self._take_queued() + [job for jobs in self._running.values() for job in jobs]
+        failed = 0
+        for job in left:
             if not job.future.done():
-                job.future.set_exception(ServerUnavailable(f"{self._label} was unloaded"))
+                job.future.set_exception(ServerUnavailable(f"{self._label}: {reason}"))
+                failed += 1
+        self._stats.cancelled += failed
         if self._timer is not None:
             self._timer.cancel()
+        return failed
+
+    def release(self, timeout_s: float) -> list[str]:
+        """Blocking: end the instance threads (at most timeout_s each) and close instances."""
+        return [w.name for w in self._workers if not w.stop(timeout_s)]
 
     def health(self, now_ns: int, stuck_ns: int) -> str:
         """Why this version cannot make progress ('' when it can); see appliance/notify.py."""
@@ -71,11 +145,6 @@ class SchedulerBase:
             return ""
         states = [(w.alive, w.busy_since_ns) for w in self._workers]
         return stalled_reason(self._label, states, now_ns, stuck_ns)
-
-    def stop_workers(self) -> None:
-        """Blocking: join the worker threads and close instances (call from a thread)."""
-        for worker in self._workers:
-            worker.stop()
 
 
 def stalled_reason(

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from itertools import islice
 
-from appliance.errors import InferenceFailed, InvalidInput, QueueFull, ServerUnavailable
+from appliance.errors import QueueFull, ServerUnavailable
 from appliance.scheduling.base import SchedulerBase
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
 from appliance.scheduling.policy import BatchPolicy, next_batch
@@ -29,7 +29,6 @@ from appliance.scheduling.queues import QueuePolicy, RequestQueue
 from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.stats import ModelStats
 from appliance.types import Array
-from edge_backends.api import InputRejected
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +59,7 @@ class Scheduler(SchedulerBase):
         rate_limiter: RateLimiter | None = None,
         max_queue_wait_ns: int = 0,
     ) -> None:
-        super().__init__(label, workers, stats)
+        super().__init__(label, workers, stats, rate_limiter)
         # Admission: refuse a request when the work queued ahead of it would take longer than
         # this (0: no limit), so overload is answered at once and admitted latency stays bounded.
         self._max_queue_wait_ns = max_queue_wait_ns
@@ -75,12 +74,8 @@ class Scheduler(SchedulerBase):
         self._queue = RequestQueue(
             label, priority_levels, default_priority_level, queue_policies or {}, max_queue_size
         )
-        self._in_flight: deque[BatchResult] = deque()  # dispatch order, for preserve_ordering
+        self._ordered: deque[BatchResult] = deque()  # dispatch order, for preserve_ordering
         self._timer_at = 0  # monotonic ns the timer fires at
-        self._limiter = rate_limiter or RateLimiter(enabled=False)
-        self._awaiting_resources = False
-        for worker in workers:
-            self._limiter.register(worker.resources)
 
     @property
     def pending(self) -> int:
@@ -147,35 +142,15 @@ class Scheduler(SchedulerBase):
                 live = head[:1]
             worker = self._free_worker()
             if worker is None:  # the rate limiter holds every idle instance back
-                self._awaiting_resources = True
-                self._limiter.wait(self._on_resources, min(w.priority for w in self._idle))
                 break
             queue.take(live)
             for job in live:
                 job.dispatch_ns = now
                 self._stats.queue.add(now - job.enqueue_ns)
             if self._preserve_ordering:
-                self._in_flight.append(BatchResult(jobs=live))
-            if worker.inline_ok and self._runs_inline(live):
-                result = worker.run(live)
-                assert self._loop is not None
-                self._loop.call_soon(self._on_batch_done, worker, result)
-            else:
-                worker.submit(live, self._on_batch_done)
+                self._ordered.append(BatchResult(jobs=live))
+            self._run(worker, live, inline=worker.inline_ok and self._runs_inline(live))
         self._arm_timer(now, wait_ns)
-
-    def _free_worker(self) -> InstanceWorker | None:
-        """An idle instance whose rate-limiter resources are available (now taken)."""
-        for worker in self._idle:
-            if self._limiter.try_acquire(worker.resources):
-                self._idle.remove(worker)
-                return worker
-        return None
-
-    def _on_resources(self) -> None:
-        self._awaiting_resources = False
-        assert self._loop is not None
-        self._loop.call_soon(self._dispatch)
 
     def _runs_inline(self, jobs: list[Job]) -> bool:
         """Inline when the learned CPU cost per input byte predicts a run within budget."""
@@ -222,18 +197,17 @@ class Scheduler(SchedulerBase):
         self._dispatch()
 
     def _on_batch_done(self, worker: InstanceWorker, result: BatchResult) -> None:
-        self._idle.append(worker)
-        self._limiter.release(worker.resources)
+        self._instance_done(worker, result)
         self._learn_cost(result)
         if self._preserve_ordering:
             # Responses leave in dispatch order: park this batch until earlier ones are done.
-            for i, slot in enumerate(self._in_flight):
+            for i, slot in enumerate(self._ordered):
                 if slot.jobs is result.jobs:
                     result.done = True
-                    self._in_flight[i] = result
+                    self._ordered[i] = result
                     break
-            while self._in_flight and self._in_flight[0].done:
-                self._complete(self._in_flight.popleft())
+            while self._ordered and self._ordered[0].done:
+                self._complete(self._ordered.popleft())
         else:
             self._complete(result)
         self._dispatch()
@@ -249,14 +223,7 @@ class Scheduler(SchedulerBase):
             )
             stats.last_inference_ms = time.time_ns() // 1_000_000
         for job, outcome in zip(result.jobs, result.outcomes, strict=True):
-            if job.future.done():
-                continue
-            if isinstance(outcome, InputRejected):
-                job.future.set_exception(InvalidInput(f"{self._label}: {outcome}"))
-            elif isinstance(outcome, BaseException):
-                job.future.set_exception(InferenceFailed(f"{self._label} failed: {outcome}"))
-            else:
-                job.future.set_result(outcome)
+            self._settle(job, outcome)
 
 
 def _input_bytes(jobs: list[Job]) -> int:

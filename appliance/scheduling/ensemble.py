@@ -3,8 +3,9 @@
 The plan is checked once at load time (every tensor has one producer, every step input is an
 ensemble input or another step's output, every ensemble output is produced, no cycles). At run
 time each step starts as soon as its inputs exist, so independent branches run concurrently;
-each step is an ordinary request to its model, with that model's own validation, batching and
-statistics.
+each step is an ordinary request to its model, with that model's own validation, batching,
+queue bounds, admission and statistics (as in Triton, an ensemble has no queue of its own). The
+plan is built from the config by appliance/runtime/specs.py.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from appliance.errors import ConfigError
-from appliance.model_config import ModelConfig
+from appliance.errors import ConfigError, ServerUnavailable
+from appliance.scheduling.instances import Job
 from appliance.types import Array
 
 
@@ -43,60 +44,6 @@ class EnsemblePlan:
 StepRunner = Callable[[EnsembleStep, dict[str, Array]], Awaitable[dict[str, Array]]]
 
 
-def plan_from_config(config: ModelConfig) -> EnsemblePlan:
-    """Check the ensemble's wiring; ConfigError names the step and tensor at fault."""
-    where = f"ensemble '{config.name}'"
-    if not config.ensemble_scheduling.step:
-        raise ConfigError(f"{where}: ensemble_scheduling has no steps")
-    inputs = tuple(i.name for i in config.input)
-    outputs = tuple(o.name for o in config.output)
-    producers: dict[str, int] = dict.fromkeys(inputs, -1)
-    steps = []
-    for index, step in enumerate(config.ensemble_scheduling.step):
-        if not step.model_name:
-            raise ConfigError(f"{where}: step {index} has no model_name")
-        version = "" if step.model_version <= 0 else str(step.model_version)
-        for model_output, tensor in step.output_map.items():
-            if tensor in producers:
-                raise ConfigError(
-                    f"{where}: tensor '{tensor}' is produced twice (step {index} output "
-                    f"'{model_output}')"
-                )
-            producers[tensor] = index
-        steps.append(
-            EnsembleStep(
-                index, step.model_name, version, dict(step.input_map), dict(step.output_map)
-            )
-        )
-    for step in steps:
-        for model_input, tensor in step.inputs.items():
-            if tensor not in producers:
-                raise ConfigError(
-                    f"{where}: step {step.index} ('{step.model_name}') input '{model_input}' "
-                    f"reads tensor '{tensor}', which no ensemble input or step produces"
-                )
-    for name in outputs:
-        if name not in producers:
-            raise ConfigError(f"{where}: output '{name}' is not produced by any step")
-    _check_acyclic(where, steps, producers)
-    return EnsemblePlan(config.name, tuple(steps), inputs, outputs)
-
-
-def _check_acyclic(where: str, steps: list[EnsembleStep], producers: dict[str, int]) -> None:
-    done: set[int] = set()
-    while len(done) < len(steps):
-        ready = [
-            s.index
-            for s in steps
-            if s.index not in done
-            and all(producers[t] == -1 or producers[t] in done for t in s.inputs.values())
-        ]
-        if not ready:
-            stuck = [s.index for s in steps if s.index not in done]
-            raise ConfigError(f"{where}: steps {stuck} depend on each other (a cycle)")
-        done.update(ready)
-
-
 async def run_ensemble(
     plan: EnsemblePlan, inputs: dict[str, Array], run_step: StepRunner
 ) -> dict[str, Array]:
@@ -123,3 +70,56 @@ async def run_ensemble(
         for task in running:
             task.cancel()
     return {name: tensors[name] for name in plan.outputs}
+
+
+class EnsembleScheduler:
+    """The ModelScheduler of an ensemble: runs the plan, counts what is in flight, stops."""
+
+    def __init__(self, label: str, plan: EnsemblePlan, run_step: StepRunner) -> None:
+        self._label = label
+        self._plan = plan
+        self._run_step = run_step
+        self._active = 0
+        self._closing = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def start(self) -> None:
+        pass  # no instances of its own
+
+    @property
+    def pending(self) -> int:
+        return 0
+
+    @property
+    def in_flight(self) -> int:
+        return self._active
+
+    async def submit(self, job: Job) -> dict[str, Array]:
+        if self._closing:
+            raise ServerUnavailable(f"{self._label} is unloading; retry")
+        self._active += 1
+        self._idle.clear()
+        try:
+            # A step's error is already the client's (its own model's scheduler mapped it).
+            return await run_ensemble(self._plan, job.inputs, self._run_step)
+        finally:
+            self._active -= 1
+            if not self._active:
+                self._idle.set()
+
+    async def stop(self, timeout_s: float, reason: str) -> int:
+        """Wait for running ensemble requests; those left fail with their steps' models,
+        which are stopped under the same deadline."""
+        self._closing = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return self._active
+        return 0
+
+    def release(self, timeout_s: float) -> list[str]:
+        return []
+
+    def health(self, now_ns: int, stuck_ns: int) -> str:
+        return ""

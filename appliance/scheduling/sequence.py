@@ -23,13 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from appliance.errors import InferenceFailed, InvalidInput, ServerUnavailable
-from appliance.model_config import ModelConfig, datatype_of
+from appliance.errors import InvalidInput, QueueFull, ServerUnavailable
 from appliance.scheduling.base import SchedulerBase
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
+from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.stats import ModelStats
 from appliance.types import Array
-from edge_backends.datatypes import BY_TRITON
 
 log = logging.getLogger(__name__)
 
@@ -67,40 +66,16 @@ class Sequence:
     ended: bool = False
 
 
-def controls_from_config(config: ModelConfig) -> list[Control]:
-    controls = []
-    for entry in config.sequence_batching.control_input:
-        for control in entry.control:
-            kind = type(control).Kind.Name(control.kind).removeprefix("CONTROL_SEQUENCE_")
-            dtype: np.dtype[Any]
-            values: tuple[Any, Any]
-            if control.int32_false_true:
-                values = (control.int32_false_true[0], control.int32_false_true[1])
-                dtype = np.dtype(np.int32)
-            elif control.fp32_false_true:
-                values = (control.fp32_false_true[0], control.fp32_false_true[1])
-                dtype = np.dtype(np.float32)
-            elif control.bool_false_true:
-                values = (control.bool_false_true[0], control.bool_false_true[1])
-                dtype = np.dtype(np.bool_)
-            else:  # CORRID: the id itself, in the configured type
-                values = (0, 1)
-                dtype = BY_TRITON[datatype_of(control.data_type)].numpy
-            controls.append(Control(entry.name, kind, dtype, values))
-    return controls
+@dataclass(frozen=True)
+class SequenceSpec:
+    """A sequence-batched model's scheduling rules, read from its config once."""
 
-
-def states_from_config(config: ModelConfig) -> list[StateSpec]:
-    states = []
-    for entry in config.sequence_batching.state:
-        dtype = BY_TRITON[datatype_of(entry.data_type)].numpy
-        dims = tuple(int(d) for d in entry.dims)
-        initial = None
-        for init in entry.initial_state:
-            if init.HasField("zero_data") or not init.data_file:
-                initial = np.zeros(tuple(int(d) for d in init.dims) or dims, dtype=dtype)
-        states.append(StateSpec(entry.input_name, entry.output_name, dtype, dims, initial))
-    return states
+    max_batch_size: int  # 0: the model does not batch
+    idle_ns: int  # a sequence with no request for this long is released
+    controls: tuple[Control, ...] = ()
+    states: tuple[StateSpec, ...] = ()
+    max_sequences: int = 4096  # active at once; more are refused
+    max_waiting: int = 4096  # requests waiting across all sequences; more are refused
 
 
 class SequenceScheduler(SchedulerBase):
@@ -110,18 +85,18 @@ class SequenceScheduler(SchedulerBase):
         self,
         label: str,
         workers: list[InstanceWorker],
-        config: ModelConfig,
+        spec: SequenceSpec,
         stats: ModelStats,
-        max_sequences: int = 4096,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
-        super().__init__(label, workers, stats)
-        self._max_batch = max(1, int(config.max_batch_size))
-        self._batching = config.max_batch_size > 0
-        idle_us = int(config.sequence_batching.max_sequence_idle_microseconds) or 1_000_000
-        self._idle_ns = idle_us * 1000
-        self._controls = controls_from_config(config)
-        self._states = states_from_config(config)
-        self._max_sequences = max_sequences
+        super().__init__(label, workers, stats, rate_limiter)
+        self._max_batch = max(1, spec.max_batch_size)
+        self._batching = spec.max_batch_size > 0
+        self._idle_ns = spec.idle_ns
+        self._controls = spec.controls
+        self._states = spec.states
+        self._max_sequences = spec.max_sequences
+        self._max_waiting = spec.max_waiting
         self._sequences: dict[SequenceId, Sequence] = {}
         self._expired: dict[SequenceId, None] = {}  # recently timed out, for a precise error
 
@@ -158,6 +133,11 @@ class SequenceScheduler(SchedulerBase):
             raise SequenceError(
                 f"{self._label}: sequence {sid!r} {why}; its first request must set sequence_start"
             )
+        if self.pending >= self._max_waiting:
+            raise QueueFull(
+                f"{self._label}: {self._max_waiting} requests are waiting (max_queue_size); "
+                "retry later"
+            )
         job.enqueue_ns = now
         sequence.waiting.append(job)
         sequence.last_used_ns = now
@@ -189,12 +169,15 @@ class SequenceScheduler(SchedulerBase):
             self._expired.pop(next(iter(self._expired)))
 
     def _dispatch(self) -> None:
-        while self._idle:
+        while self._idle and not self._awaiting_resources:
             ready = sorted(
                 (s for s in self._sequences.values() if s.waiting and not s.running),
                 key=lambda s: s.waiting[0].enqueue_ns,
             )
             if not ready:
+                break
+            worker = self._free_worker()
+            if worker is None:  # the rate limiter holds every idle instance back
                 break
             head_key = ready[0].waiting[0].shape_key
             chosen = [s for s in ready if s.waiting[0].shape_key == head_key][: self._max_batch]
@@ -207,7 +190,7 @@ class SequenceScheduler(SchedulerBase):
                 self._stats.queue.add(now - job.enqueue_ns)
                 self._add_controls_and_state(job, sequence)
                 jobs.append(job)
-            self._idle.popleft().submit(jobs, self._on_batch_done)
+            self._run(worker, jobs)
         self._arm_idle_timer()
 
     def _row(self, value: Any, dtype: np.dtype[Any]) -> Array:
@@ -240,7 +223,7 @@ class SequenceScheduler(SchedulerBase):
         )
 
     def _on_batch_done(self, worker: InstanceWorker, result: BatchResult) -> None:
-        self._idle.append(worker)
+        self._instance_done(worker, result)
         if result.batch_size:
             result.stamp()
             self._stats.record_execution(
@@ -263,12 +246,7 @@ class SequenceScheduler(SchedulerBase):
                             sequence.state[state.input_name] = np.array(outcome[state.output_name])
                 if job.sequence_end:
                     del self._sequences[job.sequence_id]
-            if job.future.done():
-                continue
-            if isinstance(outcome, BaseException):
-                job.future.set_exception(InferenceFailed(f"{self._label} failed: {outcome}"))
-            else:
-                job.future.set_result(outcome)
+            self._settle(job, outcome)
         self._dispatch()
         self._notify_if_drained()
 

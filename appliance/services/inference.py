@@ -19,9 +19,10 @@ from appliance.errors import (
     Unsupported,
 )
 from appliance.limits import NO_LIMITS, RequestLimits
-from appliance.runtime.models import ModelRuntime, ServedVersion
+from appliance.runtime.models import ModelRuntime
+from appliance.runtime.registry import ServedVersion
 from appliance.scheduling.batcher import QueueTimeout
-from appliance.scheduling.ensemble import EnsembleStep, run_ensemble
+from appliance.scheduling.ensemble import EnsembleStep
 from appliance.scheduling.instances import Job
 from appliance.trace import Tracer
 from appliance.types import (
@@ -61,6 +62,7 @@ class InferenceService:
         # Front ends pass these to their decoders too, to refuse before allocating.
         self.limits = limits or RequestLimits()
         self.accepting = True
+        manager.run_step = self.run_step  # ensembles' steps are ordinary requests
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """A client's request: checked against the input limits."""
@@ -78,9 +80,7 @@ class InferenceService:
         start = time.monotonic_ns()
         try:
             job = self._job(served, request, limits)
-            if served.ensemble is not None:
-                outputs = await run_ensemble(served.ensemble, job.inputs, self._run_step)
-            elif served.cache_enabled and self.cache is not None and not served.sequence:
+            if served.cache_enabled and self.cache is not None and not served.sequence:
                 outputs = await self._cached(served, job, start)
             else:
                 outputs = await served.scheduler.submit(job)
@@ -166,7 +166,7 @@ class InferenceService:
             ],
         )
 
-    async def _run_step(self, step: EnsembleStep, inputs: dict[str, Array]) -> dict[str, Array]:
+    async def run_step(self, step: EnsembleStep, inputs: dict[str, Array]) -> dict[str, Array]:
         """One ensemble step: an ordinary request to the step's model."""
         return await self.infer_arrays(
             step.model_name, step.model_version, inputs, list(step.outputs)

@@ -10,7 +10,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.errors import ConfigError
-from appliance.scheduling.ensemble import EnsembleStep, plan_from_config, run_ensemble
+from appliance.runtime.specs import plan_from_config
+from appliance.scheduling.ensemble import EnsembleStep, run_ensemble
 
 HEADER = 'name: "e" platform: "ensemble" input [ { name: "IN" } ] output [ { name: "OUT" } ]\n'
 

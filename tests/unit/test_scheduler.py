@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -16,11 +17,12 @@ from appliance.scheduling.instances import InstanceWorker, Job
 from appliance.scheduling.policy import BatchPolicy
 from appliance.scheduling.queues import QueuePolicy
 from appliance.scheduling.stats import ModelStats
-from edge_backends.api import InputRejected
+from edge_backends.api import ExecutionError, InputRejected, InstanceBase
 
 
-class Doubler:
-    """y = 2x; rejects negative inputs as a request error; records batch sizes."""
+class Doubler(InstanceBase):
+    """y = 2x; rejects negative inputs as a request error, fails on 99, has a bug on 77;
+    records batch sizes."""
 
     def __init__(self, gate: threading.Event | None = None) -> None:
         self.batches: list[int] = []
@@ -33,7 +35,9 @@ class Doubler:
         if (x < 0).any():
             raise InputRejected("negative input")
         if (x == 99).any():
-            raise RuntimeError("model crashed")
+            raise ExecutionError("model crashed")
+        if (x == 77).any():
+            return {}["y"]  # a bug: KeyError
         self.batches.append(int(x.shape[0]))
         return {"y": x * 2}
 
@@ -73,8 +77,8 @@ async def test_batched_requests_get_their_own_rows() -> None:
     assert model.batches == [5]
     assert stats.execution_count == 1
     assert stats.inference_count == 5
-    await scheduler.drain(1)
-    scheduler.stop_workers()
+    await scheduler.stop(1, "was unloaded")
+    scheduler.release(1)
 
 
 async def test_a_rejected_input_fails_only_its_own_request() -> None:
@@ -89,8 +93,32 @@ async def test_a_rejected_input_fails_only_its_own_request() -> None:
     assert isinstance(results[1], InvalidInput)
     assert "model 'm' version 1: negative input" in str(results[1])
     np.testing.assert_array_equal(results[2]["y"], np.full((1, 2), 6))
-    await scheduler.drain(1)
-    scheduler.stop_workers()
+    await scheduler.stop(1, "was unloaded")
+    scheduler.release(1)
+
+
+async def test_an_unexpected_exception_is_logged_once_with_traceback_model_and_version(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gate = threading.Event()
+    scheduler, _ = make(Doubler(gate), DYNAMIC, max_queue_size=100)
+    with caplog.at_level(logging.ERROR, logger="appliance.scheduling.outcome"):
+        pending = [asyncio.ensure_future(scheduler.submit(job(77))) for _ in range(3)]
+        await asyncio.sleep(0)
+        gate.set()
+        results = await asyncio.gather(*pending, return_exceptions=True)
+    for result in results:  # every request of the batch fails, saying where to look
+        assert isinstance(result, InferenceFailed)
+        assert str(result) == (
+            "model 'm' version 1 failed: internal error (KeyError); see the server log"
+        )
+    records = [r for r in caplog.records if r.name == "appliance.scheduling.outcome"]
+    assert len(records) == 1  # one execution, one line, not one per request
+    assert "model 'm' version 1" in records[0].getMessage()
+    assert records[0].exc_info is not None and records[0].exc_info[0] is KeyError
+    assert "return {}[\"y\"]" in caplog.text  # the traceback reaches the log
+    await scheduler.stop(1, "was unloaded")
+    scheduler.release(1)
 
 
 async def test_a_model_failure_is_reported_as_internal() -> None:
@@ -99,8 +127,8 @@ async def test_a_model_failure_is_reported_as_internal() -> None:
         await scheduler.submit(job(99))
     out = await scheduler.submit(job(1))  # the instance still serves
     np.testing.assert_array_equal(out["y"], np.full((1, 2), 2))
-    await scheduler.drain(1)
-    scheduler.stop_workers()
+    await scheduler.stop(1, "was unloaded")
+    scheduler.release(1)
 
 
 async def test_full_queue_rejects_at_once() -> None:
@@ -114,8 +142,8 @@ async def test_full_queue_rejects_at_once() -> None:
         await scheduler.submit(job(3))
     gate.set()
     await asyncio.gather(running, *queued)
-    await scheduler.drain(1)
-    scheduler.stop_workers()
+    await scheduler.stop(1, "was unloaded")
+    scheduler.release(1)
 
 
 async def test_cancelled_queued_request_never_executes() -> None:
@@ -131,8 +159,8 @@ async def test_cancelled_queued_request_never_executes() -> None:
     await first
     await scheduler.submit(job(2))
     assert 3 not in model.batches  # the cancelled 3-row request was dropped from the queue
-    await scheduler.drain(1)
-    scheduler.stop_workers()
+    await scheduler.stop(1, "was unloaded")
+    scheduler.release(1)
 
 
 async def test_preserve_ordering_with_two_instances() -> None:
@@ -163,16 +191,16 @@ async def test_preserve_ordering_with_two_instances() -> None:
     slow_gate.set()
     await asyncio.gather(first, second)
     assert done == [0, 1]
-    await scheduler.drain(1)
-    scheduler.stop_workers()
+    await scheduler.stop(1, "was unloaded")
+    scheduler.release(1)
 
 
 async def test_drain_refuses_new_work() -> None:
     scheduler, _ = make(Doubler(), DYNAMIC, max_queue_size=10)
-    await scheduler.drain(1)
+    await scheduler.stop(1, "was unloaded")
     with pytest.raises(Exception, match="unloading"):
         await scheduler.submit(job(1))
-    scheduler.stop_workers()
+    scheduler.release(1)
 
 
 class ThreadRecorder(Doubler):
@@ -206,8 +234,8 @@ async def test_cheap_batches_run_inline_after_warm_up_and_big_ones_do_not() -> N
     assert model.threads[-1] == loop_thread  # then inline
     await scheduler.submit(job(1, rows=50_000))  # 400 KB: predicted over budget
     assert model.threads[-1] != loop_thread
-    await scheduler.drain(1)
-    scheduler.stop_workers()
+    await scheduler.stop(1, "was unloaded")
+    scheduler.release(1)
 
 
 async def test_inline_execution_can_be_turned_off() -> None:
@@ -225,8 +253,8 @@ async def test_inline_execution_can_be_turned_off() -> None:
     for i in range(20):
         await scheduler.submit(job(i))
     assert threading.get_ident() not in model.threads
-    await scheduler.drain(1)
-    scheduler.stop_workers()
+    await scheduler.stop(1, "was unloaded")
+    scheduler.release(1)
 
 
 def prioritized(value: float, priority: int, timeout_us: int = 0) -> Job:
@@ -264,8 +292,8 @@ async def test_high_priority_overtakes_queued_low_priority_work() -> None:
     gate.set()
     await asyncio.gather(busy, *low, high)
     assert order == [0, 9, 1, 2]
-    await scheduler.drain(1)
-    scheduler.stop_workers()
+    await scheduler.stop(1, "was unloaded")
+    scheduler.release(1)
 
 
 async def test_queue_timeout_rejects_while_the_instance_is_busy() -> None:
@@ -288,8 +316,8 @@ async def test_queue_timeout_rejects_while_the_instance_is_busy() -> None:
     assert loop.time() - started < 1.0  # failed at its deadline, not when the instance freed
     gate.set()
     await busy
-    await scheduler.drain(1)
-    scheduler.stop_workers()
+    await scheduler.stop(1, "was unloaded")
+    scheduler.release(1)
 
 
 async def test_cancelled_request_is_counted() -> None:
@@ -314,5 +342,5 @@ async def test_cancelled_request_is_counted() -> None:
     assert scheduler.pending == 0
     gate.set()
     await busy
-    await scheduler.drain(1)
-    scheduler.stop_workers()
+    await scheduler.stop(1, "was unloaded")
+    scheduler.release(1)

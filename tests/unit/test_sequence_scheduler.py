@@ -11,9 +11,11 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from appliance.runtime.specs import sequence_spec
 from appliance.scheduling.instances import InstanceWorker, Job
 from appliance.scheduling.sequence import SequenceError, SequenceScheduler
 from appliance.scheduling.stats import ModelStats
+from edge_backends.api import InstanceBase
 
 CONFIG = """
 name: "sum" max_batch_size: 8
@@ -29,7 +31,7 @@ sequence_batching {
 """
 
 
-class RunningSum:
+class RunningSum(InstanceBase):
     """OUT = (START ? 0 : S_IN) + X; records each batch's rows and CORRIDs."""
 
     def __init__(self, gate: threading.Event) -> None:
@@ -63,7 +65,10 @@ def scheduler(gate: threading.Event) -> tuple[SequenceScheduler, RunningSum]:
     model = RunningSum(gate)
     config = text_format.Parse(CONFIG, mc.ModelConfig())
     sched = SequenceScheduler(
-        "model 'sum' version 1", [InstanceWorker("w", model, True)], config, ModelStats()
+        "model 'sum' version 1",
+        [InstanceWorker("w", model, True)],
+        sequence_spec(config, max_waiting=100),
+        ModelStats(),
     )
     sched.start()
     return sched, model
@@ -86,8 +91,8 @@ async def test_requests_of_different_sequences_share_a_batch_in_order() -> None:
     assert results == [1, 3, 10, 100, 6]  # a's running sum survives the batches in between
     assert model.batches[1] == [b"a", b"b", b"c"]  # one row per sequence, a's next in order
     assert model.batches[2] == [b"a"]
-    await sched.drain(1)
-    sched.stop_workers()
+    await sched.stop(1, "was unloaded")
+    sched.release(1)
 
 
 async def test_unknown_and_idle_sequences_are_refused() -> None:
@@ -100,5 +105,5 @@ async def test_unknown_and_idle_sequences_are_refused() -> None:
     await asyncio.sleep(0.2)  # max_sequence_idle_microseconds is 50 ms
     with pytest.raises(SequenceError, match="sequence 9 timed out"):
         await sched.submit(job(9, 1))
-    await sched.drain(1)
-    sched.stop_workers()
+    await sched.stop(1, "was unloaded")
+    sched.release(1)

@@ -1,0 +1,142 @@
+"""Automatic rollback: a newly switched-in version on probation over its first requests.
+
+With --model-rollback-error-rate on, the version that takes the traffic after a load is
+watched; the versions it replaced stay loaded (not drained) so that a rollback is instant. When
+its model errors exceed the rate over the first `window` requests, the held versions serve
+again and the bad one is retired; it is skipped by later loads until its files change.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from appliance.repository.local import fingerprint
+from appliance.runtime.registry import ModelRegistry, ServedVersion
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Probation:
+    """A version watched over its first requests, and the versions it replaced, held."""
+
+    served: ServedVersion
+    held: list[ServedVersion]
+    requests: int = 0
+    failures: int = 0
+
+
+class RollbackGuard:
+    """The probation and rollback state machine for every model (on the event loop)."""
+
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        error_rate: float,
+        window: int,
+        retire: Callable[[list[ServedVersion]], None],
+        count: Callable[[str, str], None],
+    ) -> None:
+        self._registry = registry
+        self._error_rate = error_rate  # 0: off
+        self._window = window
+        self._retire = retire  # drains and unloads versions in the background
+        self._count = count  # (model, "rollback") -> the load-result counter
+        self._probation: dict[str, Probation] = {}
+        # (model, version) -> (folder fingerprint, why): rolled back, skipped until it changes.
+        self._rolled_back: dict[tuple[str, int], tuple[str, str]] = {}
+
+    def still_rolled_back(self, name: str, path: Path) -> dict[int, str]:
+        """Rolled-back versions of a model whose files have not changed since (blocking)."""
+        skip: dict[int, str] = {}
+        for (model, version), (print_, why) in list(self._rolled_back.items()):
+            if model != name:
+                continue
+            if fingerprint(path / str(version)) == print_:
+                skip[version] = why
+            else:
+                del self._rolled_back[(model, version)]  # new content: it gets a new chance
+        return skip
+
+    def watch(
+        self,
+        name: str,
+        old: dict[int, ServedVersion],
+        new: dict[int, ServedVersion],
+        now: dict[int, ServedVersion],
+    ) -> list[ServedVersion]:
+        """The replaced versions to retire now. With rollback on, the version now taking the
+        traffic goes on probation, and the ones it replaced stay loaded until it passes."""
+        replaced = [s for v, s in old.items() if now.get(v) is not s]
+        replaced += [s for s in self.drop(name) if now.get(s.version) is not s]
+        on = self._error_rate > 0
+        if not (on and old and now and max(now) in new and max(now) >= max(old)):
+            return replaced  # nothing replaced, or an older version came back
+        # Only what the new version directly replaced is held; older holds retire now.
+        held = [s for v, s in old.items() if now.get(v) is not s]
+        probe = Probation(now[max(now)], held=held)
+        probe.served.stats.watcher = functools.partial(self._observe, name, probe)
+        self._probation[name] = probe
+        return [s for s in replaced if s not in held]
+
+    def drop(self, name: str) -> list[ServedVersion]:
+        """End a model's probation; the versions it held loaded, to retire."""
+        probe = self._probation.pop(name, None)
+        if probe is None:
+            return []
+        probe.served.stats.watcher = None
+        return probe.held
+
+    def _observe(self, name: str, probe: Probation, failed: bool) -> None:
+        """One request's outcome on a version on probation."""
+        probe.requests += 1
+        probe.failures += failed
+        if probe.failures > self._error_rate * self._window:
+            self._end(name, probe)
+            self._roll_back(name, probe)
+        elif probe.requests >= self._window:
+            self._end(name, probe)
+            log.info(
+                "model '%s' version %d passed its first %d requests (%d failed); unloading "
+                "the version it replaced",
+                name,
+                probe.served.version,
+                probe.requests,
+                probe.failures,
+            )
+            self._retire(probe.held)
+
+    def _end(self, name: str, probe: Probation) -> None:
+        probe.served.stats.watcher = None
+        if self._probation.get(name) is probe:
+            del self._probation[name]
+
+    def _roll_back(self, name: str, probe: Probation) -> None:
+        """Put the held versions back in place of the failing one, at once."""
+        record = self._registry.record(name)
+        bad = probe.served
+        why = (
+            f"rolled back: {probe.failures} of its first {probe.requests} requests failed "
+            f"(--model-rollback-error-rate {self._error_rate:g})"
+        )
+        record.versions = {
+            **{v: s for v, s in record.versions.items() if s is not bad},
+            **{s.version: s for s in probe.held},
+        }
+        record.failed[bad.version] = why
+        if record.path is not None:  # skipped by loads until its files change
+            print_ = fingerprint(record.path / str(bad.version))
+            self._rolled_back[(name, bad.version)] = (print_, why)
+        self._count(name, "rollback")
+        log.error(
+            "model '%s' version %d %s; version %s serves again",
+            name,
+            bad.version,
+            why,
+            ", ".join(str(s.version) for s in probe.held) or "(none)",
+        )
+        self._retire([bad])

@@ -1,0 +1,131 @@
+"""The registry: which models and versions serve, and the hot-path lookup of a request's version."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from appliance.errors import ApplianceError, InvalidInput, ModelNotFound, ModelNotReady
+from appliance.model_config import ModelConfig
+from appliance.runtime.loader import TensorRule
+from appliance.scheduling.contract import ModelScheduler
+from appliance.scheduling.ensemble import EnsemblePlan
+from appliance.scheduling.stats import ModelStats
+
+READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
+
+
+@dataclass
+class ServedVersion:
+    """One ready model version: its config, tensor rules, scheduler and statistics."""
+
+    name: str
+    version: int
+    config: ModelConfig
+    inputs: dict[str, TensorRule]
+    outputs: dict[str, TensorRule]
+    labels: dict[str, list[str]]
+    scheduler: ModelScheduler
+    stats: ModelStats
+    ensemble: EnsemblePlan | None = None
+    # Read on every request: plain attributes, not protobuf lookups.
+    max_batch_size: int = 0
+    all_outputs: tuple[str, ...] = ()
+    cache_enabled: bool = False
+    sequence: bool = False
+    decoupled: bool = False
+
+    def __post_init__(self) -> None:
+        self.max_batch_size = int(self.config.max_batch_size)
+        self.all_outputs = tuple(self.outputs)
+        self.cache_enabled = bool(self.config.response_cache.enable)
+        self.sequence = self.config.HasField("sequence_batching")
+        self.decoupled = bool(self.config.model_transaction_policy.decoupled)
+
+    @property
+    def label(self) -> str:
+        return f"model '{self.name}' version {self.version}"
+
+
+@dataclass
+class ModelRecord:
+    """One model as the runtime knows it: its served versions, state and why."""
+
+    name: str
+    path: Path | None
+    state: str = UNAVAILABLE
+    reason: str = ""
+    config: ModelConfig | None = None
+    versions: dict[int, ServedVersion] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # e.g. GPU instances running on CPU
+    owned_dir: Path | None = None  # a folder the server made for it (file overrides)
+
+
+class ModelRegistry:
+    """Model records by name; `get` is the one lookup every request makes."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, ModelRecord] = {}
+
+    def get(self, name: str, version: str = "") -> ServedVersion:
+        """The version to run a request on; raises ModelNotFound / ModelNotReady."""
+        record = self._models.get(name)
+        if record is None:
+            raise ModelNotFound(f"Request for unknown model: '{name}' is not found")
+        if version:
+            try:
+                wanted = int(version)
+            except ValueError:
+                raise InvalidInput(
+                    f"failed to get model version from specified version string '{version}', "
+                    f"version should be an integral value > 0 (model '{name}')"
+                ) from None
+            if wanted < 0:
+                raise InvalidInput(
+                    f"invalid model version specified '{version}', version should be an "
+                    f"integral value > 0 (model '{name}')"
+                )
+            served = record.versions.get(wanted)
+            if served is None:
+                if wanted in record.failed:
+                    raise ModelNotReady(
+                        f"model '{name}' version {wanted} is not ready: {record.failed[wanted]}"
+                    )
+                raise ModelNotFound(
+                    f"Request for unknown model: '{name}' version {wanted} is not found"
+                )
+            return served
+        if not record.versions:
+            reason = f": {record.reason}" if record.reason else ""
+            raise ModelNotReady(f"model '{name}' has no ready versions{reason}")
+        return record.versions[max(record.versions)]
+
+    def is_ready(self, name: str, version: str = "") -> bool:
+        try:
+            self.get(name, version)
+        except ApplianceError:
+            return False
+        return True
+
+    def record(self, name: str) -> ModelRecord:
+        record = self._models.get(name)
+        if record is None:
+            raise ModelNotFound(f"Request for unknown model: '{name}' is not found")
+        return record
+
+    def find(self, name: str) -> ModelRecord | None:
+        return self._models.get(name)
+
+    def add(self, name: str, path: Path) -> ModelRecord:
+        """The model's record, made (UNAVAILABLE, nothing served) if it has none yet."""
+        return self._models.setdefault(name, ModelRecord(name=name, path=path))
+
+    def records(self) -> list[ModelRecord]:
+        return [self._models[name] for name in sorted(self._models)]
+
+    def ready_versions(self) -> list[ServedVersion]:
+        return [v for r in self._models.values() for _, v in sorted(r.versions.items())]
+
+    def all_ready(self) -> bool:
+        return all(r.state == READY for r in self._models.values())

@@ -1,0 +1,50 @@
+"""The one interface every scheduler of a model version implements (Triton's scheduler.h:
+enqueue, in-flight count, stop).
+
+The dynamic scheduler (which is also the direct one: a config without dynamic_batching sends
+every request alone), the sequence scheduler and the ensemble scheduler implement it; the
+runtime and the inference service see nothing else.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from appliance.scheduling.instances import Job
+from appliance.types import Array
+
+
+class ModelScheduler(Protocol):
+    """Schedules the requests of one model version onto its instances."""
+
+    def start(self) -> None:
+        """Start the instances' threads (on the event loop)."""
+        ...
+
+    async def submit(self, job: Job) -> dict[str, Array]:
+        """Run one validated request; its outputs, or an ApplianceError for the client."""
+        ...
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting for an instance (Triton's nv_inference_pending_request_count)."""
+        ...
+
+    @property
+    def in_flight(self) -> int:
+        """Requests accepted and not yet answered: waiting or executing."""
+        ...
+
+    async def stop(self, timeout_s: float, reason: str) -> int:
+        """Refuse new work, let in-flight requests finish within timeout_s, then fail the
+        rest with `reason`; returns how many requests were failed."""
+        ...
+
+    def release(self, timeout_s: float) -> list[str]:
+        """Blocking (call from a thread): end the instance threads, waiting at most timeout_s
+        for each, and close the instances; the names of instances that did not end in time."""
+        ...
+
+    def health(self, now_ns: int, stuck_ns: int) -> str:
+        """Why this version cannot make progress ('' when it can); see appliance/notify.py."""
+        ...
