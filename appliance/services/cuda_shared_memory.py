@@ -9,6 +9,12 @@ on the GPU; they run where the codecs run (the event loop), which is fine for th
 local clients send and would move to a worker thread if large tensors showed otherwise.
 Region names share one namespace with system shared memory regions, as in Triton.
 
+Unlike a system shared memory object, a device allocation cannot shrink under the server: its
+size is checked against the allocation (`cuMemGetAddressRange`) at registration, every copy is
+bounds-checked against the registered size, and the opened handle keeps the allocation alive
+until it is closed, even after the client frees it. A copy the device still refuses is the
+client's region at fault: INVALID_ARGUMENT naming the region, not an internal error.
+
 Where CUDA IPC does not exist (a Jetson's integrated GPU, as Triton says too) or no CUDA device
 can be opened, registering fails with UNSUPPORTED and the reason, and status lists nothing.
 Unverified on hardware until tests/gpu/run_device_checks.sh runs on a GPU machine.
@@ -98,18 +104,31 @@ class CudaMemoryAccess:
             region.device.close_ipc(region.buffer)
 
     @staticmethod
-    def read(region: CudaRegion, offset: int, byte_size: int) -> np.ndarray[Any, Any]:
+    def read(region: CudaRegion, offset: int, byte_size: int, where: str) -> np.ndarray[Any, Any]:
         """A host copy of [offset, offset + byte_size) of the region."""
         device = region.device
         host = np.empty(byte_size, dtype=np.uint8)
-        with device.activate():
-            device.copy_to_host(host, region.buffer, region.stream, offset)
-            device.synchronize(region.stream)
+        try:
+            with device.activate():
+                device.copy_to_host(host, region.buffer, region.stream, offset)
+                device.synchronize(region.stream)
+        except DeviceError as exc:
+            raise InvalidInput(_copy_failed(where, region, "read", exc)) from None
         return host
 
     @staticmethod
-    def write(region: CudaRegion, offset: int, data: np.ndarray[Any, Any]) -> None:
+    def write(region: CudaRegion, offset: int, data: np.ndarray[Any, Any], where: str) -> None:
         device = region.device
-        with device.activate():
-            device.copy_to_device(region.buffer, data, region.stream, offset)
-            device.synchronize(region.stream)
+        try:
+            with device.activate():
+                device.copy_to_device(region.buffer, data, region.stream, offset)
+                device.synchronize(region.stream)
+        except DeviceError as exc:
+            raise InvalidInput(_copy_failed(where, region, "write", exc)) from None
+
+
+def _copy_failed(where: str, region: CudaRegion, what: str, exc: DeviceError) -> str:
+    return (
+        f"{where}: cannot {what} CUDA shared memory region '{region.name}' on device "
+        f"{region.device_id}: {exc}"
+    )

@@ -2,21 +2,29 @@
 
 A client creates a POSIX shared memory object (`tritonclient.utils.shared_memory`, or
 `shm_open` in any language) and registers a window of it under a name: key, offset, byte
-size. The window is mapped once, at registration. A request then names, per input, the region,
-an offset into the window and a byte size, and the server reads the tensor from there without
-a copy: the array handed to the backend is a view of the mapping. Outputs may name a region
-too; the server writes the result there and the response carries only its shape.
+size. The object is opened once, at registration, and its file descriptor kept. A request then
+names, per input, the region, an offset into the window and a byte size; outputs may name a
+region too, and the server writes the result there and the response carries only its shape.
 
-Unregistering while requests use a region is safe: the registry forgets it, and the mapping
-stays alive for as long as any request's arrays still view it (the arrays hold the mmap), then
-closes. Every offset and size is checked against the window on every request.
+The object belongs to the client, who can shrink it at any time (`ftruncate`). Touching a
+mapping past the end of a shrunk object raises SIGBUS, which no Python code can catch: it
+kills the server. So the server never maps a region. Every read and write first checks the
+object's current size (`fstat`), refused with the region's name when the window no longer
+fits, and then copies with `preadv`/`pwritev` on the descriptor: the kernel does the copy and
+a shrink that races with it shows up as a short count (refused too), never as a fault. An
+input is thus one copy out of the object, two to four times a memcpy's time (0.9 ms for 8 MiB;
+docs/benchmarks.md, `python -m bench.shm_copy`).
+
+Unregistering while requests use a region is safe: the registry forgets it, and the descriptor
+stays open for as long as a request still copies through it, then closes. Every offset and size
+is checked against the window on every request.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,21 +44,82 @@ class RegionExists(ApplianceError):
     code = ErrorCode.ALREADY_EXISTS
 
 
+class _Descriptor:
+    """An open file descriptor, closed when the last holder lets go of it (a request copying
+    through an unregistered region keeps it open; closing it under the copy could let the
+    number be reused by another file)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._close = weakref.finalize(self, os.close, fd)
+
+
 @dataclass(frozen=True)
 class Region:
     name: str
     key: str
     offset: int
     byte_size: int
-    view: memoryview  # the registered window: [offset, offset + byte_size) of the object
+    descriptor: _Descriptor  # the shared memory object, opened read-write at registration
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset,
                 "byte_size": self.byte_size}
 
+    def _check_size(self, offset: int, byte_size: int, where: str) -> int:
+        """The object's position of `offset` in the window; refused when the object has
+        shrunk since registration so that the bytes are no longer there."""
+        start = self.offset + offset
+        size = os.fstat(self.descriptor.fd).st_size
+        if start + byte_size > size:
+            raise InvalidInput(self._shrunk(where, size, offset, byte_size))
+        return start
 
-def _map(key: str, offset: int, byte_size: int) -> memoryview:
-    """Map [offset, offset + byte_size) of the shared memory object `key` read-write."""
+    def _shrunk(self, where: str, size: int, offset: int, byte_size: int) -> str:
+        return (
+            f"{where}: shared memory region '{self.name}' (key '{self.key}') is now {size} "
+            f"bytes, too small for {byte_size} bytes at offset {offset} of its window (which "
+            f"starts at {self.offset}): the object was shrunk after it was registered"
+        )
+
+    def read(self, offset: int, byte_size: int, where: str) -> np.ndarray[Any, Any]:
+        """A copy of `byte_size` bytes at `offset` in the window (uint8)."""
+        position = self._check_size(offset, byte_size, where)
+        data = np.empty(byte_size, dtype=np.uint8)
+        view = data.data
+        done = 0
+        while done < byte_size:  # Linux moves at most about 2 GiB per call
+            count = self._io(os.preadv, view[done:], position + done, where)
+            if count == 0:  # shrunk between the size check and the copy
+                size = os.fstat(self.descriptor.fd).st_size
+                raise InvalidInput(self._shrunk(where, size, offset, byte_size))
+            done += count
+        return data
+
+    def write(self, offset: int, data: np.ndarray[Any, Any], where: str) -> None:
+        """Copy `data` (contiguous bytes) to `offset` in the window."""
+        position = self._check_size(offset, data.nbytes, where)
+        view = data.data.cast("B")
+        done = 0
+        while done < len(view):
+            # A shrink racing with this write makes the kernel grow the object back up to
+            # the end of what is written (inside the window): harmless, and no fault.
+            count = self._io(os.pwritev, view[done:], position + done, where)
+            if count == 0:
+                raise InvalidInput(f"{where}: shared memory region '{self.name}' takes no data")
+            done += count
+
+    def _io(self, call: Any, view: memoryview, position: int, where: str) -> int:
+        try:
+            return int(call(self.descriptor.fd, [view], position))
+        except OSError as exc:  # e.g. ENOSPC: the client's tmpfs is full
+            raise InvalidInput(
+                f"{where}: shared memory region '{self.name}' (key '{self.key}'): {exc.strerror}"
+            ) from None
+
+
+def _open(key: str, offset: int, byte_size: int) -> _Descriptor:
+    """Open the shared memory object `key` read-write; its window must lie inside it."""
     name = key.lstrip("/")
     if not name or "/" in name:
         raise InvalidInput(f"shared memory key '{key}' is not a POSIX shared memory name")
@@ -61,19 +130,14 @@ def _map(key: str, offset: int, byte_size: int) -> memoryview:
         raise InvalidInput(
             f"unable to open shared memory region key '{key}': {exc.strerror}"
         ) from None
-    try:
-        size = os.fstat(fd).st_size
-        if offset + byte_size > size:
-            raise InvalidInput(
-                f"shared memory key '{key}' is {size} bytes; offset {offset} + byte_size "
-                f"{byte_size} lies beyond its end"
-            )
-        # mmap offsets must be page-aligned: map from the page start, view from the offset.
-        start = offset - offset % mmap.ALLOCATIONGRANULARITY
-        mapping = mmap.mmap(fd, byte_size + offset - start, offset=start)
-    finally:
-        os.close(fd)
-    return memoryview(mapping)[offset - start :]
+    descriptor = _Descriptor(fd)
+    size = os.fstat(fd).st_size
+    if offset + byte_size > size:
+        raise InvalidInput(
+            f"shared memory key '{key}' is {size} bytes; offset {offset} + byte_size "
+            f"{byte_size} lies beyond its end"
+        )
+    return descriptor
 
 
 class SharedMemoryRegistry:
@@ -130,14 +194,14 @@ class SharedMemoryRegistry:
         with self._lock:
             if name in self._regions:
                 raise RegionExists(f"shared memory region '{name}' already in manager")
-        view = _map(key, offset, byte_size)
+        descriptor = _open(key, offset, byte_size)
         with self._lock:
             if name in self._regions:
                 raise RegionExists(f"shared memory region '{name}' already in manager")
-            self._regions[name] = Region(name, key, offset, byte_size, view)
+            self._regions[name] = Region(name, key, offset, byte_size, descriptor)
 
     def unregister(self, name: str = "") -> None:
-        """Forget one region ('' : all). Requests still using it keep their mapping."""
+        """Forget one region ('' : all). Requests still copying through it finish."""
         with self._lock:
             for key in [name] if name else list(self._regions):
                 if isinstance(self._regions.get(key), Region):
@@ -154,8 +218,10 @@ class SharedMemoryRegistry:
                 return [region.status()]
             return [r.status() for _, r in sorted(self._regions.items()) if isinstance(r, Region)]
 
-    def window(self, name: str, offset: int, byte_size: int, where: str) -> memoryview:
-        """`byte_size` bytes at `offset` in a registered region, bounds-checked."""
+    def _region(
+        self, name: str, offset: int, byte_size: int, where: str
+    ) -> Region | CudaRegion:
+        """A registered region whose window holds `byte_size` bytes at `offset`."""
         region = self._regions.get(name)
         if region is None:
             raise InvalidInput(f"{where}: unable to find shared memory region: '{name}'")
@@ -164,23 +230,22 @@ class SharedMemoryRegistry:
                 f"{where}: invalid offset + byte size for shared memory region '{name}': "
                 f"{offset} + {byte_size} > its {region.byte_size} bytes"
             )
-        if isinstance(region, CudaRegion):  # device memory: a host copy of the window
-            return self._cuda.read(region, offset, byte_size).data
-        return region.view[offset : offset + byte_size]
+        return region
 
-    def write_window(self, name: str, offset: int, data: np.ndarray[Any, Any], where: str) -> None:
-        """Copy bytes into a registered region, bounds-checked."""
-        cuda = self.cuda_region(name)
-        if cuda is None:
-            window = self.window(name, offset, data.nbytes, where)
-            np.frombuffer(window, dtype=np.uint8)[:] = data
-            return
-        if offset < 0 or offset + data.nbytes > cuda.byte_size:
-            raise InvalidInput(
-                f"{where}: invalid offset + byte size for shared memory region '{name}': "
-                f"{offset} + {data.nbytes} > its {cuda.byte_size} bytes"
-            )
-        self._cuda.write(cuda, offset, data)
+    def read(self, name: str, offset: int, byte_size: int, where: str) -> np.ndarray[Any, Any]:
+        """A host copy (uint8) of `byte_size` bytes at `offset` in a registered region."""
+        region = self._region(name, offset, byte_size, where)
+        if isinstance(region, CudaRegion):
+            return self._cuda.read(region, offset, byte_size, where)
+        return region.read(offset, byte_size, where)
+
+    def write(self, name: str, offset: int, data: np.ndarray[Any, Any], where: str) -> None:
+        """Copy bytes (a contiguous uint8 array) into a registered region."""
+        region = self._region(name, offset, data.nbytes, where)
+        if isinstance(region, CudaRegion):
+            self._cuda.write(region, offset, data, where)
+        else:
+            region.write(offset, data, where)
 
 
 def _int_parameter(params: dict[str, Any], key: str, where: str, default: int | None) -> int:
@@ -217,24 +282,23 @@ def read_input(
     where: str,
     limits: RequestLimits | None = None,
 ) -> Array:
-    """An input tensor viewed in place in a registered region (BYTES are decoded: a copy; a
-    CUDA region is copied to the host). Sizes are checked before anything is read."""
+    """An input tensor copied out of a registered region (a CUDA region: to the host). Sizes
+    are checked before anything is read."""
     dtype = datatype(datatype_name, where)
     count = element_count(shape, where)
     if limits is not None:
         limits.check_elements(count, shape, where)
     if dtype.itemsize == 0:
-        window = registry.window(target.region, target.offset, target.byte_size, where)
-        return decode_bytes(window, count, where).reshape(shape)
+        window = registry.read(target.region, target.offset, target.byte_size, where)
+        return decode_bytes(window.data, count, where).reshape(shape)
     expected = count * dtype.itemsize
     if target.byte_size != expected:
         raise InvalidInput(
             f"{where}: shared_memory_byte_size {target.byte_size} does not match the "
             f"{expected} bytes of {datatype_name} with shape {list(shape)}"
         )
-    window = registry.window(target.region, target.offset, target.byte_size, where)
-    array: Array = np.frombuffer(window, dtype=dtype.numpy, count=count).reshape(shape)
-    array.flags.writeable = False  # the client's memory: a backend must not write into it
+    window = registry.read(target.region, target.offset, target.byte_size, where)
+    array: Array = window.view(dtype.numpy).reshape(shape)
     return array
 
 
@@ -254,7 +318,7 @@ def write_output(
             f"{where}: the output is {size} bytes, more than shared_memory_byte_size "
             f"{target.byte_size} of region '{target.region}'"
         )
-    registry.write_window(
+    registry.write(
         target.region, target.offset, np.frombuffer(data, dtype=np.uint8, count=size), where
     )
     return size
