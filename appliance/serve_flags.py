@@ -70,6 +70,11 @@ IGNORED_FLAGS = (
     "cache-directory",
 )
 
+# Every default below comes from the settings dataclasses: one source for serve, check and tune.
+_D = ServerSettings(model_repositories=())
+_S = _D.scheduling
+MiB = 1024 * 1024
+
 
 def parse_bool(text: str) -> bool:
     value = text.strip().lower()
@@ -105,9 +110,10 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model-store-reserve-mb",
         type=int,
-        default=256,
+        default=_D.model_store_reserve_bytes // MiB,
         metavar="MB",
-        help="free disk space that downloads never use (default 256)",
+        help="free disk space that downloads never use "
+        f"(default {_D.model_store_reserve_bytes // MiB})",
     )
     p.add_argument(
         "--model-download-limit-mbps",
@@ -127,9 +133,10 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model-rollback-window",
         type=int,
-        default=100,
+        default=_D.rollback_window,
         metavar="N",
-        help="how many first requests --model-rollback-error-rate watches (default 100)",
+        help="how many first requests --model-rollback-error-rate watches "
+        f"(default {_D.rollback_window})",
     )
     p.add_argument(
         "--manifest-public-key",
@@ -138,10 +145,10 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="Ed25519 public key (PEM): every version needs a SHA256SUMS signed by it",
     )
-    p.add_argument("--http-address", default="127.0.0.1")
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--grpc-address", default="127.0.0.1")
-    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--http-address", default=_D.http_address)
+    p.add_argument("--http-port", type=int, default=_D.http_port)
+    p.add_argument("--grpc-address", default=_D.grpc_address)
+    p.add_argument("--grpc-port", type=int, default=_D.grpc_port)
     p.add_argument(
         "--http-unix-socket",
         default="",
@@ -185,12 +192,12 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--unix-socket-mode",
         type=lambda text: int(text, 8),
-        default=0o660,
+        default=_D.unix_socket_mode,
         metavar="OCTAL",
         help="permissions of the Unix sockets (default 660: owner and group)",
     )
-    p.add_argument("--metrics-address", default="127.0.0.1")
-    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--metrics-address", default=_D.metrics_address)
+    p.add_argument("--metrics-port", type=int, default=_D.metrics_port)
     _add_bool(p, "--allow-http", "serve HTTP (default true)")
     _add_bool(p, "--allow-grpc", "serve gRPC (default true)")
     _add_bool(p, "--allow-metrics", "serve Prometheus metrics on /metrics (default true)")
@@ -203,8 +210,8 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metrics-interval-ms",
         type=int,
-        default=2000,
-        help="how old GPU readings may be when scraped (default 2000)",
+        default=_D.metrics_interval_ms,
+        help=f"how old GPU readings may be when scraped (default {_D.metrics_interval_ms})",
     )
     _add_bool(p, "--strict-model-config", "refuse models without a complete config.pbtxt")
     _add_bool(
@@ -230,33 +237,46 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--log-format",
         choices=logs.FORMATS,
-        default="default",
+        default=_D.log_format,
         help="default; ISO8601 (UTC timestamps); json (one object per line). Under systemd "
         "lines carry syslog priorities and default drops the timestamp",
     )
     p.add_argument(
-        "--log-file", default="", metavar="PATH", help="append the log here instead of stderr"
+        "--log-file",
+        default=_D.log_file,
+        metavar="PATH",
+        help="append the log here instead of stderr",
     )
-    p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
+    p.add_argument(
+        "--model-control-mode", choices=("none", "poll", "explicit"), default=_D.model_control_mode
+    )
     p.add_argument("--load-model", action="append", default=[], metavar="NAME")
     p.add_argument(
         "--repository-poll-secs",
         type=float,
-        default=15,
+        default=_D.repository_poll_secs,
         help="poll mode: seconds between repository scans (changes apply once settled)",
     )
-    p.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    p.add_argument(
+        "--exit-timeout-secs",
+        type=float,
+        default=_D.exit_timeout_secs,
+        metavar="S",
+        help="shutdown deadline: in-flight requests get this long, then what is left is "
+        f"cancelled (default {_D.exit_timeout_secs:g}, below the unit's TimeoutStopSec)",
+    )
     p.add_argument(
         "--max-request-bytes",
         type=int,
-        default=128 * 1024 * 1024,
-        help="largest HTTP request body accepted (default 128 MiB)",
+        default=_D.max_request_bytes,
+        help=f"largest HTTP request body accepted (default {_D.max_request_bytes // MiB} MiB)",
     )
     p.add_argument(
         "--grpc-max-message-bytes",
         type=int,
-        default=128 * 1024 * 1024,
-        help="largest gRPC message sent or received (default 128 MiB)",
+        default=_D.grpc_max_message_bytes,
+        help="largest gRPC message sent or received "
+        f"(default {_D.grpc_max_message_bytes // MiB} MiB)",
     )
     _add_limit_flags(p)
     _add_bool(
@@ -277,10 +297,12 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         metavar="NAME:COUNT[:DEVICE]",
         help="a rate limiter resource and how many there are",
     )
-    p.add_argument("--trace-file", default="", help="where traces go (JSON lines)")
-    p.add_argument("--trace-level", default="OFF", choices=("OFF", "TIMESTAMPS"))
-    p.add_argument("--trace-rate", type=int, default=1000, help="trace one request in N")
-    p.add_argument("--trace-count", type=int, default=-1, help="stop after N traces (-1: never)")
+    p.add_argument("--trace-file", default=_D.trace_file, help="where traces go (JSON lines)")
+    p.add_argument("--trace-level", default=_D.trace_level, choices=("OFF", "TIMESTAMPS"))
+    p.add_argument("--trace-rate", type=int, default=_D.trace_rate, help="trace one request in N")
+    p.add_argument(
+        "--trace-count", type=int, default=_D.trace_count, help="stop after N traces (-1: never)"
+    )
     p.add_argument(
         "--metrics-config",
         action="append",
@@ -299,16 +321,16 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-queue-wait-ms",
         type=int,
-        default=1_000,
+        default=_S.max_queue_wait_ms,
         metavar="MS",
         help="answer 503 / UNAVAILABLE at once when the work queued for a model would keep a "
         "new request waiting longer than this; one request per instance may always wait "
-        "(default 1000; 0: no limit)",
+        f"(default {_S.max_queue_wait_ms}; 0: no limit)",
     )
     p.add_argument(
         "--inline-execution-budget-us",
         type=int,
-        default=100,
+        default=_S.inline_budget_us,
         help="run a batch on the event loop instead of a worker thread when the model's "
         "measured cost says it finishes within this many microseconds (0: never)",
     )

@@ -183,6 +183,12 @@ async def drive(
     )
 
 
+def runtime_settings(repository: Path) -> RuntimeSettings:
+    """The runtime `serve` runs with its default flags, so a point measures what serving
+    would give."""
+    return RuntimeSettings.from_server(ServerSettings(model_repositories=(repository,)))
+
+
 class Tuner:
     def __init__(
         self,
@@ -206,7 +212,7 @@ class Tuner:
         self.results: dict[Candidate, Result] = {}
 
     async def run(self) -> tuple[ModelConfig, list[Result]]:
-        settings = self.runtime_settings()
+        settings = runtime_settings(self.repository)
         manager = ModelRuntime(settings)
         core = InferenceService(manager)
         try:
@@ -223,11 +229,6 @@ class Tuner:
             return base, list(self.results.values())
         finally:
             await manager.stop(settings.drain_timeout_s)
-
-    def runtime_settings(self) -> RuntimeSettings:
-        """The runtime `serve` runs with its default flags, so a point measures what serving
-        would give."""
-        return RuntimeSettings.from_server(ServerSettings(model_repositories=(self.repository,)))
 
     def _left(self) -> float:
         return self.deadline - time.monotonic()
