@@ -2,7 +2,10 @@
 
 Settings are global, with per-model overrides (`/v2[/models/{m}]/trace/setting`, gRPC
 `TraceSetting`): `trace_level` (OFF or TIMESTAMPS), `trace_rate` (trace one request in N),
-`trace_count` (stop after N traces; -1 unlimited), `trace_file`, `log_frequency` (accepted).
+`trace_count` (stop after N traces; -1 unlimited), `log_frequency` (accepted). `trace_file`
+is read-only: only `--trace-file` sets it, at start. As in tritonserver, a network client may
+not name a file for the server to append to (the server's user could be made to write anywhere
+it may), so a request that names `trace_file` is refused and changes nothing.
 Each traced request becomes one line: id, model, version, request id and Triton's timestamp
 names (REQUEST_START, QUEUE_START, COMPUTE_START, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START,
 COMPUTE_END, REQUEST_END) in monotonic nanoseconds. Lines are written by a thread of their own.
@@ -17,7 +20,7 @@ import queue
 import threading
 from typing import Any
 
-from appliance.errors import InvalidInput
+from appliance.errors import InvalidInput, Unsupported
 
 log = logging.getLogger(__name__)
 
@@ -61,18 +64,28 @@ class Tracer:
         return {**self._global, **self._models.get(model, {})} if model else dict(self._global)
 
     def update(self, model: str, changes: dict[str, Any]) -> dict[str, Any]:
-        """Apply settings (None or [] clears a model's override); returns the result."""
-        target = self._models.setdefault(model, {}) if model else self._global
+        """Apply settings (None or [] clears a model's override); returns the result. Every
+        change is checked before any is applied: a refused request changes nothing."""
+        if "trace_file" in changes:
+            # tritonserver's words, so clients that match on them keep working.
+            raise Unsupported(
+                "trace file location can not be updated through network protocol; "
+                "start the server with --trace-file"
+            )
+        checked: dict[str, Any] = {}
         for key, value in changes.items():
             if key not in KEYS:
                 raise InvalidInput(f"unknown trace setting '{key}'; known: {', '.join(KEYS)}")
             values = [] if value is None else value if isinstance(value, list) else [value]
-            if not values:
-                if not model:
-                    raise InvalidInput(f"trace setting '{key}' cannot be cleared globally")
+            if not values and not model:
+                raise InvalidInput(f"trace setting '{key}' cannot be cleared globally")
+            checked[key] = self._checked(key, [str(v) for v in values]) if values else None
+        target = self._models.setdefault(model, {}) if model else self._global
+        for key, setting in checked.items():
+            if setting is None:
                 target.pop(key, None)
-                continue
-            target[key] = self._checked(key, [str(v) for v in values])
+            else:
+                target[key] = setting
             if key == "trace_count":
                 self._remaining.pop(model, None)
         self._active = self._any_active()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -43,14 +44,14 @@ def _lines(path: Path, count: int) -> list[dict]:  # type: ignore[type-arg]
 
 
 def test_model_trace_settings_sample_and_record_timestamps(
-    server: ServerProcess, tmp_path: Path
+    model_repository: Path, start_server: Callable[..., ServerProcess], tmp_path: Path
 ) -> None:
-    http = httpclient.InferenceServerClient(server.http_url)
     trace_file = tmp_path / "trace.jsonl"
+    server = start_server(model_repository, f"--trace-file={trace_file}")
+    http = httpclient.InferenceServerClient(server.http_url)
     settings = http.update_trace_settings(
         "identity_uint8",
         {
-            "trace_file": str(trace_file),
             "trace_level": ["TIMESTAMPS"],
             "trace_rate": "2",
             "trace_count": "2",
@@ -58,6 +59,7 @@ def test_model_trace_settings_sample_and_record_timestamps(
     )
     assert settings["trace_level"] == ["TIMESTAMPS"]
     assert settings["trace_rate"] == "2"
+    assert settings["trace_file"] == str(trace_file)  # the flag's file
     assert http.get_trace_settings()["trace_level"] == ["OFF"]  # global untouched
     for i in range(8):
         _infer(http, "identity_uint8", f"r{i}")
@@ -88,3 +90,30 @@ def test_trace_settings_over_grpc_and_errors(server: ServerProcess) -> None:
         http.update_trace_settings(settings={"trace_level": ["TENSORS"]})
     with pytest.raises(InferenceServerException, match="'nope' is not found"):
         http.get_trace_settings("nope")
+
+
+@pytest.mark.parametrize("model", ["", "identity_int8"])
+def test_a_client_cannot_choose_the_trace_file(
+    server: ServerProcess, tmp_path: Path, model: str
+) -> None:
+    """As in tritonserver: the file is the --trace-file flag's, never a network client's."""
+    target = tmp_path / "chosen-by-a-client.log"
+    refused = "trace file location can not be updated through network protocol"
+    http = httpclient.InferenceServerClient(server.http_url)
+    with pytest.raises(InferenceServerException, match=refused) as caught:
+        http.update_trace_settings(
+            model, {"trace_file": str(target), "trace_level": ["TIMESTAMPS"], "trace_rate": "1"}
+        )
+    assert caught.value.status() == "501"  # UNSUPPORTED, as tritonserver and log_file
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException, match=refused) as caught:
+        grpc.update_trace_settings(
+            model, {"trace_file": str(target), "trace_level": ["TIMESTAMPS"], "trace_rate": "1"}
+        )
+    assert caught.value.status() == "StatusCode.UNIMPLEMENTED"
+    # Nothing of the refused request was applied, and nothing is written.
+    assert http.get_trace_settings(model)["trace_level"] == ["OFF"]
+    assert http.get_trace_settings(model)["trace_file"] == ""
+    _infer(http, "identity_uint8", "after-refusal")
+    time.sleep(0.1)  # give a wrongly written trace line the time to show up
+    assert not target.exists()

@@ -1,0 +1,43 @@
+"""Trace settings: `trace_file` is set by the start-up flag only, and a refused update changes
+nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from appliance.errors import ErrorCode, InvalidInput, Unsupported
+from appliance.trace import Tracer
+
+REFUSED = "trace file location can not be updated through network protocol"
+
+
+@pytest.mark.parametrize("model", ["", "simple"])
+@pytest.mark.parametrize("value", ["/etc/cron.d/job", ["/tmp/x.log"], "/var/log/trace.jsonl", None])
+def test_trace_file_cannot_be_set_by_a_client(model: str, value: Any) -> None:
+    tracer = Tracer(trace_file="/var/log/trace.jsonl")
+    before = tracer.settings(model)
+    with pytest.raises(Unsupported, match=f"^{REFUSED}; start the server with --trace-file$"):
+        tracer.update(model, {"trace_file": value})
+    assert Unsupported.code is ErrorCode.UNSUPPORTED  # 501 / UNIMPLEMENTED, as tritonserver
+    assert tracer.settings(model) == before
+
+
+def test_a_refused_update_changes_nothing() -> None:
+    tracer = Tracer(trace_file="/var/log/trace.jsonl")
+    with pytest.raises(Unsupported):
+        tracer.update("", {"trace_level": ["TIMESTAMPS"], "trace_file": "/tmp/elsewhere"})
+    with pytest.raises(InvalidInput, match="trace_rate must be an integer"):
+        tracer.update("simple", {"trace_level": ["TIMESTAMPS"], "trace_rate": "often"})
+    assert tracer.settings()["trace_level"] == ["OFF"]
+    assert tracer.settings("simple")["trace_level"] == ["OFF"]
+    assert tracer.sample("simple") == 0  # still not tracing
+
+
+def test_the_flags_file_is_reported_and_used() -> None:
+    tracer = Tracer(trace_file="/var/log/trace.jsonl", level="OFF", rate=1)
+    settings = tracer.update("simple", {"trace_level": ["TIMESTAMPS"]})
+    assert settings["trace_file"] == "/var/log/trace.jsonl"
+    assert tracer.sample("simple") == 1
+    assert tracer.sample("other") == 0  # the global level is still OFF
