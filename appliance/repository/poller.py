@@ -16,11 +16,12 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 from appliance.errors import ApplianceError
 from appliance.repository.local import fingerprint
 from appliance.repository.sources import RemoteSources
-from appliance.runtime.models import ModelRuntime
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +53,19 @@ def plan_changes(
     return Changes(load, unload)
 
 
+class ModelTarget(Protocol):
+    """What the poller drives (the model runtime): the repository feeds it, never the reverse."""
+
+    def model_names(self) -> dict[str, Path]: ...
+
+    async def load(self, name: str) -> None: ...
+
+    async def unload(self, name: str) -> None: ...
+
+
 class RepositoryPoller:
     def __init__(
-        self, manager: ModelRuntime, interval_s: float, remote: RemoteSources | None = None
+        self, manager: ModelTarget, interval_s: float, remote: RemoteSources | None = None
     ) -> None:
         self._manager = manager
         self._remote = remote
