@@ -23,7 +23,7 @@ from itertools import islice
 from appliance.errors import QueueFull, ServerUnavailable
 from appliance.scheduling.base import SchedulerBase
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
-from appliance.scheduling.policy import BatchPolicy, next_batch
+from appliance.scheduling.policy import BatchPolicy, admission_wait_ns, next_batch
 from appliance.scheduling.precise_timer import LOOP_TIMER_MIN_NS, TIMERS
 from appliance.scheduling.queues import QueuePolicy, RequestQueue
 from appliance.scheduling.rate_limiter import RateLimiter
@@ -90,8 +90,7 @@ class Scheduler(SchedulerBase):
         A full queue raises QueueFull at once; nothing blocks or grows without bound.
         """
         self._refuse_if_closing()
-        if self._max_queue_wait_ns and self._request_ns:
-            self._admit()
+        self._admit()
         self._queue.push(job, job.priority, job.timeout_us, time.monotonic_ns())
         self._dispatch()
         try:
@@ -105,10 +104,10 @@ class Scheduler(SchedulerBase):
     def _admit(self) -> None:
         """Raise QueueFull when the queued work would keep this request past the limit."""
         ahead = len(self._queue) + len(self._workers) - len(self._idle)
-        if ahead < 2 * len(self._workers):
-            return  # one running and one waiting per instance, however slow the model
-        wait_ns = ahead * self._request_ns / max(1, len(self._workers))
-        if wait_ns > self._max_queue_wait_ns:
+        wait_ns = admission_wait_ns(
+            ahead, len(self._workers), self._request_ns, self._max_queue_wait_ns
+        )
+        if wait_ns:
             raise QueueFull(
                 f"{self._label}: overloaded: {ahead} requests ahead, about "
                 f"{wait_ns / 1e6:.0f} ms of work (--max-queue-wait-ms "

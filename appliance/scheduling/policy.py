@@ -59,3 +59,15 @@ def next_batch(
     if oldest_wait_ns >= policy.max_queue_delay_ns:
         return Decision(run=count)
     return Decision(wait_ns=policy.max_queue_delay_ns - oldest_wait_ns)
+
+
+def admission_wait_ns(ahead: int, instances: int, request_ns: float, max_wait_ns: int) -> float:
+    """Pure: the predicted wait of a new request when it is over `max_wait_ns`, else 0.
+
+    `ahead`: requests queued or executing; `request_ns`: the learned execution time per
+    request. One running and one waiting request per instance are always admitted, however
+    slow the model (a slow model is not an overloaded one)."""
+    if not max_wait_ns or not request_ns or ahead < 2 * instances:
+        return 0.0
+    wait_ns = ahead * request_ns / max(1, instances)
+    return wait_ns if wait_ns > max_wait_ns else 0.0

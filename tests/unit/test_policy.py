@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.scheduling.policy import BatchPolicy, Decision, next_batch
+from appliance.scheduling.policy import BatchPolicy, Decision, admission_wait_ns, next_batch
 
 DYNAMIC = BatchPolicy(max_batch_size=8, dynamic=True, max_queue_delay_ns=1_000_000)
 
@@ -84,3 +84,20 @@ def test_batch_stops_growing_at_the_largest_preferred_size() -> None:
 def test_request_larger_than_the_preferred_size_still_runs() -> None:
     policy = BatchPolicy(max_batch_size=8, dynamic=True, preferred_batch_sizes=(2,))
     assert next_batch(same(3, 1), 0, policy) == Decision(run=1)
+
+
+def test_admission_lets_one_running_and_one_waiting_request_per_instance_in() -> None:
+    # 2 instances, 1 s per request, a 10 ms bound: 3 ahead would wait 1.5 s, but 3 < 2 x 2.
+    assert admission_wait_ns(ahead=3, instances=2, request_ns=1e9, max_wait_ns=10_000_000) == 0
+
+
+def test_admission_refuses_when_the_queued_work_exceeds_the_bound() -> None:
+    # 40 ahead on 2 instances at 1 ms each: 20 ms of work against a 10 ms bound.
+    wait = admission_wait_ns(ahead=40, instances=2, request_ns=1e6, max_wait_ns=10_000_000)
+    assert wait == 20_000_000
+    assert admission_wait_ns(ahead=40, instances=2, request_ns=1e6, max_wait_ns=30_000_000) == 0
+
+
+def test_admission_is_off_without_a_bound_or_a_measurement() -> None:
+    assert admission_wait_ns(ahead=1000, instances=1, request_ns=1e9, max_wait_ns=0) == 0
+    assert admission_wait_ns(ahead=1000, instances=1, request_ns=0.0, max_wait_ns=1) == 0
