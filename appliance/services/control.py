@@ -1,14 +1,17 @@
-"""Everything but inference, transport-neutral: health, metadata, config, statistics, repository.
+"""Everything but inference, transport-neutral: health, metadata, config, statistics, repository,
+trace and log settings, shared memory regions.
 
-Answers are plain dicts in the JSON shapes of Triton's HTTP API; the gRPC front end parses the
-same dicts into its protobuf messages, so both protocols say the same thing.
+Answers are typed values (services/results.py); each front end converts them to its wire form
+with one converter of its own, so both protocols say the same thing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import tempfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,14 +20,29 @@ from google.protobuf import json_format
 
 from appliance import __version__, buildinfo
 from appliance.errors import ApplianceError, ConfigError, ModelNotFound
-from appliance.logs import LogSettings
+from appliance.logs import LogSettings, LogState
 from appliance.protocol import model_config_pb2 as mc
 from appliance.repository.local import check_model_name
-from appliance.runtime.models import ModelRuntime, ServedVersion
+from appliance.runtime.models import ModelRuntime
+from appliance.runtime.registry import READY, UNAVAILABLE, ModelRecord, ServedVersion
+from appliance.scheduling.stats import Duration
+from appliance.services.results import (
+    BatchStatistics,
+    CudaSharedMemoryRegion,
+    IndexRow,
+    InferStatistics,
+    ModelMetadata,
+    ModelStatistics,
+    ServerMetadata,
+    StatisticDuration,
+    SystemSharedMemoryRegion,
+    TensorMetadata,
+    TraceSettings,
+)
 from appliance.services.shared_memory import SharedMemoryRegistry
 from appliance.trace import Tracer
 
-EXTENSIONS = [
+EXTENSIONS = (
     "classification",
     "generate",
     "trace",
@@ -36,7 +54,7 @@ EXTENSIONS = [
     "schedule_policy",
     "statistics",
     "system_shared_memory",
-]
+)
 
 
 @dataclass
@@ -49,6 +67,8 @@ class ServerState:
 
 
 class ControlService:
+    """Everything but inference, for both front ends; answers are typed results."""
+
     def __init__(
         self,
         manager: ModelRuntime,
@@ -57,10 +77,13 @@ class ControlService:
         strict_readiness: bool,
         tracer: Tracer | None = None,
         logs: LogSettings | None = None,
+        shared_memory: SharedMemoryRegistry | None = None,
     ) -> None:
         self.tracer = tracer or Tracer()
         self.logs = logs or LogSettings()
-        self.shared_memory = SharedMemoryRegistry()
+        # The registered regions. The front ends' codecs read tensors from the same registry;
+        # the composition root hands it to them (they do not reach for it through here).
+        self.shared_memory = shared_memory or SharedMemoryRegistry()
         self._build = buildinfo.summary()
         self.manager = manager
         self.state = state
@@ -83,34 +106,27 @@ class ControlService:
 
     # ---- metadata ----------------------------------------------------------------------------
 
-    def server_metadata(self) -> dict[str, Any]:
-        """Triton's fields, plus "build" (commit, Python), which the HTTP JSON carries and
-        tritonclient ignores; the gRPC message has no such field and drops it."""
+    def server_metadata(self) -> ServerMetadata:
         # "triton": Triton's own clients and examples check the name; the version is ours.
-        return {
-            "name": "triton",
-            "version": __version__,
-            "extensions": EXTENSIONS,
-            "build": self._build,
-        }
+        return ServerMetadata("triton", __version__, EXTENSIONS, self._build)
 
-    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         served = self.manager.get(name, version)
         record = self.manager.record(name)
-        lead = [-1] if served.max_batch_size > 0 else []
-        return {
-            "name": name,
-            "versions": [str(v) for v in sorted(record.versions)],
-            "platform": served.config.platform or served.config.backend,
-            "inputs": [
-                {"name": r.name, "datatype": r.datatype, "shape": [*lead, *r.dims]}
+        lead = (-1,) if served.max_batch_size > 0 else ()
+        return ModelMetadata(
+            name=name,
+            versions=tuple(sorted(record.versions)),
+            platform=served.config.platform or served.config.backend,
+            inputs=tuple(
+                TensorMetadata(r.name, r.datatype, (*lead, *r.dims))
                 for r in served.inputs.values()
-            ],
-            "outputs": [
-                {"name": r.name, "datatype": r.datatype, "shape": [*lead, *r.dims]}
+            ),
+            outputs=tuple(
+                TensorMetadata(r.name, r.datatype, (*lead, *r.dims))
                 for r in served.outputs.values()
-            ],
-        }
+            ),
+        )
 
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         config: mc.ModelConfig = self.manager.get(name, version).config
@@ -118,7 +134,8 @@ class ControlService:
 
     # ---- statistics --------------------------------------------------------------------------
 
-    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+    def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
+        """One model version's, a model's ready versions', or every ready version's counters."""
         if name:
             if version:
                 chosen: list[ServedVersion] = [self.manager.get(name, version)]
@@ -129,40 +146,85 @@ class ControlService:
                     raise ModelNotFound(f"model '{name}' has no ready versions to report")
         else:
             chosen = self.manager.ready_versions()
-        return {"model_stats": [s.stats.as_dict(s.name, str(s.version)) for s in chosen]}
+        return [model_statistics(served) for served in chosen]
 
     # ---- trace -----------------------------------------------------------------------------
 
     def trace_settings(
         self, model: str = "", changes: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
+    ) -> TraceSettings:
         """Read or update trace settings (global, or one model's overrides)."""
         if model:
             self.manager.record(model)  # an unknown model is an error, as in Triton
-        if changes:
-            return self.tracer.update(model, changes)
-        return self.tracer.settings(model)
+        settings = self.tracer.update(model, changes) if changes else self.tracer.settings(model)
+        return TraceSettings(
+            trace_file=settings["trace_file"],
+            trace_level=tuple(settings["trace_level"]),
+            trace_rate=settings["trace_rate"],
+            trace_count=settings["trace_count"],
+            log_frequency=settings["log_frequency"],
+            trace_mode=settings["trace_mode"],
+        )
 
     # ---- logging -----------------------------------------------------------------------------
 
-    def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+    def log_settings(self, changes: dict[str, Any] | None = None) -> LogState:
         """Read or update the log settings (Triton's logging extension); all of them back."""
-        return self.logs.update(changes) if changes else self.logs.as_dict()
+        if changes:
+            self.logs.update(changes)
+        return self.logs.state
+
+    # ---- system and CUDA shared memory -------------------------------------------------------
+
+    def register_system_shared_memory(
+        self, name: str, key: str, offset: int, byte_size: int
+    ) -> None:
+        """Map a window of the POSIX shared memory object `key` under `name`."""
+        self.shared_memory.register(name, key, offset, byte_size)
+
+    def unregister_system_shared_memory(self, name: str = "") -> None:
+        """Forget one system region ('': all of them)."""
+        self.shared_memory.unregister(name)
+
+    def system_shared_memory_status(self, name: str = "") -> list[SystemSharedMemoryRegion]:
+        """The registered system regions by name ('': all; an unknown name: NOT_FOUND)."""
+        return [
+            SystemSharedMemoryRegion(r["name"], r["key"], r["offset"], r["byte_size"])
+            for r in self.shared_memory.status(name)
+        ]
+
+    async def register_cuda_shared_memory(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
+    ) -> None:
+        """Open a client's CUDA IPC handle under `name` (UNSUPPORTED where there is no CUDA
+        IPC). Opening a device and a handle blocks, so it runs on a thread."""
+        await asyncio.to_thread(
+            self.shared_memory.register_cuda, name, raw_handle, device_id, byte_size
+        )
+
+    def unregister_cuda_shared_memory(self, name: str = "") -> None:
+        """Close one CUDA region ('': all of them)."""
+        self.shared_memory.unregister_cuda(name)
+
+    def cuda_shared_memory_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
+        """The registered CUDA regions by name ('': all; an unknown name: NOT_FOUND)."""
+        return [
+            CudaSharedMemoryRegion(r["name"], r["device_id"], r["byte_size"])
+            for r in self.shared_memory.cuda_status(name)
+        ]
 
     # ---- repository --------------------------------------------------------------------------
 
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
-        # Models on disk that were never loaded are listed too, as Triton does.
-        listed = self.manager.index(ready_only)
-        if not ready_only:
-            known = {e["name"] for e in listed}
+    def repository_index(self, ready_only: bool = False) -> list[IndexRow]:
+        """Triton's repository index: a row per model version (per model when none loaded)."""
+        on_disk: Iterable[str] = ()
+        if not ready_only:  # models on disk that were never loaded are listed too, as in Triton
             try:
-                names = self.manager.model_names()
+                on_disk = self.manager.model_names()
             except ApplianceError:
-                names = {}
-            listed += [{"name": n, "state": "", "reason": ""} for n in names if n not in known]
-            listed.sort(key=lambda e: (e["name"], e.get("version", "")))
-        return listed
+                on_disk = ()
+        records = self.manager.registry.records()
+        return index_rows(records, self.manager.pending(), on_disk, ready_only)
 
     async def load_model(self, name: str, parameters: dict[str, Any]) -> None:
         self.manager.require_explicit(self.control_mode)
@@ -209,3 +271,87 @@ class ControlService:
             await self.manager.unload_with_dependents(name)
         else:
             await self.manager.unload(name)
+
+
+def _duration(duration: Duration) -> StatisticDuration:
+    return StatisticDuration(duration.count, duration.ns)
+
+
+def model_statistics(served: ServedVersion) -> ModelStatistics:
+    """A snapshot of a served version's counters."""
+    stats = served.stats
+    return ModelStatistics(
+        name=served.name,
+        version=served.version,
+        last_inference_ms=stats.last_inference_ms,
+        inference_count=stats.inference_count,
+        execution_count=stats.execution_count,
+        inference_stats=InferStatistics(
+            success=_duration(stats.success),
+            fail=_duration(stats.fail),
+            queue=_duration(stats.queue),
+            compute_input=_duration(stats.compute_input),
+            compute_infer=_duration(stats.compute_infer),
+            compute_output=_duration(stats.compute_output),
+            cache_hit=_duration(stats.cache_hit),
+            cache_miss=_duration(stats.cache_miss),
+        ),
+        batch_stats=tuple(
+            BatchStatistics(
+                batch_size=size,
+                compute_input=_duration(per_size.compute_input),
+                compute_infer=_duration(per_size.compute_infer),
+                compute_output=_duration(per_size.compute_output),
+            )
+            for size, per_size in sorted(stats.by_batch_size.items())
+        ),
+    )
+
+
+def _join(*parts: str) -> str:
+    return "; ".join(part for part in parts if part)
+
+
+def _model_rows(record: ModelRecord, pending: Mapping[int, str]) -> list[IndexRow]:
+    """One model's rows; `pending`: its versions not fetched into the store yet, and why."""
+    note = "; ".join(record.notes)
+    rows: dict[int, tuple[str, str]] = {}
+    for version in record.versions:
+        if version in record.failed:  # new content failed; the loaded copy keeps serving
+            rows[version] = (READY, _join(note, f"new content failed: {record.failed[version]}"))
+        else:
+            rows[version] = (READY, note)
+    for version, why in record.failed.items():
+        if version not in record.versions:
+            rows[version] = (UNAVAILABLE, why)
+    for version, why in pending.items():
+        if version in record.versions:  # an older copy of this version still serves
+            rows[version] = (READY, _join(note, f"new content not fetched: {why}"))
+        else:
+            rows[version] = (UNAVAILABLE, f"not fetched: {why}")
+    if not rows:
+        return [IndexRow(record.name, None, record.state, record.reason)]
+    return [IndexRow(record.name, v, state, reason) for v, (state, reason) in rows.items()]
+
+
+def index_rows(
+    records: Iterable[ModelRecord],
+    pending: Mapping[tuple[str, int], str],
+    on_disk: Iterable[str] = (),
+    ready_only: bool = False,
+) -> list[IndexRow]:
+    """The repository index from the runtime's records, the versions still to be fetched
+    (model, version -> why) and the model folders on disk (listed, never loaded, unless
+    `ready_only`). Sorted by name, then version, as Triton lists them."""
+    by_name = {record.name: record for record in records}
+    names = by_name.keys() | {model for model, _ in pending}
+    rows: list[IndexRow] = []
+    for name in names:
+        record = by_name.get(name) or ModelRecord(name=name, path=None)
+        rows += _model_rows(record, {v: why for (m, v), why in pending.items() if m == name})
+    if ready_only:
+        rows = [row for row in rows if row.state == READY]
+    else:
+        rows += [IndexRow(name, None, "", "") for name in on_disk if name not in names]
+    rows.sort(key=lambda row: (row.name, -1 if row.version is None else row.version))
+    return rows

@@ -8,17 +8,18 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 
 from appliance.access import Restrictions
 from appliance.errors import ApplianceError
+from appliance.frontends.grpc import convert
 from appliance.frontends.grpc.codec import decode_request, encode_response, parameter_value
 from appliance.frontends.status import GRPC_STATUS
+from appliance.limits import RequestLimits
 from appliance.protocol import service_pb2 as pb
 from appliance.protocol import service_pb2_grpc
 from appliance.services.control import ControlService
 from appliance.services.inference import InferenceService
-from appliance.services.shared_memory import shm_targets
+from appliance.services.shared_memory import SharedMemoryRegistry, shm_targets
 
 log = logging.getLogger(__name__)
 
@@ -82,17 +83,26 @@ def _guard_unary(
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]  # generated base is untyped
-    """Every RPC the HTTP side serves; errors map through frontends/status.py."""
+    """Every RPC the HTTP side serves; errors map through frontends/status.py.
+
+    `shared_memory` is the registry requests name their tensors' regions in (the one the
+    control service registers them in); `limits` are checked on declared shapes while decoding.
+    """
 
     def __init__(
         self,
         core: InferenceService,
         control: ControlService,
         restrictions: Restrictions | None = None,
+        *,
+        shared_memory: SharedMemoryRegistry,
+        limits: RequestLimits,
     ) -> None:
         self.core = core
         self.control = control
         self.restrictions = restrictions
+        self.shared_memory = shared_memory
+        self.limits = limits
 
     def guarded(self) -> InferenceServicer:
         """Wrap every unary RPC with the one error mapping (done once, at registration)."""
@@ -116,14 +126,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return pb.ModelReadyResponse(ready=self.control.model_ready(request.name, request.version))
 
     async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
-        # The message has Triton's fields only: the JSON's "build" object is left out.
-        return json_format.ParseDict(
-            self.control.server_metadata(), pb.ServerMetadataResponse(), ignore_unknown_fields=True
-        )
+        return convert.server_metadata(self.control.server_metadata())
 
     async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
-        meta = self.control.model_metadata(request.name, request.version)
-        return json_format.ParseDict(meta, pb.ModelMetadataResponse())
+        return convert.model_metadata(self.control.model_metadata(request.name, request.version))
 
     async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
         return pb.ModelConfigResponse(
@@ -131,16 +137,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         )
 
     async def ModelStatistics(self, request: Any, context: Any) -> pb.ModelStatisticsResponse:
-        stats = self.control.statistics(request.name, request.version)
-        return json_format.ParseDict(
-            stats, pb.ModelStatisticsResponse(), ignore_unknown_fields=True
-        )
+        return convert.statistics(self.control.statistics(request.name, request.version))
 
     # ---- repository --------------------------------------------------------------------------
 
     async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
-        index = self.control.repository_index(request.ready)
-        return json_format.ParseDict({"models": index}, pb.RepositoryIndexResponse())
+        return convert.repository_index(self.control.repository_index(request.ready))
 
     async def RepositoryModelLoad(
         self, request: Any, context: Any
@@ -163,29 +165,22 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def CudaSharedMemoryStatus(
         self, request: Any, context: Any
     ) -> pb.CudaSharedMemoryStatusResponse:
-        response = pb.CudaSharedMemoryStatusResponse()
-        for region in self.control.shared_memory.cuda_status(request.name):
-            slot = response.regions[region["name"]]
-            slot.name, slot.device_id = region["name"], region["device_id"]
-            slot.byte_size = region["byte_size"]
-        return response
+        return convert.cuda_shared_memory_status(
+            self.control.cuda_shared_memory_status(request.name)
+        )
 
     async def CudaSharedMemoryRegister(
         self, request: Any, context: Any
     ) -> pb.CudaSharedMemoryRegisterResponse:
-        await asyncio.to_thread(  # opening a device and an IPC handle blocks
-            self.control.shared_memory.register_cuda,
-            request.name,
-            bytes(request.raw_handle),
-            int(request.device_id),
-            int(request.byte_size),
+        await self.control.register_cuda_shared_memory(
+            request.name, bytes(request.raw_handle), int(request.device_id), int(request.byte_size)
         )
         return pb.CudaSharedMemoryRegisterResponse()
 
     async def CudaSharedMemoryUnregister(
         self, request: Any, context: Any
     ) -> pb.CudaSharedMemoryUnregisterResponse:
-        self.control.shared_memory.unregister_cuda(request.name)
+        self.control.unregister_cuda_shared_memory(request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # ---- system shared memory ----------------------------------------------------------------
@@ -193,17 +188,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def SystemSharedMemoryStatus(
         self, request: Any, context: Any
     ) -> pb.SystemSharedMemoryStatusResponse:
-        response = pb.SystemSharedMemoryStatusResponse()
-        for region in self.control.shared_memory.status(request.name):
-            slot = response.regions[region["name"]]
-            slot.name, slot.key = region["name"], region["key"]
-            slot.offset, slot.byte_size = region["offset"], region["byte_size"]
-        return response
+        return convert.system_shared_memory_status(
+            self.control.system_shared_memory_status(request.name)
+        )
 
     async def SystemSharedMemoryRegister(
         self, request: Any, context: Any
     ) -> pb.SystemSharedMemoryRegisterResponse:
-        self.control.shared_memory.register(
+        self.control.register_system_shared_memory(
             request.name, request.key, int(request.offset), int(request.byte_size)
         )
         return pb.SystemSharedMemoryRegisterResponse()
@@ -211,35 +203,22 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def SystemSharedMemoryUnregister(
         self, request: Any, context: Any
     ) -> pb.SystemSharedMemoryUnregisterResponse:
-        self.control.shared_memory.unregister(request.name)
+        self.control.unregister_system_shared_memory(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def LogSettings(self, request: Any, context: Any) -> pb.LogSettingsResponse:
         changes = {key: _setting_value(value) for key, value in request.settings.items()}
-        response = pb.LogSettingsResponse()
-        for key, value in self.control.log_settings(changes).items():
-            slot = response.settings[key]
-            if isinstance(value, bool):
-                slot.bool_param = value
-            elif isinstance(value, int):
-                slot.uint32_param = value
-            else:
-                slot.string_param = str(value)
-        return response
+        return convert.log_settings(self.control.log_settings(changes))
 
     async def TraceSetting(self, request: Any, context: Any) -> pb.TraceSettingResponse:
         changes = {key: list(value.value) for key, value in request.settings.items()}
-        settings = self.control.trace_settings(request.model_name, changes)
-        response = pb.TraceSettingResponse()
-        for key, value in settings.items():
-            response.settings[key].value.extend(value if isinstance(value, list) else [value])
-        return response
+        return convert.trace_settings(self.control.trace_settings(request.model_name, changes))
 
     # ---- inference ---------------------------------------------------------------------------
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
-        shm = self.control.shared_memory
-        decoded = decode_request(request, shm, self.core.limits)
+        shm = self.shared_memory
+        decoded = decode_request(request, shm, self.limits)
         return encode_response(await self.core.infer(decoded), shm_targets(decoded.outputs), shm)
 
     async def ModelStreamInfer(
@@ -259,8 +238,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             )
             try:
                 decoupled = self.core.is_decoupled(request.model_name, request.model_version)
-                shm = self.control.shared_memory
-                decoded = decode_request(request, shm, self.core.limits)
+                shm = self.shared_memory
+                decoded = decode_request(request, shm, self.limits)
                 targets = shm_targets(decoded.outputs)
                 async for response in self.core.infer_stream(decoded):
                     result = encode_response(response, targets, shm)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import logging
@@ -15,11 +14,14 @@ from aiohttp import web
 from appliance.access import Restrictions
 from appliance.errors import ApplianceError, InvalidInput
 from appliance.frontends import jsonconv
+from appliance.frontends.http import convert
 from appliance.frontends.http.codec import HEADER_LENGTH, decode_request, encode_response
 from appliance.frontends.http.generate import decode_generate, encode_generate
 from appliance.frontends.status import HTTP_STATUS
+from appliance.limits import RequestLimits
 from appliance.services.control import ControlService
 from appliance.services.inference import InferenceService
+from appliance.services.shared_memory import SharedMemoryRegistry
 from appliance.types import InferRequest
 
 log = logging.getLogger(__name__)
@@ -99,7 +101,11 @@ def _wants_compression(request: web.Request, size: int) -> bool:
 
 
 class HttpFrontend:
-    """Builds the aiohttp Application."""
+    """Builds the aiohttp Application.
+
+    `shared_memory` is the registry requests name their tensors' regions in (the one the
+    control service registers them in); `limits` are checked on declared shapes while decoding.
+    """
 
     def __init__(
         self,
@@ -107,11 +113,16 @@ class HttpFrontend:
         control: ControlService,
         max_body_bytes: int,
         restrictions: Restrictions | None = None,
+        *,
+        shared_memory: SharedMemoryRegistry,
+        limits: RequestLimits,
     ) -> None:
         self.core = core
         self.control = control
         self.max_body_bytes = max_body_bytes
         self.restrictions = restrictions
+        self.shared_memory = shared_memory
+        self.limits = limits
 
     def build(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
@@ -172,9 +183,9 @@ class HttpFrontend:
     async def infer(self, request: web.Request) -> web.StreamResponse:
         model, version = self._model(request)
         body = await read_body(request, self.max_body_bytes)
-        shm = self.control.shared_memory
+        shm = self.shared_memory
         header_length = request.headers.get(HEADER_LENGTH)
-        wire = decode_request(body, header_length, model, version, shm, self.core.limits)
+        wire = decode_request(body, header_length, model, version, shm, self.limits)
         response = await self.core.infer(wire.request)
         chunks, json_length = encode_response(response, wire, shm)
         if json_length is None:
@@ -201,7 +212,7 @@ class HttpFrontend:
 
     async def _generate_request(self, request: web.Request) -> InferRequest:
         model, version = self._model(request)
-        metadata = self.control.model_metadata(model, version)
+        metadata = convert.model_metadata(self.control.model_metadata(model, version))
         return decode_generate(await self._json_body(request), model, version, metadata)
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
@@ -236,36 +247,37 @@ class HttpFrontend:
         return web.Response(status=200 if self.control.server_ready() else 400)
 
     async def server_metadata(self, request: web.Request) -> web.StreamResponse:
-        return json_response(self.control.server_metadata())
+        return json_response(convert.server_metadata(self.control.server_metadata()))
 
     async def model_metadata(self, request: web.Request) -> web.StreamResponse:
-        return json_response(self.control.model_metadata(*self._model(request)))
+        result = self.control.model_metadata(*self._model(request))
+        return json_response(convert.model_metadata(result))
 
     async def model_ready(self, request: web.Request) -> web.StreamResponse:
         return web.Response(status=200 if self.control.model_ready(*self._model(request)) else 400)
 
     async def model_config(self, request: web.Request) -> web.StreamResponse:
         config = self.control.model_config(*self._model(request))
-        return json_response(jsonconv.message_to_dict(config))
+        return json_response(convert.model_config(config))
 
     async def stats(self, request: web.Request) -> web.StreamResponse:
         info = request.match_info
-        return json_response(
-            self.control.statistics(info.get("model", ""), info.get("version", ""))
-        )
+        rows = self.control.statistics(info.get("model", ""), info.get("version", ""))
+        return json_response(convert.statistics(rows))
 
     async def trace_setting(self, request: web.Request) -> web.StreamResponse:
         changes = await self._json_body(request) if request.method == "POST" else None
         model = request.match_info.get("model", "")
-        return json_response(self.control.trace_settings(model, changes))
+        return json_response(convert.trace_settings(self.control.trace_settings(model, changes)))
 
     async def logging_settings(self, request: web.Request) -> web.StreamResponse:
         changes = await self._json_body(request) if request.method == "POST" else None
-        return json_response(self.control.log_settings(changes))
+        return json_response(convert.log_settings(self.control.log_settings(changes)))
 
     async def repository_index(self, request: web.Request) -> web.StreamResponse:
         body = await self._json_body(request)
-        return json_response(self.control.repository_index(bool(body.get("ready", False))))
+        rows = self.control.repository_index(bool(body.get("ready", False)))
+        return json_response(convert.repository_index(rows))
 
     async def load(self, request: web.Request) -> web.StreamResponse:
         body = await self._json_body(request)
@@ -287,9 +299,8 @@ class HttpFrontend:
     # ---- system shared memory ----------------------------------------------------------------
 
     async def shm_status(self, request: web.Request) -> web.StreamResponse:
-        return json_response(
-            self.control.shared_memory.status(request.match_info.get("region", ""))
-        )
+        regions = self.control.system_shared_memory_status(request.match_info.get("region", ""))
+        return json_response(convert.system_shared_memory_status(regions))
 
     async def shm_register(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["region"]
@@ -297,22 +308,19 @@ class HttpFrontend:
         key = body.get("key")
         if type(key) is not str:
             raise InvalidInput(f"shared memory region '{name}': 'key' must be a string")
-        self.control.shared_memory.register(
-            name,
-            key,
-            body.get("offset", 0),
-            body.get("byte_size"),  # type: ignore[arg-type]
+        # Offset and size are JSON values of any type here: the registry checks and names them.
+        self.control.register_system_shared_memory(
+            name, key, body.get("offset", 0), body.get("byte_size", 0)
         )
         return web.Response()
 
     async def shm_unregister(self, request: web.Request) -> web.StreamResponse:
-        self.control.shared_memory.unregister(request.match_info.get("region", ""))
+        self.control.unregister_system_shared_memory(request.match_info.get("region", ""))
         return web.Response()
 
     async def cuda_status(self, request: web.Request) -> web.StreamResponse:
-        return json_response(
-            self.control.shared_memory.cuda_status(request.match_info.get("region", ""))
-        )
+        regions = self.control.cuda_shared_memory_status(request.match_info.get("region", ""))
+        return json_response(convert.cuda_shared_memory_status(regions))
 
     async def cuda_register(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["region"]
@@ -329,17 +337,14 @@ class HttpFrontend:
             raise InvalidInput(
                 f"CUDA shared memory region '{name}': raw_handle.b64 is not base64"
             ) from None
-        await asyncio.to_thread(  # opening a device and an IPC handle blocks
-            self.control.shared_memory.register_cuda,
-            name,
-            raw,
-            body.get("device_id", 0),  # checked by the registry
-            body.get("byte_size"),  # type: ignore[arg-type]
+        # Device id and size are JSON values of any type here: the registry checks them.
+        await self.control.register_cuda_shared_memory(
+            name, raw, body.get("device_id", 0), body.get("byte_size", 0)
         )
         return web.Response()
 
     async def cuda_unregister(self, request: web.Request) -> web.StreamResponse:
-        self.control.shared_memory.unregister_cuda(request.match_info.get("region", ""))
+        self.control.unregister_cuda_shared_memory(request.match_info.get("region", ""))
         return web.Response()
 
     async def not_found(self, request: web.Request) -> web.StreamResponse:
