@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from appliance.errors import ApplianceError
+from appliance.frontends.http import convert
 from appliance.model_config import read_config
 from appliance.protojson import message_to_dict
 from appliance.repository.local import list_versions
 from appliance.runtime.models import ModelRuntime, RuntimeSettings
 from appliance.runtime.registry import READY
+from appliance.services.control import index_rows
 from appliance.settings import ServerSettings
 from appliance.tf_advice import TensorflowAdvice, tensorflow_advice
 
@@ -69,7 +71,8 @@ async def check(
         configs = {}
         for served in manager.ready_versions():
             configs[served.name] = message_to_dict(served.config)
-        return manager.index(), configs
+        rows = index_rows(manager.registry.records(), manager.pending())
+        return convert.repository_index(rows), configs
     finally:
         await manager.stop(settings.drain_timeout_s)
 
