@@ -46,8 +46,22 @@ def parse_groups(values: Sequence[str], flag: str) -> dict[str, Restriction]:
     for text in values:
         apis, sep, pair = text.rpartition(":")
         key, eq, value = pair.partition("=")
-        if not sep or not apis or not eq or not key:
+        if not sep or not apis or not eq:
             raise ValueError(f"{flag} {text!r}: expected API[,API...]:KEY=VALUE")
+        if not key.strip():
+            raise ValueError(f"{flag} {text!r}: the header name (KEY in KEY=VALUE) is empty")
+        if not value.strip():
+            # An empty value would restrict nothing a client cannot send.
+            raise ValueError(
+                f"{flag} {text!r}: the value of header '{key.strip()}' is empty; "
+                "give the secret a client must send"
+            )
+        if value != value.strip():
+            # HTTP strips a header value's surrounding whitespace: it could never match.
+            raise ValueError(
+                f"{flag} {text!r}: the value of header '{key.strip()}' starts or ends with "
+                "whitespace, which HTTP clients cannot send"
+            )
         for api in (a.strip() for a in apis.split(",")):
             if api not in APIS:
                 raise ValueError(
