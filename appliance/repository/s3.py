@@ -46,8 +46,10 @@ from appliance.repository.manifest import (
 )
 from appliance.repository.store import (
     DiskReserveError,
+    FreeBytes,
     ModelStore,
     PartFile,
+    disk_free_bytes,
     read_record,
     write_record,
 )
@@ -169,11 +171,12 @@ class S3Source:
         manifest: ManifestPolicy,
         settle_s: float = 5.0,
         rate_bytes_s: float = 0.0,
+        free_bytes: FreeBytes = disk_free_bytes,
     ) -> None:
         self.location = S3Location.parse(url)
         self.rate_bytes_s = rate_bytes_s  # 0: as fast as the link goes
         self.url = url
-        self.store = ModelStore(state_dir, self.location.source_id, reserve_bytes)
+        self.store = ModelStore(state_dir, self.location.source_id, reserve_bytes, free_bytes)
         self.manifest = manifest
         self.settle_s = settle_s
         self.reachable: bool | None = None  # None until the first sync

@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,14 @@ MiB = 1024 * 1024
 
 class DiskReserveError(OSError):
     """Writing would leave less free space than the configured reserve."""
+
+
+FreeBytes = Callable[[Path], int]  # the free bytes of the file system holding a folder
+
+
+def disk_free_bytes(folder: Path) -> int:
+    """Free bytes an unprivileged writer may use on the file system holding `folder`."""
+    return shutil.disk_usage(folder).free
 
 
 def fsync_dir(path: Path) -> None:
@@ -126,8 +135,15 @@ class PartFile:
 class ModelStore:
     """The folders of one remote source inside the state directory."""
 
-    def __init__(self, state_dir: Path, source_id: str, reserve_bytes: int) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        source_id: str,
+        reserve_bytes: int,
+        free_bytes: FreeBytes = disk_free_bytes,
+    ) -> None:
         self.state_dir = state_dir
+        self._free_bytes = free_bytes  # injected by tests: a disk of their own size
         self.root = state_dir / "models" / source_id
         self.staging = state_dir / "staging" / source_id
         self._trash = state_dir / "trash"
@@ -140,7 +156,7 @@ class ModelStore:
             shutil.rmtree(leftover, ignore_errors=True)
 
     def check_space(self, needed: int, what: str) -> None:
-        free = shutil.disk_usage(self.state_dir).free
+        free = self._free_bytes(self.state_dir)
         if free - needed < self.reserve_bytes:
             raise DiskReserveError(
                 f"not enough disk for {what}: needs {needed / MiB:.1f} MiB, "

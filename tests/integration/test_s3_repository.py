@@ -306,33 +306,42 @@ def test_restart_with_the_bucket_unreachable_serves_from_the_cache_and_catches_u
         proxy.stop()
 
 
-def test_disk_reserve_stops_a_download_with_a_clear_reason(
-    start_server, s3: S3Server, tmp_path: Path
+async def test_disk_reserve_stops_a_download_with_a_clear_reason(
+    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import shutil
+    """The store on a 64 MiB disk of its own, 16 MiB of it reserved: version 1 fits, a 128 MiB
+    version 2 does not, and the reason says so. The disk is an injected free-space reader
+    (capacity minus what the store holds), so the machine's free disk, which other processes
+    change, plays no part. The reason reaches the repository index as every pending reason
+    does (see the SHA256SUMS test above)."""
+    from appliance.repository.manifest import NO_MANIFEST_RULES
+    from appliance.repository.s3 import S3Source
 
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
     bucket = Bucket(s3)
     bucket.seed()
-    free_mb = shutil.disk_usage(tmp_path).free // (1024 * 1024)
-    proc = _start(
-        start_server,
-        bucket,
-        s3,
-        tmp_path / "store",
-        *POLL,
-        f"--model-store-reserve-mb={free_mb - 48}",  # 48 MiB of room: v1 fits, v2 does not
-    )
-    assert _added(proc.http_url) == 1.0
-    bucket.put_version(2, 2, padding=128 * 1024 * 1024)
+    store = tmp_path / "store"
+    capacity, mib = 64 * 1024 * 1024, 1024 * 1024
+    asked: list[Path] = []
 
-    def reason() -> str:
-        rows = [e for e in _index(proc.http_url) if e.get("version") == "2"]
-        return str(rows[0]["reason"]) if rows else ""
+    def free_bytes(folder: Path) -> int:
+        asked.append(folder)
+        return capacity - sum(p.stat().st_size for p in store.rglob("*") if p.is_file())
 
-    _wait_for(lambda: "not enough disk" in reason())
-    assert "--model-store-reserve-mb" in reason()
-    assert _added(proc.http_url) == 1.0
-    assert not list((tmp_path / "store").rglob("*.part"))
+    source = S3Source(bucket.url, store, 16 * mib, NO_MANIFEST_RULES, free_bytes=free_bytes)
+    async with source.opened():
+        assert await source.sync() == {"m"}
+        assert (source.root / "m" / "1" / "model.onnx").is_file()
+        bucket.put_version(2, 2, padding=128 * mib)
+        assert await source.sync() == set()
+    reason = source.pending[("m", 2)]
+    assert reason.startswith("not enough disk for model 'm' version 2: needs 128.")
+    assert "MiB free in" in reason
+    assert "16 MiB must stay free (--model-store-reserve-mb)" in reason
+    assert asked == [store, store]  # the reader is asked about the store's own folder
+    assert not (source.root / "m" / "2").exists()
+    assert not list(store.rglob("*.part"))
 
 
 def test_explicit_mode_loads_and_unloads_models_from_s3(
