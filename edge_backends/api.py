@@ -3,36 +3,59 @@
 A backend turns a model file into runnable *instances*. It sees numpy arrays, tensor names and
 plain settings; it never sees a request object, a protocol, a status code or JSON.
 
-Example, the smallest backend::
+`Backend` and `ModelInstance` list every member the server uses. Subclass `BackendBase` and
+`InstanceBase`: they give the optional members their defaults, so a backend writes only what it
+does differently. Example, the smallest backend::
 
-    class EchoBackend:
+    class EchoBackend(BackendBase):
         name = "echo"
 
         def inspect(self, model_path: Path) -> ModelSignature:
-            return ModelSignature(inputs=(TensorSpec("x", "FP32", (-1,)),),
-                                  outputs=(TensorSpec("y", "FP32", (-1,)),))
+            return ModelSignature(inputs=(TensorSpec("x", "FP32", (-1, 4)),),
+                                  outputs=(TensorSpec("y", "FP32", (-1, 4)),))
 
         def create_instance(self, spec: InstanceSpec) -> ModelInstance:
             return EchoInstance()
 
-    class EchoInstance:
-        def execute(self, inputs, output_names):
+    class EchoInstance(InstanceBase):
+        def execute(self, inputs: Arrays, output_names: Sequence[str]) -> Outputs:
             return {"y": inputs["x"]}
 
         def close(self) -> None:
             pass
+
+What the bases give, and who overrides it here:
+
+- `Backend.auto_complete`: nothing to add to config.pbtxt (Python, TensorRT and FIL fill it in).
+- `Backend.gpu_problem`: "this backend has no GPU support" (those that can use a GPU say when).
+- `ModelInstance.runs_inline`: True, a short execution may run on the event loop (False for
+  Python models, which wait on their own process).
+- `ModelInstance.placement`: None, the instance runs where its spec asked (ONNX Runtime says
+  when a GPU session fell back to CPU).
+- `ModelInstance.execute_decoupled`: raises BackendError (Python models can stream).
+- `ModelInstance.set_cancel_check`: ignored (Python models show it as request.is_cancelled()).
+- `ModelInstance.interrupt`: cannot (a Python model's process can be killed).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 
 Arrays = Mapping[str, np.ndarray[Any, Any]]
+Outputs = dict[str, np.ndarray[Any, Any]]
+# A decoupled model's way out: called with each response's outputs, from the instance's thread.
+Emit: TypeAlias = Callable[[Outputs], None]
+# Whether every caller of the execution in hand has gone away.
+CancelCheck: TypeAlias = Callable[[], bool]
+# The server's blocking inference entry, for models that call other models (BLS):
+# (model name, version ('' for the one the version policy serves), inputs by name, output
+# names) -> outputs by name. Called from an instance's thread, never from the event loop.
+InferenceHost: TypeAlias = Callable[[str, str, Arrays, Sequence[str]], Outputs]
 
 
 class BackendError(Exception):
@@ -96,27 +119,80 @@ class InstanceSpec:
     # A folder this model version may keep derived files in (built engines, converted models),
     # under the server's state directory; None when the server has none.
     cache_dir: Path | None = None
-    # The server's inference entry for models that call other models (BLS):
-    # (model, version, inputs by name, output names) -> outputs by name. Blocking.
-    host: Any = None
+    # The server's inference entry for models that call other models (BLS); None when the
+    # server offers none.
+    host: InferenceHost | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where an instance really runs, when that is not what its spec asked."""
+
+    kind: str  # KIND_CPU | KIND_GPU
+    note: str = ""  # why it differs from the spec, e.g. "the GPU session failed (...)"
 
 
 class ModelInstance(Protocol):
-    """One loaded copy of a model; `execute` is called from one worker thread at a time.
+    """One loaded copy of a model.
 
-    An instance may also have `placement_kind` ("KIND_CPU" / "KIND_GPU": where it really runs)
-    and `placement_note` (why that differs from its spec, e.g. the GPU ran out of memory at
-    load); the server reports both."""
+    The server calls `execute` or `execute_decoupled` from one thread at a time, and `close`
+    once, after the last execution has returned (never while one runs). Only `interrupt` is
+    called while an execution may be running, from another thread."""
 
-    def execute(
-        self, inputs: Arrays, output_names: Sequence[str]
-    ) -> dict[str, np.ndarray[Any, Any]]:
+    @property
+    def runs_inline(self) -> bool:
+        """Whether a short execution may run on the server's event loop instead of the
+        instance's thread; False for instances that wait on something else (another process)."""
+        ...
+
+    @property
+    def placement(self) -> Placement | None:
+        """Where this instance really runs, with the reason when it is not where its spec
+        asked; None: where the spec asked."""
+        ...
+
+    def execute(self, inputs: Arrays, output_names: Sequence[str]) -> Outputs:
         """Run one batch: inputs by name, return the named outputs."""
+        ...
+
+    def execute_decoupled(self, inputs: Arrays, output_names: Sequence[str], emit: Emit) -> None:
+        """Run one request of a decoupled model (`model_transaction_policy { decoupled: true }`):
+        call `emit` with each response's outputs as it is ready, return after the last one."""
+        ...
+
+    def set_cancel_check(self, check: CancelCheck) -> None:
+        """Called once, before the first execution: during an execution, `check()` says
+        whether every caller waiting for it has gone away (cancelled, timed out), so a model
+        may stop early."""
+        ...
+
+    def interrupt(self) -> bool:
+        """Make a running execution end soon, with an error, if this backend can; say whether
+        it could. Called from another thread when an execution outlives the server's stop
+        deadline; `close` still follows once the execution has returned."""
         ...
 
     def close(self) -> None:
         """Release the instance's resources."""
         ...
+
+
+class InstanceBase(ModelInstance):
+    """The defaults of an instance's optional members; subclasses write `execute` and `close`."""
+
+    runs_inline: bool = True
+    placement: Placement | None = None
+
+    def execute_decoupled(self, inputs: Arrays, output_names: Sequence[str], emit: Emit) -> None:
+        raise BackendError("this backend cannot serve decoupled models")
+
+    def set_cancel_check(self, check: CancelCheck) -> None:
+        pass  # the execution cannot be told; it runs to the end
+
+    def interrupt(self) -> bool:
+        # An in-process runtime (ONNX Runtime, TensorRT, torch) cannot be stopped mid-run
+        # safely: its thread is left to finish, and the instance is closed when it does.
+        return False
 
 
 class Backend(Protocol):
@@ -131,3 +207,25 @@ class Backend(Protocol):
     def create_instance(self, spec: InstanceSpec) -> ModelInstance:
         """Load one instance; raise ModelLoadError with the reason on failure."""
         ...
+
+    def auto_complete(self, model_path: Path, config: dict[str, Any]) -> dict[str, Any] | None:
+        """Fill in what config.pbtxt leaves out (unless --strict-model-config): `config` is the
+        model's configuration as JSON-ready data, field names as in the .proto; return it
+        completed (it may be changed in place), or None when there is nothing to add. Raise
+        BackendError with the reason when the file and the config disagree."""
+        ...
+
+    def gpu_problem(self) -> str:
+        """Why this backend cannot run instances on a GPU here ('' when it can)."""
+        ...
+
+
+class BackendBase(Backend):
+    """The defaults of a backend's optional members; subclasses write `name`, `inspect` and
+    `create_instance`."""
+
+    def auto_complete(self, model_path: Path, config: dict[str, Any]) -> dict[str, Any] | None:
+        return None
+
+    def gpu_problem(self) -> str:
+        return "this backend has no GPU support"

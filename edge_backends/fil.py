@@ -27,6 +27,8 @@ import numpy as np
 
 from edge_backends.api import (
     Arrays,
+    BackendBase,
+    InstanceBase,
     InstanceSpec,
     ModelLoadError,
     ModelSignature,
@@ -85,11 +87,12 @@ def _parameters(config: dict[str, Any]) -> dict[str, str]:
     return {k: str(v.get("string_value", "")) for k, v in config.get("parameters", {}).items()}
 
 
-class FilInstance:
+class FilInstance(InstanceBase):
     """One ONNX Runtime session and the FIL output rules."""
 
     def __init__(self, session: OrtInstance, model: TreeModel, options: FilOptions) -> None:
         self._session = session
+        self.placement = session.placement  # the forest runs where its session does
         self._model = model
         self._options = options
 
@@ -115,7 +118,7 @@ class FilInstance:
         self._session.close()
 
 
-class FilBackend:
+class FilBackend(BackendBase):
     """XGBoost / LightGBM / ONNX-ML forests behind Triton FIL's config and tensors."""
 
     name = "fil"

@@ -31,7 +31,9 @@ import openvino.properties.hint as ov_hints
 
 from edge_backends.api import (
     Arrays,
+    BackendBase,
     ExecutionError,
+    InstanceBase,
     InstanceSpec,
     ModelLoadError,
     ModelSignature,
@@ -125,7 +127,7 @@ class _Compiled:
         self.outputs = {n: i for i, p in enumerate(compiled.outputs) for n in _port_names(p)}
 
 
-class OpenVinoInstance:
+class OpenVinoInstance(InstanceBase):
     """One infer request on a shared compiled model (one OpenVINO stream)."""
 
     def __init__(
@@ -182,7 +184,7 @@ class OpenVinoInstance:
         self._backend.release(self._key)
 
 
-class OpenVinoBackend:
+class OpenVinoBackend(BackendBase):
     """Reads IR or ONNX files with OpenVINO and compiles them for the CPU."""
 
     name = "openvino"

@@ -20,11 +20,14 @@ import onnxruntime as ort
 
 from edge_backends.api import (
     Arrays,
+    BackendBase,
     ExecutionError,
     InputRejected,
+    InstanceBase,
     InstanceSpec,
     ModelLoadError,
     ModelSignature,
+    Placement,
     TensorSpec,
 )
 from edge_backends.datatypes import BY_ONNX
@@ -114,7 +117,7 @@ def _from_ort_strings(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return out
 
 
-class OrtInstance:
+class OrtInstance(InstanceBase):
     """One InferenceSession."""
 
     def __init__(
@@ -122,9 +125,8 @@ class OrtInstance:
     ) -> None:
         self._session = session
         self._run_options = ort.RunOptions()
-        # Read by the server (edge_backends/api.py, ModelInstance): where this really runs.
-        self.placement_note = placement_note
-        self.placement_kind = "KIND_GPU" if on_gpu else "KIND_CPU"
+        # Where the session's providers really run (a GPU session may fall back to CPU).
+        self.placement = Placement("KIND_GPU" if on_gpu else "KIND_CPU", placement_note)
 
     def execute(
         self, inputs: Arrays, output_names: Sequence[str]
@@ -147,7 +149,7 @@ class OrtInstance:
         del self._session
 
 
-class OrtBackend:
+class OrtBackend(BackendBase):
     """Loads .onnx files into sessions on CPU, or on a GPU for KIND_GPU instances."""
 
     name = "onnxruntime"

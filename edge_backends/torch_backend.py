@@ -29,7 +29,9 @@ import torch
 
 from edge_backends.api import (
     Arrays,
+    BackendBase,
     ExecutionError,
+    InstanceBase,
     InstanceSpec,
     ModelLoadError,
     ModelSignature,
@@ -83,7 +85,7 @@ def _names(config: Mapping[str, Any], kind: str) -> list[str]:
     return [str(entry["name"]) for entry in config.get(kind) or []]
 
 
-class TorchInstance:
+class TorchInstance(InstanceBase):
     """One loaded TorchScript module on one device."""
 
     def __init__(
@@ -175,7 +177,7 @@ class TorchInstance:
         del self._module
 
 
-class TorchBackend:
+class TorchBackend(BackendBase):
     """Loads TorchScript archives with torch.jit.load."""
 
     name = "pytorch"

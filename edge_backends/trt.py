@@ -24,7 +24,9 @@ import tensorrt as trt
 
 from edge_backends.api import (
     Arrays,
+    BackendBase,
     ExecutionError,
+    InstanceBase,
     InstanceSpec,
     ModelLoadError,
     ModelSignature,
@@ -117,7 +119,7 @@ class LoadedEngine:
             )
 
 
-class TrtInstance:
+class TrtInstance(InstanceBase):
     """One execution context and stream on one GPU."""
 
     def __init__(self, spec: InstanceSpec, device: CudaDevice, loaded: LoadedEngine) -> None:
@@ -224,7 +226,7 @@ class TrtInstance:
             del self._context, self._loaded
 
 
-class TensorRTBackend:
+class TensorRTBackend(BackendBase):
     """Loads TensorRT plans onto a GPU; KIND_CPU cannot run them."""
 
     name = "tensorrt"

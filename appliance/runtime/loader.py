@@ -26,17 +26,20 @@ from appliance.protocol import model_config_pb2 as mc
 from appliance.protojson import message_to_dict
 from appliance.repository.local import escapes, list_versions
 from appliance.repository.manifest import NO_MANIFEST_RULES, ManifestPolicy, check_version
-from appliance.runtime.placement import (
-    backend_gpu_problem,
-    onnx_substitute,
-    place_group,
-    tensorrt_problem,
-)
+from appliance.runtime.placement import onnx_substitute, place_group, tensorrt_problem
+from appliance.runtime.specs import plan_from_config
 from appliance.runtime.version_policy import select_versions
 from appliance.runtime.warmup import warm_up
-from appliance.scheduling.ensemble import EnsemblePlan, plan_from_config
+from appliance.scheduling.ensemble import EnsemblePlan
 from appliance.scheduling.instances import InstanceWorker
-from edge_backends.api import BackendError, InstanceSpec, ModelInstance, ModelSignature
+from edge_backends.api import (
+    BackendError,
+    InferenceHost,
+    InstanceSpec,
+    ModelInstance,
+    ModelSignature,
+    Placement,
+)
 from edge_backends.datatypes import BY_TRITON
 from edge_backends.registry import get_backend
 
@@ -112,7 +115,7 @@ def prepare_model(
     model_dir: Path,
     strict: bool,
     override: ModelConfig | None = None,
-    host: Any = None,
+    host: InferenceHost | None = None,
     manifest: ManifestPolicy = NO_MANIFEST_RULES,
     skip: dict[int, str] | None = None,
     cache_dir: Path | None = None,
@@ -179,13 +182,13 @@ def prepare_model(
             log.error("model '%s' version %d failed to load: %s", name, version, reason)
         return PreparedModel(name=name, config=config, failed=unreadable)
     described = bool(signature.inputs or signature.outputs)  # Python models say nothing
-    hook = getattr(backend, "auto_complete", None)
-    if hook is not None and not strict:
+    if not strict:
         try:
-            completed = hook(newest_file, message_to_dict(config))
+            completed = backend.auto_complete(newest_file, message_to_dict(config))
         except BackendError as exc:
             raise ConfigError(f"model '{name}': {exc}") from exc
-        config = json_format.ParseDict(completed, ModelConfig(), ignore_unknown_fields=True)
+        if completed is not None:
+            config = json_format.ParseDict(completed, ModelConfig(), ignore_unknown_fields=True)
     if strict or not described:
         complete_scheduling(config)
     else:
@@ -247,7 +250,7 @@ def _load_instances(
     model_dir: Path,
     version: int,
     notes: list[str],
-    host: Any = None,
+    host: InferenceHost | None = None,
     cache_dir: Path | None = None,
     requested: list[str] | None = None,
     on_gpu: list[int] | None = None,
@@ -267,7 +270,7 @@ def _load_instances(
     config_json = message_to_dict(config)
     parameters = {k: v.string_value for k, v in config.parameters.items()}
     level = config.optimization.graph.level if config.optimization.HasField("graph") else None
-    no_gpu = backend_gpu_problem(backend)
+    no_gpu = backend.gpu_problem()
     kinds = requested or [mc.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group]
     placements = [
         place_group(kind, group.name, group.count, no_gpu)
@@ -316,12 +319,11 @@ def _load_instances(
                 )
                 instance = backend.create_instance(spec)
                 instances.append(instance)
-                moved = str(getattr(instance, "placement_note", "") or "")
-                actual = str(getattr(instance, "placement_kind", "") or kind)
-                if on_gpu is not None and actual == "KIND_GPU":  # not one that came up on CPU
+                actual = instance.placement or Placement(kind)
+                if on_gpu is not None and actual.kind == "KIND_GPU":  # not one that fell back
                     on_gpu[index] += 1
-                if moved:
-                    note = f"instance '{instance_name}': {moved}"
+                if actual.note:
+                    note = f"instance '{instance_name}': {actual.note}"
                     log.warning("model '%s' version %d: %s", config.name, version, note)
                     notes.append(note)
                 workers.append(

@@ -18,36 +18,25 @@ from pathlib import Path
 
 from appliance.model_config import ModelConfig
 from appliance.protocol import model_config_pb2 as mc
-from edge_backends.api import ModelLoadError
+from edge_backends.api import ModelLoadError, Placement
 from edge_backends.registry import get_backend
 
 ONNX_FALLBACK_FILENAME = "model.onnx"
 
 
-@dataclass(frozen=True)
-class GroupPlacement:
-    kind: str  # KIND_CPU | KIND_GPU: where the group's instances run
-    note: str = ""  # why that is not what the config asked for ('' when it is)
-
-
-def place_group(requested: str, group_name: str, count: int, gpu_problem: str) -> GroupPlacement:
-    """Resolve one instance group's kind, given why the backend cannot use a GPU here."""
+def place_group(requested: str, group_name: str, count: int, gpu_problem: str) -> Placement:
+    """Where one instance group's instances run, given why the backend cannot use a GPU here
+    ('' when it can); the note says why that is not what the config asked for."""
     if requested == "KIND_CPU":
-        return GroupPlacement("KIND_CPU")
+        return Placement("KIND_CPU")
     if not gpu_problem:
-        return GroupPlacement("KIND_GPU")
+        return Placement("KIND_GPU")
     if requested == "KIND_AUTO":
-        return GroupPlacement("KIND_CPU")
-    return GroupPlacement(
+        return Placement("KIND_CPU")
+    return Placement(
         "KIND_CPU",
         f"{count} {requested} instance(s) of group '{group_name}' run on CPU: {gpu_problem}",
     )
-
-
-def backend_gpu_problem(backend: object) -> str:
-    """Why this backend cannot use a GPU here ('' when it can)."""
-    check = getattr(backend, "gpu_problem", None)
-    return str(check()) if check is not None else "this backend has no GPU support"
 
 
 def tensorrt_problem() -> str:
@@ -56,7 +45,7 @@ def tensorrt_problem() -> str:
         backend = get_backend("tensorrt")
     except ModelLoadError as exc:
         return str(exc)
-    return backend_gpu_problem(backend)
+    return backend.gpu_problem()
 
 
 @dataclass(frozen=True)

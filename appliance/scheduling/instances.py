@@ -2,6 +2,9 @@
 
 A dedicated thread fed through a SimpleQueue costs less per request than run_in_executor, and
 keeps model code off the event loop. Results come back with call_soon_threadsafe.
+
+The thread also closes its instance, after the last batch: an instance is never closed while
+it executes, even when `stop` gives up waiting for a stuck execution.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ from appliance.types import Array
 from edge_backends.api import BackendError, InputRejected, ModelInstance
 
 log = logging.getLogger(__name__)
+
+# After `interrupt()` succeeds, how long `stop` waits for the execution to fail and the thread
+# to close the instance (a killed Python model's process is reaped in milliseconds).
+INTERRUPT_GRACE_S = 5.0
 
 
 @dataclass(slots=True)
@@ -119,8 +126,12 @@ class InstanceWorker:
         self.resources = resources or {}  # rate_limiter resources held while a batch runs
         self.priority = priority
         # Instances that wait on another process must never run on the event loop.
-        self.inline_ok = bool(getattr(instance, "runs_inline", True))
+        self.inline_ok = instance.runs_inline
         self._instance = instance
+        self._running: Sequence[Job] = ()  # the batch in hand, for the cancel check
+        self._close_lock = threading.Lock()
+        self._closed = False
+        instance.set_cancel_check(self._callers_gone)
         self._batching = batching
         self._inbox: queue.SimpleQueue[
             tuple[list[Job], Callable[[InstanceWorker, BatchResult], None]] | None
@@ -144,30 +155,72 @@ class InstanceWorker:
     ) -> None:
         self._inbox.put((jobs, on_done))
 
-    def stop(self) -> None:
-        """Finish the batch in hand, then close the instance (blocking: call from a thread)."""
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Finish the batch in hand, then close the instance; blocking: call from a thread.
+
+        Waits at most `timeout_s` (None: as long as it takes) for the batch; past it, asks
+        the instance to interrupt the execution (only some backends can) and waits
+        INTERRUPT_GRACE_S more when it could. Returns whether the thread ended, the instance
+        closed. When it did not, the daemon thread closes the instance if the execution ever
+        returns: closing under a running execution is unsafe for in-process runtimes."""
         self._inbox.put(None)
+        if not self._thread.is_alive():
+            if self._thread.ident is None:  # never started: nothing else will close it
+                self._close()
+            return True
+        self._thread.join(timeout_s)
+        if self._thread.is_alive() and self._interrupt():
+            self._thread.join(INTERRUPT_GRACE_S)
         if self._thread.is_alive():
-            self._thread.join()
+            log.warning(
+                "instance %s did not finish its execution within %s s; leaving its thread to "
+                "end on its own (the instance is closed when it does)",
+                self.name,
+                f"{timeout_s:g}" if timeout_s is not None else "the time allowed",
+            )
+            return False
+        return True
+
+    def _interrupt(self) -> bool:
+        try:
+            return self._instance.interrupt()
+        except Exception:
+            log.exception("interrupting instance %s failed", self.name)
+            return False
+
+    def _close(self) -> None:
+        """Close the instance once (the thread on its way out, or `stop` if it never ran)."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
         try:
             self._instance.close()
         except Exception:
             log.exception("closing instance %s failed", self.name)
 
+    def _callers_gone(self) -> bool:
+        """The instance's cancel check: has every caller of the batch in hand gone away?"""
+        jobs = self._running
+        return bool(jobs) and all(j.future.done() for j in jobs)
+
     def _serve(self) -> None:
         assert self._loop is not None
-        while True:
-            item = self._inbox.get()
-            if item is None:
-                return
-            jobs, on_done = item
-            self.busy_since_ns = time.monotonic_ns()
-            result = self.run(jobs)
-            self.busy_since_ns = 0
-            try:
-                self._loop.call_soon_threadsafe(on_done, self, result)
-            except RuntimeError:  # loop closed during shutdown
-                return
+        try:
+            while True:
+                item = self._inbox.get()
+                if item is None:
+                    return
+                jobs, on_done = item
+                self.busy_since_ns = time.monotonic_ns()
+                result = self.run(jobs)
+                self.busy_since_ns = 0
+                try:
+                    self._loop.call_soon_threadsafe(on_done, self, result)
+                except RuntimeError:  # loop closed during shutdown
+                    return
+        finally:
+            self._close()
 
     def _progress(
         self, emit: Callable[[dict[str, Array]], None]
@@ -192,16 +245,16 @@ class InstanceWorker:
             for job in jobs:
                 names.extend(n for n in job.output_names if n not in names)
             t1 = time.monotonic_ns()
-            if hasattr(self._instance, "cancel_check"):  # backends that can tell the model
-                self._instance.cancel_check = lambda: all(j.future.done() for j in jobs)
-            if jobs[0].emit is not None:  # decoupled: one request, responses streamed out
-                execute = getattr(self._instance, "execute_decoupled", None)
-                if execute is None:
-                    raise BackendError("this backend cannot serve decoupled models")
-                execute(inputs, names, self._progress(jobs[0].emit))
-                outputs = {}
-            else:
-                outputs = self._instance.execute(inputs, names)
+            self._running = jobs
+            try:
+                if jobs[0].emit is not None:  # decoupled: one request, responses streamed out
+                    emit = self._progress(jobs[0].emit)
+                    self._instance.execute_decoupled(inputs, names, emit)
+                    outputs = {}
+                else:
+                    outputs = self._instance.execute(inputs, names)
+            finally:
+                self._running = ()
             t2 = time.monotonic_ns()
             total = sum(j.batch_size for j in jobs)
             result.outcomes = list(_split_outputs(jobs, outputs, self._batching, total))

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,15 @@ import numpy as np
 
 from edge_backends.api import (
     Arrays,
+    BackendBase,
+    CancelCheck,
+    Emit,
     ExecutionError,
+    InstanceBase,
     InstanceSpec,
     ModelLoadError,
     ModelSignature,
+    Outputs,
 )
 from edge_backends.python.shm import Arena, Reader
 
@@ -36,7 +42,7 @@ CANCEL_POLL_S = 0.05  # how often a long execution checks whether its callers we
 _CONTEXT = multiprocessing.get_context("spawn")  # no fork of a threaded server
 
 
-class PythonInstance:
+class PythonInstance(InstanceBase):
     """One worker process running TritonPythonModel."""
 
     runs_inline = False  # the work happens in another process: never block the event loop on it
@@ -50,8 +56,11 @@ class PythonInstance:
                 f"model '{spec.model_name}': parameter execute_timeout_s must be a number of "
                 "seconds"
             ) from None
-        # Set by the server's worker thread before execute: did every caller go away?
-        self.cancel_check: Callable[[], bool] | None = None
+        # Given by the server: did every caller of the execution in hand go away?
+        self._cancel_check: CancelCheck | None = None
+        # interrupt() was called: the process is gone for good, no restart.
+        self._interrupted = False
+        self._process_lock = threading.Lock()  # interrupt() comes from another thread
         self._cancelled = _CONTEXT.Value("b", 0, lock=False)  # what request.is_cancelled() reads
         self._arena = Arena("in")
         self._reader = Reader()
@@ -75,7 +84,7 @@ class PythonInstance:
         from edge_backends.python import worker
 
         parent, child = _CONTEXT.Pipe()
-        self._process = _CONTEXT.Process(
+        process = _CONTEXT.Process(
             target=worker.main,
             args=(
                 child,
@@ -87,7 +96,13 @@ class PythonInstance:
             name=f"python-model-{self._spec.instance_name}",
             daemon=True,
         )
-        self._process.start()
+        with self._process_lock:
+            if self._interrupted:
+                parent.close()
+                child.close()
+                raise ModelLoadError(f"Python model '{self._spec.model_name}' was stopped")
+            self._process = process
+            process.start()
         child.close()
         self._connection = parent
         if not parent.poll(START_TIMEOUT_S):
@@ -106,16 +121,14 @@ class PythonInstance:
             self._kill()
             raise ModelLoadError(f"Python model '{self._spec.model_name}' failed: {detail}")
 
-    def execute(self, inputs: Arrays, output_names: Sequence[str]) -> dict[str, np.ndarray]:
+    def execute(self, inputs: Arrays, output_names: Sequence[str]) -> Outputs:
         kind, payload = self._exchange(inputs, output_names, None)
         if kind == "failed":
             raise ExecutionError(str(payload[0]))
         arena, out_metas = payload
         return self._reader.read(arena, out_metas, copy=True)
 
-    def execute_decoupled(
-        self, inputs: Arrays, output_names: Sequence[str], emit: Callable[[dict[str, Any]], None]
-    ) -> None:
+    def execute_decoupled(self, inputs: Arrays, output_names: Sequence[str], emit: Emit) -> None:
         """Run one request of a decoupled model; `emit` gets each response as it arrives."""
         kind, payload = self._exchange(inputs, output_names, emit)
         if kind == "failed":
@@ -125,7 +138,7 @@ class PythonInstance:
         self,
         inputs: Arrays,
         output_names: Sequence[str],
-        emit: Callable[[dict[str, Any]], None] | None,
+        emit: Emit | None,
     ) -> tuple[str, list[Any]]:
         """Send one execute message; serve BLS calls and streamed responses until it ends."""
         metas = self._arena.write(dict(inputs))
@@ -137,7 +150,7 @@ class PythonInstance:
             )
             while True:
                 while not self._connection.poll(CANCEL_POLL_S):
-                    if self.cancel_check is not None and self.cancel_check():
+                    if self._cancel_check is not None and self._cancel_check():
                         self._cancelled.value = 1  # the model sees request.is_cancelled()
                     if self._timeout_s and time.monotonic() - started > self._timeout_s:
                         self._restart()
@@ -153,6 +166,11 @@ class PythonInstance:
                 else:
                     return kind, payload
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+            if self._interrupted:
+                raise ExecutionError(
+                    "the Python model's process was stopped while executing (the server was "
+                    "unloading it)"
+                ) from None
             code = None
             if self._process is not None:
                 self._process.join(2)  # the pipe closes a moment before the exit is reaped
@@ -182,6 +200,8 @@ class PythonInstance:
     def _restart(self) -> None:
         self._kill()
         self._reader.close()
+        if self._interrupted:
+            return
         try:
             self._start()
             log.warning(
@@ -200,6 +220,19 @@ class PythonInstance:
         if self._connection is not None:
             self._connection.close()
 
+    def set_cancel_check(self, check: CancelCheck) -> None:
+        self._cancel_check = check
+
+    def interrupt(self) -> bool:
+        """End the worker process: the execution waiting on it fails at once, and no fresh
+        process replaces it. Safe from any thread."""
+        with self._process_lock:
+            self._interrupted = True
+            process = self._process
+        if process is not None and process.is_alive():
+            process.kill()
+        return True
+
     def close(self) -> None:
         try:
             if self._process is not None and self._process.is_alive():
@@ -212,7 +245,7 @@ class PythonInstance:
         self._arena.close()
 
 
-class PythonBackend:
+class PythonBackend(BackendBase):
     """`backend: "python"` with `model.py` in the version folder."""
 
     name = "python"
@@ -225,10 +258,10 @@ class PythonBackend:
     def create_instance(self, spec: InstanceSpec) -> PythonInstance:
         return PythonInstance(spec)
 
-    def auto_complete(self, model_path: Path, config: dict[str, Any]) -> dict[str, Any]:
+    def auto_complete(self, model_path: Path, config: dict[str, Any]) -> dict[str, Any] | None:
         """Run the model's static auto_complete_config (in a short-lived process)."""
         if "auto_complete_config" not in model_path.read_text(encoding="utf-8", errors="replace"):
-            return config
+            return None
         from edge_backends.python import worker
 
         parent, child = _CONTEXT.Pipe()

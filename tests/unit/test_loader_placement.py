@@ -14,7 +14,14 @@ import pytest
 from appliance.protocol import model_config_pb2 as mc
 from appliance.runtime.loader import prepare_model
 from edge_backends import registry
-from edge_backends.api import InstanceSpec, ModelSignature, TensorSpec
+from edge_backends.api import (
+    BackendBase,
+    InstanceBase,
+    InstanceSpec,
+    ModelSignature,
+    Placement,
+    TensorSpec,
+)
 
 CONFIG = """
 name: "echo"
@@ -31,12 +38,14 @@ instance_group [
 """
 
 
-class EchoInstance:
+class EchoInstance(InstanceBase):
     def __init__(self, spec: InstanceSpec, on_gpu: bool) -> None:
         self.spec = spec
-        self.placement_kind = "KIND_GPU" if on_gpu else "KIND_CPU"
         fell_back = spec.kind == "KIND_GPU" and not on_gpu
-        self.placement_note = "the GPU was full; running on CPU" if fell_back else ""
+        self.placement = Placement(
+            "KIND_GPU" if on_gpu else "KIND_CPU",
+            "the GPU was full; running on CPU" if fell_back else "",
+        )
 
     def execute(self, inputs: Any, output_names: Sequence[str]) -> dict[str, np.ndarray]:
         return {"y": inputs["x"]}
@@ -45,7 +54,7 @@ class EchoInstance:
         pass
 
 
-class EchoGpuBackend:
+class EchoGpuBackend(BackendBase):
     name = "echo_gpu"
 
     def __init__(self) -> None:

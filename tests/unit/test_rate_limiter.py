@@ -12,6 +12,7 @@ from appliance.scheduling.instances import InstanceWorker, Job
 from appliance.scheduling.policy import BatchPolicy
 from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.stats import ModelStats
+from edge_backends.api import InstanceBase
 
 
 def test_acquire_release_and_wake_in_priority_order() -> None:
@@ -38,7 +39,7 @@ def test_disabled_limiter_never_holds_back() -> None:
     assert limiter.try_acquire({"npu": 5})
 
 
-class Recorder:
+class Recorder(InstanceBase):
     def __init__(self, name: str, log: list[str], gate: threading.Event) -> None:
         self.name, self.log, self.gate = name, log, gate
 
@@ -90,5 +91,5 @@ async def test_two_models_sharing_one_resource_take_turns() -> None:
     await second
     assert log == ["a start", "a end", "b start", "b end"]
     for scheduler in schedulers:
-        await scheduler.drain(1)
-        scheduler.stop_workers()
+        await scheduler.stop(1, "was unloaded")
+        scheduler.release(1)
