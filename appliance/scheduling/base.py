@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 from collections.abc import Sequence
 
@@ -136,8 +137,12 @@ class SchedulerBase:
         return failed
 
     def release(self, timeout_s: float) -> list[str]:
-        """Blocking: end the instance threads (at most timeout_s each) and close instances."""
-        return [w.name for w in self._workers if not w.stop(timeout_s)]
+        """Blocking: end the instance threads within timeout_s in all and close instances; the
+        names of those still running (interrupted where the backend can be)."""
+        deadline = time.monotonic() + timeout_s
+        return [
+            w.name for w in self._workers if not w.stop(max(0.0, deadline - time.monotonic()))
+        ]
 
     def health(self, now_ns: int, stuck_ns: int) -> str:
         """Why this version cannot make progress ('' when it can); see appliance/notify.py."""
