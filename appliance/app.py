@@ -1,4 +1,4 @@
-"""Appliance: builds the parts and owns their start / stop order."""
+"""Appliance: builds the parts, owns their start / stop order and the one shutdown deadline."""
 
 from __future__ import annotations
 
@@ -6,23 +6,27 @@ import asyncio
 import contextlib
 import logging
 import os
-import ssl
-import stat
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
-from aiohttp import web
 
 from appliance import buildinfo
 from appliance.access import GRPC_HEADER_PREFIX, Restriction, Restrictions
 from appliance.cache import ResponseCache
 from appliance.errors import ApplianceError
 from appliance.frontends.grpc.server import InferenceServicer
-from appliance.frontends.http.connections import GuardedAppRunner
 from appliance.frontends.http.server import HttpFrontend
 from appliance.gpu_metrics import find_gpu_source
+from appliance.listeners import (
+    Listener,
+    StartupError,
+    grpc_credentials,
+    http_ssl_context,
+    serve_grpc,
+    serve_http,
+)
 from appliance.logs import LogSettings
 from appliance.metrics import build_registry, metrics_app
 from appliance.notify import (
@@ -39,14 +43,13 @@ from appliance.repository.sources import RemoteSources
 from appliance.runtime.models import ModelRuntime, RuntimeSettings
 from appliance.services.control import ControlService, ServerState
 from appliance.services.inference import InferenceService
-from appliance.settings import HttpConnectionLimits, ServerSettings, TlsSettings
+from appliance.settings import ServerSettings
+from appliance.shutdown import Deadline, kill_model_processes, shutdown_summary
 from appliance.trace import Tracer
 
+__all__ = ["Appliance", "StartupError", "serve_forever"]
+
 log = logging.getLogger(__name__)
-
-
-class StartupError(Exception):
-    """The server cannot start (a port in use, a bad repository with --exit-on-error)."""
 
 
 class Appliance:
@@ -115,34 +118,42 @@ class Appliance:
         self.grpc_port: int | None = None
         self.metrics_port: int | None = None
         self.poller: RepositoryPoller | None = None
+        self._listeners: list[Listener] = []
+        self._deadline: Deadline | None = None
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Appliance]:
-        """Start everything; on exit (or a failed start) stop in reverse order."""
+        """Start everything; on exit (or a failed start) shut down under one deadline."""
         async with contextlib.AsyncExitStack() as stack:
             # First in, last out: the watchdog is fed while models load and while they drain.
             await stack.enter_async_context(self.supervisor.running())
             stack.push_async_callback(asyncio.to_thread, self.tracer.close)
-            stack.push_async_callback(self._stop_models)
             await stack.enter_async_context(self.remote.opened())
+            # Listeners and models stop together, under one deadline (after the poller).
+            stack.push_async_callback(self._shutdown)
             log.info("backends available: %s", buildinfo.backends_line())
             await self._load_models()
             if self.settings.allow_grpc:
-                await stack.enter_async_context(self._grpc())
+                self._listeners.append(await self._grpc())
             if self.settings.allow_http:
-                await stack.enter_async_context(self._http())
+                self._listeners.append(await self._http())
             if self.settings.model_control_mode == "poll":
                 self.poller = RepositoryPoller(
                     self.manager, self.settings.repository_poll_secs, self.remote
                 )
                 await stack.enter_async_context(self.poller.running())
             if self.settings.allow_metrics:
-                await stack.enter_async_context(self._metrics())
+                self._listeners.append(await self._metrics())
             self.state.loading_done = True
-            stack.callback(self._not_ready)
             log.info("server is ready")
             self.supervisor.ready()
             yield self
+
+    def begin_shutdown(self, deadline: Deadline) -> None:
+        """Report not-ready and refuse new requests now; `running()`'s exit drains under
+        `deadline`."""
+        self._deadline = deadline
+        self._not_ready()
 
     def status(self) -> str:
         """The one-line summary systemd shows (STATUS=)."""
@@ -191,20 +202,44 @@ class Appliance:
             failed = [e for e in self.manager.index() if e["state"] != "READY"]
             raise StartupError(f"failed to load all models (--exit-on-error): {failed}")
 
-    async def _stop_models(self) -> None:
-        await self.manager.stop()
+    async def _shutdown(self) -> None:
+        """Stop listening, drain HTTP, gRPC and every model version at once under the one
+        deadline, cancel what is left, and log it."""
+        deadline = self._deadline or Deadline.starting(self.settings.exit_timeout_secs)
+        self._not_ready()
+        log.info(
+            "shutting down: not ready, refusing new requests, draining in-flight ones "
+            "(deadline %.1f s from now)",
+            deadline.remaining_s(time.monotonic()),
+        )
+        parts = [listener.stop(deadline) for listener in self._listeners]
+        outcomes = await asyncio.gather(*parts, self._stop_models(deadline), return_exceptions=True)
+        cancelled: list[str] = []
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                log.error("shutdown: stopping a part failed", exc_info=outcome)
+            else:
+                cancelled += outcome
+        # Model processes are the runtime's to stop; one still alive here would outlive us.
+        killed = await asyncio.to_thread(kill_model_processes)
+        level, line = shutdown_summary(deadline, time.monotonic(), cancelled, killed)
+        log.log(level, "%s", line)
 
-    @contextlib.asynccontextmanager
-    async def _http(self) -> AsyncIterator[None]:
+    async def _stop_models(self, deadline: Deadline) -> list[str]:
+        return await self.manager.stop(deadline.remaining_s(time.monotonic()))
+
+    async def _http(self) -> Listener:
         frontend = HttpFrontend(
             self.core,
             self.control,
             self.settings.max_request_bytes,
             _restrictions(self.settings.http_restricted),
+            shared_memory=self.control.shared_memory,
+            limits=self.settings.request_limits,
         )
         settings = self.settings
         address, port = settings.http_address, settings.http_port
-        async with _listening(
+        listener = await serve_http(
             frontend.build(),
             address,
             port,
@@ -212,18 +247,17 @@ class Appliance:
             settings.exit_timeout_secs,
             settings.http_unix_socket,
             settings.unix_socket_mode,
-            _http_ssl_context(settings.tls),
+            http_ssl_context(settings.tls),
             settings.http_connections,
-        ) as bound:
-            self.http_port = bound
-            if bound is not None:
-                log.info("Started HTTPService at %s:%s", address, bound)
-            if settings.http_unix_socket:
-                log.info("Started HTTPService at unix:%s", settings.http_unix_socket)
-            yield
+        )
+        self.http_port = listener.port
+        if listener.port is not None:
+            log.info("Started HTTPService at %s:%s", address, listener.port)
+        if settings.http_unix_socket:
+            log.info("Started HTTPService at unix:%s", settings.http_unix_socket)
+        return listener
 
-    @contextlib.asynccontextmanager
-    async def _metrics(self) -> AsyncIterator[None]:
+    async def _metrics(self) -> Listener:
         settings = self.settings
         gpu = (
             # NVML initialises the driver: seconds on some machines, so off the loop.
@@ -242,14 +276,12 @@ class Appliance:
         )
         address, port = self.settings.metrics_address, self.settings.metrics_port
         app = metrics_app(registry, gpu.read if gpu is not None else None)
-        async with _listening(app, address, port, "metrics") as bound:
-            assert bound is not None
-            self.metrics_port = bound
-            log.info("Started Metrics Service at %s:%s", address, bound)
-            yield
+        listener = await serve_http(app, address, port, "metrics", self.settings.exit_timeout_secs)
+        self.metrics_port = listener.port
+        log.info("Started Metrics Service at %s:%s", address, listener.port)
+        return listener
 
-    @contextlib.asynccontextmanager
-    async def _grpc(self) -> AsyncIterator[None]:
+    async def _grpc(self) -> Listener:
         size = self.settings.grpc_max_message_bytes
         server = grpc.aio.server(
             options=[
@@ -264,157 +296,38 @@ class Appliance:
             self.core,
             self.control,
             _restrictions(self.settings.grpc_restricted, GRPC_HEADER_PREFIX),
+            shared_memory=self.control.shared_memory,
+            limits=self.settings.request_limits,
         ).guarded()
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
-        addresses = []
-        if self.settings.grpc_port >= 0:
-            addresses.append(f"{self.settings.grpc_address}:{self.settings.grpc_port}")
-        unix_path = self.settings.grpc_unix_socket
+        settings = self.settings
+        unix_path = settings.grpc_unix_socket
+        listener, self.grpc_port = await serve_grpc(
+            server,
+            settings.grpc_address,
+            settings.grpc_port,
+            unix_path,
+            settings.unix_socket_mode,
+            grpc_credentials(settings.tls),
+        )
         if unix_path:
-            _clear_stale_socket(unix_path, "gRPC")
-            addresses.append(f"unix:{unix_path}")
-        credentials = _grpc_credentials(self.settings.tls)
-        ports = []
-        for address in addresses:
-            try:
-                if credentials is not None and not address.startswith("unix:"):
-                    port = server.add_secure_port(address, credentials)
-                else:
-                    port = server.add_insecure_port(address)
-            except RuntimeError as exc:
-                raise StartupError(f"cannot listen for gRPC on {address}: {exc}") from exc
-            if port == 0 and not address.startswith("unix:"):
-                raise StartupError(f"cannot listen for gRPC on {address}: address in use?")
-            ports.append(port)
-        await server.start()
-        if unix_path:
-            os.chmod(unix_path, self.settings.unix_socket_mode)
             log.info("Started GRPCInferenceService at unix:%s", unix_path)
-        if self.settings.grpc_port >= 0:
-            self.grpc_port = ports[0]
-            log.info("Started GRPCInferenceService at %s:%s", self.settings.grpc_address, ports[0])
-        try:
-            yield
-        finally:
-            await server.stop(grace=self.settings.exit_timeout_secs)
-            if unix_path:
-                with contextlib.suppress(OSError):
-                    os.unlink(unix_path)
-
-
-def _read(path: str, what: str) -> bytes:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except OSError as exc:
-        raise StartupError(f"cannot read {what} '{path}': {exc.strerror}") from exc
-
-
-def _grpc_credentials(tls: TlsSettings) -> grpc.ServerCredentials | None:
-    """TLS for the gRPC TCP listener (Unix sockets stay plain: the file mode guards them)."""
-    if not tls.grpc:
-        return None
-    key = _read(tls.grpc_key, "--grpc-server-key")
-    cert = _read(tls.grpc_cert, "--grpc-server-cert")
-    root = _read(tls.grpc_root, "--grpc-root-cert") if tls.grpc_root else None
-    return grpc.ssl_server_credentials(
-        [(key, cert)], root_certificates=root, require_client_auth=tls.grpc_mutual
-    )
-
-
-def _http_ssl_context(tls: TlsSettings) -> ssl.SSLContext | None:
-    if not tls.http_cert:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    try:
-        context.load_cert_chain(tls.http_cert, tls.http_key)
-        if tls.http_root:
-            context.load_verify_locations(tls.http_root)
-            context.verify_mode = ssl.CERT_REQUIRED
-    except (OSError, ssl.SSLError) as exc:
-        raise StartupError(f"cannot use the HTTP TLS certificate or key: {exc}") from exc
-    return context
+        if self.grpc_port is not None:
+            log.info("Started GRPCInferenceService at %s:%s", settings.grpc_address, self.grpc_port)
+        return listener
 
 
 def _restrictions(groups: tuple[tuple[str, str, str], ...], prefix: str = "") -> Restrictions:
     return Restrictions({api: Restriction(key, value) for api, key, value in groups}, prefix)
 
 
-def _clear_stale_socket(path: str, what: str) -> None:
-    """Remove a socket left by an earlier run; refuse to replace anything else."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(mode):
-        raise StartupError(f"cannot listen for {what} on unix:{path}: it exists and is no socket")
-    os.unlink(path)
-
-
-@contextlib.asynccontextmanager
-async def _listening(
-    app: web.Application,
-    address: str,
-    port: int,
-    what: str,
-    shutdown_timeout: float = 5.0,
-    unix_path: str = "",
-    unix_mode: int = 0o660,
-    ssl_context: ssl.SSLContext | None = None,
-    limits: HttpConnectionLimits | None = None,
-) -> AsyncIterator[int | None]:
-    """Serve an aiohttp app on address:port (port -1: no TCP) and on a Unix socket if given.
-
-    Yields the bound TCP port (port 0 picks one), or None without TCP.
-    """
-    runner = GuardedAppRunner(
-        app,
-        limits or HttpConnectionLimits(),
-        handler_cancellation=True,
-        access_log=None,
-        shutdown_timeout=shutdown_timeout,
-    )
-    await runner.setup()
-    listening_on_unix = False
-    try:
-        bound: int | None = None
-        if port >= 0:
-            site = web.TCPSite(runner, address, port, reuse_address=True, ssl_context=ssl_context)
-            try:
-                await site.start()
-            except OSError as exc:
-                raise StartupError(
-                    f"cannot listen for {what} on {address}:{port}: {exc.strerror}"
-                ) from exc
-            server = site._server  # aiohttp keeps the asyncio Server here
-            sockets = getattr(server, "sockets", None) or []
-            bound = sockets[0].getsockname()[1] if sockets else port
-        if unix_path:
-            _clear_stale_socket(unix_path, what)
-            try:
-                await web.UnixSite(runner, unix_path).start()
-            except OSError as exc:
-                raise StartupError(
-                    f"cannot listen for {what} on unix:{unix_path}: {exc.strerror}"
-                ) from exc
-            listening_on_unix = True
-            os.chmod(unix_path, unix_mode)
-        yield bound
-    finally:
-        await runner.cleanup()
-        if listening_on_unix:  # ours: never a file that was there before
-            with contextlib.suppress(OSError):
-                os.unlink(unix_path)
-
-
 async def serve_forever(
     settings: ServerSettings,
-    stop: asyncio.Event,
+    stop: Callable[[], Awaitable[Deadline]],
     notifier: Notifier | None = None,
     logs: LogSettings | None = None,
 ) -> None:
-    """Run until `stop` is set."""
+    """Serve until `stop()` returns the shutdown deadline, then shut down under it."""
     appliance = Appliance(settings, notifier, logs)
     async with appliance.running():
-        await stop.wait()
-        log.info("shutting down: refusing new requests, draining in-flight ones")
+        appliance.begin_shutdown(await stop())

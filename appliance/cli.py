@@ -6,23 +6,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import faulthandler
 import logging
 import multiprocessing
 import signal
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import FrameType
 
 from appliance import check, logs
 from appliance.app import StartupError, serve_forever
 from appliance.notify import Notifier
 from appliance.serve_flags import add_serve_flags, settings_from_args
 from appliance.settings import ServerSettings
+from appliance.shutdown import FORCE_AFTER_S, Deadline, force_exit
 
 __all__ = ["add_serve_flags", "build_parser", "main", "settings_from_args"]
 
 log = logging.getLogger("appliance")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -89,6 +95,82 @@ def manifest(argv: Sequence[str]) -> int:
     return 0
 
 
+class ExitSignals:
+    """SIGTERM / SIGINT for `serve`: the first starts the shutdown, a second exits at once.
+
+    `on_first(name)` runs on the event loop (send STOPPING=1 there); `wait()` returns the
+    deadline, which starts when the signal arrives. From then on a backstop thread ends the
+    process FORCE_AFTER_S past the deadline if it is still running (appliance/shutdown.py).
+
+    Process-level handlers (`signal.signal`), not the event loop's: a second signal works
+    while the loop is busy, stuck or already closed, and the forced exit runs on a thread of
+    its own, so the handler never logs in the middle of a log call it interrupted.
+    """
+
+    def __init__(self, timeout_s: float, on_first: Callable[[str], None] = lambda _: None):
+        self.timeout_s = timeout_s
+        self.deadline: Deadline | None = None
+        self.signal_name = ""
+        self._on_first = on_first
+        self._event = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._backstop: threading.Thread | None = None
+        self._forcing = False
+
+    def install(self) -> None:
+        """Take SIGTERM and SIGINT (call on the main thread, with the loop running)."""
+        self._loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    async def wait(self) -> Deadline:
+        await self._event.wait()
+        assert self.deadline is not None
+        return self.deadline
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.deadline is not None:
+            if self._forcing:
+                return
+            self._forcing = True
+            # A thread of its own: this handler may have interrupted a log call mid-write.
+            threading.Thread(
+                target=force_exit,
+                args=(f"second signal ({name}) during shutdown: exiting now",),
+                name="forced-exit",
+                daemon=True,
+            ).start()
+            return
+        self._start(name)
+        loop = self._loop
+        if loop is not None:
+            # A closed loop: the server is already on its way out.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._begin)
+
+    def _start(self, name: str) -> None:
+        self.signal_name = name
+        self.deadline = Deadline.starting(self.timeout_s)
+        self._backstop = threading.Thread(
+            target=self._enforce, args=(self.deadline,), name="shutdown-backstop", daemon=True
+        )
+        self._backstop.start()
+
+    def _begin(self) -> None:
+        self._on_first(self.signal_name)
+        self._event.set()
+
+    @staticmethod
+    def _enforce(deadline: Deadline) -> None:
+        while (left := deadline.until_force_s(time.monotonic())) > 0:
+            time.sleep(left)  # a daemon thread: it ends with the process
+        force_exit(
+            f"shutdown still not finished {FORCE_AFTER_S:g} s after its "
+            f"{deadline.timeout_s:g} s deadline: exiting now"
+        )
+
+
 def _install_event_loop_policy() -> None:
     try:
         import uvloop
@@ -98,24 +180,25 @@ def _install_event_loop_policy() -> None:
 
 
 async def _serve(settings: ServerSettings, log_settings: logs.LogSettings) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     notifier = Notifier.from_env()
-    signals_seen = 0
+    timeout_s = settings.exit_timeout_secs
 
-    def on_signal() -> None:
-        nonlocal signals_seen
-        signals_seen += 1
-        if signals_seen > 1:  # a second signal forces the exit
-            log.warning("second signal: exiting now")
-            raise SystemExit(1)
+    def on_first_signal(name: str) -> None:
         notifier.stopping_now()  # systemd hears it before draining starts
-        stop.set()
+        log.info(
+            "%s: shutting down within %g s (--exit-timeout-secs; forced at %g s); "
+            "a second signal exits at once",
+            name,
+            timeout_s,
+            timeout_s + FORCE_AFTER_S,
+        )
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
+    # First SIGTERM / SIGINT: the orderly shutdown; a second one, or the backstop past the
+    # deadline, ends the process at once.
+    signals = ExitSignals(timeout_s, on_first_signal)
+    signals.install()
     try:
-        await serve_forever(settings, stop, notifier, log_settings)
+        await serve_forever(settings, signals.wait, notifier, log_settings)
     except StartupError as exc:
         log.error("cannot start: %s", exc)
         notifier.send(f"STATUS=cannot start: {exc}", wait_s=1.0)

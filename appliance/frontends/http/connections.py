@@ -4,15 +4,28 @@ aiohttp bounds header sizes and idle keep-alive time but has no timeout for a re
 arrives a byte at a time (slowloris), for a body that never comes, or for a client that stops
 reading its response. Each connection here runs one periodic check for those three stalls,
 and a listener refuses connections past its limit.
+
+What this takes from aiohttp, and why: aiohttp has no public hook for bytes arriving on a
+connection or for a transport pausing writes, so the guard subclasses its connection protocol,
+`aiohttp.web_protocol.RequestHandler` (exported, undocumented): it overrides only the asyncio
+protocol methods (`connection_made`, `connection_lost`, `data_received`, `pause_writing`,
+`resume_writing`) and calls `force_close()`, and reads no private attribute. Requests are seen
+through the documented low-level `web.Server(handler, request_factory=...)`. The one private
+hook is `AppRunner._make_server`, the only place to hand an AppRunner its own `web.Server`.
+tests/unit/test_http_connections.py pins all of it: it fails if aiohttp changes any of these.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http_parser import RawRequestMessage
+from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 from appliance.settings import HttpConnectionLimits
@@ -30,31 +43,42 @@ _BUSY = (
 class GuardedRequestHandler(RequestHandler):
     """aiohttp's connection protocol with header, body and send stall timeouts."""
 
-    def __init__(self, manager: web.Server, *, limits: HttpConnectionLimits, **kwargs: Any):
-        super().__init__(manager, **kwargs)
+    def __init__(
+        self,
+        server: GuardedServer,
+        *,
+        loop: asyncio.AbstractEventLoop,
+        limits: HttpConnectionLimits,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(server, loop=loop, **kwargs)
+        self._guard_server = server
+        self._guard_loop = loop
         self._limits = limits
         timeouts = [t for t in (limits.header_timeout_secs, limits.body_timeout_secs) if t > 0]
         # Timeouts fire within a quarter of themselves: precise enough, one timer per connection.
         self._tick = max(0.05, min(timeouts) / 4) if timeouts else 0.0
         self._header_start: float | None = None
-        self._handled = 0  # requests answered; all parsed ones answered: waiting for the next
+        self._started = 0  # requests parsed and handed to the application
+        self._handled = 0  # of those, answered (their handler returned)
+        self._request: web.BaseRequest | None = None  # the one being handled
         self._last_data = 0.0
         self._write_paused_at: float | None = None
         self._watch: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        manager = self._manager
+        open_now = len(self._guard_server.connections)
         most = self._limits.max_connections
-        if most and manager is not None and len(manager.connections) > most:
-            log.debug("refusing an HTTP connection: %d open", len(manager.connections))
+        if most and open_now > most:
+            log.debug("refusing an HTTP connection: %d open", open_now)
             self._close_with(_BUSY)
             return
-        now = self._loop.time()
+        now = self._guard_loop.time()
         self._header_start = now  # a client that connects must send its request in time
         self._last_data = now
         if self._tick:
-            self._watch = self._loop.call_at(now + self._tick, self._check)
+            self._watch = self._guard_loop.call_at(now + self._tick, self._check)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._watch is not None:
@@ -63,37 +87,43 @@ class GuardedRequestHandler(RequestHandler):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        now = self._loop.time()
+        now = self._guard_loop.time()
         self._last_data = now
-        if self._header_start is None and self._handled == self._request_count:
+        if self._header_start is None and self._handled == self._started:
             self._header_start = now  # the first byte of the next request
-        parsed = self._request_count
         super().data_received(data)
-        if self._request_count != parsed:
-            self._header_start = None
 
-    async def _handle_request(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return await super()._handle_request(*args, **kwargs)
-        finally:
-            self._handled += 1
+    def request_started(self, request: web.BaseRequest) -> None:
+        """Its headers are in (called by GuardedServer's request factory)."""
+        self._started += 1
+        self._request = request
+        self._header_start = None
+
+    def request_finished(self) -> None:
+        """Its handler returned (called by GuardedServer's handler wrapper)."""
+        self._handled += 1
+        self._request = None
 
     def pause_writing(self) -> None:
         super().pause_writing()
-        self._write_paused_at = self._loop.time()
+        self._write_paused_at = self._guard_loop.time()
 
     def resume_writing(self) -> None:
         super().resume_writing()
         self._write_paused_at = None
 
+    def close_now(self) -> None:
+        """Close at once, whatever is in progress (a shutdown past its deadline)."""
+        self._close_with(b"")
+
     def _check(self) -> None:
         self._watch = None
-        if self.transport is None or self._force_close:
+        if self.transport is None:  # closed (force_close drops the transport)
             return
-        now = self._loop.time()
+        now = self._guard_loop.time()
         limits = self._limits
         header_start = self._header_start
-        request = self._current_request
+        request = self._request
         if (
             header_start is not None
             and limits.header_timeout_secs > 0
@@ -110,7 +140,7 @@ class GuardedRequestHandler(RequestHandler):
             if paused is not None and paused < stalled:
                 self._time_out("the client to read its response", limits.body_timeout_secs)
                 return
-        self._watch = self._loop.call_at(now + self._tick, self._check)
+        self._watch = self._guard_loop.call_at(now + self._tick, self._check)
 
     def _time_out(self, what: str, seconds: float, answer: bytes = b"") -> None:
         peer = self.transport.get_extra_info("peername") if self.transport else None
@@ -127,36 +157,101 @@ class GuardedRequestHandler(RequestHandler):
         self.force_close()
 
 
+_Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+_RequestFactory = Callable[
+    [RawRequestMessage, StreamReader, RequestHandler, AbstractStreamWriter, "asyncio.Task[None]"],
+    web.BaseRequest,
+]
+
+
 class GuardedServer(web.Server):
-    """web.Server whose connections are GuardedRequestHandlers."""
+    """web.Server whose connections are GuardedRequestHandlers, told when requests start and
+    finish."""
 
-    def __init__(self, plain: web.Server, limits: HttpConnectionLimits) -> None:
-        super().__init__(
-            plain.request_handler,
-            request_factory=plain.request_factory,
-            handler_cancellation=plain.handler_cancellation,
-            loop=plain._loop,  # aiohttp keeps the loop and handler settings private
-            **plain._kwargs,
-        )
+    def __init__(
+        self,
+        handler: _Handler,
+        request_factory: _RequestFactory,
+        limits: HttpConnectionLimits,
+        *,
+        handler_cancellation: bool,
+        **handler_kwargs: Any,
+    ) -> None:
+        self._inner_handler = handler
+        self._inner_factory = request_factory
+        self._guard_loop = asyncio.get_running_loop()
+        self._handler_kwargs = handler_kwargs
         self.limits = limits
+        super().__init__(
+            self._handle,
+            request_factory=self._make_guarded_request,
+            handler_cancellation=handler_cancellation,
+            loop=self._guard_loop,
+            **handler_kwargs,
+        )
 
-    def __call__(self) -> RequestHandler:
-        return GuardedRequestHandler(self, loop=self._loop, limits=self.limits, **self._kwargs)
+    def _make_guarded_request(
+        self,
+        message: RawRequestMessage,
+        payload: StreamReader,
+        protocol: RequestHandler,
+        writer: AbstractStreamWriter,
+        task: asyncio.Task[None],
+    ) -> web.BaseRequest:
+        request = self._inner_factory(message, payload, protocol, writer, task)
+        if isinstance(protocol, GuardedRequestHandler):
+            protocol.request_started(request)
+        return request
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        protocol = request.protocol
+        try:
+            return await self._inner_handler(request)
+        finally:
+            if isinstance(protocol, GuardedRequestHandler):
+                protocol.request_finished()
+
+    def __call__(self) -> RequestHandler:  # the protocol factory the sites listen with
+        return GuardedRequestHandler(
+            self, loop=self._guard_loop, limits=self.limits, **self._handler_kwargs
+        )
 
 
 class GuardedAppRunner(web.AppRunner):
     """AppRunner with header limits, keep-alive timeout and the guarded connections."""
 
-    def __init__(self, app: web.Application, limits: HttpConnectionLimits, **kwargs: Any):
+    def __init__(
+        self,
+        app: web.Application,
+        limits: HttpConnectionLimits,
+        *,
+        shutdown_timeout: float,
+        handler_cancellation: bool = True,
+        access_log: logging.Logger | None = None,
+    ) -> None:
+        self._handler_kwargs: dict[str, Any] = {
+            "keepalive_timeout": limits.keepalive_timeout_secs,
+            "max_line_size": limits.max_header_bytes,
+            "max_field_size": limits.max_header_bytes,
+            "max_headers": limits.max_headers,
+            "access_log": access_log,
+        }
         super().__init__(
             app,
-            keepalive_timeout=limits.keepalive_timeout_secs,
-            max_line_size=limits.max_header_bytes,
-            max_field_size=limits.max_header_bytes,
-            max_headers=limits.max_headers,
-            **kwargs,
+            handler_cancellation=handler_cancellation,
+            shutdown_timeout=shutdown_timeout,
+            **self._handler_kwargs,
         )
         self.limits = limits
 
     async def _make_server(self) -> web.Server:
-        return GuardedServer(await super()._make_server(), self.limits)
+        # The plain server starts and freezes the app; the guarded one takes its handler and
+        # request factory (public attributes) and makes the connections.
+        plain = await super()._make_server()
+        return GuardedServer(
+            plain.request_handler,
+            plain.request_factory,
+            self.limits,
+            handler_cancellation=plain.handler_cancellation,
+            **self._handler_kwargs,
+        )
