@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -384,8 +385,12 @@ class ModelRuntime:
     async def _release(self, served: ServedVersion, timeout_s: float, reason: str) -> str:
         """Stop one version's scheduler within timeout_s and close its instances; a line
         naming what had to be cancelled, '' when nothing was."""
+        deadline = time.monotonic() + timeout_s
         failed = await served.scheduler.stop(timeout_s, reason)
-        stuck = await asyncio.to_thread(served.scheduler.release, 1.0 if failed else timeout_s)
+        # Work was failed: the deadline has passed, so instances still running are
+        # interrupted at once where the backend can (a Python model's process ends).
+        left_s = 0.0 if failed else max(0.0, deadline - time.monotonic())
+        stuck = await asyncio.to_thread(served.scheduler.release, left_s)
         parts = [f"{failed} request(s) cancelled"] if failed else []
         if stuck:
             parts.append(f"instance(s) still running: {', '.join(stuck)}")
