@@ -6,13 +6,18 @@ Errors name the file and the field, e.g.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from google.protobuf import text_format
 
 from appliance.errors import ConfigError
+from appliance.limits import DEFAULT_MAX_TENSOR_ELEMENTS
 from appliance.protocol import ModelConfig as ModelConfig
 from appliance.protocol import model_config_pb2 as mc
+from appliance.settings import SchedulingSettings
+from appliance.tensors import MAX_DIMS
 from appliance.tf_advice import tensorflow_advice
 from edge_backends.api import ModelSignature, TensorSpec
 from edge_backends.datatypes import BY_CONFIG, BY_TRITON
@@ -27,6 +32,37 @@ CONFIG_FILENAME = "config.pbtxt"
 ENSEMBLE = "ensemble"
 # Triton's auto-complete default for models whose first dimension is dynamic.
 DEFAULT_MAX_BATCH_SIZE = 4
+
+
+@dataclass(frozen=True)
+class ConfigBounds:
+    """The most a config may ask of each number that sizes memory or threads. Protobuf lets a
+    config (or a client's load override) say `priority_levels: 18446744073709551615`, which
+    built queues until the kernel killed the server; beyond a bound the config is refused
+    with the field, its value and the bound, so the schedulers (runtime/specs.py) never see
+    an unbounded value. Only the instance count is a flag (--max-instances-per-model)."""
+
+    # Instances of one version, all groups and GPUs together: one thread each (Python
+    # models: one process each).
+    max_instances: int = SchedulingSettings.max_instances_per_model
+    # Two queues per level, made when the version loads.
+    max_priority_levels: int = 256
+    # Requests one queue may hold (16x the server-wide default of 4096 per version).
+    max_queue_size: int = 65_536
+    # Requests in one execution; warm-up samples are made this big.
+    max_batch_size: int = 65_536
+    max_preferred_batch_sizes: int = 64  # entries; each batching decision scans them
+    max_sequences: int = 4_096  # sequence_batching.oldest.max_candidate_sequences
+    # Elements of an array the server makes from the config alone (warm-up samples, initial
+    # sequence state): the per-input request limit's default.
+    max_array_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS
+
+    @classmethod
+    def from_settings(cls, scheduling: SchedulingSettings) -> ConfigBounds:
+        return cls(max_instances=scheduling.max_instances_per_model)
+
+
+DEFAULT_BOUNDS = ConfigBounds()
 
 
 def read_config(model_dir: Path) -> tuple[ModelConfig, bool]:
@@ -168,7 +204,10 @@ def _where(path: Path, config: ModelConfig) -> str:
 
 
 def validate_config(
-    config: ModelConfig, model_dir: Path, signature: ModelSignature | None = None
+    config: ModelConfig,
+    model_dir: Path,
+    signature: ModelSignature | None = None,
+    bounds: ConfigBounds = DEFAULT_BOUNDS,
 ) -> None:
     """Check the config on its own and, given the model's signature, against the model."""
     where = _where(model_dir, config)
@@ -178,6 +217,7 @@ def validate_config(
         )
     if config.max_batch_size < 0:
         raise ConfigError(f"{where}: max_batch_size must be >= 0, got {config.max_batch_size}")
+    check_bounds(config, where, bounds)
     if config.HasField("sequence_batching") and config.HasField("dynamic_batching"):
         raise ConfigError(f"{where}: sequence_batching and dynamic_batching exclude each other")
     if (config.platform == ENSEMBLE) != config.HasField("ensemble_scheduling"):
@@ -218,12 +258,122 @@ def validate_config(
                 raise ConfigError(f"{label}: data_type is missing")
             if any(d < -1 or d == 0 for d in entry.dims):
                 raise ConfigError(f"{label}: dims must be positive or -1, got {list(entry.dims)}")
+            if len(entry.dims) > MAX_DIMS:
+                raise _over(
+                    where, f"the number of {kind} '{entry.name}' dims", len(entry.dims), MAX_DIMS
+                )
             if not entry.dims and not entry.HasField("reshape"):
                 raise ConfigError(f"{label}: dims is missing")
     if signature is not None:
         _check_against_model(config, where, signature)
         if config.HasField("sequence_batching"):
             _check_sequence_tensors(config, where, signature)
+
+
+def _over(where: str, field: str, value: int, bound: int) -> ConfigError:
+    return ConfigError(f"{where}: {field} is {value}, more than the {bound} allowed")
+
+
+def _check_array(where: str, field: str, shape: list[int], bounds: ConfigBounds) -> None:
+    """An array the server makes from the config alone stays within the element bound (a
+    shape that is not fixed is refused where the array is made)."""
+    if len(shape) > MAX_DIMS:
+        raise _over(where, f"the number of {field} {shape}", len(shape), MAX_DIMS)
+    if all(d > 0 for d in shape):
+        elements = math.prod(shape)
+        if elements > bounds.max_array_elements:
+            raise _over(
+                where, f"the element count of {field} {shape}", elements, bounds.max_array_elements
+            )
+
+
+def instance_count(config: ModelConfig) -> int:
+    """Instances one version gets: each group's count on each GPU it lists (on one device
+    when it lists none, or runs on CPU)."""
+    total = 0
+    for group in config.instance_group:
+        devices = 1 if group.kind == mc.ModelInstanceGroup.KIND_CPU else max(1, len(group.gpus))
+        total += max(1, group.count) * devices
+    return total
+
+
+def check_bounds(config: ModelConfig, where: str, bounds: ConfigBounds = DEFAULT_BOUNDS) -> None:
+    """ConfigError naming the field, its value and the bound, for every config number that
+    sizes memory or threads beyond `bounds` (see ConfigBounds)."""
+    if config.max_batch_size > bounds.max_batch_size:
+        raise _over(where, "max_batch_size", config.max_batch_size, bounds.max_batch_size)
+    for group in config.instance_group:
+        if group.count < 0:
+            raise ConfigError(
+                f"{where}: instance_group '{group.name}' count must be >= 0, got {group.count}"
+            )
+    instances = instance_count(config)
+    if instances > bounds.max_instances:
+        counts = ", ".join(
+            f"'{g.name or i}' count {g.count}" + (f" on {len(g.gpus)} GPUs" if g.gpus else "")
+            for i, g in enumerate(config.instance_group)
+        )
+        raise ConfigError(
+            f"{where}: instance_group asks for {instances} instances ({counts}), more than "
+            f"the {bounds.max_instances} per model allowed (--max-instances-per-model)"
+        )
+    dyn = config.dynamic_batching
+    if dyn.priority_levels > bounds.max_priority_levels:
+        raise _over(
+            where,
+            "dynamic_batching.priority_levels",
+            dyn.priority_levels,
+            bounds.max_priority_levels,
+        )
+    policies = [("dynamic_batching.default_queue_policy", dyn.default_queue_policy)]
+    policies += [
+        (f"dynamic_batching.priority_queue_policy[{level}]", policy)
+        for level, policy in sorted(dyn.priority_queue_policy.items())
+    ]
+    for field, policy in policies:
+        if policy.max_queue_size > bounds.max_queue_size:
+            raise _over(
+                where, f"{field}.max_queue_size", policy.max_queue_size, bounds.max_queue_size
+            )
+    oldest = config.sequence_batching.oldest
+    for field, sizes in (
+        ("dynamic_batching.preferred_batch_size", dyn.preferred_batch_size),
+        ("sequence_batching.oldest.preferred_batch_size", oldest.preferred_batch_size),
+    ):
+        if len(sizes) > bounds.max_preferred_batch_sizes:
+            raise _over(
+                where,
+                f"the number of {field} entries",
+                len(sizes),
+                bounds.max_preferred_batch_sizes,
+            )
+        for size in sizes:
+            if size > bounds.max_batch_size:
+                raise _over(where, field, size, bounds.max_batch_size)
+    if oldest.max_candidate_sequences > bounds.max_sequences:
+        raise _over(
+            where,
+            "sequence_batching.oldest.max_candidate_sequences",
+            oldest.max_candidate_sequences,
+            bounds.max_sequences,
+        )
+    for state in config.sequence_batching.state:
+        label = f"sequence_batching state '{state.input_name}'"
+        _check_array(where, f"{label} dims", list(state.dims), bounds)
+        for initial in state.initial_state:
+            _check_array(where, f"{label} initial_state dims", list(initial.dims), bounds)
+    batching = config.max_batch_size > 0
+    for sample in config.model_warmup:
+        label = f"model_warmup '{sample.name}'"
+        if batching and sample.batch_size > config.max_batch_size:
+            raise ConfigError(
+                f"{where}: {label} batch_size is {sample.batch_size}, more than max_batch_size "
+                f"{config.max_batch_size}"
+            )
+        batch = [max(1, sample.batch_size)] if batching else []
+        for name, spec in sorted(sample.inputs.items()):
+            field = f"{label} input '{name}' dims" + (" (batch first)" if batching else "")
+            _check_array(where, field, [*batch, *spec.dims], bounds)
 
 
 def model_shape(entry: mc.ModelInput | mc.ModelOutput) -> list[int]:

@@ -85,6 +85,16 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _add_bool(parser: argparse.ArgumentParser, flag: str, help_text: str) -> None:
     # tritonserver takes `--flag=true`; a bare `--flag` means true here.
     parser.add_argument(flag, type=parse_bool, nargs="?", const=True, default=None, help=help_text)
@@ -334,6 +344,15 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="run a batch on the event loop instead of a worker thread when the model's "
         "measured cost says it finishes within this many microseconds (0: never)",
     )
+    p.add_argument(
+        "--max-instances-per-model",
+        type=_positive_int,
+        default=_S.max_instances_per_model,
+        metavar="N",
+        help="most instances one model version may have, all instance groups and GPUs "
+        "together (one thread or process each); a config or load request asking more is "
+        f"refused with the reason (default {_S.max_instances_per_model})",
+    )
     for flag in IGNORED_FLAGS:
         p.add_argument(
             f"--{flag}",
@@ -500,6 +519,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             max_queue_wait_ms=args.max_queue_wait_ms,
             rate_limit=args.rate_limit == "execution_count",
             rate_limit_resources=parse_rate_limit_resources(args.rate_limit_resource),
+            max_instances_per_model=args.max_instances_per_model,
         ),
         require_manifest=_on(args.require_manifest, False),
         trace_file=args.trace_file,

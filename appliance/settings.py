@@ -58,6 +58,9 @@ class SchedulingSettings:
     inline_budget_us: int = 100  # see scheduling/batcher.py; 0 turns inline execution off
     rate_limit: bool = False  # --rate-limit=execution_count
     rate_limit_resources: tuple[tuple[str, int], ...] = ()  # --rate-limit-resource name:count
+    # Instances of one model version, all groups and GPUs together; one thread (a Python
+    # model: one process) each. A config or load override asking more is refused.
+    max_instances_per_model: int = 64
 
 
 @dataclass(frozen=True)
