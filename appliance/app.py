@@ -41,7 +41,8 @@ from appliance.repository.manifest import ManifestError, ManifestPolicy, load_pu
 from appliance.repository.poller import RepositoryPoller
 from appliance.repository.sources import RemoteSources
 from appliance.runtime.models import ModelRuntime, RuntimeSettings
-from appliance.services.control import ControlService, ServerState
+from appliance.runtime.registry import READY
+from appliance.services.control import ControlService, ServerState, index_rows
 from appliance.services.inference import InferenceService
 from appliance.settings import ServerSettings
 from appliance.shutdown import Deadline, kill_model_processes, shutdown_summary
@@ -157,11 +158,11 @@ class Appliance:
 
     def status(self) -> str:
         """The one-line summary systemd shows (STATUS=)."""
-        entries = self.manager.index()
-        ready = {e["name"] for e in entries if e["state"] == "READY"}
+        rows = index_rows(self.manager.registry.records(), self.manager.pending())
+        ready = {row.name for row in rows if row.state == READY}
         served = sum(v.stats.success.count for v in self.manager.ready_versions())
         listeners = [("HTTP", self.http_port), ("gRPC", self.grpc_port)]
-        return status_text(len({e["name"] for e in entries}), len(ready), served, listeners)
+        return status_text(len({row.name for row in rows}), len(ready), served, listeners)
 
     def _health_problems(self, stuck_ns: int) -> list[str]:
         """Versions whose instances cannot make progress (the watchdog's check)."""
@@ -199,7 +200,12 @@ class Appliance:
                         served.name,
                     )
         if settings.exit_on_error and not self.manager.all_ready():
-            failed = [e for e in self.manager.index() if e["state"] != "READY"]
+            rows = index_rows(self.manager.registry.records(), self.manager.pending())
+            failed = "; ".join(
+                f"'{row.name}'{f' version {row.version}' if row.version else ''}: {row.reason}"
+                for row in rows
+                if row.state != READY
+            )
             raise StartupError(f"failed to load all models (--exit-on-error): {failed}")
 
     async def _shutdown(self) -> None:

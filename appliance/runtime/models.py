@@ -28,7 +28,6 @@ from appliance.runtime.registry import (
     LOADING,
     READY,
     UNAVAILABLE,
-    ModelRecord,
     ModelRegistry,
     ServedVersion,
 )
@@ -89,10 +88,6 @@ async def _no_step_runner(step: EnsembleStep, inputs: dict[str, Array]) -> dict[
     raise Unsupported(f"ensemble step {step.index} has no inference service to run on")
 
 
-def _join(*parts: str) -> str:
-    return "; ".join(p for p in parts if p)
-
-
 def _is_ensemble(model_dir: Path) -> bool:
     try:
         config, _ = read_config(model_dir)
@@ -133,44 +128,6 @@ class ModelRuntime:
             lambda versions: self._spawn(self._retire(versions)),
             self._count_load,
         )
-
-    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
-        """Triton's repository index: one entry per model version (per model when none load)."""
-        entries: list[dict[str, Any]] = []
-        pending = self.pending()
-        known = {r.name for r in self.registry.records()}
-        for name in sorted(known | {model for model, _ in pending}):
-            record = self.registry.find(name) or ModelRecord(name=name, path=None)
-            note = "; ".join(record.notes)
-            rows: list[tuple[int | None, str, str]] = [
-                (v, READY, _join(note, f"new content failed: {record.failed[v]}"))
-                if v in record.failed
-                else (v, READY, note)
-                for v in record.versions
-            ]
-            rows += [
-                (v, UNAVAILABLE, why)
-                for v, why in record.failed.items()
-                if v not in record.versions
-            ]
-            for (model, v), why in pending.items():
-                if model != name:
-                    continue
-                rows = [r for r in rows if r[0] != v]
-                if v in record.versions:  # an older copy of this version still serves
-                    rows.append((v, READY, _join(note, f"new content not fetched: {why}")))
-                else:
-                    rows.append((v, UNAVAILABLE, f"not fetched: {why}"))
-            if not rows:
-                rows = [(None, record.state, record.reason)]
-            for version, state, reason in sorted(rows, key=lambda r: r[0] or 0):
-                if ready_only and state != READY:
-                    continue
-                entry: dict[str, Any] = {"name": name, "state": state, "reason": reason}
-                if version is not None:
-                    entry["version"] = str(version)
-                entries.append(entry)
-        return entries
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
