@@ -87,8 +87,12 @@ class Restrictions:
         if rule is None:
             return
         header = self._prefix + rule.key
-        sent = headers.get(header)
-        if sent is None or not hmac.compare_digest(sent.encode(), rule.value.encode()):
+        sent: str | bytes | None = headers.get(header)
+        # Compared as bytes: aiohttp keeps a value's non-UTF-8 bytes as surrogates (which a
+        # plain encode() refuses), gRPC gives a "-bin" key's value as bytes.
+        if isinstance(sent, str):
+            sent = sent.encode("utf-8", "surrogateescape")
+        if sent is None or not hmac.compare_digest(sent, rule.value.encode()):
             raise PermissionDenied(
                 f"This API is restricted, expecting header '{header}' with the configured "
                 f"value ({api} API)"

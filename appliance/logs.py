@@ -12,6 +12,12 @@ Writing to the journal, every line starts with its syslog priority (`<3>` error,
 
 `log_verbose_level` 1 shows this server's debug lines (each HTTP request and gRPC call among
 them); 2 and above also the libraries' (aiohttp, botocore, ...), which are many.
+
+Lines a client can cause at will (a malformed HTTP request, a request that hits a server bug)
+are logged with `extra=RATE_LIMITED` and pass a token bucket per message kind (`RateLimit`), so
+a hostile client cannot fill the journal; what was dropped is counted and the next line of the
+kind says how many. aiohttp's own report of a malformed request (an ERROR with a traceback) is
+rewritten into one such INFO line (`ClientHttpErrors`): a client's bad input is not our error.
 """
 
 from __future__ import annotations
@@ -22,9 +28,14 @@ import logging
 import logging.handlers
 import os
 import sys
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TextIO
+
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web import RequestPayloadError
 
 from appliance.errors import InvalidInput, Unsupported
 
@@ -122,6 +133,96 @@ def _shown(value: Any) -> str:
     return f"{json.dumps(value)} ({kind})"
 
 
+# `extra=` for a line a client can cause at will: it passes RateLimit's bucket for its kind.
+RATE_LIMITED: Mapping[str, object] = {"rate_limited": True}
+# Per message kind: 20 lines at once, then one every 5 s (a flood costs ~3.5 MB a day per kind
+# at ~200 bytes a line, and the kinds are the format strings in the code: a few dozen).
+RATE_LIMIT_BURST = 20
+RATE_LIMIT_PER_SECOND = 0.2
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    updated: float  # clock reading of the last refill
+    suppressed: int = 0
+    since: float = 0.0  # clock reading of the first line dropped since the last that passed
+
+
+class RateLimit(logging.Filter):
+    """A token bucket per message kind (logger and format string) for `RATE_LIMITED` lines.
+
+    `burst` lines of a kind pass at once, then `per_second`; the lines dropped are counted, and
+    the next line of the kind that passes says how many were suppressed. Other lines pass.
+    """
+
+    def __init__(
+        self,
+        burst: int = RATE_LIMIT_BURST,
+        per_second: float = RATE_LIMIT_PER_SECOND,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self._burst = burst
+        self._per_second = per_second
+        self._clock = clock
+        self._buckets: dict[tuple[str, str], _Bucket] = {}
+        self._lock = threading.Lock()  # instance threads log too
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not getattr(record, "rate_limited", False):
+            return True
+        key = (record.name, str(record.msg))
+        with self._lock:
+            now = self._clock()
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                bucket = self._buckets[key] = _Bucket(float(self._burst), now)
+            refill = (now - bucket.updated) * self._per_second
+            bucket.tokens = min(float(self._burst), bucket.tokens + refill)
+            bucket.updated = now
+            if bucket.tokens < 1:
+                if not bucket.suppressed:
+                    bucket.since = now
+                bucket.suppressed += 1
+                return False
+            bucket.tokens -= 1
+            suppressed, since = bucket.suppressed, bucket.since
+            bucket.suppressed = 0
+        if suppressed:
+            record.msg = (
+                f"{record.getMessage()} ({suppressed} more like this suppressed in the last "
+                f"{now - since:.0f} s)"
+            )
+            record.args = ()
+        return True
+
+
+class ClientHttpErrors(logging.Filter):
+    """aiohttp logs a malformed request (request line, header, framing, a body that does not
+    decode: the payload error it raises again when it drains the body after the answer) as an
+    ERROR with a traceback. It is the client's error: one INFO line with aiohttp's reason,
+    rate-limited."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, RequestPayloadError):
+            exc = exc.__cause__  # aiohttp's HttpProcessingError, when the client is at fault
+        if isinstance(exc, HttpProcessingError):
+            # The first line only: the rest repeats the client's bytes.
+            reason = str(exc.message).split("\n", 1)[0].rstrip(" :")[:200]
+            original = record.getMessage()  # "Error handling request from <peer>"
+            record.msg = "malformed HTTP request: %s (%d); aiohttp: %s"
+            record.args = (reason, exc.code, original)
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.exc_info, record.exc_text = None, None
+            record.rate_limited = True
+        return True
+
+
+_CLIENT_HTTP_ERRORS = ClientHttpErrors()
+
+
 class LogSettings:
     """The server's log settings and the root logger's one handler that applies them."""
 
@@ -129,6 +230,7 @@ class LogSettings:
         self.state = state or LogState()
         self._stream = stream
         self._handler: logging.Handler | None = None
+        self._rate_limit = RateLimit()
 
     def as_dict(self) -> dict[str, Any]:
         """Triton's log settings object (every setting, as `GET /v2/logging` answers)."""
@@ -153,8 +255,10 @@ class LogSettings:
         else:
             handler = logging.StreamHandler(self._stream or sys.stderr)
         handler.addFilter(self._filter)
+        handler.addFilter(self._rate_limit)  # after the level filter: only shown lines count
         self._configure(handler)
         logging.getLogger().handlers[:] = [handler]
+        logging.getLogger("aiohttp.server").addFilter(_CLIENT_HTTP_ERRORS)
         self._handler = handler
 
     def _filter(self, record: logging.LogRecord) -> bool:

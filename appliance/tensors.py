@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -23,14 +22,41 @@ def datatype(name: str, where: str) -> DataType:
     return dtype
 
 
+# numpy 2 holds at most 64 dimensions (numpy 1: 32); a longer shape would fail in numpy.
+MAX_DIMS = 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 32
+# numpy refuses a shape whose dimensions other than 0 multiply, times the item size (8 at most,
+# BYTES object pointers included), past its index range, even when another dimension is 0.
+MAX_SHAPE_PRODUCT = (2**63 - 1) // 8
+
+
 def element_count(shape: tuple[int, ...], where: str, limits: RequestLimits | None = None) -> int:
-    """Elements of a declared shape, refused over the limit before anything is allocated."""
+    """Elements of a declared shape, refused over the limit before anything is allocated.
+
+    Every shape numpy could not hold is refused here with what is wrong, so no decoder reaches
+    numpy with it: too many dimensions, a negative one, or dimensions whose product (zeros left
+    out: `[2**62, 0, 2**62]` holds no element, yet numpy cannot make it) is out of range.
+    """
+    if len(shape) > MAX_DIMS:
+        raise InvalidInput(
+            f"{where}: shape has {len(shape)} dimensions, more than the {MAX_DIMS} allowed"
+        )
+    product = 1  # of the dimensions other than 0; Python integers do not overflow
+    empty = False
     for d in shape:
-        if d < 0:
+        if d > 0:
+            product *= d
+        elif d == 0:
+            empty = True
+        else:
             raise InvalidInput(f"{where}: shape {list(shape)} has a negative dimension")
-    count = math.prod(shape)
+    count = 0 if empty else product
     if limits is not None:
         limits.check_elements(count, shape, where)
+    if product > MAX_SHAPE_PRODUCT:
+        raise InvalidInput(
+            f"{where}: shape {list(shape)} is out of range: its dimensions other than 0 "
+            f"multiply to {product}, more than {MAX_SHAPE_PRODUCT}"
+        )
     return count
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import shutil
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from appliance import __version__, buildinfo
-from appliance.errors import ApplianceError, ConfigError, ModelNotFound
+from appliance.errors import ApplianceError, ConfigError, InvalidInput, ModelNotFound
 from appliance.logs import LogSettings, LogState
 from appliance.protocol import model_config_pb2 as mc
 from appliance.repository.local import check_model_name
@@ -180,6 +181,11 @@ class ControlService:
         self, name: str, key: str, offset: int, byte_size: int
     ) -> None:
         """Map a window of the POSIX shared memory object `key` under `name`."""
+        if "\0" in key:  # the file system would refuse it with ValueError
+            raise InvalidInput(
+                f"shared memory region '{name}': key {key!r} contains a NUL character, which "
+                "no shared memory object's name can hold"
+            )
         self.shared_memory.register(name, key, offset, byte_size)
 
     def unregister_system_shared_memory(self, name: str = "") -> None:
@@ -227,6 +233,9 @@ class ControlService:
         return index_rows(records, self.manager.pending(), on_disk, ready_only)
 
     async def load_model(self, name: str, parameters: dict[str, Any]) -> None:
+        """Load (or reload) a model; fails with the reason when no version came into service
+        or a version of it failed (as tritonserver answers 400), even though the runtime keeps
+        serving what it served before."""
         self.manager.require_explicit(self.control_mode)
         check_model_name(name)
         override = None
@@ -244,26 +253,24 @@ class ControlService:
                 raise ConfigError(
                     f"model '{name}': file overrides need the 'config' parameter too (as in Triton)"
                 )
-            source = self._override_folder(name, files)
-        await self.manager.load(name, override, source)
+            # Up to the request size of files to decode and write: off the loop.
+            source = await asyncio.to_thread(_override_folder, name, files)
+        before = self.manager.registry.find(name)
+        served_before = dict(before.versions) if before else {}
+        failed_before = dict(before.failed) if before else {}
+        try:
+            await self.manager.load(name, override, source)
+            _check_loaded(self.manager.record(name), served_before, failed_before)
+        except BaseException:
+            if source is not None:
+                await self._discard_override(name, source)
+            raise
 
-    def _override_folder(self, name: str, files: dict[str, Any]) -> Path:
-        """Write a load request's `file:` overrides into a model folder of their own."""
-        root = Path(tempfile.mkdtemp(prefix="edge-appliance-override-")) / name
-        for relative, content in files.items():
-            path = (root / relative).resolve()
-            if root.resolve() not in path.parents or not relative:
-                raise ConfigError(f"model '{name}': file override path '{relative}' is not allowed")
-            if isinstance(content, str):  # HTTP sends base64 text, gRPC raw bytes
-                try:
-                    content = base64.b64decode(content, validate=True)
-                except (binascii.Error, ValueError):
-                    raise ConfigError(
-                        f"model '{name}': file override '{relative}' is not valid base64"
-                    ) from None
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(bytes(content))
-        return root
+    async def _discard_override(self, name: str, source: Path) -> None:
+        """Remove a refused load's override folder unless the runtime serves from it."""
+        record = self.manager.registry.find(name)
+        if record is None or record.owned_dir != source.parent:
+            await asyncio.to_thread(shutil.rmtree, source.parent, True)
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self.manager.require_explicit(self.control_mode)
@@ -271,6 +278,72 @@ class ControlService:
             await self.manager.unload_with_dependents(name)
         else:
             await self.manager.unload(name)
+
+
+def _check_loaded(
+    record: ModelRecord, served_before: dict[int, Any], failed_before: dict[int, str]
+) -> None:
+    """ConfigError with each version's reason when a load brought no version into service, or
+    a version failed in it (a version still rolled back since before does not count)."""
+    new = [v for v, served in record.versions.items() if served_before.get(v) is not served]
+    failed_now = {v: why for v, why in record.failed.items() if failed_before.get(v) != why}
+    failures = failed_now or ({} if new else dict(record.failed))
+    if not failures and (new or record.versions):
+        return
+    reasons = "; ".join(
+        f"version {v} is at UNAVAILABLE state: {why}" for v, why in sorted(failures.items())
+    ) or (record.reason or "no version loaded")
+    if new:
+        serving = f"; version(s) {sorted(new)} loaded and serve"
+    elif record.versions:
+        serving = f"; the versions loaded before keep serving: {sorted(record.versions)}"
+    else:
+        serving = ""
+    raise ConfigError(f"load failed for model '{record.name}': {reasons}{serving}")
+
+
+def _override_folder(name: str, files: dict[str, Any]) -> Path:
+    """Write a load request's `file:` overrides into a model folder of their own (blocking).
+
+    Returns the model folder; its parent is the server's to remove. On any refusal nothing is
+    left behind (a refused request must not fill the disk)."""
+    folder = Path(tempfile.mkdtemp(prefix="edge-appliance-override-"))
+    try:
+        root = folder / name
+        for relative in sorted(files):  # the same answer whatever order the client used
+            _write_override(name, root, relative, files[relative])
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return root
+
+
+def _write_override(name: str, root: Path, relative: str, content: Any) -> None:
+    where = f"model '{name}': file override {relative!r}"  # repr: the client's characters
+    if isinstance(content, str):  # HTTP sends base64 text, gRPC raw bytes
+        try:
+            content = base64.b64decode(content, validate=True)
+        except (binascii.Error, ValueError):
+            raise ConfigError(f"{where} is not valid base64") from None
+    elif not isinstance(content, bytes):  # bytes(an integer) would allocate that many
+        raise ConfigError(
+            f"{where} must be base64 text (HTTP) or bytes (gRPC), got {type(content).__name__}"
+        )
+    if "\0" in relative:
+        raise ConfigError(f"{where}: a path cannot contain a NUL character")
+    path = (root / relative).resolve()
+    if root.resolve() not in path.parents or not relative:
+        raise ConfigError(f"model '{name}': file override path {relative!r} is not allowed")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
+        raise ConfigError(
+            f"{where} cannot be written: {exc.strerror}; the overrides name a path as both "
+            "a file and a folder"
+        ) from None
+    except OSError as exc:  # e.g. a name longer than the file system allows
+        raise ConfigError(f"{where} cannot be written: {exc.strerror}") from None
 
 
 def _duration(duration: Duration) -> StatisticDuration:

@@ -15,6 +15,7 @@ from appliance.frontends.grpc import convert
 from appliance.frontends.grpc.codec import decode_request, encode_response, parameter_value
 from appliance.frontends.status import GRPC_STATUS
 from appliance.limits import RequestLimits
+from appliance.logs import RATE_LIMITED
 from appliance.protocol import service_pb2 as pb
 from appliance.protocol import service_pb2_grpc
 from appliance.services.control import ControlService
@@ -29,7 +30,8 @@ _STREAMING = {"ModelStreamInfer"}
 def _status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, ApplianceError):
         return GRPC_STATUS[exc.code], exc.message
-    log.error("unexpected error in gRPC handler", exc_info=exc)
+    # A server bug, but one a client may trigger at will: rate-limited (logs.py).
+    log.error("unexpected error in gRPC handler", exc_info=exc, extra=RATE_LIMITED)
     return grpc.StatusCode.INTERNAL, "internal error; see the server log"
 
 

@@ -9,7 +9,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
-from aiohttp import web
+from aiohttp import hdrs, web
+
+# The cause aiohttp gives the web.RequestPayloadError that request.read() raises for a body
+# that does not decode as its headers say (tests/integration/test_hostile_input.py pins it).
+from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 
 from appliance.access import Restrictions
 from appliance.errors import ApplianceError, InvalidInput
@@ -19,6 +23,7 @@ from appliance.frontends.http.codec import HEADER_LENGTH, decode_request, encode
 from appliance.frontends.http.generate import decode_generate, encode_generate
 from appliance.frontends.status import HTTP_STATUS
 from appliance.limits import RequestLimits
+from appliance.logs import RATE_LIMITED
 from appliance.services.control import ControlService
 from appliance.services.inference import InferenceService
 from appliance.services.shared_memory import SharedMemoryRegistry
@@ -39,6 +44,33 @@ def json_response(value: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(value), content_type=_JSON)
 
 
+# Request body encodings aiohttp decodes and tritonclient sends. aiohttp reads any other
+# Content-Encoding as plain bytes, which would be wrong data: those are refused (415).
+ACCEPTED_ENCODINGS = ("", "identity", "gzip", "deflate")
+
+
+def _encoding_problem(request: web.Request) -> str:
+    """'' when the body's Content-Encoding can be decoded, else why not."""
+    encoding = request.headers.get(hdrs.CONTENT_ENCODING)
+    if encoding is None or encoding.strip().lower() in ACCEPTED_ENCODINGS:
+        return ""
+    return (
+        f"Content-Encoding '{encoding}' is not supported; send the request body as identity "
+        "(uncompressed), gzip or deflate"
+    )
+
+
+def _payload_problem(request: web.Request, exc: web.RequestPayloadError) -> str:
+    """What is wrong with a body aiohttp could not read: it does not decode as its
+    Content-Encoding says, or its framing (chunks, length) is broken."""
+    cause = exc.__cause__
+    if isinstance(cause, ContentEncodingError):
+        encoding = request.headers.get(hdrs.CONTENT_ENCODING, "")
+        return f"request body is not valid {encoding} data, as its Content-Encoding says it is"
+    reason = cause.message if isinstance(cause, HttpProcessingError) else str(exc)
+    return f"request body cannot be read: {str(reason).strip()}"
+
+
 def _guard(handler: Handler, api: str = "", restrictions: Restrictions | None = None) -> Handler:
     """Check the API's restriction, and turn every error into Triton's error body."""
 
@@ -48,6 +80,9 @@ def _guard(handler: Handler, api: str = "", restrictions: Restrictions | None = 
         try:
             if restrictions:
                 restrictions.check(api, request.headers)
+            problem = _encoding_problem(request)
+            if problem:
+                return error_response(415, problem)
             return await handler(request)
         except ApplianceError as exc:
             return error_response(HTTP_STATUS[exc.code], exc.message)
@@ -55,8 +90,13 @@ def _guard(handler: Handler, api: str = "", restrictions: Restrictions | None = 
             return error_response(413, f"request body too large: {exc.text}")
         except web.HTTPException as exc:
             return error_response(exc.status, exc.reason)
+        except web.RequestPayloadError as exc:
+            return error_response(400, _payload_problem(request, exc))
         except Exception:
-            log.exception("unexpected error handling %s %s", request.method, request.path)
+            # A server bug, but one a client may trigger at will: rate-limited (logs.py).
+            log.exception(
+                "unexpected error handling %s %s", request.method, request.path, extra=RATE_LIMITED
+            )
             return error_response(500, "internal error; see the server log")
 
     return guarded
