@@ -214,7 +214,8 @@ class ClientHttpErrors(logging.Filter):
             original = record.getMessage()  # "Error handling request from <peer>"
             record.msg = "malformed HTTP request: %s (%d); aiohttp: %s"
             record.args = (reason, exc.code, original)
-            record.levelno, record.levelname = logging.INFO, "INFO"
+            if record.levelno > logging.INFO:  # aiohttp logs some at DEBUG already
+                record.levelno, record.levelname = logging.INFO, "INFO"
             record.exc_info, record.exc_text = None, None
             record.rate_limited = True
         return True

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import shutil
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -253,8 +254,7 @@ class ControlService:
                 raise ConfigError(
                     f"model '{name}': file overrides need the 'config' parameter too (as in Triton)"
                 )
-            # Up to the request size of files to decode and write: off the loop.
-            source = await asyncio.to_thread(_override_folder, name, files)
+            source = await _write_overrides(name, files)
         before = self.manager.registry.find(name)
         served_before = dict(before.versions) if before else {}
         failed_before = dict(before.failed) if before else {}
@@ -300,6 +300,19 @@ def _check_loaded(
     else:
         serving = ""
     raise ConfigError(f"load failed for model '{record.name}': {reasons}{serving}")
+
+
+async def _write_overrides(name: str, files: dict[str, Any]) -> Path:
+    """`_override_folder` off the loop (up to the request size of files to decode and write).
+    A request cancelled meanwhile (its client went away) still removes what the thread wrote."""
+    write = asyncio.ensure_future(asyncio.to_thread(_override_folder, name, files))
+    try:
+        return await asyncio.shield(write)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):  # a refusal: the thread removed it already
+            folder = await write
+            await asyncio.to_thread(shutil.rmtree, folder.parent, True)
+        raise
 
 
 def _override_folder(name: str, files: dict[str, Any]) -> Path:

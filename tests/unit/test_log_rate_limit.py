@@ -77,6 +77,14 @@ def test_a_malformed_request_becomes_one_info_line_without_a_traceback() -> None
     )
 
 
+def test_a_malformed_request_aiohttp_logs_at_debug_stays_at_debug() -> None:
+    record = _error_record(BadHttpMessage("Invalid method"))
+    record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+    ClientHttpErrors().filter(record)
+    assert record.levelno == logging.DEBUG
+    assert record.exc_info is None
+
+
 def test_a_body_that_does_not_decode_is_the_clients_error_too() -> None:
     payload = RequestPayloadError("400, message:\n  Can not decode content-encoding: gzip")
     payload.__cause__ = ContentEncodingError("Can not decode content-encoding: gzip")
