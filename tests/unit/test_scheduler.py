@@ -115,7 +115,8 @@ async def test_an_unexpected_exception_is_logged_once_with_traceback_model_and_v
     records = [r for r in caplog.records if r.name == "appliance.scheduling.outcome"]
     assert len(records) == 1  # one execution, one line, not one per request
     assert "model 'm' version 1" in records[0].getMessage()
-    assert records[0].exc_info is not None and records[0].exc_info[0] is KeyError
+    assert records[0].exc_info is not None
+    assert records[0].exc_info[0] is KeyError
     assert "return {}[\"y\"]" in caplog.text  # the traceback reaches the log
     await scheduler.stop(1, "was unloaded")
     scheduler.release(1)
