@@ -51,6 +51,11 @@ class ServerProcess:
         ]
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         environment = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+        # The default state directory (the ledger, the model store) is the test's own, never
+        # the user's: a test that restarts a server keeps it by passing the same log folder.
+        if "STATE_DIRECTORY" not in (env or {}) and "XDG_STATE_HOME" not in (env or {}):
+            environment.pop("STATE_DIRECTORY", None)
+            environment["XDG_STATE_HOME"] = str(log_path.parent / "state")
         self.proc = subprocess.Popen(
             args, stdout=self._log, stderr=subprocess.STDOUT, env=environment
         )

@@ -16,8 +16,8 @@ is complete when every file matches its size and its checksum: the sha256 in the
 SHA256SUMS when it has one (see manifest.py), else the ETag when it is the object's MD5. A
 version without a manifest is fetched only once its listing has settled (unchanged since the
 last poll, or untouched for `settle_s` by the bucket's clock), so a half-uploaded version
-is never taken. Versions whose content failed verification are not fetched again until
-their listing changes.
+is never taken. Versions whose content failed verification are recorded in the ledger and not
+fetched again until their listing changes, after a restart too.
 """
 
 from __future__ import annotations
@@ -35,6 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from appliance.repository.ledger import (
+    VERIFICATION,
+    ModelLedger,
+    listing_id,
+    record_failure,
+)
 from appliance.repository.manifest import (
     BOOKKEEPING,
     MANIFEST,
@@ -152,6 +158,11 @@ def group_objects(prefix: str, objects: list[RemoteObject]) -> dict[str, RemoteM
     return models
 
 
+def _listing_id(files: dict[str, RemoteObject]) -> str:
+    """The ledger's identity of a version's content: the same as the store's record gives."""
+    return listing_id({rel: [obj.etag, obj.size] for rel, obj in files.items()})
+
+
 def _signature(files: dict[str, RemoteObject]) -> frozenset[tuple[str, str, int]]:
     return frozenset((rel, obj.etag, obj.size) for rel, obj in files.items())
 
@@ -172,8 +183,11 @@ class S3Source:
         settle_s: float = 5.0,
         rate_bytes_s: float = 0.0,
         free_bytes: FreeBytes = disk_free_bytes,
+        ledger: ModelLedger | None = None,
     ) -> None:
         self.location = S3Location.parse(url)
+        # Verification failures, kept across restarts (shared with the runtime's records).
+        self.ledger = ledger or ModelLedger(None)
         self.rate_bytes_s = rate_bytes_s  # 0: as fast as the link goes
         self.url = url
         self.store = ModelStore(state_dir, self.location.source_id, reserve_bytes, free_bytes)
@@ -186,7 +200,6 @@ class S3Source:
         self.requests = 0  # S3 API calls made (listing pages and GETs)
         # (model, version) -> why it is not in the store at its listed content.
         self.pending: dict[tuple[str, int], str] = {}
-        self._rejected: dict[tuple[str, int], frozenset[tuple[str, str, int]]] = {}
         self._last_listing: dict[tuple[str, int], frozenset[tuple[str, str, int]]] = {}
         self._client: Any = None
         self._lock = asyncio.Lock()
@@ -363,24 +376,43 @@ class S3Source:
         if held == signature:
             self.pending.pop(key, None)
             return False
-        if self._rejected.get(key) == signature:
-            return False  # failed verification; retried once its content changes
+        rejected = await asyncio.to_thread(self._rejected, name, version, files)
+        if rejected:  # failed verification; fetched again once its content changes
+            self._set_pending(key, f"rejected: {rejected}", logging.INFO)
+            return False
         try:
             wanted = await self._check_complete(name, version, files, previous, bucket_now)
             if wanted is None:
                 return False
             await self._fetch_version(name, version, files, wanted, held)
         except _Rejected as exc:
-            self._rejected[key] = signature
             self._set_pending(key, f"rejected: {exc}", logging.ERROR)
+            await asyncio.to_thread(self._reject, name, version, files, str(exc))
             return False
         except (_ObjectChanged, DiskReserveError) as exc:
             self._set_pending(key, str(exc), logging.WARNING)
             return False
         self.pending.pop(key, None)
-        self._rejected.pop(key, None)
         log.info("model '%s' version %d: fetched and verified into the store", name, version)
         return True
+
+    def _rejected(self, name: str, version: int, files: dict[str, RemoteObject]) -> str:
+        """Why this listing of a version failed verification before; '' if it did not
+        (blocking: reads the ledger once)."""
+        failure = self.ledger.entry(self.store.root / name).failed.get(version)
+        if failure is None or failure.stage != VERIFICATION:
+            return ""
+        return failure.reason if failure.content == _listing_id(files) else ""
+
+    def _reject(self, name: str, version: int, files: dict[str, RemoteObject], why: str) -> None:
+        """Record in the ledger that this listing of a version failed verification (blocking)."""
+        folder = self.store.root / name
+        edit = record_failure(version, VERIFICATION, why, _listing_id(files))
+        try:
+            if self.ledger.change(folder, edit):
+                self.ledger.save(folder)
+        except OSError as exc:
+            log.error("model '%s': cannot write its record to the ledger: %s", name, exc)
 
     def _set_pending(self, key: tuple[str, int], why: str, level: int) -> None:
         if self.pending.get(key) != why:

@@ -12,6 +12,7 @@ import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from appliance.repository.ledger import ModelLedger
 from appliance.repository.manifest import ManifestPolicy
 from appliance.repository.s3 import S3Location, S3Source, SourceError
 
@@ -42,9 +43,12 @@ class RemoteSources:
         reserve_bytes: int,
         manifest: ManifestPolicy,
         rate_bytes_s: float = 0.0,
+        ledger: ModelLedger | None = None,
     ) -> None:
         self.sources = [
-            S3Source(url, state_dir, reserve_bytes, manifest, rate_bytes_s=rate_bytes_s)
+            S3Source(
+                url, state_dir, reserve_bytes, manifest, rate_bytes_s=rate_bytes_s, ledger=ledger
+            )
             for url in locations
         ]
 

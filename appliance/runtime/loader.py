@@ -24,6 +24,7 @@ from appliance.model_config import (
 )
 from appliance.protocol import model_config_pb2 as mc
 from appliance.protojson import message_to_dict
+from appliance.repository.ledger import LOAD, VERIFICATION, WARM_UP
 from appliance.repository.local import escapes, list_versions
 from appliance.repository.manifest import NO_MANIFEST_RULES, ManifestPolicy, check_version
 from appliance.runtime.placement import onnx_substitute, place_group, tensorrt_problem
@@ -44,6 +45,10 @@ from edge_backends.datatypes import BY_TRITON
 from edge_backends.registry import get_backend
 
 log = logging.getLogger(__name__)
+
+
+class WarmUpFailed(ConfigError):
+    """A version loaded but its warm-up failed (recorded as such in the ledger)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,8 @@ class PreparedModel:
     ensemble: EnsemblePlan | None = None
     notes: list[str] = field(default_factory=list)  # what the index reports for a ready model
     failed: dict[int, str] = field(default_factory=dict)  # version -> reason
+    # version -> where it failed (ledger.VERIFICATION, LOAD, WARM_UP), for the durable record
+    failed_stage: dict[int, str] = field(default_factory=dict)
 
 
 def tensor_rules(entries: Any) -> dict[str, TensorRule]:
@@ -119,11 +126,14 @@ def prepare_model(
     manifest: ManifestPolicy = NO_MANIFEST_RULES,
     skip: dict[int, str] | None = None,
     cache_dir: Path | None = None,
+    pin: int | None = None,
 ) -> PreparedModel:
     """Read, complete and validate the config, then load the instances of each chosen version.
 
-    Blocking: run it in a thread. A config error raises; a version that fails to load is
-    recorded in `failed` so the other versions still serve.
+    `skip`: versions not to load (they failed before, with this content); `pin`: load this
+    version alone, whatever the version policy says. Blocking: run it in a thread. A config
+    error raises; a version that fails to load is recorded in `failed` so the other versions
+    still serve.
     """
     name = model_dir.name
     if override is not None:
@@ -136,10 +146,21 @@ def prepare_model(
         config.name = name
     skip = skip or {}
     available = [v for v in list_versions(model_dir) if v not in skip]  # e.g. rolled back
+    if pin is not None:
+        if pin in skip:
+            raise ConfigError(
+                f"model '{name}' is pinned to version {pin}, which failed: {skip[pin]}"
+            )
+        if pin not in available:
+            raise ConfigError(
+                f"model '{name}' is pinned to version {pin}, which is not in '{model_dir}' "
+                "(unpin it to serve what the version policy selects)"
+            )
+        available = [pin]
     if config.platform == ENSEMBLE:
         return _prepare_ensemble(config, model_dir, available)
     backend_name = resolve_backend(config, model_dir, available)
-    versions = select_versions(config.version_policy, available)
+    versions = available if pin is not None else select_versions(config.version_policy, available)
     if not versions:
         raise ConfigError(
             f"model '{name}': no version folder matches the version policy "
@@ -147,6 +168,7 @@ def prepare_model(
         )
     # The newest version that can be read describes the model; unreadable ones fail alone.
     unreadable: dict[int, str] = {}
+    unverified: set[int] = set()  # failed their manifest or path checks
     placement_notes: list[str] = []
     if backend_name == "tensorrt":
         problem = tensorrt_problem()
@@ -165,10 +187,12 @@ def prepare_model(
             unreadable[version] = (
                 f"'{model_file}' resolves to '{model_file.resolve()}', outside the model folder"
             )
+            unverified.add(version)
             continue
         why = check_version(model_dir / str(version), manifest)
         if why:
             unreadable[version] = why
+            unverified.add(version)
     signature, described_version = None, 0
     for version in (v for v in versions if v not in unreadable):
         newest_file = model_dir / str(version) / config.default_model_filename
@@ -177,10 +201,11 @@ def prepare_model(
             break
         except BackendError as exc:
             unreadable[version] = str(exc)
+    stages = {v: VERIFICATION if v in unverified else LOAD for v in unreadable}
     if signature is None:  # no version to describe the model: each failed on its own
         for version, reason in unreadable.items():
             log.error("model '%s' version %d failed to load: %s", name, version, reason)
-        return PreparedModel(name=name, config=config, failed=unreadable)
+        return PreparedModel(name=name, config=config, failed=unreadable, failed_stage=stages)
     described = bool(signature.inputs or signature.outputs)  # Python models say nothing
     if not strict:
         try:
@@ -200,6 +225,7 @@ def prepare_model(
     for version, reason in unreadable.items():
         log.error("model '%s' version %d failed to load: %s", name, version, reason)
         prepared.failed[version] = reason
+    prepared.failed_stage.update(stages)
     # Placement is decided from what the config asked, for every version alike; the served
     # config then says where the instances really run.
     requested = [mc.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group]
@@ -216,6 +242,7 @@ def prepare_model(
         except (BackendError, ApplianceError) as exc:
             log.error("model '%s' version %d failed to load: %s", name, version, exc)
             prepared.failed[version] = str(exc)
+            prepared.failed_stage[version] = WARM_UP if isinstance(exc, WarmUpFailed) else LOAD
             continue
         prepared.versions.append(PreparedVersion(version, workers))
     if prepared.versions:
@@ -335,7 +362,10 @@ def _load_instances(
                         priority=int(group.rate_limiter.priority),
                     )
                 )
-        warm_up(config, model_dir, version, instances)
+        try:
+            warm_up(config, model_dir, version, instances)
+        except ConfigError as exc:
+            raise WarmUpFailed(exc.message) from exc
     except BaseException:
         for instance in instances:
             instance.close()

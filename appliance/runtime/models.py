@@ -20,14 +20,17 @@ from typing import Any
 
 from appliance.errors import ApplianceError, ConfigError, ModelNotFound, ModelNotReady, Unsupported
 from appliance.model_config import ENSEMBLE, ModelConfig, read_config
-from appliance.repository.local import list_models
+from appliance.repository.ledger import ModelLedger, record_pin
+from appliance.repository.local import list_models, list_versions
 from appliance.repository.manifest import ManifestPolicy
+from appliance.runtime.history import UpdateHistory, restore_pin
 from appliance.runtime.loader import PreparedModel, prepare_model, tensor_rules
 from appliance.runtime.probation import RollbackGuard
 from appliance.runtime.registry import (
     LOADING,
     READY,
     UNAVAILABLE,
+    ModelRecord,
     ModelRegistry,
     ServedVersion,
 )
@@ -84,6 +87,14 @@ class RuntimeSettings:
         )
 
 
+def _join(*parts: str) -> str:
+    return "; ".join(part for part in parts if part)
+
+
+def _left(gone: list[ServedVersion]) -> list[str]:
+    return [f"version {s.version} left the repository" for s in gone]
+
+
 async def _no_step_runner(step: EnsembleStep, inputs: dict[str, Array]) -> dict[str, Array]:
     raise Unsupported(f"ensemble step {step.index} has no inference service to run on")
 
@@ -99,7 +110,7 @@ def _is_ensemble(model_dir: Path) -> bool:
 class ModelRuntime:
     """Loads models from the repositories and hands out ready versions."""
 
-    def __init__(self, settings: RuntimeSettings) -> None:
+    def __init__(self, settings: RuntimeSettings, ledger: ModelLedger | None = None) -> None:
         self._settings = settings
         self.registry = ModelRegistry()
         # The hot-path lookups, bound once.
@@ -127,7 +138,11 @@ class ModelRuntime:
             settings.rollback_window,
             lambda versions: self._spawn(self._retire(versions)),
             self._count_load,
+            self._verdict,
         )
+        # What failed, the last good versions and pins, kept across restarts (memory only
+        # without a state directory: check, tune).
+        self.history = UpdateHistory(ledger or ModelLedger(None), self._spawn)
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -155,7 +170,9 @@ class ModelRuntime:
     ) -> None:
         """Load (or reload) a model; new versions serve before the old ones drain.
 
-        `source` replaces the repository folder (a load request's file overrides).
+        `source` replaces the repository folder (a load request's file overrides). Versions
+        whose content failed before (the ledger) are skipped, a pin is applied, and a version
+        no longer in the repository leaves service whatever happens to the others.
         """
         if self._stopping:
             raise ModelNotReady("server is shutting down")
@@ -172,7 +189,8 @@ class ModelRuntime:
             if not record.versions:
                 record.state = LOADING
             log.info("loading model '%s' from %s", name, path)
-            skip = await asyncio.to_thread(self._guard.still_rolled_back, name, path)
+            plan = await asyncio.to_thread(self.history.plan, path, source is None)
+            skip = plan.skip
             try:
                 prepared = await asyncio.to_thread(
                     prepare_model,
@@ -183,16 +201,19 @@ class ModelRuntime:
                     self._settings.manifest,
                     skip,
                     self._settings.cache_dir,
+                    plan.pin,
                 )
             except ApplianceError as exc:
                 self._count_load(name, "failure")
+                gone = self._leave(record, plan.present)
                 if not record.versions:
-                    record.state, record.reason = UNAVAILABLE, exc.message
+                    record.state, record.reason = UNAVAILABLE, _join(exc.message, *_left(gone))
                 else:
                     record.notes = [
                         f"reload failed, the loaded versions keep serving: {exc.message}"
                     ]
                 log.error("model '%s' failed to load: %s", name, exc.message)
+                await self._retire(gone)
                 raise
             if prepared.ensemble is not None:
                 self._check_steps(prepared)
@@ -200,6 +221,7 @@ class ModelRuntime:
                     step_record = self.registry.find(step_model)
                     if step_record is None or not step_record.versions:
                         await self.load(step_model)
+            gone = self._leave(record, plan.present)
             old = dict(record.versions)
             new = self._serve(prepared)
             # Rollback: what failed to load never replaces what serves. A version whose new
@@ -212,7 +234,11 @@ class ModelRuntime:
             prepared.failed.update(skip)
             record.versions = {**kept, **new}
             record.failed = prepared.failed
-            record.notes = prepared.notes
+            record.notes = prepared.notes + (
+                [f"pinned to version {plan.pin} (unpin to follow the version policy)"]
+                if plan.pin is not None
+                else []
+            )
             record.config = prepared.config if new or not old else record.config
             record.path = path
             unused = [source.parent] if source is not None and not new else []
@@ -236,11 +262,74 @@ class ModelRuntime:
                 record.state, record.reason = READY, ""
             else:
                 record.state = UNAVAILABLE
-                record.reason = "; ".join(f"version {v}: {r}" for v, r in prepared.failed.items())
-            await self._retire(self._guard.watch(name, old, new, record.versions))
+                record.reason = _join(
+                    *(f"version {v}: {r}" for v, r in prepared.failed.items()), *_left(gone)
+                )
+            retire = self._guard.watch(name, old, new, record.versions) + gone
+            if source is None:  # what this load taught, kept across restarts
+                newest = max(new, default=None)
+                good = newest if self._guard.on_probation(name) != newest else None
+                await self.history.remember(name, path, prepared, plan, good)
+            await self._retire(retire)
             for folder in unused:  # after the versions that used it have drained
                 await asyncio.to_thread(shutil.rmtree, folder, True)
 
+    def _verdict(self, name: str, version: int, why: str) -> None:
+        """Probation's verdict on a version ('' : it passed), kept in the ledger."""
+        record = self.registry.find(name)
+        if record is not None and record.path is not None and record.owned_dir is None:
+            self.history.verdict(name, record.path, version, why)
+
+    @staticmethod
+    def _leave(record: ModelRecord, present: frozenset[int]) -> list[ServedVersion]:
+        """Take the served versions that left the repository out of `record` (whatever
+        happens to the other versions); they are to retire."""
+        gone = [s for v, s in sorted(record.versions.items()) if v not in present]
+        for served in gone:
+            log.info("%s left the repository; taking it out of service", served.label)
+            del record.versions[served.version]
+        return gone
+
+    async def pin(self, name: str, version: int | None) -> None:
+        """Serve `version` of a model alone from now on, across reloads and restarts, whatever
+        its version policy (None: unpin, and follow the policy again). The pin is kept only
+        when the version then serves; otherwise what served before keeps serving."""
+        if self._stopping:
+            raise ModelNotReady("server is shutting down")
+        if self.fetch is not None:
+            await self.fetch(name)
+        path = self.model_names().get(name)
+        if path is None:
+            raise ModelNotFound(f"cannot pin '{name}': no model folder named '{name}'")
+        present = await asyncio.to_thread(list_versions, path)
+        if version is not None and version not in present:
+            raise ModelNotFound(
+                f"cannot pin model '{name}' to version {version}: no version {version} in "
+                f"'{path}' (found {present or 'none'})"
+            )
+        ledger = self.history.ledger
+        before = await asyncio.to_thread(ledger.entry, path)
+        ledger.change(path, record_pin(version))
+        try:
+            await self.load(name)
+        except ApplianceError:
+            ledger.change(path, restore_pin(before))
+            raise
+        record = self.registry.record(name)
+        if version is not None and version not in record.versions:
+            ledger.change(path, restore_pin(before))
+            why = record.failed.get(version, record.reason)
+            with contextlib.suppress(ApplianceError):  # back to what the notes said before
+                await self.load(name)
+            raise ConfigError(
+                f"cannot pin model '{name}' to version {version}: it did not load: {why}"
+            )
+        await asyncio.to_thread(ledger.save, path)
+        log.info(
+            "model '%s' %s",
+            name,
+            f"pinned to version {version}" if version is not None else "unpinned",
+        )
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(work)

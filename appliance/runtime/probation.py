@@ -3,7 +3,9 @@
 With --model-rollback-error-rate on, the version that takes the traffic after a load is
 watched; the versions it replaced stay loaded (not drained) so that a rollback is instant. When
 its model errors exceed the rate over the first `window` requests, the held versions serve
-again and the bad one is retired; it is skipped by later loads until its files change.
+again and the bad one is retired. The runtime records the verdict in the ledger
+(repository/ledger.py): a rolled-back version is not loaded again until its content changes,
+after a restart too, and one that passes becomes the model's last good version.
 """
 
 from __future__ import annotations
@@ -12,9 +14,7 @@ import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-from appliance.repository.local import fingerprint
 from appliance.runtime.registry import ModelRegistry, ServedVersion
 
 log = logging.getLogger(__name__)
@@ -40,27 +40,22 @@ class RollbackGuard:
         window: int,
         retire: Callable[[list[ServedVersion]], None],
         count: Callable[[str, str], None],
+        verdict: Callable[[str, int, str], None] = lambda name, version, why: None,
     ) -> None:
         self._registry = registry
         self._error_rate = error_rate  # 0: off
         self._window = window
         self._retire = retire  # drains and unloads versions in the background
         self._count = count  # (model, "rollback") -> the load-result counter
+        # (model, version, why): why is '' for a version that passed, else why it was rolled
+        # back (the runtime records it durably).
+        self._verdict = verdict
         self._probation: dict[str, Probation] = {}
-        # (model, version) -> (folder fingerprint, why): rolled back, skipped until it changes.
-        self._rolled_back: dict[tuple[str, int], tuple[str, str]] = {}
 
-    def still_rolled_back(self, name: str, path: Path) -> dict[int, str]:
-        """Rolled-back versions of a model whose files have not changed since (blocking)."""
-        skip: dict[int, str] = {}
-        for (model, version), (print_, why) in list(self._rolled_back.items()):
-            if model != name:
-                continue
-            if fingerprint(path / str(version)) == print_:
-                skip[version] = why
-            else:
-                del self._rolled_back[(model, version)]  # new content: it gets a new chance
-        return skip
+    def on_probation(self, name: str) -> int | None:
+        """The version of a model now on probation, if any."""
+        probe = self._probation.get(name)
+        return probe.served.version if probe is not None else None
 
     def watch(
         self,
@@ -108,6 +103,7 @@ class RollbackGuard:
                 probe.requests,
                 probe.failures,
             )
+            self._verdict(name, probe.served.version, "")
             self._retire(probe.held)
 
     def _end(self, name: str, probe: Probation) -> None:
@@ -128,9 +124,7 @@ class RollbackGuard:
             **{s.version: s for s in probe.held},
         }
         record.failed[bad.version] = why
-        if record.path is not None:  # skipped by loads until its files change
-            print_ = fingerprint(record.path / str(bad.version))
-            self._rolled_back[(name, bad.version)] = (print_, why)
+        self._verdict(name, bad.version, why)  # skipped by loads until its content changes
         self._count(name, "rollback")
         log.error(
             "model '%s' version %d %s; version %s serves again",

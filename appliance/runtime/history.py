@@ -1,0 +1,111 @@
+"""The runtime's side of the ledger (repository/ledger.py): what a load must respect and what
+it taught, kept across restarts.
+
+Before a load: the versions whose content failed before are skipped (with why), and a pin
+replaces the version policy. After it: each version that failed is recorded with its content
+and where it failed, and the version that took the traffic becomes the last good one, once it
+passes its probation when it is on one. Probation's verdicts come here too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from appliance.repository.ledger import (
+    LOAD,
+    PROBATION,
+    LedgerEntry,
+    ModelLedger,
+    content_id,
+    record_failure,
+    record_good,
+)
+from appliance.repository.local import list_versions
+from appliance.runtime.loader import PreparedModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """What a load of one model folder must respect, from the folder and the ledger."""
+
+    present: frozenset[int]  # the version folders there now
+    skip: dict[int, str]  # version -> why it is not loaded (its content failed before)
+    pin: int | None  # serve this version alone
+
+
+class UpdateHistory:
+    """Reads and writes the ledger for the runtime."""
+
+    def __init__(
+        self, ledger: ModelLedger, spawn: Callable[[Coroutine[Any, Any, None]], None]
+    ) -> None:
+        self.ledger = ledger
+        self._spawn = spawn  # runs a background write, owned by the runtime
+
+    def plan(self, path: Path, from_repository: bool) -> LoadPlan:
+        """What the ledger says for a load of `path` (blocking: reads the version folders)."""
+        present = frozenset(list_versions(path))
+        if not from_repository:  # a load request's own files: nothing recorded applies
+            return LoadPlan(present, {}, None)
+        held = self.ledger.held_back(path, present)
+        pin = self.ledger.entry(path).pinned
+        return LoadPlan(present, {v: f.describe() for v, f in held.items()}, pin)
+
+    async def remember(
+        self, name: str, path: Path, prepared: PreparedModel, plan: LoadPlan, good: int | None
+    ) -> None:
+        """Record a load's outcome: each version that failed (not one skipped), with its
+        content and stage, and `good`, the version now taking the traffic for good."""
+        failed = {v: why for v, why in prepared.failed.items() if v not in plan.skip}
+
+        def write() -> None:
+            changed = False
+            for version, why in failed.items():
+                stage = prepared.failed_stage.get(version, LOAD)
+                content = content_id(path / str(version))
+                changed |= self.ledger.change(path, record_failure(version, stage, why, content))
+            if good is not None:
+                changed |= self.ledger.change(path, record_good(good))
+            if changed:
+                self.ledger.save(path)
+
+        try:
+            await asyncio.to_thread(write)
+        except OSError as exc:  # the model serves all the same; the next change retries
+            log.error("model '%s': cannot write its record to the ledger: %s", name, exc)
+
+    def verdict(self, name: str, path: Path, version: int, why: str) -> None:
+        """Probation's verdict, on the loop: in memory at once (a reload right after sees it),
+        written in the background. `why`: '' for a version that passed."""
+        if why:
+            content = content_id(path / str(version))  # one small file read or a few stat()s
+            edit = record_failure(version, PROBATION, why, content)
+        else:
+            edit = record_good(version)
+        if self.ledger.change(path, edit):
+            self._spawn(self.save(name, path))
+
+    async def save(self, name: str, path: Path) -> None:
+        try:
+            await asyncio.to_thread(self.ledger.save, path)
+        except OSError as exc:
+            log.error("model '%s': cannot write its record to the ledger: %s", name, exc)
+
+
+def restore_pin(before: LedgerEntry) -> Callable[[LedgerEntry], None]:
+    """A ledger edit: the pin as it was in `before` (a pin that did not take), and the failures
+    the pin forgot, unless a newer one was recorded since."""
+
+    def edit(entry: LedgerEntry) -> None:
+        entry.pinned = before.pinned
+        for version, failure in before.failed.items():
+            entry.failed.setdefault(version, failure)
+
+    return edit
