@@ -176,7 +176,7 @@ class Appliance:
 
     async def _load_models(self) -> None:
         settings = self.settings
-        self.manager.host = self.core.blocking_host(asyncio.get_running_loop())
+        self.manager.host = self.core.blocking_host(asyncio.get_running_loop(), self.control)
         if settings.model_control_mode == "explicit":
             names = list(settings.load_models) if settings.load_models else []
         else:

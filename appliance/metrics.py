@@ -3,12 +3,18 @@
 Nothing is counted twice: the collector turns the same per-version counters that the
 statistics API reports into Triton's metric families when /metrics is scraped, so the request
 path pays nothing for metrics. Each Appliance has its own registry (no global state).
+
+Models' own metric families (Triton's custom metrics, `pb_utils.MetricFamily`) are read from
+the served versions' instances (`ModelInstance.custom_metrics`) at scrape time and exposed
+next to the server's, named exactly as the model named them: a custom counter has no `_total`
+suffix, as in Triton, so `exposition` writes those lines itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -22,6 +28,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from appliance.cache import ResponseCache
 from appliance.gpu_metrics import GpuCollector, GpuSource
@@ -31,6 +38,7 @@ from appliance.repository.sources import RemoteSources
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.registry import ServedVersion
 from appliance.scheduling.stats import LATENCY_BUCKETS_MS
+from edge_backends.api import CustomMetricFamily
 
 log = logging.getLogger(__name__)
 
@@ -312,6 +320,122 @@ class SourceCollector(Collector):
         yield from (up, synced, downloaded, requests, pending)
 
 
+class _Custom:
+    """Marks a family a model defined, so that `exposition` can tell it from the server's."""
+
+
+class CustomCounter(Metric, _Custom):
+    """A model's counter, exposed as Triton exposes it: `name{labels} value`, no `_total`."""
+
+    def __init__(self, name: str, documentation: str) -> None:
+        super().__init__(name, documentation, "counter")
+
+    def add_metric(self, labels: dict[str, str], value: float) -> None:
+        self.samples.append(Sample(self.name, labels, value))
+
+
+class CustomGauge(GaugeMetricFamily, _Custom):
+    """A model's gauge."""
+
+
+class CustomHistogram(HistogramMetricFamily, _Custom):
+    """A model's histogram."""
+
+
+class CustomMetricsCollector(Collector):
+    """The metric families the served versions' models defined; a family that several
+    instances or models share (one name) is listed once."""
+
+    def __init__(self, versions: Callable[[], Iterable[ServedVersion]]) -> None:
+        self._versions = versions
+
+    def families(self) -> list[CustomMetricFamily]:
+        found: dict[str, CustomMetricFamily] = {}
+        for served in self._versions():
+            for instance in served.instances:
+                for family in instance.custom_metrics():
+                    found.setdefault(family.name, family)
+        return list(found.values())
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.families():
+            if family.kind == "counter":
+                counter = CustomCounter(family.name, family.description)
+                for sample in family.samples:
+                    counter.add_metric(dict(sample.labels), sample.value)
+                yield counter
+            elif family.kind == "gauge":
+                gauge = CustomGauge(family.name, family.description, labels=[])
+                for sample in family.samples:
+                    gauge.samples.append(Sample(family.name, dict(sample.labels), sample.value))
+                yield gauge
+            else:
+                histogram = CustomHistogram(family.name, family.description, labels=[])
+                for sample in family.samples:
+                    labels = dict(sample.labels)
+                    for bound, count in (*sample.buckets, (float("inf"), sample.count)):
+                        le = _number(bound)
+                        histogram.samples.append(
+                            Sample(f"{family.name}_bucket", {**labels, "le": le}, count)
+                        )
+                    histogram.samples.append(Sample(f"{family.name}_count", labels, sample.count))
+                    histogram.samples.append(Sample(f"{family.name}_sum", labels, sample.sum))
+                yield histogram
+
+
+class _Collected(Collector):
+    def __init__(self, metrics: list[Metric]) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._metrics)
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """Prometheus' text format of every family; models' counters as Triton writes them. A
+    model's family named like one of the server's is left out (the server's is kept)."""
+    server: list[Metric] = []
+    custom: list[Metric] = []
+    for metric in registry.collect():
+        (custom if isinstance(metric, _Custom) else server).append(metric)
+    taken = {metric.name for metric in server}
+    taken |= {f"{metric.name}_total" for metric in server if metric.type == "counter"}
+    kept = [m for m in custom if m.name not in taken]
+    if len(kept) < len(custom):
+        log.debug("custom metric families named like the server's are not exposed")
+    standard = [m for m in kept if not isinstance(m, CustomCounter)]
+    body = generate_latest(_Collected(server + standard))
+    lines = [_counter_text(m) for m in kept if isinstance(m, CustomCounter)]
+    return body + "".join(lines).encode("utf-8")
+
+
+def _counter_text(counter: Metric) -> str:
+    help_text = counter.documentation.replace("\\", "\\\\").replace("\n", "\\n")
+    lines = [f"# HELP {counter.name} {help_text}\n", f"# TYPE {counter.name} counter\n"]
+    for sample in counter.samples:
+        labels = ",".join(
+            f'{name}="{_escape(value)}"' for name, value in sorted(sample.labels.items())
+        )
+        selector = f"{{{labels}}}" if labels else ""
+        lines.append(f"{counter.name}{selector} {_number(sample.value)}\n")
+    return "".join(lines)
+
+
+def _number(value: float) -> str:
+    """As Prometheus' text format (and Triton) writes a number: 12, 0.25, +Inf."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return repr(float(value))
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
 def build_registry(
     versions: Callable[[], Iterable[ServedVersion]],
     cpu_metrics: bool,
@@ -323,6 +447,7 @@ def build_registry(
 ) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(InferenceCollector(versions))
+    registry.register(CustomMetricsCollector(versions))
     if manager is not None:
         registry.register(LifecycleCollector(manager, poller))
     if remote is not None and remote.sources:
@@ -347,7 +472,7 @@ def metrics_app(
             # NVML can stall for seconds on a GPU in a bad state: read it off the event loop;
             # the collector then serves that (cached) reading.
             await asyncio.to_thread(prefetch)
-        body = generate_latest(registry)
+        body = exposition(registry)
         log.debug("metrics scraped in %.1f ms", (time.monotonic() - started) * 1000)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

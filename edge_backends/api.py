@@ -35,6 +35,7 @@ What the bases give, and who overrides it here:
 - `ModelInstance.execute_decoupled`: raises BackendError (Python models can stream).
 - `ModelInstance.set_cancel_check`: ignored (Python models show it as request.is_cancelled()).
 - `ModelInstance.interrupt`: cannot (a Python model's process can be killed).
+- `ModelInstance.custom_metrics`: none (Python models define them with `pb_utils.MetricFamily`).
 """
 
 from __future__ import annotations
@@ -52,10 +53,79 @@ Outputs = dict[str, np.ndarray[Any, Any]]
 Emit: TypeAlias = Callable[[Outputs], None]
 # Whether every caller of the execution in hand has gone away.
 CancelCheck: TypeAlias = Callable[[], bool]
-# The server's blocking inference entry, for models that call other models (BLS):
-# (model name, version ('' for the one the version policy serves), inputs by name, output
-# names) -> outputs by name. Called from an instance's thread, never from the event loop.
-InferenceHost: TypeAlias = Callable[[str, str, Arrays, Sequence[str]], Outputs]
+
+
+@dataclass(frozen=True)
+class HostRequest:
+    """A request a model makes to another model of the server (BLS)."""
+
+    model_name: str
+    inputs: Arrays
+    output_names: Sequence[str] = ()  # empty: every output
+    model_version: str = ""  # '' for the one the version policy serves
+    request_id: str = ""
+    # The request's parameters as a client would send them: sequence_id, sequence_start,
+    # sequence_end, priority, timeout (µs) and the model's own.
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+
+
+class InferenceHost(Protocol):
+    """The server's blocking entry for models that call other models (BLS) or load and unload
+    them (Triton's model loading API). Called from an instance's thread or a backend's own
+    threads, never from the event loop; failures raise an exception whose message is the one
+    a client would get."""
+
+    def __call__(self, model: str, version: str, inputs: Arrays, outputs: Sequence[str]) -> Outputs:
+        """(model name, version ('' for the one the version policy serves), inputs by name,
+        output names) -> outputs by name."""
+        ...
+
+    def infer(self, request: HostRequest) -> Outputs:
+        """One request to a model that answers once; its outputs by name."""
+        ...
+
+    def infer_stream(self, request: HostRequest, emit: Emit) -> None:
+        """One request to a decoupled model: `emit` gets each response's outputs, in order,
+        on the calling thread; returns after the last one."""
+        ...
+
+    def load_model(
+        self, name: str, config: str = "", files: Mapping[str, bytes] | None = None
+    ) -> None:
+        """Load or reload a model (explicit model control mode), optionally with a config
+        override (JSON) and override files ('file:<path>' -> content), as a client's
+        repository load request does."""
+        ...
+
+    def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload a model (explicit model control mode)."""
+        ...
+
+    def is_model_ready(self, name: str, version: str = "") -> bool:
+        """Whether the model (the version, when given) is ready for requests."""
+        ...
+
+
+@dataclass(frozen=True)
+class MetricSample:
+    """One labelled value of a custom metric family, as it is now."""
+
+    labels: tuple[tuple[str, str], ...]  # sorted by name
+    value: float = 0.0  # counter, gauge
+    # Histogram: (upper bound, observations <= bound), bounds ascending, without +Inf.
+    buckets: tuple[tuple[float, int], ...] = ()
+    sum: float = 0.0  # histogram: sum of observations
+    count: int = 0  # histogram: number of observations
+
+
+@dataclass(frozen=True)
+class CustomMetricFamily:
+    """A metric family a model defined (Triton's custom metrics), exposed with the server's."""
+
+    name: str
+    description: str
+    kind: str  # "counter" | "gauge" | "histogram"
+    samples: tuple[MetricSample, ...] = ()
 
 
 class BackendError(Exception):
@@ -176,6 +246,12 @@ class ModelInstance(Protocol):
         """Release the instance's resources."""
         ...
 
+    def custom_metrics(self) -> Sequence[CustomMetricFamily]:
+        """The metric families this instance's model defined, as they are now, read when the
+        server's metrics are scraped (from any thread). Families shared by several instances
+        (same name) are the same family: the server lists each name once."""
+        ...
+
 
 class InstanceBase(ModelInstance):
     """The defaults of an instance's optional members; subclasses write `execute` and `close`."""
@@ -193,6 +269,9 @@ class InstanceBase(ModelInstance):
         # An in-process runtime (ONNX Runtime, TensorRT, torch) cannot be stopped mid-run
         # safely: its thread is left to finish, and the instance is closed when it does.
         return False
+
+    def custom_metrics(self) -> Sequence[CustomMetricFamily]:
+        return ()
 
 
 class Backend(Protocol):

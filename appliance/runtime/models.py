@@ -365,6 +365,7 @@ class ModelRuntime:
                 scheduler,
                 stats,
                 ensemble=prepared.ensemble,
+                instances=tuple(worker.instance for worker in pv.workers),
             )
         return served
 

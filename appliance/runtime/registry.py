@@ -11,6 +11,7 @@ from appliance.runtime.loader import TensorRule
 from appliance.scheduling.contract import ModelScheduler
 from appliance.scheduling.ensemble import EnsemblePlan
 from appliance.scheduling.stats import ModelStats
+from edge_backends.api import ModelInstance
 
 READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
 
@@ -28,6 +29,8 @@ class ServedVersion:
     scheduler: ModelScheduler
     stats: ModelStats
     ensemble: EnsemblePlan | None = None
+    # Its model instances (none for an ensemble), for what they report (custom metrics).
+    instances: tuple[ModelInstance, ...] = ()
     # Read on every request: plain attributes, not protobuf lookups.
     max_batch_size: int = 0
     all_outputs: tuple[str, ...] = ()

@@ -143,6 +143,10 @@ class InstanceWorker:
         self.busy_since_ns = 0
 
     @property
+    def instance(self) -> ModelInstance:
+        return self._instance
+
+    @property
     def alive(self) -> bool:
         return self._thread.is_alive()
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from appliance.runtime.registry import ServedVersion
 from appliance.scheduling.batcher import QueueTimeout
 from appliance.scheduling.ensemble import EnsembleStep
 from appliance.scheduling.instances import Job
+from appliance.services.host import BlockingHost, ModelControl
 from appliance.services.validation import validate
 from appliance.trace import Tracer
 from appliance.types import (
@@ -163,37 +165,65 @@ class InferenceService:
         )
 
     async def infer_arrays(
-        self, model: str, version: str, inputs: dict[str, Array], outputs: list[str]
+        self,
+        model: str,
+        version: str,
+        inputs: dict[str, Array],
+        outputs: list[str],
+        parameters: dict[str, Any] | None = None,
+        request_id: str = "",
     ) -> dict[str, Array]:
-        """A request made inside the server (ensemble steps, BLS): arrays in, arrays out."""
+        """A request made inside the server (ensemble steps, BLS): arrays in, arrays out;
+        `parameters` as a client's request carries them (sequence_id, priority, ...)."""
+        request = self._arrays_request(model, version, inputs, outputs, parameters, request_id)
+        # The server's own tensors (ensemble steps, BLS): not a client's, so not limited.
+        response = await self._infer(request, NO_LIMITS)
+        return {tensor.name: tensor.data for tensor in response.outputs}
+
+    async def stream_arrays(
+        self,
+        model: str,
+        version: str,
+        inputs: dict[str, Array],
+        outputs: list[str],
+        parameters: dict[str, Any] | None = None,
+        request_id: str = "",
+    ) -> AsyncIterator[dict[str, Array]]:
+        """`infer_arrays` for a decoupled model (BLS): each response's outputs as it comes."""
+        request = self._arrays_request(model, version, inputs, outputs, parameters, request_id)
+        async for response in self.infer_stream(request):
+            yield {tensor.name: tensor.data for tensor in response.outputs}
+
+    def _arrays_request(
+        self,
+        model: str,
+        version: str,
+        inputs: dict[str, Array],
+        outputs: list[str],
+        parameters: dict[str, Any] | None,
+        request_id: str,
+    ) -> InferRequest:
         served = self.manager.get(model, version)
         tensors = []
         for name, array in inputs.items():
             rule = served.inputs.get(name)
             datatype = rule.datatype if rule is not None else from_numpy(array.dtype).triton
             tensors.append(InputTensor(name, datatype, tuple(array.shape), array))
-        request = InferRequest(
+        return InferRequest(
             model_name=model,
             model_version=version,
+            id=request_id,
             inputs=tensors,
             outputs=[RequestedOutput(name) for name in outputs] if outputs else None,
+            parameters=dict(parameters or {}),
         )
-        # The server's own tensors (ensemble steps, BLS): not a client's, so not limited.
-        response = await self._infer(request, NO_LIMITS)
-        return {tensor.name: tensor.data for tensor in response.outputs}
 
-    def blocking_host(self, loop: asyncio.AbstractEventLoop) -> InferenceHost:
-        """`infer_arrays` for backend threads (Python models' BLS calls); never on the loop."""
-
-        def call(
-            model: str, version: str, inputs: Mapping[str, Array], outputs: Sequence[str]
-        ) -> dict[str, Array]:
-            future = asyncio.run_coroutine_threadsafe(
-                self.infer_arrays(model, version, dict(inputs), list(outputs)), loop
-            )
-            return future.result()
-
-        return call
+    def blocking_host(
+        self, loop: asyncio.AbstractEventLoop, control: ModelControl | None = None
+    ) -> InferenceHost:
+        """This service for backend threads (Python models' BLS calls, and with `control` their
+        model loading API); never on the loop."""
+        return BlockingHost(self, loop, control)
 
     async def _cached(self, served: ServedVersion, job: Job, start: int) -> dict[str, Array]:
         """Answer from the response cache, or run and remember the answer."""

@@ -4,42 +4,58 @@ A CPU-bound model then stalls neither the event loop nor other models. If the pr
 while executing, or does not answer within the config parameter `execute_timeout_s` (off by
 default), the batch fails with that reason and a fresh process (initialize() again) serves the
 next request. Requests that share a batch reach `execute()` as one request whose tensors hold
-the whole batch. BLS calls from the model come back over the same pipe and are
-answered through the host's `infer` callable.
+the whole batch.
+
+One reader thread per process takes every message from it (channel.py lists them): an
+execution's results and responses go to the instance thread waiting in `_exchange`; metric
+calls are answered at once, in order, so a response is never seen before the metric updates
+its model made ahead of it; BLS and model-loading calls run on a small thread pool of the
+instance, several at once (a model's `asyncio.gather` of `async_exec` calls), each answered
+by its call id through the server's `InferenceHost`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing
+import queue
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from edge_backends.api import (
     Arrays,
     BackendBase,
     CancelCheck,
+    CustomMetricFamily,
     Emit,
     ExecutionError,
+    HostRequest,
     InstanceBase,
     InstanceSpec,
     ModelLoadError,
     ModelSignature,
     Outputs,
 )
+from edge_backends.python.custom_metrics import MetricError, MetricStore, answer
 from edge_backends.python.shm import Arena, Reader
 
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 120.0
 CANCEL_POLL_S = 0.05  # how often a long execution checks whether its callers went away
+HOST_CALL_THREADS = 16  # BLS / model-loading calls of one instance served at once
 _CONTEXT = multiprocessing.get_context("spawn")  # no fork of a threaded server
+_EOF = ("eof",)
+
+
+class StreamCancelled(Exception):
+    """The model cancelled its BLS call to a decoupled model (ResponseIterator.cancel)."""
 
 
 class PythonInstance(InstanceBase):
@@ -47,8 +63,14 @@ class PythonInstance(InstanceBase):
 
     runs_inline = False  # the work happens in another process: never block the event loop on it
 
-    def __init__(self, spec: InstanceSpec) -> None:
+    def __init__(self, spec: InstanceSpec, metrics: MetricStore | None = None) -> None:
         self._spec = spec
+        self._metrics = metrics or MetricStore()
+        self._held: dict[str, int] = {}  # metric families this instance's model holds
+        self._send_lock = threading.Lock()
+        self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._calls = ThreadPoolExecutor(HOST_CALL_THREADS, f"bls-{spec.instance_name}")
+        self._cancelled_streams: set[int] = set()
         try:
             self._timeout_s = float(spec.parameters.get("execute_timeout_s", "") or 0)
         except ValueError:
@@ -105,21 +127,118 @@ class PythonInstance(InstanceBase):
             process.start()
         child.close()
         self._connection = parent
-        if not parent.poll(START_TIMEOUT_S):
-            self._kill()
-            raise ModelLoadError(f"Python model '{self._spec.model_name}' did not start in time")
+        inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._inbox = inbox
+        threading.Thread(
+            target=self._pump,
+            args=(parent, inbox),
+            name=f"python-model-reader-{self._spec.instance_name}",
+            daemon=True,
+        ).start()
         try:
-            kind, detail = parent.recv()
-        except EOFError:
-            code = self._process.exitcode
+            kind, *detail = inbox.get(timeout=START_TIMEOUT_S)
+        except queue.Empty:
+            self._kill()
+            raise ModelLoadError(
+                f"Python model '{self._spec.model_name}' did not start in time"
+            ) from None
+        if kind == "eof":
+            process.join(2)  # the pipe closes a moment before the exit is reaped
+            code = process.exitcode
             self._kill()
             raise ModelLoadError(
                 f"Python model '{self._spec.model_name}' worker exited during initialize "
                 f"(exit code {code})"
-            ) from None
+            )
         if kind != "ready":
             self._kill()
-            raise ModelLoadError(f"Python model '{self._spec.model_name}' failed: {detail}")
+            raise ModelLoadError(f"Python model '{self._spec.model_name}' failed: {detail[0]}")
+
+    def _send(self, *message: Any) -> None:
+        with self._send_lock:
+            self._connection.send(message)
+
+    def _pump(self, connection: Any, inbox: queue.SimpleQueue[tuple[Any, ...]]) -> None:
+        """The process's messages: calls answered, everything else to `inbox`; ends at EOF."""
+        try:
+            while True:
+                message = connection.recv()
+                if message[0] != "call":
+                    inbox.put(message)
+                    continue
+                _, call_id, operation, *arguments = message
+                if operation.startswith("metric_"):
+                    self._answer_metric(connection, call_id, operation, arguments)
+                elif operation == "cancel":
+                    self._cancelled_streams.add(arguments[0])
+                else:
+                    self._calls.submit(self._answer_call, connection, call_id, operation, arguments)
+        except (EOFError, OSError):
+            pass
+        finally:
+            inbox.put(_EOF)
+
+    def _reply(self, connection: Any, *message: Any) -> None:
+        with self._send_lock:
+            # Not to a process since replaced; a process that is gone: its execution says so.
+            if connection is self._connection:
+                with contextlib.suppress(OSError, ValueError):
+                    connection.send(message)
+
+    def _answer_metric(self, connection: Any, call_id: int, operation: str, arguments: Any) -> None:
+        try:
+            result = answer(self._metrics, self._held, operation, arguments)
+        except MetricError as exc:
+            self._reply(connection, "reply", call_id, False, str(exc))
+            return
+        self._reply(connection, "reply", call_id, True, result)
+
+    def _answer_call(self, connection: Any, call_id: int, operation: str, arguments: Any) -> None:
+        """A BLS or model-loading call, on the instance's call pool."""
+        host = self._spec.host
+        try:
+            if host is None:
+                raise ExecutionError("this server offers models no BLS or model loading")
+            if operation == "infer":
+                result: Any = host.infer(_host_request(arguments))
+            elif operation == "infer_stream":
+
+                def emit(outputs: Outputs) -> None:
+                    if call_id in self._cancelled_streams:
+                        raise StreamCancelled("the model cancelled the request")
+                    self._reply(connection, "item", call_id, outputs)
+
+                try:
+                    host.infer_stream(_host_request(arguments), emit)
+                finally:
+                    self._cancelled_streams.discard(call_id)
+                result = None
+            elif operation == "load_model":
+                name, config, files = arguments
+                host.load_model(name, config, files)
+                result = None
+            elif operation == "unload_model":
+                host.unload_model(*arguments)
+                result = None
+            elif operation == "is_model_ready":
+                result = host.is_model_ready(*arguments)
+            else:
+                raise ExecutionError(f"unknown call '{operation}'")
+        except StreamCancelled:
+            result = None
+        except Exception as exc:  # any failure is the model's to handle, as in Triton
+            self._reply(connection, "reply", call_id, False, str(exc) or type(exc).__name__)
+            return
+        self._reply(connection, "reply", call_id, True, result)
+
+    def custom_metrics(self) -> Sequence[CustomMetricFamily]:
+        return self._metrics.snapshot(list(self._held))
+
+    def _release_metrics(self) -> None:
+        held, self._held = self._held, {}
+        for name, holds in held.items():
+            for _ in range(holds):
+                self._metrics.release_family(name)
 
     def execute(self, inputs: Arrays, output_names: Sequence[str]) -> Outputs:
         kind, payload = self._exchange(inputs, output_names, None)
@@ -144,12 +263,13 @@ class PythonInstance(InstanceBase):
         metas = self._arena.write(dict(inputs))
         self._cancelled.value = 0
         started = time.monotonic()
+        inbox = self._inbox
         try:
-            self._connection.send(
-                ("execute", self._arena.name, metas, list(output_names), emit is not None)
-            )
+            self._send("execute", self._arena.name, metas, list(output_names), emit is not None)
             while True:
-                while not self._connection.poll(CANCEL_POLL_S):
+                try:
+                    kind, *payload = inbox.get(timeout=CANCEL_POLL_S)
+                except queue.Empty:
                     if self._cancel_check is not None and self._cancel_check():
                         self._cancelled.value = 1  # the model sees request.is_cancelled()
                     if self._timeout_s and time.monotonic() - started > self._timeout_s:
@@ -157,12 +277,13 @@ class PythonInstance(InstanceBase):
                         raise ExecutionError(
                             f"the Python model did not answer within execute_timeout_s "
                             f"({self._timeout_s:g} s); its process was restarted"
-                        )
-                kind, *payload = self._connection.recv()
-                if kind == "bls":
-                    self._answer_bls(*payload)
-                elif kind == "response" and emit is not None:
-                    emit(payload[0])
+                        ) from None
+                    continue
+                if kind == "eof":
+                    raise EOFError
+                if kind == "response":
+                    if emit is not None:
+                        emit(payload[0])
                 else:
                     return kind, payload
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
@@ -181,25 +302,10 @@ class PythonInstance(InstanceBase):
                 "it was restarted"
             ) from None
 
-    def _answer_bls(
-        self, model: str, version: int, inputs: dict[str, np.ndarray], outputs: list[str]
-    ) -> None:
-        host = self._spec.host
-        if host is None:
-            self._connection.send(("bls_error", "this server has no BLS host"))
-            return
-        try:
-            result = host(
-                model, "" if version is None or version < 0 else str(version), inputs, outputs
-            )
-        except Exception as exc:  # any failure is the model's to handle, as in Triton
-            self._connection.send(("bls_error", str(exc)))
-            return
-        self._connection.send(("bls_result", result))
-
     def _restart(self) -> None:
         self._kill()
         self._reader.close()
+        self._release_metrics()  # the fresh process's initialize() makes its own again
         if self._interrupted:
             return
         try:
@@ -236,13 +342,15 @@ class PythonInstance(InstanceBase):
     def close(self) -> None:
         try:
             if self._process is not None and self._process.is_alive():
-                self._connection.send(("finalize",))
+                self._send("finalize")
                 self._process.join(10)
         except (OSError, EOFError):
             pass
         self._kill()
         self._reader.close()
         self._arena.close()
+        self._calls.shutdown(wait=False, cancel_futures=True)
+        self._release_metrics()
 
 
 class PythonBackend(BackendBase):
@@ -250,13 +358,16 @@ class PythonBackend(BackendBase):
 
     name = "python"
 
+    def __init__(self) -> None:
+        self.metrics = MetricStore()  # every Python model's custom metrics, as in Triton
+
     def inspect(self, model_path: Path) -> ModelSignature:
         if not model_path.is_file():
             raise ModelLoadError(f"model file '{model_path}' does not exist")
         return ModelSignature(inputs=(), outputs=())  # the config says what the model takes
 
     def create_instance(self, spec: InstanceSpec) -> PythonInstance:
-        return PythonInstance(spec)
+        return PythonInstance(spec, self.metrics)
 
     def auto_complete(self, model_path: Path, config: dict[str, Any]) -> dict[str, Any] | None:
         """Run the model's static auto_complete_config (in a short-lived process)."""
@@ -288,3 +399,15 @@ class PythonBackend(BackendBase):
 
     def gpu_problem(self) -> str:
         return "Python models run on CPU here"
+
+
+def _host_request(arguments: Sequence[Any]) -> HostRequest:
+    model, version, inputs, outputs, request_id, parameters = arguments
+    return HostRequest(
+        model_name=model,
+        inputs=inputs,
+        output_names=outputs,
+        model_version=version,
+        request_id=request_id,
+        parameters=parameters,
+    )

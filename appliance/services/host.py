@@ -1,0 +1,116 @@
+"""The server's entry for models that call other models (BLS) or load and unload them.
+
+Backends call it from their own threads (a Python model's instance thread, its call pool);
+each call runs on the event loop as a request made inside the server and blocks the calling
+thread until it is answered. Never call it from the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from appliance.errors import Unsupported
+from edge_backends.api import Arrays, Emit, HostRequest, InferenceHost, Outputs
+
+if TYPE_CHECKING:
+    from appliance.services.inference import InferenceService
+
+T = TypeVar("T")
+_END = object()
+
+
+class ModelControl(Protocol):
+    """What the model loading API needs of the control service."""
+
+    async def load_model(self, name: str, parameters: dict[str, Any]) -> None: ...
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None: ...
+
+    def model_ready(self, name: str, version: str = "") -> bool: ...
+
+
+class BlockingHost(InferenceHost):
+    """`InferenceHost` over the inference service (and the control service, for loading)."""
+
+    def __init__(
+        self,
+        service: InferenceService,
+        loop: asyncio.AbstractEventLoop,
+        control: ModelControl | None = None,
+    ) -> None:
+        self._service = service
+        self._loop = loop
+        self._control = control
+
+    def _run(self, work: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result()
+
+    def __call__(self, model: str, version: str, inputs: Arrays, outputs: Sequence[str]) -> Outputs:
+        return self.infer(HostRequest(model, inputs, outputs, version))
+
+    def infer(self, request: HostRequest) -> Outputs:
+        return self._run(
+            self._service.infer_arrays(
+                request.model_name,
+                request.model_version,
+                dict(request.inputs),
+                list(request.output_names),
+                dict(request.parameters),
+                request.request_id,
+            )
+        )
+
+    def infer_stream(self, request: HostRequest, emit: Emit) -> None:
+        """The responses are handed over to this thread, so `emit` never runs on the loop;
+        if `emit` raises, the request is cancelled and the exception raised here."""
+        responses: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+        async def consume() -> None:
+            try:
+                async for outputs in self._service.stream_arrays(
+                    request.model_name,
+                    request.model_version,
+                    dict(request.inputs),
+                    list(request.output_names),
+                    dict(request.parameters),
+                    request.request_id,
+                ):
+                    responses.put(outputs)
+            finally:
+                responses.put(_END)
+
+        future = asyncio.run_coroutine_threadsafe(consume(), self._loop)
+        try:
+            while (item := responses.get()) is not _END:
+                emit(item)
+        except BaseException:
+            future.cancel()
+            raise
+        future.result()  # the request's error, if any
+
+    def _controller(self) -> ModelControl:
+        if self._control is None:
+            raise Unsupported("this server offers models no model loading API")
+        return self._control
+
+    def load_model(
+        self, name: str, config: str = "", files: Mapping[str, bytes] | None = None
+    ) -> None:
+        parameters: dict[str, Any] = dict(files or {})
+        if config:
+            parameters["config"] = config
+        self._run(self._controller().load_model(name, parameters))
+
+    def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        self._run(self._controller().unload_model(name, unload_dependents))
+
+    def is_model_ready(self, name: str, version: str = "") -> bool:
+        control = self._controller()
+
+        async def ready() -> bool:
+            return control.model_ready(name, version)
+
+        return self._run(ready())
