@@ -1,6 +1,8 @@
 """Poll mode: reload models whose folders changed, load new ones, unload removed ones.
 
-Each poll first syncs the remote repositories into the model store, then scans the folders.
+Each poll first syncs the remote repositories into the model store (a model that arrives is
+loaded at once), then scans the folders. The same machinery, run until the first successful
+sync, is how the other modes catch up with remote repositories after start-up.
 A change in a local folder is acted on only once its fingerprint (every file's path, size
 and mtime) is the same on two polls in a row, so a model still being copied is never loaded
 half-way; the store needs no such wait, as versions appear there whole. A version that fails
@@ -64,26 +66,69 @@ class ModelTarget(Protocol):
 
 
 class RepositoryPoller:
+    """Syncs the remote repositories into the store and tells the runtime what changed.
+
+    Poll mode: every `interval_s`, the first poll at once, every model. `until_synced`
+    (the none and explicit modes, with remote repositories): the start-up catch-up, which acts
+    only on models in the store (and in `only`, when given) and ends once every remote
+    repository has been synced once, trying again every `interval_s` until then. Either way a
+    model fetched into the store is loaded as soon as it arrives, not after the whole sync.
+    """
+
     def __init__(
-        self, manager: ModelTarget, interval_s: float, remote: RemoteSources | None = None
+        self,
+        manager: ModelTarget,
+        interval_s: float,
+        remote: RemoteSources | None = None,
+        *,
+        until_synced: bool = False,
+        only: set[str] | None = None,
     ) -> None:
         self._manager = manager
         self._remote = remote
         self._interval_s = interval_s
+        self._until_synced = until_synced
+        self._only = only
         self._served: dict[str, str] = {}
         self._seen: dict[str, str] = {}
         self.last_poll_s = 0.0  # wall-clock time of the last successful scan (for metrics)
+        # Set once a poll reached every remote repository and loaded what it brought.
+        self.synced = asyncio.Event()
 
-    def _scan(self) -> tuple[dict[str, str], frozenset[str]]:
+    def _names(self) -> tuple[dict[str, Path], frozenset[str]]:
         names = self._manager.model_names()
         in_store = frozenset(
             n for n, path in names.items() if self._remote is not None and self._remote.owns(path)
         )
+        if self._until_synced:  # local folders are read once, at start
+            names = {n: p for n, p in names.items() if n in in_store}
+        if self._only is not None:
+            names = {n: p for n, p in names.items() if n in self._only}
+        return names, in_store
+
+    def _scan(self) -> tuple[dict[str, str], frozenset[str]]:
+        names, in_store = self._names()
         return {name: fingerprint(path) for name, path in names.items()}, in_store
 
+    async def _arrived(self, name: str) -> None:
+        """A model's store folder changed in the middle of a sync: load it now."""
+        try:
+            names, _ = await asyncio.to_thread(self._names)
+            if name not in names:
+                return
+            self._served[name] = await asyncio.to_thread(fingerprint, names[name])
+        except (ApplianceError, OSError) as exc:
+            log.error("cannot read the model repository: %s", exc)
+            return
+        log.info("model '%s' arrived in the model store; loading", name)
+        with contextlib.suppress(ApplianceError):  # logged and kept in the index
+            await self._manager.load(name)
+
     async def poll_once(self) -> Changes:
+        reached = True
         if self._remote is not None:
-            await self._remote.sync()
+            await self._remote.sync(self._only, self._arrived)
+            reached = self._remote.reachable()
         try:
             now, in_store = await asyncio.to_thread(self._scan)
         except (ApplianceError, OSError) as exc:
@@ -102,6 +147,8 @@ class RepositoryPoller:
             log.info("model '%s' left the repository; unloading", name)
             with contextlib.suppress(ApplianceError):
                 await self._manager.unload(name)
+        if reached:
+            self.synced.set()
         return changes
 
     @contextlib.asynccontextmanager
@@ -118,8 +165,11 @@ class RepositoryPoller:
                 await task
 
     async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)
+        first = True
+        while not (self._until_synced and self.synced.is_set()):
+            if not first:
+                await asyncio.sleep(self._interval_s)
+            first = False
             try:
                 await self.poll_once()
             except Exception:  # a bug or a full disk must not end polling for good

@@ -30,7 +30,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,8 @@ from appliance.repository.store import (
 log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
-_FETCH_ATTEMPTS = 5
+_FETCH_ATTEMPTS = 5  # a download's attempts, each resuming where the last one stopped
+_REQUEST_ATTEMPTS = 2  # the SDK's attempts per request (a listing page, a GET)
 _BACKOFF_S = 0.5
 _MD5_ETAG = re.compile(r"^[0-9a-f]{32}$")
 
@@ -178,12 +179,13 @@ class S3Source:
         self,
         url: str,
         state_dir: Path,
-        reserve_bytes: int,
+        reserve_bytes: int | None,
         manifest: ManifestPolicy,
         settle_s: float = 5.0,
         rate_bytes_s: float = 0.0,
         free_bytes: FreeBytes = disk_free_bytes,
         ledger: ModelLedger | None = None,
+        timeout_s: float = 10.0,
     ) -> None:
         self.location = S3Location.parse(url)
         # Verification failures, kept across restarts (shared with the runtime's records).
@@ -193,6 +195,10 @@ class S3Source:
         self.store = ModelStore(state_dir, self.location.source_id, reserve_bytes, free_bytes)
         self.manifest = manifest
         self.settle_s = settle_s
+        # Each connect and each read (of a listing page or a download) waits at most this long:
+        # an endpoint that accepts connections and never answers costs a sync
+        # _REQUEST_ATTEMPTS x timeout_s, not the SDK's default minutes.
+        self.timeout_s = timeout_s
         self.reachable: bool | None = None  # None until the first sync
         self.last_error = ""
         self.last_sync_s = 0.0  # wall clock of the last successful listing
@@ -226,9 +232,9 @@ class S3Source:
             or "us-east-1"
         )
         config = Config(
-            connect_timeout=5,
-            read_timeout=30,
-            retries={"max_attempts": 3, "mode": "standard"},
+            connect_timeout=self.timeout_s,
+            read_timeout=self.timeout_s,
+            retries={"max_attempts": _REQUEST_ATTEMPTS, "mode": "standard"},
             s3={"addressing_style": "path"} if self.location.endpoint else {},
         )
         async with session.create_client(
@@ -242,8 +248,14 @@ class S3Source:
 
     # ---- one sync ----------------------------------------------------------------------------
 
-    async def sync(self, only: set[str] | None = None) -> set[str]:
+    async def sync(
+        self,
+        only: set[str] | None = None,
+        arrived: Callable[[str], Awaitable[None]] | None = None,
+    ) -> set[str]:
         """Bring the store up to date with the bucket; the models whose folders changed.
+        `arrived(name)` is awaited as soon as a model's folder changed (it loads the model),
+        before the next model is synced.
 
         Raises SourceError when the bucket cannot be listed or a download cannot finish;
         what the store already holds is untouched and keeps serving.
@@ -261,6 +273,8 @@ class S3Source:
                     wanted = only is None or name in only
                     if wanted and await self._sync_model(name, remote[name], bucket_now):
                         changed.add(name)
+                        if arrived is not None:
+                            await arrived(name)
                 changed |= await asyncio.to_thread(self._remove_gone, remote, only)
             except SourceError as exc:
                 self._mark_unreachable(str(exc))

@@ -8,8 +8,9 @@ what the manager reads: the server only ever loads local, verified files.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from appliance.repository.ledger import ModelLedger
@@ -17,6 +18,10 @@ from appliance.repository.manifest import ManifestPolicy
 from appliance.repository.s3 import S3Location, S3Source, SourceError
 
 log = logging.getLogger(__name__)
+
+# True inside a sync (and so in the loads it calls back): a load's own fetch must not wait for
+# the sync that is bringing the store up to date right now.
+_SYNCING: contextvars.ContextVar[bool] = contextvars.ContextVar("syncing", default=False)
 
 
 def is_remote(location: str) -> bool:
@@ -40,14 +45,21 @@ class RemoteSources:
         self,
         locations: tuple[str, ...],
         state_dir: Path,
-        reserve_bytes: int,
+        reserve_bytes: int | None,  # None: scaled to the store's file system
         manifest: ManifestPolicy,
         rate_bytes_s: float = 0.0,
         ledger: ModelLedger | None = None,
+        timeout_s: float = 10.0,
     ) -> None:
         self.sources = [
             S3Source(
-                url, state_dir, reserve_bytes, manifest, rate_bytes_s=rate_bytes_s, ledger=ledger
+                url,
+                state_dir,
+                reserve_bytes,
+                manifest,
+                rate_bytes_s=rate_bytes_s,
+                ledger=ledger,
+                timeout_s=timeout_s,
             )
             for url in locations
         ]
@@ -63,18 +75,38 @@ class RemoteSources:
                 await stack.enter_async_context(source.opened())
             yield self
 
-    async def sync(self, only: set[str] | None = None) -> set[str]:
-        """Sync every source; models whose store folders changed. An unreachable source is
-        logged (by the source) and skipped: its cached models keep serving."""
+    async def sync(
+        self,
+        only: set[str] | None = None,
+        arrived: Callable[[str], Awaitable[None]] | None = None,
+    ) -> set[str]:
+        """Sync every source; models whose store folders changed. `arrived(name)` is awaited
+        as soon as a model's folder changed, before the rest is synced. An unreachable source
+        is logged (by the source) and skipped: its cached models keep serving."""
         changed: set[str] = set()
-        for source in self.sources:
-            try:
-                changed |= await source.sync(only)
-            except SourceError:
-                pass  # logged by the source; its cached models keep serving
-            except OSError as exc:  # the store's disk: the next sync tries again
-                log.error("syncing %s into the model store failed: %s", source.url, exc)
+        token = _SYNCING.set(True)
+        try:
+            for source in self.sources:
+                try:
+                    changed |= await source.sync(only, arrived)
+                except SourceError:
+                    pass  # logged by the source; its cached models keep serving
+                except OSError as exc:  # the store's disk: the next sync tries again
+                    source.reachable = False
+                    log.error("syncing %s into the model store failed: %s", source.url, exc)
+        finally:
+            _SYNCING.reset(token)
         return changed
+
+    async def fetch(self, name: str) -> None:
+        """Bring one model up to date in the store before it loads (explicit mode); nothing
+        when called from a load that a sync started (the sync is doing it)."""
+        if not _SYNCING.get():
+            await self.sync({name})
+
+    def reachable(self) -> bool:
+        """Whether the last sync of every source succeeded."""
+        return all(source.reachable for source in self.sources)
 
     def pending(self) -> dict[tuple[str, int], str]:
         """(model, version) -> why the store does not hold its listed content yet."""

@@ -28,6 +28,10 @@ from typing import Any
 from appliance.repository.manifest import SYNC_RECORD
 
 MiB = 1024 * 1024
+# The free space downloads leave by default: the smaller of these, so that a small store
+# partition (a 150 MB one fetched nothing with a flat 256 MiB) still takes models.
+DEFAULT_RESERVE_BYTES = 256 * MiB
+DEFAULT_RESERVE_SHARE = 0.10
 
 
 class DiskReserveError(OSError):
@@ -40,6 +44,19 @@ FreeBytes = Callable[[Path], int]  # the free bytes of the file system holding a
 def disk_free_bytes(folder: Path) -> int:
     """Free bytes an unprivileged writer may use on the file system holding `folder`."""
     return shutil.disk_usage(folder).free
+
+
+def disk_total_bytes(folder: Path) -> int:
+    """The size of the file system holding `folder`."""
+    return shutil.disk_usage(folder).total
+
+
+def reserve_bytes(configured: int | None, total_bytes: int) -> int:
+    """Pure: the free space downloads must leave: `configured` (--model-store-reserve-mb), else
+    the smaller of 256 MiB and 10% of the store's file system."""
+    if configured is not None:
+        return configured
+    return min(DEFAULT_RESERVE_BYTES, int(total_bytes * DEFAULT_RESERVE_SHARE))
 
 
 def fsync_dir(path: Path) -> None:
@@ -139,15 +156,17 @@ class ModelStore:
         self,
         state_dir: Path,
         source_id: str,
-        reserve_bytes: int,
+        reserve_bytes: int | None,
         free_bytes: FreeBytes = disk_free_bytes,
+        total_bytes: FreeBytes = disk_total_bytes,
     ) -> None:
         self.state_dir = state_dir
-        self._free_bytes = free_bytes  # injected by tests: a disk of their own size
+        # Injected by tests: a disk of their own size.
+        self._free_bytes, self._total_bytes = free_bytes, total_bytes
         self.root = state_dir / "models" / source_id
         self.staging = state_dir / "staging" / source_id
         self._trash = state_dir / "trash"
-        self.reserve_bytes = reserve_bytes
+        self.configured_reserve_bytes = reserve_bytes  # None: scaled to the file system
 
     def open(self) -> None:
         for folder in (self.root, self.staging, self._trash):
@@ -156,12 +175,23 @@ class ModelStore:
             shutil.rmtree(leftover, ignore_errors=True)
 
     def check_space(self, needed: int, what: str) -> None:
+        """DiskReserveError, with the numbers, when writing `needed` bytes would leave less
+        than the reserve free (blocking)."""
         free = self._free_bytes(self.state_dir)
-        if free - needed < self.reserve_bytes:
+        total = self._total_bytes(self.state_dir)
+        reserve = reserve_bytes(self.configured_reserve_bytes, total)
+        if free - needed < reserve:
+            why = (
+                "--model-store-reserve-mb"
+                if self.configured_reserve_bytes is not None
+                else f"--model-store-reserve-mb: by default the smaller of "
+                f"{DEFAULT_RESERVE_BYTES // MiB} MiB and {DEFAULT_RESERVE_SHARE:.0%} of the "
+                f"{total / MiB:.0f} MiB file system"
+            )
             raise DiskReserveError(
                 f"not enough disk for {what}: needs {needed / MiB:.1f} MiB, "
                 f"{free / MiB:.1f} MiB free in '{self.state_dir}', and "
-                f"{self.reserve_bytes / MiB:.0f} MiB must stay free (--model-store-reserve-mb)"
+                f"{reserve / MiB:.1f} MiB must stay free ({why})"
             )
 
     def staged_bytes(self, model: str, version: int) -> int:

@@ -9,7 +9,7 @@ import pytest
 
 from appliance.repository.poller import plan_changes
 from appliance.repository.s3 import RemoteObject, S3Location, group_objects
-from appliance.repository.store import ModelStore, PartFile, read_record
+from appliance.repository.store import ModelStore, PartFile, read_record, reserve_bytes
 
 
 @pytest.mark.parametrize(
@@ -116,3 +116,27 @@ def test_disk_reserve_is_checked_before_a_download(tmp_path: Path) -> None:
     store.open()
     with pytest.raises(OSError, match="not enough disk for model 'm' version 2"):
         store.check_space(10, "model 'm' version 2")
+
+
+def test_the_default_reserve_scales_with_the_file_system() -> None:
+    mib = 1024 * 1024
+    assert reserve_bytes(None, 150 * mib) == 15 * mib  # a small store partition
+    assert reserve_bytes(None, 2560 * mib) == 256 * mib
+    assert reserve_bytes(None, 64 * 1024 * mib) == 256 * mib
+    assert reserve_bytes(100 * mib, 150 * mib) == 100 * mib  # --model-store-reserve-mb wins
+    assert reserve_bytes(0, 150 * mib) == 0
+
+
+def test_a_refusal_for_space_gives_the_numbers(tmp_path: Path) -> None:
+    mib = 1024 * 1024
+    store = ModelStore(
+        tmp_path, "src", None, free_bytes=lambda _: 40 * mib, total_bytes=lambda _: 150 * mib
+    )
+    store.check_space(25 * mib, "model 'm' version 1")  # leaves 15 MiB: just fits
+    with pytest.raises(OSError, match="not enough disk for model 'm' version 2") as caught:
+        store.check_space(26 * mib, "model 'm' version 2")
+    assert str(caught.value) == (
+        f"not enough disk for model 'm' version 2: needs 26.0 MiB, 40.0 MiB free in "
+        f"'{tmp_path}', and 15.0 MiB must stay free (--model-store-reserve-mb: by default the "
+        "smaller of 256 MiB and 10% of the 150 MiB file system)"
+    )
