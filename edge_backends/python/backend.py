@@ -67,6 +67,7 @@ class PythonInstance(InstanceBase):
         self._spec = spec
         self._metrics = metrics or MetricStore()
         self._held: dict[str, int] = {}  # metric families this instance's model holds
+        self._held_lock = threading.Lock()  # the reader thread changes it, a scrape reads it
         self._send_lock = threading.Lock()
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._calls = ThreadPoolExecutor(HOST_CALL_THREADS, f"bls-{spec.instance_name}")
@@ -187,7 +188,8 @@ class PythonInstance(InstanceBase):
 
     def _answer_metric(self, connection: Any, call_id: int, operation: str, arguments: Any) -> None:
         try:
-            result = answer(self._metrics, self._held, operation, arguments)
+            with self._held_lock:
+                result = answer(self._metrics, self._held, operation, arguments)
         except MetricError as exc:
             self._reply(connection, "reply", call_id, False, str(exc))
             return
@@ -232,10 +234,13 @@ class PythonInstance(InstanceBase):
         self._reply(connection, "reply", call_id, True, result)
 
     def custom_metrics(self) -> Sequence[CustomMetricFamily]:
-        return self._metrics.snapshot(list(self._held))
+        with self._held_lock:
+            names = list(self._held)
+        return self._metrics.snapshot(names)
 
     def _release_metrics(self) -> None:
-        held, self._held = self._held, {}
+        with self._held_lock:
+            held, self._held = self._held, {}
         for name, holds in held.items():
             for _ in range(holds):
                 self._metrics.release_family(name)
