@@ -128,8 +128,35 @@ class CustomMetricFamily:
     samples: tuple[MetricSample, ...] = ()
 
 
+# Triton's error codes (TRITONSERVER_Error_Code), by name, that a backend may give an error.
+ERROR_CODES = frozenset(
+    {
+        "UNKNOWN",
+        "INTERNAL",
+        "NOT_FOUND",
+        "INVALID_ARG",
+        "UNAVAILABLE",
+        "UNSUPPORTED",
+        "ALREADY_EXISTS",
+        "CANCELLED",
+    }
+)
+
+
 class BackendError(Exception):
-    """Base of errors raised by backends; the message is shown to users as it is."""
+    """Base of errors raised by backends; the message is shown to users as it is.
+
+    `code` is Triton's error code name for what the client should get: "INTERNAL" (the model
+    failed) unless the backend knows better, e.g. a Python model's response with
+    `TritonError(..., TritonError.INVALID_ARG)` is "INVALID_ARG" (400 / INVALID_ARGUMENT).
+    One of ERROR_CODES."""
+
+    code: str = "INTERNAL"
+
+    def __init__(self, *args: object, code: str | None = None) -> None:
+        super().__init__(*args)
+        if code is not None:
+            self.code = code if code in ERROR_CODES else "INTERNAL"
 
 
 class ModelLoadError(BackendError):
@@ -141,9 +168,13 @@ class ExecutionError(BackendError):
 
 
 class InputRejected(BackendError):
+    code = "INVALID_ARG"
+
     """An input's contents cannot be given to this backend (e.g. non-UTF-8 text for ONNX
     strings): the request is at fault, not the model. A batch that fails with it is re-run
     request by request, so only the offending request fails."""
+
+    code = "INVALID_ARG"
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@
 Every scheduler (dynamic, direct, sequence, ensemble) settles its jobs through `settle`, so a
 backend's error means the same thing whichever scheduler ran it:
 
-- `InputRejected` (the request's contents cannot be given to the model): `InvalidInput`, 400 /
-  INVALID_ARGUMENT.
+- A backend error whose `code` names the client's fault or a state (`InputRejected`: the
+  request's contents cannot be given to the model; a Python model's `TritonError` with
+  INVALID_ARG, NOT_FOUND, UNAVAILABLE, UNSUPPORTED): that error, e.g. 400 / INVALID_ARGUMENT.
 - An `ApplianceError` (raised on purpose by the server): as it is.
 - Any other `BackendError` (the model failed): `InferenceFailed` with the backend's message.
 - Anything else is a bug (in the server or a backend): logged once, with its traceback and the
@@ -18,22 +19,38 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from appliance.errors import ApplianceError, InferenceFailed, InvalidInput
+from appliance.errors import (
+    ApplianceError,
+    InferenceFailed,
+    InvalidInput,
+    ModelNotFound,
+    ServerUnavailable,
+    Unsupported,
+)
 from appliance.types import Array
-from edge_backends.api import BackendError, InputRejected
+from edge_backends.api import BackendError
 
 log = logging.getLogger(__name__)
 
 Outcome = dict[str, Array] | BaseException
+
+# A backend error's code (Triton's names) -> the error the client gets; others are INTERNAL.
+_BY_CODE: dict[str, type[ApplianceError]] = {
+    "INVALID_ARG": InvalidInput,
+    "NOT_FOUND": ModelNotFound,
+    "UNAVAILABLE": ServerUnavailable,
+    "UNSUPPORTED": Unsupported,
+}
 
 
 def client_error(label: str, outcome: BaseException) -> ApplianceError:
     """The error a client sees for a backend's exception (`label`: "model 'm' version 1")."""
     if isinstance(outcome, ApplianceError):
         return outcome
-    if isinstance(outcome, InputRejected):
-        return InvalidInput(f"{label}: {outcome}")
     if isinstance(outcome, BackendError):
+        kind = _BY_CODE.get(outcome.code)
+        if kind is not None:  # the backend says whose fault it is (e.g. a model's TritonError)
+            return kind(f"{label}: {outcome}")
         return InferenceFailed(f"{label} failed: {outcome}")
     return InferenceFailed(
         f"{label} failed: internal error ({type(outcome).__name__}); see the server log"

@@ -248,7 +248,7 @@ class PythonInstance(InstanceBase):
     def execute(self, inputs: Arrays, output_names: Sequence[str]) -> Outputs:
         kind, payload = self._exchange(inputs, output_names, None)
         if kind == "failed":
-            raise ExecutionError(str(payload[0]))
+            raise _failure(payload)
         arena, out_metas = payload
         return self._reader.read(arena, out_metas, copy=True)
 
@@ -256,7 +256,7 @@ class PythonInstance(InstanceBase):
         """Run one request of a decoupled model; `emit` gets each response as it arrives."""
         kind, payload = self._exchange(inputs, output_names, emit)
         if kind == "failed":
-            raise ExecutionError(str(payload[0]))
+            raise _failure(payload)
 
     def _exchange(
         self,
@@ -416,3 +416,9 @@ def _host_request(arguments: Sequence[Any]) -> HostRequest:
         request_id=request_id,
         parameters=parameters,
     )
+
+
+def _failure(payload: list[Any]) -> ExecutionError:
+    """The model's failure: its message, and its TritonError code when it gave one."""
+    code = str(payload[1]) if len(payload) > 1 else None
+    return ExecutionError(str(payload[0]), code=code)

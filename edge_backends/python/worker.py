@@ -36,7 +36,27 @@ _POLL_S = 0.05
 
 
 class Reported(Exception):
-    """A failure whose message goes to the client as it is (a model's TritonError)."""
+    """A failure whose message goes to the client as it is (a model's TritonError), with the
+    error's code by name (the server maps it to the client's status as Triton does)."""
+
+    def __init__(self, error: pb_utils.TritonError) -> None:
+        super().__init__(error.message())
+        self.code = _CODE_NAMES.get(error.code(), "INTERNAL")
+
+
+_CODE_NAMES = {
+    getattr(pb_utils.TritonError, name): name
+    for name in (
+        "UNKNOWN",
+        "INTERNAL",
+        "NOT_FOUND",
+        "INVALID_ARG",
+        "UNAVAILABLE",
+        "UNSUPPORTED",
+        "ALREADY_EXISTS",
+        "CANCELLED",
+    )
+}
 
 
 def _load_model(model_file: Path) -> Any:
@@ -133,7 +153,7 @@ class Runner:
                 )
         error = response.error()
         if error is not None:
-            raise Reported(error.message())
+            raise Reported(error)
         return _outputs(response)
 
     def execute_decoupled(
@@ -142,7 +162,7 @@ class Runner:
         """A decoupled model: responses go to the server as they are sent; returns once the
         final flag is sent (execute() may have returned long before)."""
         finished = threading.Event()
-        failure: list[str] = []
+        failure: list[pb_utils.TritonError] = []
 
         def deliver(response: pb_utils.InferenceResponse | None, final: bool) -> None:
             if failure:
@@ -150,7 +170,7 @@ class Runner:
             if response is not None:
                 error = response.error()
                 if error is not None:
-                    failure.append(error.message())
+                    failure.append(error)
                     finished.set()
                     return
                 self._channel.send("response", _outputs(response))
@@ -225,7 +245,7 @@ def main(
                 out_metas = arena.write(produced)
                 channel.send("result", arena.name, out_metas)
             except Reported as exc:
-                channel.send("failed", str(exc))
+                channel.send("failed", str(exc), exc.code)
             except BaseException as exc:  # user code: report, keep serving
                 detail = traceback.format_exc(limit=3)
                 logging.getLogger("python_model").error("execute failed: %s", detail)

@@ -114,3 +114,77 @@ def _http_infer(
         return client.infer(model, [inp], **_sequence_args(model, sequence_id))
 
     return infer
+
+
+PYTHON_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            code = int(pb_utils.get_input_tensor_by_name(request, "CODE").as_numpy()[0])
+            if code < 0:
+                out = pb_utils.Tensor("OUT", np.array([code], dtype=np.int32))
+                responses.append(pb_utils.InferenceResponse([out]))
+            else:
+                error = pb_utils.TritonError(f"the model says no ({code})", code)
+                responses.append(pb_utils.InferenceResponse([], error=error))
+        return responses
+"""
+
+PYTHON_CONFIG = """
+name: "says_no" backend: "python" max_batch_size: 0
+input [ { name: "CODE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+# pb_utils.TritonError code -> (HTTP status, gRPC status) the client gets, as tritonserver maps.
+CODES = {
+    1: ("500", "StatusCode.INTERNAL"),  # INTERNAL
+    3: ("400", "StatusCode.INVALID_ARGUMENT"),  # INVALID_ARG
+    4: ("503", "StatusCode.UNAVAILABLE"),  # UNAVAILABLE
+    5: ("501", "StatusCode.UNIMPLEMENTED"),  # UNSUPPORTED
+}
+
+
+@pytest.fixture(scope="module")
+def python_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from tests.serverproc import ServerProcess
+
+    root = tmp_path_factory.mktemp("says_no")
+    (root / "says_no" / "1").mkdir(parents=True)
+    (root / "says_no" / "config.pbtxt").write_text(PYTHON_CONFIG)
+    (root / "says_no" / "1" / "model.py").write_text(PYTHON_MODEL)
+    proc = ServerProcess(root, log_path=Path(root / "server.log"))
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize("code", sorted(CODES))
+def test_a_python_models_error_code_chooses_the_clients_status(
+    python_server: Any, code: int
+) -> None:
+    http_status, grpc_status = CODES[code]
+    data = np.array([code], dtype=np.int32)
+    http = httpclient.InferenceServerClient(python_server.http_url)
+    inp = httpclient.InferInput("CODE", [1], "INT32")
+    inp.set_data_from_numpy(data)
+    with pytest.raises(InferenceServerException) as info:
+        http.infer("says_no", [inp])
+    assert info.value.status() == http_status
+    assert f"the model says no ({code})" in info.value.message()
+    grpc = grpcclient.InferenceServerClient(python_server.grpc_url)
+    ginp = grpcclient.InferInput("CODE", [1], "INT32")
+    ginp.set_data_from_numpy(data)
+    with pytest.raises(InferenceServerException) as ginfo:
+        grpc.infer("says_no", [ginp])
+    assert ginfo.value.status() == grpc_status
+    ok = np.array([-1], dtype=np.int32)  # the model still answers
+    inp.set_data_from_numpy(ok)
+    assert http.infer("says_no", [inp]).as_numpy("OUT").tolist() == [-1]
