@@ -105,18 +105,25 @@ def queue_settings(config: ModelConfig) -> tuple[int, int, dict[int, QueuePolicy
     return levels, int(dyn.default_priority_level), policies
 
 
-
 # ---- sequence ----------------------------------------------------------------------------------
 
 
 def sequence_spec(config: ModelConfig, max_waiting: int) -> SequenceSpec:
-    idle_us = int(config.sequence_batching.max_sequence_idle_microseconds) or 1_000_000
+    batching = config.sequence_batching
+    idle_us = int(batching.max_sequence_idle_microseconds) or 1_000_000
+    # Triton's slots per instance: max(1, max_batch_size), or the oldest strategy's
+    # max_candidate_sequences when it is set.
+    slots = max(1, int(config.max_batch_size))
+    if batching.HasField("oldest") and batching.oldest.max_candidate_sequences > 0:
+        slots = int(batching.oldest.max_candidate_sequences)
     return SequenceSpec(
         max_batch_size=int(config.max_batch_size),
         idle_ns=idle_us * 1000,
         controls=tuple(controls_from_config(config)),
         states=tuple(states_from_config(config)),
         max_waiting=max_waiting,
+        model_name=config.name,
+        slots_per_instance=slots,
     )
 
 
@@ -138,7 +145,9 @@ def controls_from_config(config: ModelConfig) -> list[Control]:
                 dtype = np.dtype(np.bool_)
             else:  # CORRID: the id itself, in the configured type
                 values = (0, 1)
-                dtype = BY_TRITON[datatype_of(control.data_type)].numpy
+                datatype = BY_TRITON[datatype_of(control.data_type)]
+                controls.append(Control(entry.name, kind, datatype.numpy, values, datatype.triton))
+                continue
             controls.append(Control(entry.name, kind, dtype, values))
     return controls
 

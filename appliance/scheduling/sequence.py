@@ -1,20 +1,25 @@
 """The sequence batcher for stateful models (`sequence_batching`).
 
 Requests carry `sequence_id` (an integer or a string), `sequence_start` and `sequence_end`.
-Each sequence's requests run one at a time and in order; requests of different sequences
-share executions (up to max_batch_size), each batch row told by the control inputs whether
-it starts or ends its sequence (START, END, READY, CORRID, with the values the config gives).
-Implicit state (`state` entries) is kept here, per sequence: a row's state output becomes
-its state input on the sequence's next request, starting from zeros or `initial_state`.
+As in Triton, each sequence holds a slot on one model instance from its START to its END (or
+until it idles out), so a model that keeps state in its instance (a Python model's attributes)
+sees every request of the sequence: an instance has max(1, max_batch_size) slots with the
+`direct` strategy, `oldest.max_candidate_sequences` (when set) with `oldest`. A new sequence
+takes the lowest-numbered free slot over all instances, so sequences spread over the instances;
+when every slot is held it waits in a backlog and takes the first slot that frees.
 
-Triton's `direct` strategy pins a sequence to one batch slot for models that keep state in the
-instance; ONNX models here hold no state of their own (implicit state lives in this scheduler),
-so `direct` and `oldest` both schedule the oldest ready sequences first.
+Each sequence's requests run one at a time and in order; requests of different sequences on the
+same instance share executions (up to max_batch_size, oldest first), each batch row told by the
+control inputs whether it starts or ends its sequence (START, END, READY, CORRID, with the
+values the config gives). Implicit state (`state` entries) is kept here, per sequence: a row's
+state output becomes its state input on the sequence's next request, starting from zeros or
+`initial_state`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import time
 from collections import deque
@@ -45,6 +50,7 @@ class Control:
     kind: str  # START | END | READY | CORRID
     dtype: np.dtype[Any]
     false_true: tuple[Any, Any] = (0, 1)
+    datatype: str = ""  # CORRID: the config's type in the protocol's words (UINT64, BYTES)
 
 
 @dataclass
@@ -56,6 +62,14 @@ class StateSpec:
     initial: Array | None = None
 
 
+@dataclass(order=True, frozen=True)
+class Slot:
+    """A sequence slot: its number on the instance, then the instance's position."""
+
+    index: int
+    worker: int
+
+
 @dataclass
 class Sequence:
     id: SequenceId
@@ -63,7 +77,8 @@ class Sequence:
     state: dict[str, Array] = field(default_factory=dict)  # state input name -> row
     running: bool = False
     last_used_ns: int = 0
-    ended: bool = False
+    ended: bool = False  # its END request has been accepted
+    slot: Slot | None = None  # None: in the backlog, waiting for a slot
 
 
 @dataclass(frozen=True)
@@ -74,12 +89,15 @@ class SequenceSpec:
     idle_ns: int  # a sequence with no request for this long is released
     controls: tuple[Control, ...] = ()
     states: tuple[StateSpec, ...] = ()
-    max_sequences: int = 4096  # active at once; more are refused
+    max_sequences: int = 4096  # active at once, with a slot or in the backlog; more are refused
     max_waiting: int = 4096  # requests waiting across all sequences; more are refused
+    model_name: str = ""  # for Triton's error texts
+    slots_per_instance: int = 0  # 0: max(1, max_batch_size) (the direct strategy)
 
 
 class SequenceScheduler(SchedulerBase):
-    """Sequences in order, batched across sequences, with implicit state."""
+    """Sequences in order, each on one instance's slot, batched across sequences, with
+    implicit state."""
 
     def __init__(
         self,
@@ -90,15 +108,20 @@ class SequenceScheduler(SchedulerBase):
         rate_limiter: RateLimiter | None = None,
     ) -> None:
         super().__init__(label, workers, stats, rate_limiter)
+        self._model = spec.model_name or label
         self._max_batch = max(1, spec.max_batch_size)
         self._batching = spec.max_batch_size > 0
         self._idle_ns = spec.idle_ns
         self._controls = spec.controls
+        self._corrid = next((c for c in spec.controls if c.kind == "CORRID"), None)
         self._states = spec.states
         self._max_sequences = spec.max_sequences
         self._max_waiting = spec.max_waiting
         self._sequences: dict[SequenceId, Sequence] = {}
-        self._expired: dict[SequenceId, None] = {}  # recently timed out, for a precise error
+        self._backlog: deque[Sequence] = deque()  # sequences waiting for a slot, in order
+        slots = spec.slots_per_instance or self._max_batch
+        self._free_slots = [Slot(i, w) for i in range(slots) for w in range(len(workers))]
+        heapq.heapify(self._free_slots)
 
     @property
     def pending(self) -> int:
@@ -110,8 +133,26 @@ class SequenceScheduler(SchedulerBase):
             sequence.waiting.clear()
         return jobs
 
+    def _check(self, job: Job) -> None:
+        """Triton's checks of a sequence request, with its texts."""
+        if job.batch_size > 1:
+            raise InvalidInput(
+                f"inference request to model '{self._model}' must specify batch-size 1 due "
+                "to requirements of sequence batcher"
+            )
+        corrid = self._corrid
+        if corrid is not None:
+            is_string = isinstance(job.sequence_id, str)
+            if is_string != (corrid.dtype.kind == "O"):
+                raise InvalidInput(
+                    f"sequence batching control '{corrid.name}' data-type is "
+                    f"'{'BYTES' if is_string else 'UINT64'}', but model '{self._model}' "
+                    f"expects '{corrid.datatype}'"
+                )
+
     async def submit(self, job: Job) -> dict[str, Array]:
         self._refuse_if_closing()
+        self._check(job)
         now = time.monotonic_ns()
         self._expire(now)
         sid = job.sequence_id
@@ -123,15 +164,19 @@ class SequenceScheduler(SchedulerBase):
                         f"{self._label}: {self._max_sequences} sequences are active; retry later"
                     )
                 sequence = self._sequences[sid] = Sequence(sid)
-                self._expired.pop(sid, None)
-        elif sequence is None:
-            why = (
-                "timed out (max_sequence_idle_microseconds)"
-                if sid in self._expired
-                else ("is not active")
-            )
+                self._assign_slot(sequence)
+            elif not sequence.ended:  # Triton goes on in the same slot, as a new sequence
+                log.warning(
+                    "sequence %s for model '%s' has a conflict. The previous sequence did not "
+                    "end before this sequence start. Previous sequence will be terminated early.",
+                    sid,
+                    self._model,
+                )
+            sequence.ended = False
+        elif sequence is None or sequence.ended:
             raise SequenceError(
-                f"{self._label}: sequence {sid!r} {why}; its first request must set sequence_start"
+                f"inference request for sequence {sid} to model '{self._model}' must specify "
+                "the START flag on the first request of the sequence"
             )
         if self.pending >= self._max_waiting:
             raise QueueFull(
@@ -141,6 +186,8 @@ class SequenceScheduler(SchedulerBase):
         job.enqueue_ns = now
         sequence.waiting.append(job)
         sequence.last_used_ns = now
+        if job.sequence_end:
+            sequence.ended = True
         self._dispatch()
         try:
             return await job.future
@@ -148,7 +195,32 @@ class SequenceScheduler(SchedulerBase):
             if job in sequence.waiting:
                 sequence.waiting.remove(job)
                 self._stats.cancelled += 1
+                if job.sequence_end and not sequence.waiting and not sequence.running:
+                    self._end(sequence)
+                    self._dispatch()
             raise
+
+    # ---- slots -------------------------------------------------------------------------------
+
+    def _assign_slot(self, sequence: Sequence) -> None:
+        if self._free_slots:
+            sequence.slot = heapq.heappop(self._free_slots)
+        else:
+            self._backlog.append(sequence)
+
+    def _end(self, sequence: Sequence) -> None:
+        """The sequence is over: forget it and hand its slot to the oldest backlogged one."""
+        if self._sequences.get(sequence.id) is sequence:
+            del self._sequences[sequence.id]
+        slot, sequence.slot = sequence.slot, None
+        if slot is None:
+            if sequence in self._backlog:
+                self._backlog.remove(sequence)
+            return
+        if self._backlog:
+            self._backlog.popleft().slot = slot
+        else:
+            heapq.heappush(self._free_slots, slot)
 
     def _expire(self, now: int) -> None:
         for sid, sequence in list(self._sequences.items()):
@@ -157,33 +229,46 @@ class SequenceScheduler(SchedulerBase):
                 and not sequence.waiting
                 and (now - sequence.last_used_ns > self._idle_ns)
             ):
-                del self._sequences[sid]
-                self._expired[sid] = None
+                self._end(sequence)
                 log.info(
                     "%s: sequence %r released after %d us idle",
                     self._label,
                     sid,
                     self._idle_ns // 1000,
                 )
-        while len(self._expired) > 10_000:
-            self._expired.pop(next(iter(self._expired)))
+
+    # ---- batches -----------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
         while self._idle and not self._awaiting_resources:
-            ready = sorted(
-                (s for s in self._sequences.values() if s.waiting and not s.running),
-                key=lambda s: s.waiting[0].enqueue_ns,
-            )
+            idle = {id(w): w for w in self._idle}
+            ready: dict[int, list[Sequence]] = {}
+            for s in self._sequences.values():
+                if s.waiting and not s.running and s.slot is not None:
+                    worker = self._workers[s.slot.worker]
+                    if id(worker) in idle:
+                        ready.setdefault(s.slot.worker, []).append(s)
             if not ready:
                 break
-            worker = self._free_worker()
-            if worker is None:  # the rate limiter holds every idle instance back
+            for sequences in ready.values():
+                sequences.sort(key=lambda s: s.waiting[0].enqueue_ns)
+            order = sorted(ready, key=lambda w: ready[w][0].waiting[0].enqueue_ns)
+            chosen_worker = next(
+                (w for w in order if self._limiter.try_acquire(self._workers[w].resources)),
+                None,
+            )
+            if chosen_worker is None:  # the rate limiter holds every idle instance back
+                self._awaiting_resources = True
+                self._limiter.wait(self._on_resources, min(w.priority for w in self._idle))
                 break
-            head_key = ready[0].waiting[0].shape_key
-            chosen = [s for s in ready if s.waiting[0].shape_key == head_key][: self._max_batch]
+            worker = self._workers[chosen_worker]
+            self._idle.remove(worker)
+            candidates = ready[chosen_worker]
+            head_key = candidates[0].waiting[0].shape_key
+            chosen = [s for s in candidates if s.waiting[0].shape_key == head_key]
             jobs = []
             now = time.monotonic_ns()
-            for sequence in chosen:
+            for sequence in chosen[: self._max_batch]:
                 job = sequence.waiting.popleft()
                 sequence.running = True
                 job.dispatch_ns = now
@@ -203,6 +288,8 @@ class SequenceScheduler(SchedulerBase):
                 value: Any = job.sequence_id
                 if control.dtype.kind == "O":
                     value = str(value).encode()
+                else:  # Triton writes the id's 64 bits in the control's type
+                    value = np.array(value % 2**64, dtype=np.uint64).astype(control.dtype)
                 job.inputs[control.name] = self._row(value, control.dtype)
             else:
                 job.inputs[control.name] = self._row(
@@ -244,8 +331,8 @@ class SequenceScheduler(SchedulerBase):
                     for state in self._states:
                         if state.output_name in outcome:
                             sequence.state[state.input_name] = np.array(outcome[state.output_name])
-                if job.sequence_end:
-                    del self._sequences[job.sequence_id]
+                if job.sequence_end and sequence.ended and not sequence.waiting:
+                    self._end(sequence)
             self._settle(job, outcome)
         self._dispatch()
         self._notify_if_drained()
@@ -257,4 +344,4 @@ class SequenceScheduler(SchedulerBase):
     def _on_idle_timer(self) -> None:
         self._timer = None
         self._expire(time.monotonic_ns())
-        self._arm_idle_timer()
+        self._dispatch()

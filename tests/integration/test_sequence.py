@@ -87,7 +87,10 @@ def test_string_sequence_ids(server: ServerProcess) -> None:
 
 def test_request_for_an_unknown_sequence_is_refused(server: ServerProcess) -> None:
     client = httpclient.InferenceServerClient(server.http_url)
-    with pytest.raises(InferenceServerException, match="sequence 777 is not active") as err:
+    start = "must specify the START flag"
+    with pytest.raises(
+        InferenceServerException, match=f"for sequence 777 to model 'running_sum' {start}"
+    ) as err:
         client.infer("running_sum", _value(httpclient, 1), sequence_id=777)
     assert err.value.status() == "400"
     with pytest.raises(InferenceServerException, match="non-zero or non-empty correlation ID"):
@@ -98,5 +101,8 @@ def test_an_idle_sequence_times_out(server: ServerProcess) -> None:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.infer("running_sum_short", _value(grpcclient, 1), sequence_id=55, sequence_start=True)
     time.sleep(0.5)  # max_sequence_idle_microseconds is 200 ms
-    with pytest.raises(InferenceServerException, match="sequence 55 timed out"):
+    with pytest.raises(
+        InferenceServerException,
+        match="for sequence 55 to model 'running_sum_short' must specify the START flag",
+    ):
         client.infer("running_sum_short", _value(grpcclient, 1), sequence_id=55)

@@ -99,11 +99,12 @@ async def test_unknown_and_idle_sequences_are_refused() -> None:
     gate = threading.Event()
     gate.set()
     sched, _ = scheduler(gate)
-    with pytest.raises(SequenceError, match="sequence 'zzz' is not active"):
+    start_flag = "must specify the START flag on the first request of the sequence"
+    with pytest.raises(SequenceError, match=f"sequence zzz to model 'sum' {start_flag}"):
         await sched.submit(job("zzz", 1))
-    await sched.submit(job(9, 1, start=True))
+    await sched.submit(job("s9", 1, start=True))
     await asyncio.sleep(0.2)  # max_sequence_idle_microseconds is 50 ms
-    with pytest.raises(SequenceError, match="sequence 9 timed out"):
-        await sched.submit(job(9, 1))
+    with pytest.raises(SequenceError, match=f"sequence s9 to model 'sum' {start_flag}"):
+        await sched.submit(job("s9", 1))
     await sched.stop(1, "was unloaded")
     sched.release(1)
