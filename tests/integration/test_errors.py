@@ -368,21 +368,21 @@ def _raw_cases() -> dict[str, RawCase]:
         "truncated_body",
         body,
         400,
-        f"{HEADER_LENGTH} is 5000 but the body has only {len(body)} bytes",
+        f"inference header size should be in range (0, {len(body)}), got: 5000",
         headers={HEADER_LENGTH: "5000"},
     )
     add(
         "header_length_not_int",
         body,
         400,
-        f"{HEADER_LENGTH} must be an integer, got 'abc'",
+        f"Unable to parse {HEADER_LENGTH}, got: abc",
         headers={HEADER_LENGTH: "abc"},
     )
     add(
         "header_length_negative",
         body,
         400,
-        f"{HEADER_LENGTH} is -1 but the body has only",
+        "inference header size should be in range (0, ",
         headers={HEADER_LENGTH: "-1"},
     )
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from google.protobuf import text_format
 
 from appliance.errors import InvalidInput
 from appliance.frontends.http.codec import (
@@ -15,6 +16,7 @@ from appliance.frontends.http.codec import (
     decode_request,
     encode_response,
 )
+from appliance.protocol import ModelConfig
 from appliance.tensors import encode_bytes
 from appliance.types import InferRequest, InferResponse, OutputTensor, RequestedOutput
 
@@ -179,13 +181,13 @@ def test_decode_requested_outputs_and_binary_choices() -> None:
         (
             b'{"inputs": []}',
             "100",
-            "Inference-Header-Content-Length is 100 but the body has only 14 bytes",
+            "inference header size should be in range (0, 14), got: 100",
         ),
-        (b'{"inputs": []}', "x", "Inference-Header-Content-Length must be an integer, got 'x'"),
+        (b'{"inputs": []}', "x", "Unable to parse Inference-Header-Content-Length, got: x"),
         (
             b'{"inputs": []}',
             "-1",
-            "Inference-Header-Content-Length is -1 but the body has only 14 bytes",
+            "inference header size should be in range (0, 14), got: -1",
         ),
         (
             b'{"inputs": []}XY',
@@ -394,3 +396,26 @@ def test_round_trip_decode_then_encode() -> None:
     doc, rest = split(*encode_response(response(out), decoded))
     assert doc["outputs"][0]["shape"] == [2, 2]
     assert rest == a.tobytes()
+
+
+def _config(text: str) -> ModelConfig:
+    return text_format.Parse(text, ModelConfig())
+
+
+def test_raw_binary_request_deduces_the_one_input() -> None:
+    """Header length 0: the body is the one input's bytes (Triton's binary data extension)."""
+    fp32 = _config(
+        'name: "m" max_batch_size: 4 input [ { name: "X" data_type: TYPE_FP32 dims: [ 2, -1 ] } ]'
+    )
+    body = np.arange(6, dtype=np.float32).tobytes()
+    wire = decode_request(body, "0", "m", "", config=lambda: fp32)
+    (tensor,) = wire.request.inputs
+    assert (tensor.name, tensor.datatype, tensor.shape) == ("X", "FP32", (1, 2, 3))
+    np.testing.assert_array_equal(tensor.data.ravel(), np.arange(6, dtype=np.float32))
+    assert wire.binary_default
+    text = _config('name: "t" input [ { name: "T" data_type: TYPE_STRING dims: [ 1 ] } ]')
+    (tensor,) = decode_request(b"hello", "0", "t", "", config=lambda: text).request.inputs
+    assert (tensor.datatype, tensor.shape, tensor.data.tolist()) == ("BYTES", (1,), [b"hello"])
+    two = _config('name: "w" input [ { name: "A" data_type: TYPE_INT8 dims: [ -1, -1 ] } ]')
+    with pytest.raises(InvalidInput, match="more than one variable-sized dimension"):
+        decode_request(b"ab", "0", "w", "", config=lambda: two)

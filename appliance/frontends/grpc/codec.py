@@ -152,12 +152,12 @@ def encode_response(
         out.shape.extend(tensor.shape)
         target = targets.get(tensor.name) if targets else None
         if target is not None and shm is not None:
-            where = f"model '{response.model_name}' output '{tensor.name}'"
-            written = write_output(shm, target, tensor.data, tensor.datatype, where)
-            out.parameters["shared_memory_region"].string_param = target.region
-            out.parameters["shared_memory_offset"].int64_param = target.offset
-            out.parameters["shared_memory_byte_size"].int64_param = written
+            # Written to the region: name, datatype and shape only, as tritonserver answers.
+            if tensor.data.size:
+                where = f"model '{response.model_name}' output '{tensor.name}'"
+                write_output(shm, target, tensor.data, tensor.datatype, where)
             msg.raw_output_contents.append(b"")  # keeps raw contents aligned with outputs
             continue
-        msg.raw_output_contents.append(bytes(to_raw(tensor.data, tensor.datatype)))
+        raw = bytes(to_raw(tensor.data, tensor.datatype)) if tensor.data.size else b""
+        msg.raw_output_contents.append(raw)
     return msg

@@ -2,17 +2,24 @@
 
 A request body is a JSON header, optionally followed by binary tensor data; the
 `Inference-Header-Content-Length` header gives the JSON's length. Inputs with a
-`binary_data_size` parameter take their bytes from the binary part, in order.
+`binary_data_size` parameter take their bytes from the binary part, in order. With the header
+at 0 the body is a raw binary request: no JSON, the bytes of the model's one input, whose shape
+is deduced from the config (batch 1, one variable dimension at most; BYTES: shape [1]), and
+every output comes back binary.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from appliance.errors import InvalidInput
 from appliance.frontends import jsonconv
 from appliance.limits import RequestLimits
+from appliance.protocol import ModelConfig, model_config_pb2
 from appliance.services.shared_memory import (
     SharedMemoryRegistry,
     read_input,
@@ -20,7 +27,7 @@ from appliance.services.shared_memory import (
     shm_targets,
     write_output,
 )
-from appliance.tensors import from_list, from_raw, to_list, to_raw
+from appliance.tensors import datatype, from_list, from_raw, to_list, to_raw
 from appliance.types import InferRequest, InferResponse, InputTensor, RequestedOutput
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -48,17 +55,59 @@ def _object(value: Any, where: str) -> dict[str, Any]:
 
 
 def _header_length(header_length: str | None, body_length: int) -> int:
+    """The JSON header's length, with tritonserver's texts for a bad one."""
     if header_length is None:
         return body_length
     try:
         json_len = int(header_length)
     except ValueError:
-        raise InvalidInput(f"{HEADER_LENGTH} must be an integer, got '{header_length}'") from None
+        raise InvalidInput(f"Unable to parse {HEADER_LENGTH}, got: {header_length}") from None
     if json_len < 0 or json_len > body_length:
         raise InvalidInput(
-            f"{HEADER_LENGTH} is {json_len} but the body has only {body_length} bytes"
+            f"inference header size should be in range (0, {body_length}), got: {header_length}"
         )
     return json_len
+
+
+def _raw_request(
+    body: bytes | bytearray,
+    model: str,
+    version: str,
+    config: ModelConfig,
+    limits: RequestLimits | None,
+) -> HttpInferRequest:
+    """A raw binary request (Triton's binary data extension): the whole body is the one
+    input's bytes; its name, datatype and shape come from the model's config."""
+    if len(config.input) != 1:
+        raise InvalidInput(
+            "Raw request must only have 1 input (found 1) to be deduced but got "
+            f"{len(config.input)} inputs in '{model}' model configuration"
+        )
+    spec = config.input[0]
+    type_name = model_config_pb2.DataType.Name(spec.data_type).removeprefix("TYPE_")
+    name = "BYTES" if type_name == "STRING" else type_name
+    dims = [int(d) for d in spec.dims]
+    where = f"model '{model}' input '{spec.name}'"
+    shape = [1] if config.max_batch_size > 0 else []
+    if name == "BYTES":
+        if -1 in dims or int(np.prod(dims)) != 1:
+            raise InvalidInput(
+                f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1]"
+            )
+        data: Any = np.array([bytes(body)], dtype=np.object_).reshape([*shape, *dims])
+    else:
+        if dims.count(-1) > 1:
+            raise InvalidInput(
+                f"The shape of the raw input '{spec.name}' can not be deduced because there "
+                "are more than one variable-sized dimension"
+            )
+        if -1 in dims:
+            fixed = int(np.prod([d for d in dims if d != -1]))
+            dims[dims.index(-1)] = len(body) // max(1, fixed * datatype(name, where).itemsize)
+        data = from_raw(memoryview(body), name, (*shape, *dims), where, limits)
+    tensor = InputTensor(spec.name, name, (*shape, *dims), data)
+    request = InferRequest(model_name=model, model_version=version, inputs=[tensor])
+    return HttpInferRequest(request=request, binary_default=True)
 
 
 def decode_request(
@@ -68,12 +117,16 @@ def decode_request(
     version: str,
     shm: SharedMemoryRegistry | None = None,
     limits: RequestLimits | None = None,
+    config: Callable[[], ModelConfig] | None = None,
 ) -> HttpInferRequest:
     """Parse an infer body. The hot path: error messages are only formatted when raised.
 
-    `limits` are checked on each input's declared shape before its data is decoded.
+    `limits` are checked on each input's declared shape before its data is decoded. `config`
+    gives the model's config for a raw binary request (header length 0).
     """
     json_len = _header_length(header_length, len(body))
+    if json_len == 0 and header_length is not None and config is not None:
+        return _raw_request(body, model, version, config(), limits)
     doc = jsonconv.loads(
         body[:json_len] if json_len != len(body) else body, "the inference request"
     )
@@ -191,15 +244,13 @@ def encode_response(
         }
         target = targets.get(tensor.name)
         if target is not None and shm is not None:
-            where = f"model '{response.model_name}' output '{tensor.name}'"
-            written = write_output(shm, target, tensor.data, tensor.datatype, where)
-            entry["parameters"] = {
-                "shared_memory_region": target.region,
-                "shared_memory_offset": target.offset,
-                "shared_memory_byte_size": written,
-            }
+            # Written to the region; tritonserver's entry says only name, datatype and shape
+            # (Triton's C++ client, perf_analyzer's, reads any `parameters` as binary data).
+            if tensor.data.size:
+                where = f"model '{response.model_name}' output '{tensor.name}'"
+                write_output(shm, target, tensor.data, tensor.datatype, where)
         elif wire.binary_outputs.get(tensor.name, wire.binary_default):
-            raw = to_raw(tensor.data, tensor.datatype)
+            raw = to_raw(tensor.data, tensor.datatype) if tensor.data.size else b""
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
