@@ -1,5 +1,6 @@
-"""`edge-appliance serve | version | manifest | check | tune`: the entry point, and the only
-place with signal handlers. The serve flags and the settings they make are in serve_flags.py.
+"""`edge-appliance serve | version | manifest | check | tune | pin | unpin`: the entry point,
+and the only place with signal handlers. The serve flags and the settings they make are in
+serve_flags.py.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
-from appliance import check, logs
+from appliance import check, logs, pin
 from appliance.app import StartupError, serve_forever
 from appliance.notify import Notifier
 from appliance.serve_flags import add_serve_flags, settings_from_args
@@ -43,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     manifest_parser(sub.add_parser("manifest", help="write (and sign) version manifests"))
     check.parser(sub.add_parser("check", help="validate model repositories offline"))
     sub.add_parser("tune", help="find a model's best configuration on this device")
+    pin.parser(sub.add_parser("pin", help="serve one version of a model alone (a rollback)"), False)
+    pin.parser(sub.add_parser("unpin", help="follow a model's version policy again"), True)
     return parser
 
 
@@ -251,6 +254,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return manifest(args[1:])
     if args[0] == "check":
         return check.main(args[1:])
+    if args[0] in ("pin", "unpin"):
+        return pin.main(args)
     if args[0] == "tune":
         from appliance import tune  # loads the server path only when tuning
 

@@ -10,6 +10,7 @@ passes its probation when it is on one. Probation's verdicts come here too.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -19,7 +20,6 @@ from typing import Any
 from appliance.repository.ledger import (
     LOAD,
     PROBATION,
-    LedgerEntry,
     ModelLedger,
     content_id,
     record_failure,
@@ -29,6 +29,15 @@ from appliance.repository.local import list_versions
 from appliance.runtime.loader import PreparedModel
 
 log = logging.getLogger(__name__)
+
+
+class Recorded(enum.Enum):
+    """The pin the ledger holds (as opposed to one being asked for)."""
+
+    PIN = "recorded"
+
+
+RECORDED = Recorded.PIN
 
 
 @dataclass(frozen=True)
@@ -49,13 +58,20 @@ class UpdateHistory:
         self.ledger = ledger
         self._spawn = spawn  # runs a background write, owned by the runtime
 
-    def plan(self, path: Path, from_repository: bool) -> LoadPlan:
-        """What the ledger says for a load of `path` (blocking: reads the version folders)."""
+    def plan(
+        self, path: Path, from_repository: bool, pin: int | Recorded | None = RECORDED
+    ) -> LoadPlan:
+        """What the ledger says for a load of `path` (blocking: reads the version folders).
+        `pin`: a pin being asked for (None: an unpin), tried before it is recorded; a version
+        pinned on purpose gets a new chance even if its content failed before."""
         present = frozenset(list_versions(path))
         if not from_repository:  # a load request's own files: nothing recorded applies
             return LoadPlan(present, {}, None)
         held = self.ledger.held_back(path, present)
-        pin = self.ledger.entry(path).pinned
+        if isinstance(pin, Recorded):
+            pin = self.ledger.entry(path).pinned
+        elif pin is not None:
+            held.pop(pin, None)
         return LoadPlan(present, {v: f.describe() for v, f in held.items()}, pin)
 
     async def remember(
@@ -97,15 +113,3 @@ class UpdateHistory:
             await asyncio.to_thread(self.ledger.save, path)
         except OSError as exc:
             log.error("model '%s': cannot write its record to the ledger: %s", name, exc)
-
-
-def restore_pin(before: LedgerEntry) -> Callable[[LedgerEntry], None]:
-    """A ledger edit: the pin as it was in `before` (a pin that did not take), and the failures
-    the pin forgot, unless a newer one was recorded since."""
-
-    def edit(entry: LedgerEntry) -> None:
-        entry.pinned = before.pinned
-        for version, failure in before.failed.items():
-            entry.failed.setdefault(version, failure)
-
-    return edit

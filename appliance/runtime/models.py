@@ -23,7 +23,7 @@ from appliance.model_config import ENSEMBLE, ModelConfig, read_config
 from appliance.repository.ledger import ModelLedger, record_pin
 from appliance.repository.local import list_models, list_versions
 from appliance.repository.manifest import ManifestPolicy
-from appliance.runtime.history import UpdateHistory, restore_pin
+from appliance.runtime.history import RECORDED, Recorded, UpdateHistory
 from appliance.runtime.loader import PreparedModel, prepare_model, tensor_rules
 from appliance.runtime.probation import RollbackGuard
 from appliance.runtime.registry import (
@@ -166,13 +166,18 @@ class ModelRuntime:
         await asyncio.gather(*(one(n) for n in ensembles))
 
     async def load(
-        self, name: str, override: ModelConfig | None = None, source: Path | None = None
+        self,
+        name: str,
+        override: ModelConfig | None = None,
+        source: Path | None = None,
+        pin: int | Recorded | None = RECORDED,
     ) -> None:
         """Load (or reload) a model; new versions serve before the old ones drain.
 
         `source` replaces the repository folder (a load request's file overrides). Versions
-        whose content failed before (the ledger) are skipped, a pin is applied, and a version
-        no longer in the repository leaves service whatever happens to the others.
+        whose content failed before (the ledger) are skipped, the recorded pin (or `pin`) is
+        applied, and a version no longer in the repository leaves service whatever happens to
+        the others.
         """
         if self._stopping:
             raise ModelNotReady("server is shutting down")
@@ -189,7 +194,7 @@ class ModelRuntime:
             if not record.versions:
                 record.state = LOADING
             log.info("loading model '%s' from %s", name, path)
-            plan = await asyncio.to_thread(self.history.plan, path, source is None)
+            plan = await asyncio.to_thread(self.history.plan, path, source is None, pin)
             skip = plan.skip
             try:
                 prepared = await asyncio.to_thread(
@@ -307,23 +312,17 @@ class ModelRuntime:
                 f"cannot pin model '{name}' to version {version}: no version {version} in "
                 f"'{path}' (found {present or 'none'})"
             )
-        ledger = self.history.ledger
-        before = await asyncio.to_thread(ledger.entry, path)
-        ledger.change(path, record_pin(version))
-        try:
-            await self.load(name)
-        except ApplianceError:
-            ledger.change(path, restore_pin(before))
-            raise
+        await self.load(name, pin=version)  # recorded only once it serves
         record = self.registry.record(name)
         if version is not None and version not in record.versions:
-            ledger.change(path, restore_pin(before))
             why = record.failed.get(version, record.reason)
-            with contextlib.suppress(ApplianceError):  # back to what the notes said before
+            with contextlib.suppress(ApplianceError):  # back to what the ledger says
                 await self.load(name)
             raise ConfigError(
                 f"cannot pin model '{name}' to version {version}: it did not load: {why}"
             )
+        ledger = self.history.ledger
+        ledger.change(path, record_pin(version))
         await asyncio.to_thread(ledger.save, path)
         log.info(
             "model '%s' %s",

@@ -35,6 +35,7 @@ from appliance.services.results import (
     InferStatistics,
     ModelMetadata,
     ModelStatistics,
+    Readiness,
     ServerMetadata,
     StatisticDuration,
     SystemSharedMemoryRegion,
@@ -99,9 +100,27 @@ class ControlService:
 
     def server_ready(self) -> bool:
         """Ready once start-up loading is done (and, with --strict-readiness, all models are)."""
-        if self.state.shutting_down or not self.state.loading_done:
-            return False
-        return self.manager.all_ready() if self.strict_readiness else True
+        return self.readiness().ready
+
+    def readiness(self) -> Readiness:
+        """Readiness with its reasons: each model with no version serving and why (not fetched
+        for lack of disk, with the numbers; failed), and notes on what serves (a pin). With
+        --strict-readiness any such model, one still to be fetched too, means not ready."""
+        records = self.manager.registry.records()
+        rows = index_rows(records, self.manager.pending())
+        serving = {row.name for row in rows if row.state == READY}
+        problems = tuple(
+            f"model '{row.name}'{'' if row.version is None else f' version {row.version}'}: "
+            f"{row.reason or row.state}"
+            for row in rows
+            if row.name not in serving
+        )
+        notes = tuple(f"model '{r.name}': {note}" for r in records for note in r.notes)
+        if self.state.shutting_down:
+            return Readiness(False, ("server is shutting down", *problems), notes)
+        if not self.state.loading_done:
+            return Readiness(False, ("starting: loading models", *problems), notes)
+        return Readiness(not (self.strict_readiness and problems), problems, notes)
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return self.manager.is_ready(name, version)
@@ -236,7 +255,11 @@ class ControlService:
     async def load_model(self, name: str, parameters: dict[str, Any]) -> None:
         """Load (or reload) a model; fails with the reason when no version came into service
         or a version of it failed (as tritonserver answers 400), even though the runtime keeps
-        serving what it served before."""
+        serving what it served before. `pin_version` / `unpin` pin or unpin it instead."""
+        if "pin_version" in parameters or "unpin" in parameters:
+            check_model_name(name)
+            await self.manager.pin(name, _pin_parameters(name, parameters))
+            return
         self.manager.require_explicit(self.control_mode)
         check_model_name(name)
         override = None
@@ -278,6 +301,28 @@ class ControlService:
             await self.manager.unload_with_dependents(name)
         else:
             await self.manager.unload(name)
+
+
+def _pin_parameters(name: str, parameters: dict[str, Any]) -> int | None:
+    """The version a pin request asks for (None: unpin). A load request with
+    `{"pin_version": N}` serves version N alone from now on, across polls and restarts, in
+    every control mode; `{"unpin": true}` goes back to the version policy."""
+    others = sorted(str(k) for k in parameters if k not in ("pin_version", "unpin"))
+    if others or len(parameters) != 1:
+        raise InvalidInput(
+            f"model '{name}': 'pin_version' or 'unpin' comes alone in a load request "
+            f"(also given: {', '.join(others) or 'both'})"
+        )
+    if "unpin" in parameters:
+        if parameters["unpin"] is not True:
+            raise InvalidInput(f"model '{name}': 'unpin' must be true")
+        return None
+    value = parameters["pin_version"]
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInput(f"model '{name}': 'pin_version' must be a version number, got {value!r}")
+    return value
 
 
 def _check_loaded(

@@ -92,6 +92,16 @@ class IndexRow:
 
 
 @dataclass(frozen=True, slots=True)
+class Readiness:
+    """The server's readiness and why: what keeps a model from serving (a version not fetched
+    for lack of disk, one that failed), and notes on what serves (a pin)."""
+
+    ready: bool
+    problems: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class TraceSettings:
     """The effective trace settings (global, or a model's with its overrides).
 

@@ -15,6 +15,7 @@ from appliance.services.results import (
     IndexRow,
     ModelMetadata,
     ModelStatistics,
+    Readiness,
     ServerMetadata,
     StatisticDuration,
     SystemSharedMemoryRegion,
@@ -102,6 +103,11 @@ def repository_index(rows: list[IndexRow]) -> list[dict[str, Any]]:
             entry["version"] = str(row.version)
         index.append(entry)
     return index
+
+
+def readiness(result: Readiness) -> dict[str, Any]:
+    """The readiness answer's body (tritonserver sends none; Triton's clients read the status)."""
+    return {"ready": result.ready, "problems": list(result.problems), "notes": list(result.notes)}
 
 
 def trace_settings(result: TraceSettings) -> dict[str, Any]:
