@@ -12,7 +12,9 @@ from google.protobuf import json_format
 
 from appliance.errors import ApplianceError, ConfigError
 from appliance.model_config import (
+    DEFAULT_BOUNDS,
     ENSEMBLE,
+    ConfigBounds,
     ModelConfig,
     complete_config,
     complete_scheduling,
@@ -127,11 +129,13 @@ def prepare_model(
     skip: dict[int, str] | None = None,
     cache_dir: Path | None = None,
     pin: int | None = None,
+    bounds: ConfigBounds = DEFAULT_BOUNDS,
 ) -> PreparedModel:
     """Read, complete and validate the config, then load the instances of each chosen version.
 
     `skip`: versions not to load (they failed before, with this content); `pin`: load this
-    version alone, whatever the version policy says. Blocking: run it in a thread. A config
+    version alone, whatever the version policy says; `bounds`: the limits on config numbers
+    (--max-instances-per-model among them). Blocking: run it in a thread. A config
     error raises; a version that fails to load is recorded in `failed` so the other versions
     still serve.
     """
@@ -158,7 +162,7 @@ def prepare_model(
             )
         available = [pin]
     if config.platform == ENSEMBLE:
-        return _prepare_ensemble(config, model_dir, available)
+        return _prepare_ensemble(config, model_dir, available, bounds)
     backend_name = resolve_backend(config, model_dir, available)
     versions = available if pin is not None else select_versions(config.version_policy, available)
     if not versions:
@@ -218,7 +222,7 @@ def prepare_model(
         complete_scheduling(config)
     else:
         complete_config(config, signature, name)
-    validate_config(config, model_dir, signature if described else None)
+    validate_config(config, model_dir, signature if described else None, bounds=bounds)
 
     prepared = PreparedModel(name=name, config=config, labels=read_labels(model_dir, config))
     prepared.notes.extend(placement_notes)
@@ -238,6 +242,7 @@ def prepare_model(
                 # The file that described the model is not read again (an engine or a
                 # converted forest costs seconds to open).
                 signature if version == described_version else None,
+                bounds,
             )
         except (BackendError, ApplianceError) as exc:
             log.error("model '%s' version %d failed to load: %s", name, version, exc)
@@ -253,14 +258,16 @@ def prepare_model(
     return prepared
 
 
-def _prepare_ensemble(config: ModelConfig, model_dir: Path, available: list[int]) -> PreparedModel:
+def _prepare_ensemble(
+    config: ModelConfig, model_dir: Path, available: list[int], bounds: ConfigBounds
+) -> PreparedModel:
     """An ensemble has no instances of its own: check its config and wiring."""
     if not config.input or not config.output:
         raise ConfigError(
             f"{model_dir / 'config.pbtxt'}: an ensemble must list its inputs and outputs"
         )
     complete_scheduling(config)
-    validate_config(config, model_dir)
+    validate_config(config, model_dir, bounds=bounds)
     plan = plan_from_config(config)
     versions = select_versions(config.version_policy, available or [1])
     return PreparedModel(
@@ -282,6 +289,7 @@ def _load_instances(
     requested: list[str] | None = None,
     on_gpu: list[int] | None = None,
     signature: ModelSignature | None = None,
+    bounds: ConfigBounds = DEFAULT_BOUNDS,
 ) -> list[InstanceWorker]:
     """Create every instance of every group, placed on GPU or CPU (placement.py) from the kind
     each group `requested`; what runs elsewhere than asked is noted in `notes`, and `on_gpu`
@@ -293,7 +301,7 @@ def _load_instances(
     if signature is None:
         signature = backend.inspect(path)
     described = bool(signature.inputs or signature.outputs)
-    validate_config(config, model_dir, signature if described else None)
+    validate_config(config, model_dir, signature if described else None, bounds=bounds)
     config_json = message_to_dict(config)
     parameters = {k: v.string_value for k, v in config.parameters.items()}
     level = config.optimization.graph.level if config.optimization.HasField("graph") else None

@@ -454,11 +454,6 @@ def test_a_load_with_huge_priority_levels_is_refused_without_growing(server, mod
     assert client.is_model_ready("simple")
 
 
-@pytest.mark.xfail(
-    reason="the loader does not pass the settings' bounds to validate_config yet "
-    "(runtime/loader.py prepare_model needs a `bounds` argument; see issue 17 item 8)",
-    strict=True,
-)
 def test_the_instance_cap_follows_its_flag(start_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     root = tmp_path / "repo"
     save(simple_model(), root / "simple" / "1" / "model.onnx")
