@@ -40,6 +40,13 @@ class ModelNotFound(ApplianceError):
     code = ErrorCode.NOT_FOUND
 
 
+class UnknownModel(ModelNotFound):
+    """A model name the server does not know: tritonserver answers INVALID_ARG (400) for it,
+    NOT_FOUND only for a known model's missing version."""
+
+    code = ErrorCode.INVALID_ARG
+
+
 class ModelNotReady(ApplianceError):
     code = ErrorCode.UNAVAILABLE
 

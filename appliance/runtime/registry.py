@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from appliance.errors import ApplianceError, InvalidInput, ModelNotFound, ModelNotReady
+from appliance.errors import (
+    ApplianceError,
+    InvalidInput,
+    ModelNotFound,
+    ModelNotReady,
+    UnknownModel,
+)
 from appliance.model_config import ModelConfig
 from appliance.runtime.loader import TensorRule
 from appliance.scheduling.contract import ModelScheduler
@@ -75,7 +81,7 @@ class ModelRegistry:
         """The version to run a request on; raises ModelNotFound / ModelNotReady."""
         record = self._models.get(name)
         if record is None:
-            raise ModelNotFound(f"Request for unknown model: '{name}' is not found")
+            raise UnknownModel(f"Request for unknown model: '{name}' is not found")
         if version:
             try:
                 wanted = int(version)
@@ -114,7 +120,7 @@ class ModelRegistry:
     def record(self, name: str) -> ModelRecord:
         record = self._models.get(name)
         if record is None:
-            raise ModelNotFound(f"Request for unknown model: '{name}' is not found")
+            raise UnknownModel(f"Request for unknown model: '{name}' is not found")
         return record
 
     def find(self, name: str) -> ModelRecord | None:
