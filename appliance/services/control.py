@@ -11,6 +11,8 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import importlib.util
+import logging
 import shutil
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -21,6 +23,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from appliance import __version__, buildinfo
+from appliance.buildinfo import JETSON_RELEASE
 from appliance.errors import ApplianceError, ConfigError, InvalidInput, ModelNotFound
 from appliance.logs import LogSettings, LogState
 from appliance.protocol import model_config_pb2 as mc
@@ -45,19 +48,36 @@ from appliance.services.results import (
 from appliance.services.shared_memory import SharedMemoryRegistry
 from appliance.trace import Tracer
 
+# tritonserver's list, in its order, with what is implemented here (generate too).
 EXTENSIONS = (
     "classification",
-    "generate",
-    "trace",
-    "logging",
+    "sequence",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "schedule_policy",
+    "model_configuration",
+    "system_shared_memory",
     "binary_tensor_data",
     "parameters",
-    "model_configuration",
-    "model_repository",
-    "schedule_policy",
     "statistics",
-    "system_shared_memory",
+    "trace",
+    "logging",
+    "generate",
 )
+
+
+def extensions() -> tuple[str, ...]:
+    """The server metadata's extensions: `cuda_shared_memory` too where a CUDA library is
+    installed (pycuda or cuda-python) and the device has CUDA IPC (not a Jetson)."""
+    cuda = not JETSON_RELEASE.exists() and any(
+        importlib.util.find_spec(module) is not None for module in ("pycuda", "cuda")
+    )
+    if not cuda:
+        return EXTENSIONS
+    at = EXTENSIONS.index("system_shared_memory") + 1
+    return (*EXTENSIONS[:at], "cuda_shared_memory", *EXTENSIONS[at:])
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -88,6 +108,7 @@ class ControlService:
         # the composition root hands it to them (they do not reach for it through here).
         self.shared_memory = shared_memory or SharedMemoryRegistry()
         self._build = buildinfo.summary()
+        self._extensions = extensions()
         self.manager = manager
         self.state = state
         self.control_mode = control_mode
@@ -129,7 +150,7 @@ class ControlService:
 
     def server_metadata(self) -> ServerMetadata:
         # "triton": Triton's own clients and examples check the name; the version is ours.
-        return ServerMetadata("triton", __version__, EXTENSIONS, self._build)
+        return ServerMetadata("triton", __version__, self._extensions, self._build)
 
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         served = self.manager.get(name, version)
@@ -269,7 +290,13 @@ class ControlService:
             try:
                 json_format.Parse(str(config_json), override)
             except json_format.ParseError as exc:
-                raise ConfigError(f"model '{name}': bad 'config' override: {exc}") from exc
+                # tritonserver's words: client scripts look for "failed to load"; the log says
+                # what was wrong with the override.
+                log.warning("model '%s': Invalid config override: %s", name, exc)
+                raise ConfigError(
+                    f"failed to load '{name}', failed to poll from model repository: "
+                    f"Invalid config override: {exc}"
+                ) from exc
         files = {str(k)[5:]: v for k, v in parameters.items() if str(k).startswith("file:")}
         source = None
         if files:

@@ -150,7 +150,10 @@ def test_explicit_load_with_config_override(
     assert client.is_model_ready("versioned_all", "2")
     assert not client.is_model_ready("versioned_all", "3")
     assert client.get_model_config("versioned_all")["max_batch_size"] == 2
-    with pytest.raises(InferenceServerException, match="bad 'config' override"):
+    with pytest.raises(
+        InferenceServerException,
+        match="failed to load 'versioned_all', failed to poll from model repository: Invalid",
+    ):
         client.load_model("versioned_all", config="{not json")
     assert client.is_model_ready("versioned_all", "2")  # a failed reload keeps serving
 

@@ -86,3 +86,23 @@ def test_a_sequence_request_with_a_batch_of_two(server: ServerProcess, module: A
         "requirements of sequence batcher"
     )
     assert err.value.status() == INVALID[module]
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_server_metadata_lists_the_extensions_served(server: ServerProcess, module: Any) -> None:
+    meta = _client(module, server).get_server_metadata()
+    names = meta["extensions"] if module is httpclient else list(meta.extensions)
+    assert {
+        "classification",
+        "sequence",
+        "model_repository",
+        "model_repository(unload_dependents)",
+        "schedule_policy",
+        "model_configuration",
+        "system_shared_memory",
+        "binary_tensor_data",
+        "parameters",
+        "statistics",
+        "trace",
+        "logging",
+    } <= set(names)
