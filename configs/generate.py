@@ -11,6 +11,12 @@
 - densenet_preprocess: a Python model (model.py) that turns an HWC UINT8 image into the
   normalised NCHW tensor and calls densenet_onnx through BLS
 - identity_fp32: no config.pbtxt at all, served through auto-complete
+- the models Triton's client examples (client repository, src/python/examples) call:
+  simple_sequence (OUTPUT = READY * (INPUT + START), direct), simple_dyna_sequence (the same
+  plus END * CORRID, oldest, two instances), custom_identity_int32 (INT32 identity),
+  repeat_int32 (a decoupled Python model: one response per IN element, after DELAY ms each),
+  preprocess_inception_ensemble (raw image bytes -> image_preprocess (a Python model; decoding
+  needs Pillow beside the server) -> densenet_onnx, classified with densenet_onnx's labels)
 
 The builders are also used by the tests.
 """
@@ -93,6 +99,134 @@ output [ { name: "SCORES", data_type: TYPE_FP32, dims: [ 1000 ] } ]
 """
 
 
+SEQUENCE_CONFIG = """\
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+sequence_batching {{
+  {strategy}
+  control_input [
+    {{ name: "START", control [ {{ kind: CONTROL_SEQUENCE_START, int32_false_true: [ 0, 1 ] }} ] }},
+    {{ name: "READY", control [ {{ kind: CONTROL_SEQUENCE_READY, int32_false_true: [ 0, 1 ] }} ] }}
+    {controls}
+  ]
+}}
+input [ {{ name: "INPUT", data_type: TYPE_INT32, dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT", data_type: TYPE_INT32, dims: [ 1 ] }} ]
+instance_group [ {{ count: {count}, kind: KIND_CPU }} ]
+"""
+
+DYNA_CONTROLS = """,
+    { name: "END", control [ { kind: CONTROL_SEQUENCE_END, int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID", control [ { kind: CONTROL_SEQUENCE_CORRID, data_type: TYPE_UINT64 } ] }"""
+
+REPEAT_MODEL = """\
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    \"\"\"Decoupled: for each element of IN, after DELAY[i] ms, a response OUT = [IN[i]],
+    IDX = [i]; then WAIT ms before the final flag.\"\"\"
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            delays = pb_utils.get_input_tensor_by_name(request, "DELAY").as_numpy()
+            wait = pb_utils.get_input_tensor_by_name(request, "WAIT").as_numpy()
+            for index, value in enumerate(values):
+                time.sleep(float(delays[index]) / 1000)
+                sender.send(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("OUT", np.array([value], dtype=np.int32)),
+                    pb_utils.Tensor("IDX", np.array([index], dtype=np.uint32)),
+                ]))
+            time.sleep(float(wait[0]) / 1000)
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+REPEAT_CONFIG = """\
+name: "repeat_int32"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [
+  { name: "IN", data_type: TYPE_INT32, dims: [ -1 ] },
+  { name: "DELAY", data_type: TYPE_UINT32, dims: [ -1 ] },
+  { name: "WAIT", data_type: TYPE_UINT32, dims: [ 1 ] }
+]
+output [
+  { name: "OUT", data_type: TYPE_INT32, dims: [ 1 ] },
+  { name: "IDX", data_type: TYPE_UINT32, dims: [ 1 ] }
+]
+instance_group [ { count: 1, kind: KIND_CPU } ]
+"""
+
+IMAGE_PREPROCESS_MODEL = """\
+import io
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    \"\"\"Encoded images (BYTES, one per batch row) -> RGB 224x224, scaled to [-1, 1] (Inception
+    scaling), CHW FP32. Decoding needs Pillow where the server runs.\"\"\"
+
+    def initialize(self, args):
+        try:
+            from PIL import Image
+        except ImportError:
+            Image = None
+        self.image = Image
+
+    def execute(self, requests):
+        if self.image is None:
+            raise pb_utils.TritonModelException(
+                "image_preprocess decodes images with Pillow: install it beside the server "
+                "(pip install pillow)")
+        responses = []
+        for request in requests:
+            encoded = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
+            batch = []
+            for item in encoded.reshape(len(encoded), -1)[:, 0]:
+                image = self.image.open(io.BytesIO(bytes(item))).convert("RGB")
+                pixels = np.asarray(image.resize((224, 224)), dtype=np.float32)
+                batch.append((pixels / 127.5 - 1.0).transpose(2, 0, 1))
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUTPUT", np.stack(batch).astype(np.float32))]))
+        return responses
+"""
+
+IMAGE_PREPROCESS_CONFIG = """\
+name: "image_preprocess"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT", data_type: TYPE_STRING, dims: [ 1 ] } ]
+output [ { name: "OUTPUT", data_type: TYPE_FP32, dims: [ 3, 224, 224 ] } ]
+instance_group [ { count: 1, kind: KIND_CPU } ]
+"""
+
+IMAGE_ENSEMBLE_CONFIG = """\
+name: "preprocess_inception_ensemble"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "INPUT", data_type: TYPE_STRING, dims: [ 1 ] } ]
+output [ { name: "OUTPUT", data_type: TYPE_FP32, dims: [ 1000, 1, 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "image_preprocess", model_version: -1,
+    input_map { key: "INPUT" value: "INPUT" }
+    output_map { key: "OUTPUT" value: "preprocessed_image" } },
+  { model_name: "densenet_onnx", model_version: -1,
+    input_map { key: "data_0" value: "preprocessed_image" }
+    output_map { key: "fc6_1" value: "OUTPUT" } }
+] }
+"""
+
+
 def save(model: onnx.ModelProto, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.checker.check_model(model)
@@ -171,6 +305,30 @@ def simple_int8_model() -> onnx.ModelProto:
         [info("OUTPUT0"), info("OUTPUT1")],
         "simple_int8",
     )
+
+
+def sequence_model(dyna: bool) -> onnx.ModelProto:
+    """Triton's simple_sequence: OUTPUT = READY * (INPUT + START); dyna (simple_dyna_sequence):
+    READY * (INPUT + START + END * CORRID)."""
+    int32 = TensorProto.INT32
+
+    def info(name: str, elem: int = int32) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, elem, ["batch", 1])
+
+    nodes = [helper.make_node("Add", ["INPUT", "START"], ["started"])]
+    inputs = [info("INPUT"), info("START"), info("READY")]
+    total = "started"
+    if dyna:
+        nodes += [
+            helper.make_node("Cast", ["CORRID"], ["corrid"], to=int32),
+            helper.make_node("Mul", ["END", "corrid"], ["ended"]),
+            helper.make_node("Add", ["started", "ended"], ["total"]),
+        ]
+        inputs += [info("END"), info("CORRID", TensorProto.UINT64)]
+        total = "total"
+    nodes.append(helper.make_node("Mul", ["READY", total], ["OUTPUT"]))
+    name = "simple_dyna_sequence" if dyna else "simple_sequence"
+    return make_model(nodes, inputs, [info("OUTPUT")], name)
 
 
 def identity_model(
@@ -271,7 +429,43 @@ def write_repository(root: Path) -> Path:
     save(
         identity_model(TensorProto.FLOAT, ["batch", 4]), root / "identity_fp32" / "1" / "model.onnx"
     )
+    write_client_example_models(root)
     return root
+
+
+def write_client_example_models(root: Path) -> None:
+    """The models Triton's client examples call that the models above do not cover."""
+    for name, dyna, strategy, count in (
+        ("simple_sequence", False, "direct { }", 1),
+        ("simple_dyna_sequence", True, "oldest { max_candidate_sequences: 1024 }", 2),
+    ):
+        save(sequence_model(dyna), root / name / "1" / "model.onnx")
+        (root / name / "config.pbtxt").write_text(
+            SEQUENCE_CONFIG.format(
+                name=name,
+                strategy=strategy + " max_sequence_idle_microseconds: 10000000",
+                controls=DYNA_CONTROLS if dyna else "",
+                count=count,
+            )
+        )
+    save(
+        identity_model(TensorProto.INT32, ["batch", "n"]),
+        root / "custom_identity_int32" / "1" / "model.onnx",
+    )
+    (root / "custom_identity_int32" / "config.pbtxt").write_text(
+        'name: "custom_identity_int32"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0", data_type: TYPE_INT32, dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT0", data_type: TYPE_INT32, dims: [ -1 ] } ]\n'
+    )
+    for name, source, config in (
+        ("repeat_int32", REPEAT_MODEL, REPEAT_CONFIG),
+        ("image_preprocess", IMAGE_PREPROCESS_MODEL, IMAGE_PREPROCESS_CONFIG),
+    ):
+        (root / name / "1").mkdir(parents=True, exist_ok=True)
+        (root / name / "1" / "model.py").write_text(source)
+        (root / name / "config.pbtxt").write_text(config)
+    (root / "preprocess_inception_ensemble" / "1").mkdir(parents=True, exist_ok=True)
+    (root / "preprocess_inception_ensemble" / "config.pbtxt").write_text(IMAGE_ENSEMBLE_CONFIG)
 
 
 def main(argv: list[str]) -> int:

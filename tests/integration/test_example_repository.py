@@ -38,6 +38,13 @@ def test_every_example_model_is_ready(example_server: ServerProcess) -> None:
             "simple_int8",
             "simple_string",
             "squeezenet_onnx",
+            # Triton's client examples' models
+            "simple_sequence",
+            "simple_dyna_sequence",
+            "custom_identity_int32",
+            "repeat_int32",
+            "image_preprocess",
+            "preprocess_inception_ensemble",
         ),
         "READY",
     )
