@@ -419,16 +419,19 @@ def _write_override(name: str, root: Path, relative: str, content: Any) -> None:
     path = (root / relative).resolve()
     if root.resolve() not in path.parents or not relative:
         raise ConfigError(f"model '{name}': file override path {relative!r} is not allowed")
+    # A file the file system refuses fails the load as tritonserver's poll fails it: INTERNAL,
+    # "failed to poll from model repository" (Triton's model-control example checks both).
+    failed = f"failed to load '{name}', failed to poll from model repository: {where}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(content)
     except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
-        raise ConfigError(
-            f"{where} cannot be written: {exc.strerror}; the overrides name a path as both "
+        raise ApplianceError(
+            f"{failed} cannot be written: {exc.strerror}; the overrides name a path as both "
             "a file and a folder"
         ) from None
     except OSError as exc:  # e.g. a name longer than the file system allows
-        raise ConfigError(f"{where} cannot be written: {exc.strerror}") from None
+        raise ApplianceError(f"{failed} cannot be written: {exc.strerror}") from None
 
 
 def _duration(duration: Duration) -> StatisticDuration:
