@@ -114,6 +114,13 @@ class SchedulerBase:
         if self._closing:
             raise ServerUnavailable(f"{self._label} is unloading; retry")
 
+    def admit(self) -> None:
+        """No queue-wait bound here (the dynamic scheduler has one): refused only when closing."""
+        self._refuse_if_closing()
+
+    def arrived(self) -> None:
+        pass
+
     def _notify_if_drained(self) -> None:
         if self._drained is not None and not self.busy:
             self._drained.set()

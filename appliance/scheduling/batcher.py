@@ -23,7 +23,12 @@ from itertools import islice
 from appliance.errors import QueueFull, ServerUnavailable
 from appliance.scheduling.base import SchedulerBase
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
-from appliance.scheduling.policy import BatchPolicy, admission_wait_ns, next_batch
+from appliance.scheduling.policy import (
+    BatchPolicy,
+    admission_wait_ns,
+    next_batch,
+    overdue_after_ns,
+)
 from appliance.scheduling.precise_timer import LOOP_TIMER_MIN_NS, TIMERS
 from appliance.scheduling.queues import QueuePolicy, RequestQueue
 from appliance.scheduling.rate_limiter import RateLimiter
@@ -64,6 +69,9 @@ class Scheduler(SchedulerBase):
         # this (0: no limit), so overload is answered at once and admitted latency stays bounded.
         self._max_queue_wait_ns = max_queue_wait_ns
         self._request_ns = 0.0  # moving average of execution wall time per request
+        # Requests admitted by their front end (`admit`) whose job is not queued yet: their
+        # bodies are still being read. They count as work ahead of the next admission.
+        self._arriving = 0
         self._policy = policy
         self._batching = policy.dynamic and policy.max_batch_size > 0
         self._head_limit = max(1, policy.max_batch_size) if self._batching else 1
@@ -90,8 +98,16 @@ class Scheduler(SchedulerBase):
         A full queue raises QueueFull at once; nothing blocks or grows without bound.
         """
         self._refuse_if_closing()
-        self._admit()
-        self._queue.push(job, job.priority, job.timeout_us, time.monotonic_ns())
+        now = time.monotonic_ns()
+        arrival_ns = job.arrival_ns or now
+        executing, done_ns = self._executing(now)
+        ahead = len(self._queue) + executing
+        self._refuse_if_over(ahead, done_ns, now - arrival_ns)
+        overdue_ns = overdue_after_ns(
+            ahead, len(self._workers), self._request_ns, self._max_queue_wait_ns, done_ns
+        )
+        overdue_at = arrival_ns + overdue_ns if overdue_ns else 0
+        self._queue.push(job, job.priority, job.timeout_us, now, overdue_at)
         self._dispatch()
         try:
             return await job.future
@@ -101,16 +117,44 @@ class Scheduler(SchedulerBase):
                 self._stats.cancelled += 1
             raise
 
-    def _admit(self) -> None:
-        """Raise QueueFull when the queued work would keep this request past the limit."""
-        ahead = len(self._queue) + len(self._workers) - len(self._idle)
+    def admit(self) -> None:
+        """Before the request's body is read: QueueFull at once when what is queued, executing
+        and already admitted but still arriving would keep it past the bound."""
+        self._refuse_if_closing()
+        executing, done_ns = self._executing(time.monotonic_ns())
+        self._refuse_if_over(len(self._queue) + executing + self._arriving, done_ns, 0)
+        self._arriving += 1
+
+    def arrived(self) -> None:
+        self._arriving = max(0, self._arriving - 1)
+
+    def _executing(self, now: int) -> tuple[int, float]:
+        """Requests in the batches the instances run now, and the execution time they have
+        had (at most their predicted time each: one that runs over is about to finish)."""
+        count, done_ns = 0, 0.0
+        for jobs in self._running.values():
+            if jobs:
+                count += len(jobs)
+                done_ns += min(now - jobs[0].dispatch_ns, len(jobs) * self._request_ns)
+        return count, done_ns
+
+    def _refuse_if_over(self, ahead: int, done_ns: float, waited_ns: int) -> None:
+        """Raise QueueFull when the work ahead (less `done_ns` already executed), after
+        `waited_ns` already spent arriving (reading and decoding the body), would keep this
+        request past the limit."""
         wait_ns = admission_wait_ns(
-            ahead, len(self._workers), self._request_ns, self._max_queue_wait_ns
+            ahead,
+            len(self._workers),
+            self._request_ns,
+            self._max_queue_wait_ns,
+            waited_ns,
+            done_ns,
         )
         if wait_ns:
+            arriving = f", {waited_ns / 1e6:.0f} ms of it arriving" if waited_ns >= 1e6 else ""
             raise QueueFull(
                 f"{self._label}: overloaded: {ahead} requests ahead, about "
-                f"{wait_ns / 1e6:.0f} ms of work (--max-queue-wait-ms "
+                f"{wait_ns / 1e6:.0f} ms of waiting{arriving} (--max-queue-wait-ms "
                 f"{self._max_queue_wait_ns / 1e6:.0f}); retry later"
             )
 
@@ -121,6 +165,15 @@ class Scheduler(SchedulerBase):
         for expired in queue.expire(now):
             expired.future.set_exception(
                 QueueTimeout(f"{self._label}: request timeout expired while queued")
+            )
+        for late in queue.overdue(now):  # the model slowed down after they were admitted
+            waited_ms = (now - (late.arrival_ns or late.enqueue_ns)) / 1e6
+            late.future.set_exception(
+                QueueFull(
+                    f"{self._label}: overloaded: waited {waited_ms:.0f} ms for an instance, "
+                    f"more than --max-queue-wait-ms {self._max_queue_wait_ns / 1e6:.0f} "
+                    "allows; retry later"
+                )
             )
         wait_ns = 0
         while len(queue) and self._idle and not self._awaiting_resources:

@@ -21,6 +21,16 @@ class ModelScheduler(Protocol):
         """Start the instances' threads (on the event loop)."""
         ...
 
+    def admit(self) -> None:
+        """Before a request is read: raise QueueFull at once when the work queued, executing
+        and still arriving would keep it waiting past the bound (ServerUnavailable while
+        stopping); otherwise count it as arriving until `arrived`."""
+        ...
+
+    def arrived(self) -> None:
+        """An admitted request's job is being submitted, or it failed first: not arriving."""
+        ...
+
     async def submit(self, job: Job) -> dict[str, Array]:
         """Run one validated request; its outputs, or an ApplianceError for the client."""
         ...

@@ -95,6 +95,14 @@ class EnsembleScheduler:
     def in_flight(self) -> int:
         return self._active
 
+    def admit(self) -> None:
+        """Each step's own model admits it; refused here only when closing."""
+        if self._closing:
+            raise ServerUnavailable(f"{self._label} is unloading; retry")
+
+    def arrived(self) -> None:
+        pass
+
     async def submit(self, job: Job) -> dict[str, Array]:
         if self._closing:
             raise ServerUnavailable(f"{self._label} is unloading; retry")

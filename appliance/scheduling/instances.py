@@ -42,6 +42,7 @@ class Job:
     nbytes: int = 0  # input bytes: the inline-execution cost model's measure of size
     priority: int = 0  # the request's priority parameter (0: the model's default level)
     timeout_us: int = 0  # the request's timeout parameter (0: the queue policy's)
+    arrival_ns: int = 0  # monotonic ns its front end first saw it (0: unknown); admission uses it
     enqueue_ns: int = 0
     dispatch_ns: int = 0
     # Set by the RequestQueue:

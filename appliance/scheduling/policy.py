@@ -1,4 +1,5 @@
-"""Pure batching decisions: given the queue, run a batch now or wait. No clocks, no I/O."""
+"""Pure scheduling decisions: run a batch now or wait; admit a request or refuse it for
+overload. No clocks, no I/O."""
 
 from __future__ import annotations
 
@@ -61,13 +62,47 @@ def next_batch(
     return Decision(wait_ns=policy.max_queue_delay_ns - oldest_wait_ns)
 
 
-def admission_wait_ns(ahead: int, instances: int, request_ns: float, max_wait_ns: int) -> float:
+def predicted_wait_ns(ahead: int, instances: int, request_ns: float, done_ns: float = 0.0) -> float:
+    """Pure: how long a new request would wait for an instance: the work of the `ahead`
+    requests at `request_ns` each, less `done_ns` (the execution time the executing ones have
+    already had), shared by the instances."""
+    return max(0.0, ahead * request_ns - done_ns) / max(1, instances)
+
+
+def admission_wait_ns(
+    ahead: int,
+    instances: int,
+    request_ns: float,
+    max_wait_ns: int,
+    waited_ns: int = 0,
+    done_ns: float = 0.0,
+) -> float:
     """Pure: the predicted wait of a new request when it is over `max_wait_ns`, else 0.
 
-    `ahead`: requests queued or executing; `request_ns`: the learned execution time per
-    request. One running and one waiting request per instance are always admitted, however
-    slow the model (a slow model is not an overloaded one)."""
+    `ahead`: requests queued or executing (at the front end, before the body is read, also the
+    ones admitted and still arriving); `request_ns`: the learned execution time per request;
+    `waited_ns`: the time the request already spent in the server before this decision
+    (reading and decoding its body), so that the bound covers the whole wait from its arrival;
+    `done_ns`: see `predicted_wait_ns`. One running and one waiting request per instance are
+    always admitted, however slow the model and however long the request took to arrive (a
+    slow model is not an overloaded one, and refusing a request that has already waited saves
+    its client nothing)."""
     if not max_wait_ns or not request_ns or ahead < 2 * instances:
         return 0.0
-    wait_ns = ahead * request_ns / max(1, instances)
+    wait_ns = max(0, waited_ns) + predicted_wait_ns(ahead, instances, request_ns, done_ns)
     return wait_ns if wait_ns > max_wait_ns else 0.0
+
+
+def overdue_after_ns(
+    ahead: int, instances: int, request_ns: float, max_wait_ns: int, done_ns: float = 0.0
+) -> int:
+    """Pure: how long after its arrival an admitted request may wait for an instance before it
+    is refused after all (0: no limit), for when the model slows down after the admission.
+
+    The longer of the bound and the wait it was admitted with (the always-admitted requests
+    may be predicted past the bound), plus one execution: an admitted request is answered
+    within about the bound plus two executions, or refused."""
+    if not max_wait_ns or not request_ns:
+        return 0
+    predicted = predicted_wait_ns(ahead, instances, request_ns, done_ns)
+    return int(max(max_wait_ns, predicted) + request_ns)

@@ -4,6 +4,8 @@ Priority 1 is the highest; a request without a priority gets `default_priority_l
 level has a policy: `max_queue_size` (a full level refuses at once), a default timeout that a
 request may shorten when `allow_timeout_override` is set, and what happens at the timeout:
 REJECT fails the request, DELAY moves it behind every request that is still within its time.
+Apart from those, a job may carry an overload deadline (`overdue_at`, from the server's
+queue-wait bound): past it, the job leaves the queue to be refused, whatever its level.
 Times are monotonic nanoseconds passed in by the caller, so the logic is testable with plain
 numbers.
 """
@@ -47,6 +49,7 @@ class RequestQueue:
         self._waiting: list[deque[Job]] = [deque() for _ in range(self._levels)]
         self._delayed: list[deque[Job]] = [deque() for _ in range(self._levels)]
         self._deadlines: list[tuple[int, int, Job]] = []  # heap: (deadline, seq, job)
+        self._overdue: list[tuple[int, int, Job]] = []  # heap: (overload deadline, seq, job)
         self._seq = 0
         self._count = 0
 
@@ -67,8 +70,8 @@ class RequestQueue:
             )
         return priority
 
-    def push(self, job: Job, priority: int, timeout_us: int, now: int) -> None:
-        """Queue a job or raise QueueFull at once."""
+    def push(self, job: Job, priority: int, timeout_us: int, now: int, overdue_at: int = 0) -> None:
+        """Queue a job or raise QueueFull at once; `overdue_at` (0: none): see `overdue`."""
         level = self.level_of(priority)
         policy = self.policy(level)
         waiting = self._waiting[level - 1]
@@ -93,6 +96,9 @@ class RequestQueue:
         if job.deadline_ns:
             self._seq += 1
             heapq.heappush(self._deadlines, (job.deadline_ns, self._seq, job))
+        if overdue_at:
+            self._seq += 1
+            heapq.heappush(self._overdue, (overdue_at, self._seq, job))
 
     def expire(self, now: int) -> list[Job]:
         """Apply timeouts due by `now`: returns the jobs to reject; DELAY jobs move back."""
@@ -110,11 +116,28 @@ class RequestQueue:
                 rejected.append(job)
         return rejected
 
+    def overdue(self, now: int) -> list[Job]:
+        """Remove and return the jobs whose overload deadline is due by `now`."""
+        late: list[Job] = []
+        while self._overdue and self._overdue[0][0] <= now:
+            _, _, job = heapq.heappop(self._overdue)
+            if job.queued and not job.future.done():
+                job.queued = False
+                self._count -= 1
+                late.append(job)
+        if late:
+            self._compact()
+        return late
+
     def next_deadline(self) -> int:
-        """The earliest pending deadline, 0 when none."""
-        while self._deadlines and not self._deadlines[0][2].queued:
-            heapq.heappop(self._deadlines)
-        return self._deadlines[0][0] if self._deadlines else 0
+        """The earliest pending deadline (timeout or overload), 0 when none."""
+        due = 0
+        for heap in (self._deadlines, self._overdue):
+            while heap and not heap[0][2].queued:
+                heapq.heappop(heap)
+            if heap and (not due or heap[0][0] < due):
+                due = heap[0][0]
+        return due
 
     def live(self) -> Iterator[Job]:
         """Queued jobs in dispatch order: by level, on-time jobs before delayed ones."""

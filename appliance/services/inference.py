@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from appliance.limits import NO_LIMITS, RequestLimits
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.registry import ServedVersion
 from appliance.scheduling.batcher import QueueTimeout
+from appliance.scheduling.contract import ModelScheduler
 from appliance.scheduling.ensemble import EnsembleStep
 from appliance.scheduling.instances import Job
 from appliance.services.host import BlockingHost, ModelControl
@@ -36,6 +38,39 @@ from appliance.types import (
 )
 from edge_backends.api import InferenceHost
 from edge_backends.datatypes import from_numpy
+
+
+class Admission:
+    """A request its front end admitted before reading its body (`InferenceService.admit`).
+
+    Until it is released (its job submitted, or the request failed first), its model's
+    scheduler counts it as arriving, so that the requests admitted while their bodies are still
+    being read cannot together overrun the queue-wait bound. `arrival_ns` is the monotonic time
+    the front end first saw the request: the bound covers the whole wait from there. Use it as
+    a context manager around reading, decoding and `infer`; releasing twice is harmless.
+    """
+
+    __slots__ = ("_scheduler", "arrival_ns")
+
+    def __init__(self, scheduler: ModelScheduler | None, arrival_ns: int) -> None:
+        self._scheduler = scheduler
+        self.arrival_ns = arrival_ns
+
+    def release(self) -> None:
+        scheduler, self._scheduler = self._scheduler, None
+        if scheduler is not None:
+            scheduler.arrived()
+
+    def __enter__(self) -> Admission:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.release()
 
 
 class InferenceService:
@@ -56,11 +91,37 @@ class InferenceService:
         self.accepting = True
         manager.run_step = self.run_step  # ensembles' steps are ordinary requests
 
-    async def infer(self, request: InferRequest) -> InferResponse:
-        """A client's request: checked against the input limits."""
-        return await self._infer(request, self.limits)
+    def admit(self, model: str, version: str = "") -> Admission:
+        """Admission before the request is read: raises QueueFull (or ServerUnavailable while
+        shutting down) at once, so that a refusal costs no body read, decode or validation.
 
-    async def _infer(self, request: InferRequest, limits: RequestLimits) -> InferResponse:
+        Front ends call it as soon as they know the model (HTTP: from the URL, before reading
+        the body; gRPC: before decoding) and pass the admission to `infer`. An unknown or
+        unready model is not refused here: `infer` reports it, after the request's own checks,
+        as before.
+        """
+        arrival_ns = time.monotonic_ns()
+        if not self.accepting:
+            raise ServerUnavailable("server is shutting down; not accepting new requests")
+        try:
+            scheduler = self.manager.get(model, version).scheduler
+        except ApplianceError:
+            return Admission(None, arrival_ns)
+        scheduler.admit()
+        return Admission(scheduler, arrival_ns)
+
+    async def infer(
+        self, request: InferRequest, admission: Admission | None = None
+    ) -> InferResponse:
+        """A client's request: checked against the input limits. `admission`: the one the
+        front end took before reading the request (see `admit`)."""
+        if admission is not None and not request.arrival_ns:
+            request.arrival_ns = admission.arrival_ns
+        return await self._infer(request, self.limits, admission)
+
+    async def _infer(
+        self, request: InferRequest, limits: RequestLimits, admission: Admission | None = None
+    ) -> InferResponse:
         if not self.accepting:
             raise ServerUnavailable("server is shutting down; not accepting new requests")
         served = self.manager.get(request.model_name, request.model_version)
@@ -72,6 +133,9 @@ class InferenceService:
         start = time.monotonic_ns()
         try:
             job = validate(served, request, limits)
+            job.arrival_ns = request.arrival_ns
+            if admission is not None:  # its job is about to be queued: no longer arriving
+                admission.release()
             if served.cache_enabled and self.cache is not None and not served.sequence:
                 outputs = await self._cached(served, job, start)
             else:
@@ -96,18 +160,24 @@ class InferenceService:
         except ApplianceError:
             return False  # the request itself will report the error
 
-    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+    async def infer_stream(
+        self, request: InferRequest, admission: Admission | None = None
+    ) -> AsyncIterator[InferResponse]:
         """Responses as they come: any number for decoupled models, else exactly one."""
         if not self.accepting:
             raise ServerUnavailable("server is shutting down; not accepting new requests")
         served = self.manager.get(request.model_name, request.model_version)
         if not served.decoupled:
-            yield await self.infer(request)
+            yield await self.infer(request, admission)
             return
+        if admission is not None:
+            request.arrival_ns = request.arrival_ns or admission.arrival_ns
+            admission.release()
         start = time.monotonic_ns()
         loop = asyncio.get_running_loop()
         responses: asyncio.Queue[dict[str, Array]] = asyncio.Queue()
         job = validate(served, request, self.limits)
+        job.arrival_ns = request.arrival_ns
 
         def emit(outputs: dict[str, Array]) -> None:  # called from the instance's thread
             loop.call_soon_threadsafe(responses.put_nowait, outputs)

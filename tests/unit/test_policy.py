@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.scheduling.policy import BatchPolicy, Decision, admission_wait_ns, next_batch
+from appliance.scheduling.policy import (
+    BatchPolicy,
+    Decision,
+    admission_wait_ns,
+    next_batch,
+    overdue_after_ns,
+    predicted_wait_ns,
+)
 
 DYNAMIC = BatchPolicy(max_batch_size=8, dynamic=True, max_queue_delay_ns=1_000_000)
 
@@ -101,3 +108,45 @@ def test_admission_refuses_when_the_queued_work_exceeds_the_bound() -> None:
 def test_admission_is_off_without_a_bound_or_a_measurement() -> None:
     assert admission_wait_ns(ahead=1000, instances=1, request_ns=1e9, max_wait_ns=0) == 0
     assert admission_wait_ns(ahead=1000, instances=1, request_ns=0.0, max_wait_ns=1) == 0
+
+
+def test_admission_counts_the_time_the_request_already_spent_arriving() -> None:
+    # 4 ahead at 100 ms on one instance: 400 ms of work, within a 1 s bound...
+    assert admission_wait_ns(ahead=4, instances=1, request_ns=1e8, max_wait_ns=10**9) == 0
+    # ...but not after 700 ms spent reading and decoding the body: 1.1 s in all.
+    wait = admission_wait_ns(
+        ahead=4, instances=1, request_ns=1e8, max_wait_ns=10**9, waited_ns=700_000_000
+    )
+    assert wait == 1_100_000_000
+
+
+def test_a_request_that_arrived_slowly_is_still_admitted_behind_one_per_instance() -> None:
+    # Refusing it would save its client nothing: it has waited already, and runs next.
+    wait = admission_wait_ns(
+        ahead=1, instances=1, request_ns=1e8, max_wait_ns=10**9, waited_ns=5 * 10**9
+    )
+    assert wait == 0
+
+
+def test_an_admitted_request_is_overdue_one_execution_past_the_bound() -> None:
+    # Admitted within a 1 s bound at 100 ms per request: refused after 1.1 s without a start.
+    after = overdue_after_ns(ahead=5, instances=1, request_ns=1e8, max_wait_ns=10**9)
+    assert after == 1_100_000_000
+
+
+def test_an_always_admitted_request_is_overdue_one_execution_past_its_predicted_wait() -> None:
+    # 1 ahead at 2 s per request, a 1 ms bound: admitted to wait 2 s; overdue after 4 s.
+    assert overdue_after_ns(ahead=1, instances=1, request_ns=2e9, max_wait_ns=10**6) == 4 * 10**9
+
+
+def test_no_overdue_limit_without_a_bound_or_a_measurement() -> None:
+    assert overdue_after_ns(ahead=9, instances=1, request_ns=1e8, max_wait_ns=0) == 0
+    assert overdue_after_ns(ahead=9, instances=1, request_ns=0.0, max_wait_ns=10**9) == 0
+
+
+def test_the_predicted_wait_leaves_out_what_the_running_requests_have_done() -> None:
+    # A batch of 2 at 100 ms a request, 150 ms into its run, and 2 queued: 250 ms of work left.
+    assert predicted_wait_ns(ahead=4, instances=1, request_ns=1e8, done_ns=1.5e8) == 2.5e8
+    # 5 ahead at 100 ms with 300 ms of it done: 200 ms left, within a 300 ms bound.
+    assert admission_wait_ns(5, 1, 1e8, max_wait_ns=300_000_000, done_ns=3e8) == 0
+    assert admission_wait_ns(5, 1, 1e8, max_wait_ns=300_000_000) == 5e8

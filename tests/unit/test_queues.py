@@ -113,3 +113,25 @@ async def test_take_and_discard_keep_the_count() -> None:
     assert len(q) == 1
     assert [int(j.inputs["x"][0, 0]) for j in q.drain()] == [2]
     assert len(q) == 0
+
+
+async def test_overdue_jobs_leave_the_queue_whatever_their_level() -> None:
+    q = queue()
+    q.push(job(1), 1, 0, now=0, overdue_at=50 * MS)
+    q.push(job(2), 3, 0, now=0, overdue_at=20 * MS)
+    q.push(job(3), 0, 0, now=0)  # no overload deadline
+    assert q.next_deadline() == 20 * MS
+    assert q.overdue(19 * MS) == []
+    assert [int(j.inputs["x"][0, 0]) for j in q.overdue(20 * MS)] == [2]
+    assert tags(q) == [1, 3]
+    assert len(q) == 2
+    assert q.next_deadline() == 50 * MS
+
+
+async def test_a_job_that_ran_is_never_overdue() -> None:
+    q = queue()
+    first = job(1)
+    q.push(first, 0, 0, now=0, overdue_at=10 * MS)
+    q.take([first])
+    assert q.overdue(11 * MS) == []
+    assert q.next_deadline() == 0

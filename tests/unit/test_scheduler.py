@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,7 +58,9 @@ def job(value: float, rows: int = 1) -> Job:
     )
 
 
-def make(instance: Doubler, policy: BatchPolicy, **kwargs: Any) -> tuple[Scheduler, ModelStats]:
+def make(
+    instance: InstanceBase, policy: BatchPolicy, **kwargs: Any
+) -> tuple[Scheduler, ModelStats]:
     stats = ModelStats()
     worker = InstanceWorker("w", instance, batching=policy.max_batch_size > 0)
     scheduler = Scheduler("model 'm' version 1", [worker], policy, stats, **kwargs)
@@ -342,6 +345,85 @@ async def test_cancelled_request_is_counted() -> None:
     assert stats.cancelled == 1
     assert scheduler.pending == 0
     gate.set()
+    await busy
+    await scheduler.stop(1, "was unloaded")
+    scheduler.release(1)
+
+
+class Sleeper(InstanceBase):
+    """y = x after `delay_s`, waiting first for `gate` while it is clear."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def execute(self, inputs: Any, output_names: Sequence[str]) -> dict[str, np.ndarray]:
+        self.gate.wait(5)
+        time.sleep(self.delay_s)
+        return {"y": inputs["x"]}
+
+    def close(self) -> None:
+        pass
+
+
+async def _learned(model: Sleeper, max_queue_wait_ms: int) -> Scheduler:
+    """A one-instance scheduler that has measured a few executions of `model`."""
+    scheduler, _ = make(
+        model,
+        BatchPolicy(max_batch_size=0),
+        max_queue_size=100,
+        max_queue_wait_ns=max_queue_wait_ms * 1_000_000,
+    )
+    for _ in range(2):
+        await scheduler.submit(job(1))
+    return scheduler
+
+
+async def test_requests_admitted_before_their_body_arrives_count_as_work_ahead() -> None:
+    scheduler = await _learned(Sleeper(0.05), max_queue_wait_ms=60)
+    scheduler.admit()  # nothing ahead
+    scheduler.admit()  # one ahead: one waiting request per instance is always admitted
+    # Two arriving requests of >= 50 ms each: over 60 ms, though the queue itself is empty.
+    with pytest.raises(QueueFull, match=r"overloaded: 2 requests ahead.*--max-queue-wait-ms 60"):
+        scheduler.admit()
+    scheduler.arrived()
+    scheduler.admit()  # one of them was queued or failed: room again
+    scheduler.arrived()
+    scheduler.arrived()
+    await scheduler.stop(1, "was unloaded")
+    scheduler.release(1)
+
+
+async def test_time_spent_arriving_counts_against_the_bound() -> None:
+    model = Sleeper(0.02)
+    scheduler = await _learned(model, max_queue_wait_ms=200)
+    model.gate.clear()
+    busy = asyncio.ensure_future(scheduler.submit(job(1)))
+    queued = asyncio.ensure_future(scheduler.submit(job(2)))
+    await asyncio.sleep(0)
+    late = job(3)
+    late.arrival_ns = time.monotonic_ns() - 500_000_000  # its body took 500 ms to arrive
+    with pytest.raises(QueueFull, match=r"2 requests ahead.* ms of it arriving"):
+        await scheduler.submit(late)
+    model.gate.set()
+    await asyncio.gather(busy, queued)
+    await scheduler.stop(1, "was unloaded")
+    scheduler.release(1)
+
+
+async def test_an_admitted_request_still_waiting_one_execution_past_the_bound_is_refused() -> None:
+    model = Sleeper(0.02)
+    scheduler = await _learned(model, max_queue_wait_ms=50)
+    model.gate.clear()  # the model slows down after the admission: the running request hangs
+    busy = asyncio.ensure_future(scheduler.submit(job(1)))
+    await asyncio.sleep(0)
+    started = time.monotonic()
+    with pytest.raises(QueueFull, match=r"overloaded: waited \d+ ms for an instance"):
+        await scheduler.submit(job(2))  # admitted: one waiting request per instance
+    # Refused at about the bound plus one execution (50 + ~20 ms), not when the instance freed.
+    assert 0.05 <= time.monotonic() - started < 1.0
+    model.gate.set()
     await busy
     await scheduler.stop(1, "was unloaded")
     scheduler.release(1)

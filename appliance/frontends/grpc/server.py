@@ -220,8 +220,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
         shm = self.shared_memory
-        decoded = decode_request(request, shm, self.limits)
-        return encode_response(await self.core.infer(decoded), shm_targets(decoded.outputs), shm)
+        # Admission before decoding: an overloaded model's refusal costs no decode or validation.
+        with self.core.admit(request.model_name, request.model_version) as admission:
+            decoded = decode_request(request, shm, self.limits)
+            response = await self.core.infer(decoded, admission)
+        return encode_response(response, shm_targets(decoded.outputs), shm)
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[Any], context: Any

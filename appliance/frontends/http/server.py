@@ -21,6 +21,7 @@ from appliance.frontends import jsonconv
 from appliance.frontends.http import convert
 from appliance.frontends.http.codec import HEADER_LENGTH, decode_request, encode_response
 from appliance.frontends.http.generate import decode_generate, encode_generate
+from appliance.frontends.http.refusals import RefusedBodies
 from appliance.frontends.status import HTTP_STATUS
 from appliance.limits import RequestLimits
 from appliance.logs import RATE_LIMITED
@@ -163,6 +164,7 @@ class HttpFrontend:
         self.restrictions = restrictions
         self.shared_memory = shared_memory
         self.limits = limits
+        self.refused = RefusedBodies()
 
     def build(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
@@ -222,11 +224,19 @@ class HttpFrontend:
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
         model, version = self._model(request)
-        body = await read_body(request, self.max_body_bytes)
-        shm = self.shared_memory
-        header_length = request.headers.get(HEADER_LENGTH)
-        wire = decode_request(body, header_length, model, version, shm, self.limits)
-        response = await self.core.infer(wire.request)
+        # Admission before a byte of the body is read: an overloaded model's refusal costs
+        # no body copy, decode or validation (frontends/http/refusals.py discards the body).
+        try:
+            admission = self.core.admit(model, version)
+        except ApplianceError as exc:
+            refusal = error_response(HTTP_STATUS[exc.code], exc.message)
+            return await self.refused.refuse(request, refusal)
+        with admission:
+            body = await read_body(request, self.max_body_bytes)
+            shm = self.shared_memory
+            header_length = request.headers.get(HEADER_LENGTH)
+            wire = decode_request(body, header_length, model, version, shm, self.limits)
+            response = await self.core.infer(wire.request, admission)
         chunks, json_length = encode_response(response, wire, shm)
         if json_length is None:
             resp = web.Response(body=chunks[0], content_type=_JSON)
