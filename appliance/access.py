@@ -26,6 +26,9 @@ APIS = (
     "statistics",
     "trace",
     "logging",
+    # The status page: GET /, /status, /status.json, /openapi.json (HTTP only; naming it in
+    # --grpc-restricted-protocol restricts nothing, as gRPC serves no page).
+    "status",
 )
 GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
 

@@ -27,9 +27,11 @@ import json
 import logging
 import logging.handlers
 import os
+import re
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TextIO
@@ -223,6 +225,49 @@ class ClientHttpErrors(logging.Filter):
 
 _CLIENT_HTTP_ERRORS = ClientHttpErrors()
 
+# Warnings and errors the status page shows: the newest 100 (about 30 KB at most).
+RECENT_PROBLEMS = 100
+_MODEL_NAMED = re.compile(r"model '([^']{1,200})'")
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """A warning or error line as the status page shows it."""
+
+    time_s: float  # wall clock, seconds since the epoch
+    level: str  # WARNING, ERROR or CRITICAL
+    logger: str
+    message: str  # the first line, at most 500 characters
+    model: str  # the model the line names ("model 'x'"), or ""
+
+
+class RecentProblems(logging.Handler):
+    """A bounded ring of the latest WARNING and ERROR records, for the status page.
+
+    Kept apart from the output handler: it sees every warning and error whatever the log
+    settings and the rate limits say (it never grows, so a flood only pushes old lines out).
+    """
+
+    def __init__(self, capacity: int = RECENT_PROBLEMS) -> None:
+        super().__init__(logging.WARNING)
+        self._ring: deque[Problem] = deque(maxlen=capacity)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format string must not break logging
+            message = str(record.msg)
+        first = message.split("\n", 1)[0][:500]
+        named = _MODEL_NAMED.search(first)
+        self._ring.append(
+            Problem(record.created, record.levelname, record.name, first,
+                    named.group(1) if named else "")
+        )
+
+    def recent(self) -> list[Problem]:
+        """Oldest first."""
+        return list(self._ring)
+
 
 class LogSettings:
     """The server's log settings and the root logger's one handler that applies them."""
@@ -232,6 +277,7 @@ class LogSettings:
         self._stream = stream
         self._handler: logging.Handler | None = None
         self._rate_limit = RateLimit()
+        self.problems = RecentProblems()
 
     def as_dict(self) -> dict[str, Any]:
         """Triton's log settings object (every setting, as `GET /v2/logging` answers)."""
@@ -258,7 +304,7 @@ class LogSettings:
         handler.addFilter(self._filter)
         handler.addFilter(self._rate_limit)  # after the level filter: only shown lines count
         self._configure(handler)
-        logging.getLogger().handlers[:] = [handler]
+        logging.getLogger().handlers[:] = [handler, self.problems]
         logging.getLogger("aiohttp.server").addFilter(_CLIENT_HTTP_ERRORS)
         self._handler = handler
 

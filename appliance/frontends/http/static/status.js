@@ -1,0 +1,200 @@
+// The status page: polls /status.json and draws it. Plain DOM, text only (no innerHTML), so
+// nothing in the data can run here. Charts are inline SVG polylines.
+"use strict";
+
+const REFRESH_MS = 2000;
+const SVG = "http://www.w3.org/2000/svg";
+
+function el(tag, text, cls) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  if (cls) node.className = cls;
+  return node;
+}
+
+function bytes(n) {
+  if (n === null || n === undefined) return "–";
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return n.toFixed(i ? 1 : 0) + " " + units[i];
+}
+
+function num(n, digits) {
+  return n === null || n === undefined ? "–" : Number(n).toFixed(digits);
+}
+
+function when(seconds) {
+  if (!seconds) return "never";
+  return new Date(seconds * 1000).toLocaleString();
+}
+
+function duration(s) {
+  const d = Math.floor(s / 86400), h = Math.floor(s / 3600) % 24, m = Math.floor(s / 60) % 60;
+  return (d ? d + "d " : "") + (d || h ? h + "h " : "") + m + "m " + Math.floor(s % 60) + "s";
+}
+
+function fillList(dl, pairs) {
+  dl.replaceChildren();
+  for (const [key, value] of pairs) {
+    dl.append(el("dt", key), el("dd", value));
+  }
+}
+
+// A polyline of `values` (null: a gap drawn as 0) scaled to the box; `title` for the tooltip.
+function chart(kind, values, title) {
+  const width = 160, height = 36, pad = 2;
+  const svg = document.createElementNS(SVG, "svg");
+  svg.setAttribute("class", "chart " + kind);
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.setAttribute("preserveAspectRatio", "none");
+  const label = document.createElementNS(SVG, "title");
+  label.textContent = title;
+  svg.append(label);
+  const line = document.createElementNS(SVG, "polyline");
+  const max = Math.max(1e-9, ...values.map((v) => v || 0));
+  const step = values.length > 1 ? (width - 2 * pad) / (values.length - 1) : 0;
+  const points = values.map((v, i) => {
+    const x = pad + i * step;
+    const y = height - pad - ((v || 0) / max) * (height - 2 * pad);
+    return x.toFixed(1) + "," + y.toFixed(1);
+  });
+  line.setAttribute("points", points.join(" "));
+  svg.append(line);
+  return svg;
+}
+
+function renderDevice(data) {
+  const s = data.server, d = data.device;
+  const badge = document.getElementById("readiness");
+  badge.textContent = s.ready ? "ready" : "not ready";
+  badge.className = "badge " + (s.ready ? "ok" : "bad");
+  const pairs = [
+    ["server", `${s.name} ${s.version}` + (s.build.commit ? ` (${s.build.commit})` : "")],
+    ["host", d.hostname],
+    ["uptime", duration(s.uptime_s)],
+    ["CPU", `${num(d.cpu_percent, 1)} % of ${d.cpu_count} (load ${num(d.load_1m, 2)})`],
+    ["memory", d.memory_total_bytes
+      ? `${bytes(d.memory_total_bytes - d.memory_available_bytes)} used of ` +
+        bytes(d.memory_total_bytes)
+      : "–"],
+    ["model store", `${bytes(d.store_free_bytes)} free of ${bytes(d.store_total_bytes)} ` +
+      `(${d.store_path})`],
+  ];
+  for (const gpu of d.gpus) {
+    pairs.push(["GPU " + gpu.uuid,
+      `${num(gpu.utilization === null ? null : gpu.utilization * 100, 0)} % busy, ` +
+      `${bytes(gpu.memory_used_bytes)} of ${bytes(gpu.memory_total_bytes)}, ` +
+      `${num(gpu.power_watts, 1)} W`]);
+  }
+  if (!d.gpus.length) pairs.push(["GPU", "none seen"]);
+  fillList(document.getElementById("device"), pairs);
+  const problems = document.getElementById("server-problems");
+  problems.replaceChildren(...s.problems.map((p) => el("li", p)));
+}
+
+function versionsCell(model) {
+  const cell = el("td");
+  for (const v of model.versions) {
+    const line = el("div");
+    line.append(el("span", v.version === null ? "–" : "v" + v.version),
+      el("span", " " + (v.state || "not loaded"), "state-" + v.state));
+    if (v.reason) {
+      line.append(el("div", v.reason, v.state === "READY" ? "note" : "reason"));
+    }
+    cell.append(line);
+  }
+  return cell;
+}
+
+function renderModels(data) {
+  const body = document.querySelector("#models tbody");
+  const rows = data.models.map((m) => {
+    const tr = el("tr");
+    tr.dataset.model = m.name;
+    const live = m.live;
+    const groups = m.instance_groups.map((g) =>
+      `${g.count} × ${g.kind.replace("KIND_", "")}` + (g.gpus.length ? ` (GPU ${g.gpus})` : ""));
+    const batching = m.max_batch_size
+      ? `max ${m.max_batch_size}` + (m.dynamic_batching
+        ? `, dynamic (delay ${m.max_queue_delay_us} µs` +
+          (m.preferred_batch_sizes.length ? `, preferred ${m.preferred_batch_sizes}` : "") + ")"
+        : "")
+      : "none";
+    tr.append(
+      el("td", m.name + (m.platform ? ` (${m.platform})` : "")),
+      el("td", m.state || "not loaded", "state-" + m.state),
+      versionsCell(m),
+      el("td", groups.join(", ") || "–"),
+      el("td", batching),
+      el("td", num(live.requests_per_s, 1), "num rate-value"),
+      el("td", num(live.p50_ms, 2), "num"),
+      el("td", num(live.p99_ms, 2), "num"),
+      el("td", num(live.error_rate * 100, 1) + " %", "num"),
+    );
+    const rate = el("td");
+    rate.append(chart("rate", live.points.map((p) => p.requests_per_s), "requests/s"));
+    const latency = el("td");
+    latency.append(chart("latency", live.points.map((p) => p.mean_ms), "mean latency, ms"));
+    tr.append(rate, latency);
+    return tr;
+  });
+  body.replaceChildren(...rows);
+}
+
+function renderUpdates(data) {
+  const u = data.updates;
+  fillList(document.getElementById("updates"), [
+    ["model control", u.control_mode],
+    ["local repositories", u.local_repositories.join(", ") || "none"],
+    ["polling", u.poll_interval_s === null ? "off" : `every ${u.poll_interval_s} s`],
+    ["last poll", u.last_poll_s === null ? "none yet" : when(u.last_poll_s)],
+  ]);
+  const list = document.getElementById("sources");
+  list.replaceChildren(...u.sources.map((s) => {
+    const reach = s.reachable === null ? "not synced yet" : s.reachable ? "reachable" : "unreachable";
+    const item = el("li", `${s.url}: ${reach}, last sync ` +
+      `${when(s.last_sync_s)}, ${bytes(s.downloaded_bytes)} downloaded`);
+    if (s.last_error) item.append(el("div", s.last_error, "reason"));
+    for (const p of s.pending) item.append(el("div", "pending: " + p, "note"));
+    return item;
+  }));
+}
+
+function renderProblems(data) {
+  const body = document.querySelector("#problems tbody");
+  const rows = data.recent_problems.slice().reverse().map((p) => {
+    const tr = el("tr");
+    tr.append(el("td", when(p.time_s)), el("td", p.level, "level-" + p.level),
+      el("td", p.model || "–"), el("td", p.message));
+    return tr;
+  });
+  if (!rows.length) {
+    const tr = el("tr");
+    const td = el("td", "none", "muted");
+    td.colSpan = 4;
+    tr.append(td);
+    rows.push(tr);
+  }
+  body.replaceChildren(...rows);
+}
+
+async function refresh() {
+  const updated = document.getElementById("updated");
+  try {
+    const response = await fetch("/status.json", { cache: "no-store" });
+    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    const data = await response.json();
+    renderDevice(data);
+    renderModels(data);
+    renderUpdates(data);
+    renderProblems(data);
+    updated.textContent = "updated " + new Date(data.generated_s * 1000).toLocaleTimeString();
+  } catch (err) {
+    updated.textContent = "cannot reach the server: " + err.message;
+  } finally {
+    setTimeout(refresh, REFRESH_MS);
+  }
+}
+
+document.addEventListener("DOMContentLoaded", refresh);

@@ -1,0 +1,84 @@
+"""The status page over HTTP: `GET /status` (the page), `/status.json` (its data), `/` (a
+redirect to the page), `/status/<asset>` (its script and style) and `/openapi.json` (the
+HTTP API this server serves).
+
+The files are package data (`frontends/http/static/`), read once: no CDN, works offline. Only
+the fixed names below are served, so no request can name a file. The page writes the data with
+`textContent` only and is sent with a Content-Security-Policy that allows its own script and
+nothing inline, so nothing in a model name or a log line can run in the browser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from importlib import resources
+
+import orjson
+from aiohttp import web
+
+from appliance.services.status import StatusService
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+API = "status"  # the restricted-API group (appliance/access.py)
+
+# name -> content type; the page's own files (static/).
+ASSETS = {
+    "status.html": "text/html",
+    "status.js": "text/javascript",
+    "status.css": "text/css",
+    "openapi.json": "application/json",
+}
+_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+        "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def read_asset(name: str) -> bytes:
+    """One of the page's files, from the package (or the binary's bundled copy)."""
+    return (resources.files("appliance.frontends.http") / "static" / name).read_bytes()
+
+
+class StatusPage:
+    """The handlers; `routes()` gives them with their restricted-API group."""
+
+    def __init__(self, status: StatusService) -> None:
+        self.status = status
+        self._assets = {name: read_asset(name) for name in ASSETS}
+
+    def routes(self) -> list[tuple[str, str, Handler, str]]:
+        return [
+            ("GET", "/", self.root, API),
+            ("GET", "/status", self.page, API),
+            ("GET", "/status.json", self.data, API),
+            ("GET", "/status/{asset}", self.asset, API),
+            ("GET", "/openapi.json", self.openapi, API),
+        ]
+
+    def _file(self, name: str) -> web.Response:
+        return web.Response(body=self._assets[name], content_type=ASSETS[name], headers=_HEADERS)
+
+    async def root(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(status=302, headers={"Location": "/status"})
+
+    async def page(self, request: web.Request) -> web.StreamResponse:
+        return self._file("status.html")
+
+    async def asset(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["asset"]
+        if name not in ("status.js", "status.css"):
+            raise web.HTTPNotFound(reason=f"no such file: /status/{name}")
+        return self._file(name)
+
+    async def openapi(self, request: web.Request) -> web.StreamResponse:
+        return self._file("openapi.json")
+
+    async def data(self, request: web.Request) -> web.StreamResponse:
+        # orjson writes the report's frozen dataclasses with their field names.
+        body = orjson.dumps(self.status.report())
+        return web.Response(body=body, content_type="application/json", headers=_HEADERS)
