@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
+import pytest
+
 from appliance.access import APIS
 from appliance.frontends.http.server import HttpFrontend
 from appliance.frontends.http.status_page import read_asset
@@ -53,3 +55,8 @@ def test_every_operation_names_a_known_api_group() -> None:
         p for p, ops in doc["paths"].items() if ops.get("get", {}).get("tags") == ["status"]
     }
     assert status_ops == {"/", "/status", "/status.json", "/status/{asset}", "/openapi.json"}
+
+
+def test_openapi_is_a_valid_description() -> None:
+    validator = pytest.importorskip("openapi_spec_validator", reason="openapi-spec-validator")
+    validator.validate(json.loads(read_asset("openapi.json")))

@@ -41,9 +41,15 @@ function fillList(dl, pairs) {
   }
 }
 
-// A polyline of `values` (null: a gap drawn as 0) scaled to the box; `title` for the tooltip.
-function chart(kind, values, title) {
+// The server keeps this many points per model (services/status.py RING_POINTS).
+const RING_POINTS = 150;
+
+// A polyline of the last RING_POINTS `values`, newest at the right (missing or null: drawn
+// as 0), scaled to the box; `title` for the tooltip.
+function chart(kind, recent, title) {
   const width = 160, height = 36, pad = 2;
+  const values = Array(Math.max(0, RING_POINTS - recent.length)).fill(null)
+    .concat(recent.slice(-RING_POINTS));
   const svg = document.createElementNS(SVG, "svg");
   svg.setAttribute("class", "chart " + kind);
   svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
