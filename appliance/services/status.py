@@ -36,7 +36,7 @@ from appliance.gpu_metrics import (
 )
 from appliance.logs import Problem
 from appliance.protocol import model_config_pb2 as mc
-from appliance.services.control import ControlService
+from appliance.services.control import ControlService, index_rows
 from appliance.services.results import ModelStatistics
 
 log = logging.getLogger(__name__)
@@ -485,8 +485,12 @@ class StatusService:
         )
 
     def _models(self) -> tuple[ModelStatus, ...]:
+        """Every model the server loaded or tried to, and versions still to be fetched. Not
+        the repository's never-loaded folders (explicit mode): listing them is disk I/O on
+        the loop, and logs a warning per skipped folder, at every refresh of every page."""
+        runtime = self.control.manager
         rows: dict[str, list[VersionStatus]] = {}
-        for row in self.control.repository_index():
+        for row in index_rows(runtime.registry.records(), runtime.pending()):
             rows.setdefault(row.name, []).append(VersionStatus(row.version, row.state, row.reason))
         return tuple(self._model(name, versions) for name, versions in sorted(rows.items()))
 

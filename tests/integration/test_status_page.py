@@ -133,3 +133,17 @@ def test_the_status_group_is_restricted(
     assert _model(json.loads(body), "simple")["state"] == "READY"
     code, _, _ = get(base + "/v2/health/ready")  # other groups stay open
     assert code == 200
+
+
+def test_status_json_follows_its_documented_schema(status_server: ServerProcess) -> None:
+    validator = pytest.importorskip("openapi_schema_validator", reason="openapi-schema-validator")
+    infer_simple(status_server.http_url, 5)
+    wait_for(
+        lambda: _model(status_json(status_server.http_url), "simple")["live"]["points"],
+        15,
+        "a rate point",
+    )
+    openapi = json.loads(read_asset("openapi.json"))
+    components = openapi["components"]
+    schema = {**components["schemas"]["StatusReport"], "components": components}
+    validator.validate(status_json(status_server.http_url), schema, cls=validator.OAS30Validator)

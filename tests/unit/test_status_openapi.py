@@ -3,6 +3,7 @@ HTTP front end serves, each tagged with its restricted-API group."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, cast
 
@@ -12,6 +13,8 @@ from appliance.access import APIS
 from appliance.frontends.http.server import HttpFrontend
 from appliance.frontends.http.status_page import read_asset
 from appliance.limits import RequestLimits
+from appliance.logs import Problem
+from appliance.services import status
 from appliance.services.shared_memory import SharedMemoryRegistry
 from appliance.services.status import StatusService
 
@@ -60,3 +63,19 @@ def test_every_operation_names_a_known_api_group() -> None:
 def test_openapi_is_a_valid_description() -> None:
     validator = pytest.importorskip("openapi_spec_validator", reason="openapi-spec-validator")
     validator.validate(json.loads(read_asset("openapi.json")))
+
+
+def test_the_status_schemas_name_the_reports_fields() -> None:
+    """The documented /status.json schemas have exactly the fields of the typed results."""
+    schemas = json.loads(read_asset("openapi.json"))["components"]["schemas"]
+    classes = {
+        name: cls
+        for name, cls in [*vars(status).items(), ("Problem", Problem)]
+        if dataclasses.is_dataclass(cls) and name in schemas
+    }
+    assert "StatusReport" in classes
+    for name, cls in classes.items():
+        fields = [f.name for f in dataclasses.fields(cls)]
+        assert list(schemas[name]["properties"]) == fields, name
+        assert schemas[name]["required"] == fields, name
+        assert schemas[name]["additionalProperties"] is False, name
