@@ -112,3 +112,35 @@ def test_page_shows_models_and_its_chart_moves(
 
     severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert severe == [], severe
+
+
+def test_a_load_and_an_unload_appear_without_a_reload(
+    browser: Any, start_server: Any, tmp_path: Path
+) -> None:
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    root = status_repo.build(tmp_path / "models")
+    proc = start_server(root, "--model-control-mode=explicit", "--load-model=simple")
+    browser.get(f"http://{proc.http_url}/status")
+    wait_for(lambda: _row(browser, "simple"), 20, "the model table")
+    assert "READY" in _row(browser, "simple").text
+    assert _row(browser, "broken") is None  # never asked for: not on the page
+
+    client = httpclient.InferenceServerClient(proc.http_url)
+    client.unload_model("simple")
+
+    def state(model: str) -> str:
+        row = _row(browser, model)
+        return str(row.find_elements("css selector", "td")[1].text) if row else ""
+
+    wait_for(lambda: state("simple") not in ("", "READY"), 15, "simple shown unloaded")
+    client.load_model("simple")
+    wait_for(lambda: state("simple") == "READY", 15, "simple shown ready again")
+    with pytest.raises(InferenceServerException, match="failed"):
+        client.load_model("broken")
+    wait_for(lambda: state("broken") == "UNAVAILABLE", 15, "broken shown failed")
+    reason = _row(browser, "broken").find_elements("css selector", ".reason")
+    assert reason, _row(browser, "broken").text
+    assert "onnx" in reason[0].text.lower()
+    client.close()
