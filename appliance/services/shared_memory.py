@@ -223,12 +223,12 @@ class SharedMemoryRegistry:
     ) -> Region | CudaRegion:
         """A registered region whose window holds `byte_size` bytes at `offset`."""
         region = self._regions.get(name)
-        if region is None:
-            raise InvalidInput(f"{where}: unable to find shared memory region: '{name}'")
+        if region is None:  # tritonserver's text first, then where
+            raise InvalidInput(f"Unable to find shared memory region: '{name}' ({where})")
         if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
             raise InvalidInput(
-                f"{where}: invalid offset + byte size for shared memory region '{name}': "
-                f"{offset} + {byte_size} > its {region.byte_size} bytes"
+                f"Invalid offset + byte size for shared memory region: '{name}' ({where}: "
+                f"{offset} + {byte_size} > its {region.byte_size} bytes)"
             )
         return region
 

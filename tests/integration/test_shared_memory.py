@@ -137,7 +137,7 @@ def test_bad_windows_get_precise_errors(
     try:
         inputs, outputs = _io(module, inp, out)
         inputs[1].set_shared_memory(inp, BYTES, offset=BYTES + 8)  # runs past the region
-        with pytest.raises(InferenceServerException, match="invalid offset \\+ byte size"):
+        with pytest.raises(InferenceServerException, match="Invalid offset \\+ byte size for shared memory region"):
             client.infer("simple", inputs, outputs=outputs)
         inputs, outputs = _io(module, inp, out)
         inputs[0].set_shared_memory(inp, BYTES - 4, offset=0)  # one element short
@@ -192,7 +192,7 @@ def test_region_unregistered_mid_stream(server: ServerProcess, regions: dict) ->
     first, second = results
     _check_outputs(first, regions)
     assert isinstance(second, InferenceServerException)
-    assert "unable to find shared memory region" in second.message()
+    assert "Unable to find shared memory region" in second.message()
     assert client.is_server_live()
 
 
