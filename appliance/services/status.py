@@ -445,8 +445,11 @@ class StatusService:
 
     async def _loop(self) -> None:
         if self._gpu_metrics:
-            # NVML initialises the driver: seconds on some machines, so off the loop.
-            self.device_reader.gpu = await asyncio.to_thread(find_gpu_source, self.interval_s)
+            try:
+                # NVML initialises the driver: seconds on some machines, so off the loop.
+                self.device_reader.gpu = await asyncio.to_thread(find_gpu_source, self.interval_s)
+            except Exception:  # the page shows no GPU rather than nothing at all
+                log.exception("status page: no GPU readings")
         while True:
             try:
                 await self.sample()
