@@ -137,7 +137,9 @@ def test_bad_windows_get_precise_errors(
     try:
         inputs, outputs = _io(module, inp, out)
         inputs[1].set_shared_memory(inp, BYTES, offset=BYTES + 8)  # runs past the region
-        with pytest.raises(InferenceServerException, match="Invalid offset \\+ byte size for shared memory region"):
+        with pytest.raises(
+            InferenceServerException, match="Invalid offset \\+ byte size for shared memory region"
+        ):
             client.infer("simple", inputs, outputs=outputs)
         inputs, outputs = _io(module, inp, out)
         inputs[0].set_shared_memory(inp, BYTES - 4, offset=0)  # one element short
