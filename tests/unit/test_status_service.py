@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from appliance.gpu_metrics import MEMORY_TOTAL, MEMORY_USED, UTILIZATION, GpuReading
 from appliance.logs import RecentProblems
 from appliance.services.results import InferStatistics, ModelStatistics, StatisticDuration
 from appliance.services.status import DeviceReader, LiveStats, shown_url, weighted_percentile
@@ -156,3 +157,23 @@ def test_recent_problems_keep_the_newest_warnings_and_errors() -> None:
     ring.handle(record)
     assert ring.recent()[0].model == "resnet"
     assert ring.recent()[0].message == "model 'resnet': a"
+
+
+class _FakeGpu:
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+
+    def read(self) -> list[GpuReading]:
+        if self.fail:
+            raise RuntimeError("driver went away")
+        return [
+            GpuReading("GPU-1", {UTILIZATION: 0.5, MEMORY_TOTAL: 8e9, MEMORY_USED: 2e9}),
+        ]
+
+
+def test_gpu_readings_come_from_the_gpu_metrics_source(tmp_path: Path) -> None:
+    (gpu,) = DeviceReader(tmp_path, gpu=_FakeGpu()).read().gpus
+    assert (gpu.uuid, gpu.utilization, gpu.memory_total_bytes) == ("GPU-1", 0.5, 8e9)
+    assert gpu.memory_used_bytes == 2e9
+    assert gpu.power_watts is None  # the device does not report it
+    assert DeviceReader(tmp_path, gpu=_FakeGpu(fail=True)).read().gpus == ()
