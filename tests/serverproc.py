@@ -9,6 +9,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +30,7 @@ class ServerProcess:
         *extra: str,
         log_path: Path,
         env: dict[str, str] | None = None,
+        launcher: Sequence[str] = (),
     ) -> None:
         repos = repository if isinstance(repository, list) else [repository]
         self.http_port = free_port()
@@ -37,7 +39,8 @@ class ServerProcess:
         self.http_url = f"127.0.0.1:{self.http_port}"
         self.grpc_url = f"127.0.0.1:{self.grpc_port}"
         self.log_path = log_path
-        args = [sys.executable, "-m", "appliance", "serve"]
+        # `launcher`: a command that execs the rest (e.g. unshare: a file system of its own).
+        args = [*launcher, sys.executable, "-m", "appliance", "serve"]
         for repo in repos:
             args += ["--model-repository", str(repo)]
         args += [
