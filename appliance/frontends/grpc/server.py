@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from appliance.access import Restrictions
 from appliance.errors import ApplianceError
@@ -25,6 +26,12 @@ from appliance.services.shared_memory import SharedMemoryRegistry, shm_targets
 log = logging.getLogger(__name__)
 
 _STREAMING = {"ModelStreamInfer"}
+
+# Requests of one ModelStreamInfer stream in flight (read and not yet answered), and responses
+# waiting for the client to read them. At the bound the stream reads no further request until
+# one is answered: a client that sends without reading is held back by HTTP/2 flow control
+# instead of growing the server (issue 17: 115 -> 473 MB over 250k requests, unbounded).
+STREAM_MAX_IN_FLIGHT = 64
 
 
 def _status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
@@ -229,13 +236,18 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[Any], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Requests on a stream run concurrently; each gets one response, errors in-band."""
+        """Requests on a stream run concurrently, up to STREAM_MAX_IN_FLIGHT; each gets its
+        responses, errors in-band."""
         try:
             check_access(self.restrictions, "ModelStreamInfer", context)
         except ApplianceError as exc:
             await context.abort(GRPC_STATUS[exc.code], exc.message)
-        responses: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        responses: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue(
+            STREAM_MAX_IN_FLIGHT
+        )
+        slots = asyncio.Semaphore(STREAM_MAX_IN_FLIGHT)  # one per request read, until answered
         pending: set[asyncio.Task[None]] = set()
+        malformed: list[str] = []  # why a request message did not parse: the stream ends
 
         async def one(request: Any) -> None:
             final_flag = "triton_enable_empty_final_response" in request.parameters and (
@@ -273,10 +285,21 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                         ),
                     )
                 )
+            finally:
+                slots.release()
 
         async def read() -> None:
             try:
-                async for request in request_iterator:
+                requests = request_iterator.__aiter__()
+                while True:
+                    await slots.acquire()  # backpressure: no read while the stream is full
+                    try:
+                        request = await requests.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    except DecodeError as exc:  # the requests read before it are answered
+                        malformed.append(str(exc))
+                        break
                     task = asyncio.ensure_future(one(request))
                     pending.add(task)
                     task.add_done_callback(pending.discard)
@@ -292,6 +315,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 if item is None:
                     break
                 yield item
+            if malformed:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"ModelStreamInfer: a request message does not parse: {malformed[0]}",
+                )
         finally:
             reader.cancel()
             for task in list(pending):
