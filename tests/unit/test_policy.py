@@ -128,10 +128,14 @@ def test_a_request_that_arrived_slowly_is_still_admitted_behind_one_per_instance
     assert wait == 0
 
 
-def test_an_admitted_request_is_overdue_one_execution_past_the_bound() -> None:
-    # Admitted within a 1 s bound at 100 ms per request: refused after 1.1 s without a start.
+def test_an_admitted_request_is_overdue_a_margin_past_the_bound() -> None:
+    # Admitted within a 1 s bound at 100 ms per request: refused after 1.25 s without a start
+    # (a quarter of the bound, more than one execution).
     after = overdue_after_ns(ahead=5, instances=1, request_ns=1e8, max_wait_ns=10**9)
-    assert after == 1_100_000_000
+    assert after == 1_250_000_000
+    # At 400 ms per request, one execution is the longer margin.
+    after = overdue_after_ns(ahead=2, instances=1, request_ns=4e8, max_wait_ns=10**9)
+    assert after == 1_400_000_000
 
 
 def test_an_always_admitted_request_is_overdue_one_execution_past_its_predicted_wait() -> None:
