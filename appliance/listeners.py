@@ -21,8 +21,10 @@ import grpc
 from aiohttp import web
 
 from appliance.frontends.http.connections import GuardedAppRunner, GuardedRequestHandler
+from appliance.memory import HeapTrimmer
 from appliance.settings import HttpConnectionLimits, TlsSettings
 from appliance.shutdown import FORCE_AFTER_S, Deadline
+from appliance.tls import TlsFileError, certificates, key_pair
 
 log = logging.getLogger(__name__)
 
@@ -137,19 +139,25 @@ async def serve_http(
 
 
 class GrpcListener:
-    """A started grpc.aio server."""
+    """A started grpc.aio server, and the trimmer that gives the memory a burst of calls leaves
+    behind back to the system (appliance/memory.py)."""
 
     what = "gRPC"
 
-    def __init__(self, server: grpc.aio.Server, unix_path: str = "") -> None:
+    def __init__(
+        self, server: grpc.aio.Server, unix_path: str = "", trimmer: HeapTrimmer | None = None
+    ) -> None:
         self._server = server
         self.unix_path = unix_path
+        self._trimmer = trimmer
 
     async def stop(self, deadline: Deadline) -> list[str]:
         """Refuse new calls at once; calls still running at the cut-off are cancelled."""
         try:
             await self._server.stop(grace=deadline.until_cut_s(time.monotonic()))
         finally:
+            if self._trimmer is not None:
+                await self._trimmer.stop()
             if self.unix_path:
                 with contextlib.suppress(OSError):
                     os.unlink(self.unix_path)
@@ -182,31 +190,33 @@ async def serve_grpc(
             else:
                 bound = server.add_insecure_port(where)
         except RuntimeError as exc:
-            raise StartupError(f"cannot listen for gRPC on {where}: {exc}") from exc
+            # The TLS files passed appliance/tls.py's checks; gRPC's own log line says more.
+            also = " or TLS refused by gRPC" if credentials is not None else ""
+            raise StartupError(
+                f"cannot listen for gRPC on {where} (address in use{also}?): {exc}"
+            ) from exc
         if bound == 0 and not where.startswith("unix:"):
             raise StartupError(f"cannot listen for gRPC on {where}: address in use?")
         ports.append(bound)
     await server.start()
     if unix_path:
         os.chmod(unix_path, unix_mode)
-    return GrpcListener(server, unix_path), ports[0] if port >= 0 else None
-
-
-def _read(path: str, what: str) -> bytes:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except OSError as exc:
-        raise StartupError(f"cannot read {what} '{path}': {exc.strerror}") from exc
+    # gRPC's receive buffers and the requests decoded from them are the server's largest
+    # transient allocations: without a trim, a burst leaves its memory with glibc.
+    trimmer = HeapTrimmer()
+    trimmer.start()
+    return GrpcListener(server, unix_path, trimmer), ports[0] if port >= 0 else None
 
 
 def grpc_credentials(tls: TlsSettings) -> grpc.ServerCredentials | None:
     """TLS for the gRPC TCP listener (Unix sockets stay plain: the file mode guards them)."""
     if not tls.grpc:
         return None
-    key = _read(tls.grpc_key, "--grpc-server-key")
-    cert = _read(tls.grpc_cert, "--grpc-server-cert")
-    root = _read(tls.grpc_root, "--grpc-root-cert") if tls.grpc_root else None
+    try:
+        cert, key = key_pair(tls.grpc_cert, "--grpc-server-cert", tls.grpc_key, "--grpc-server-key")
+        root = certificates(tls.grpc_root, "--grpc-root-cert") if tls.grpc_root else None
+    except TlsFileError as exc:
+        raise StartupError(str(exc)) from None
     return grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=root, require_client_auth=tls.grpc_mutual
     )
@@ -215,14 +225,23 @@ def grpc_credentials(tls: TlsSettings) -> grpc.ServerCredentials | None:
 def http_ssl_context(tls: TlsSettings) -> ssl.SSLContext | None:
     if not tls.http_cert:
         return None
+    try:
+        key_pair(tls.http_cert, "--http-ssl-cert", tls.http_key, "--http-ssl-key")
+        if tls.http_root:
+            certificates(tls.http_root, "--http-ssl-root-cert")
+    except TlsFileError as exc:
+        raise StartupError(str(exc)) from None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
         context.load_cert_chain(tls.http_cert, tls.http_key)
         if tls.http_root:
             context.load_verify_locations(tls.http_root)
             context.verify_mode = ssl.CERT_REQUIRED
-    except (OSError, ssl.SSLError) as exc:
-        raise StartupError(f"cannot use the HTTP TLS certificate or key: {exc}") from exc
+    except (OSError, ssl.SSLError) as exc:  # passed the checks above: changed since?
+        files = f"--http-ssl-cert '{tls.http_cert}', --http-ssl-key '{tls.http_key}'"
+        if tls.http_root:
+            files += f" or --http-ssl-root-cert '{tls.http_root}'"
+        raise StartupError(f"cannot use {files}: {exc}") from exc
     return context
 
 
