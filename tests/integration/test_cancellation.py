@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,45 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.serverproc import ServerProcess
+
+# A model whose every execution takes a fixed 50 ms whatever the CPU (ONNX models of a fixed
+# size run several times faster on one CPU than another): queues build up the same everywhere.
+SLEEPER = """
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(0.05)
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", data)]))
+        return responses
+"""
+
+SLEEPER_CONFIG = """
+name: "slow" backend: "python" max_batch_size: 1
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 1024 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1024 ] } ]
+dynamic_batching { }
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("cancellation")
+    (root / "slow" / "1").mkdir(parents=True)
+    (root / "slow" / "config.pbtxt").write_text(SLEEPER_CONFIG)
+    (root / "slow" / "1" / "model.py").write_text(SLEEPER)
+    proc = ServerProcess(root, log_path=root / "server.log")
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
 
 
 def _metric(server: ServerProcess, wanted: str) -> float:
@@ -51,13 +91,14 @@ def _slow_body() -> bytes:
 
 
 def _occupy(server: ServerProcess, model: str) -> threading.Thread:
-    """Keep the model's one instance busy (20 x ~17 ms) from another thread."""
+    """Keep the model's one instance busy (10 x 50 ms, within the 1 s queue-wait bound) from
+    another thread."""
 
     def run() -> None:
-        client = httpclient.InferenceServerClient(server.http_url, concurrency=20)
+        client = httpclient.InferenceServerClient(server.http_url, concurrency=10)
         inp = httpclient.InferInput("INPUT0", [1, 1024], "FP32")
         inp.set_data_from_numpy(np.ones((1, 1024), np.float32))
-        handles = [client.async_infer(model, [inp]) for _ in range(20)]
+        handles = [client.async_infer(model, [inp]) for _ in range(10)]
         for handle in handles:
             with contextlib.suppress(InferenceServerException):  # queue timeouts are fine here
                 handle.get_result()
