@@ -16,9 +16,10 @@ from appliance import buildinfo
 from appliance.access import GRPC_HEADER_PREFIX, Restriction, Restrictions
 from appliance.cache import ResponseCache
 from appliance.errors import ApplianceError
+from appliance.frontends.grpc.admission import AdmissionInterceptor
 from appliance.frontends.grpc.server import InferenceServicer
 from appliance.frontends.http.server import HttpFrontend
-from appliance.gpu_metrics import find_gpu_source
+from appliance.gpu_metrics import GpuSource, find_gpu_source
 from appliance.listeners import (
     Listener,
     StartupError,
@@ -37,6 +38,7 @@ from appliance.notify import (
     watchdog_interval_s,
 )
 from appliance.protocol import service_pb2_grpc
+from appliance.repository.ledger import ModelLedger
 from appliance.repository.manifest import ManifestError, ManifestPolicy, load_public_key
 from appliance.repository.poller import RepositoryPoller
 from appliance.repository.sources import RemoteSources
@@ -44,6 +46,7 @@ from appliance.runtime.models import ModelRuntime, RuntimeSettings
 from appliance.runtime.registry import READY
 from appliance.services.control import ControlService, ServerState, index_rows
 from appliance.services.inference import InferenceService
+from appliance.services.status import StatusService
 from appliance.settings import ServerSettings
 from appliance.shutdown import Deadline, kill_model_processes, shutdown_summary
 from appliance.trace import Tracer
@@ -80,12 +83,17 @@ class Appliance:
         except ManifestError as exc:
             raise StartupError(str(exc)) from exc
         manifest = ManifestPolicy(settings.require_manifest, public_key)
+        state_dir = settings.model_store_dir or Path("model-store")
+        # What failed, the last good versions and pins: kept across restarts.
+        ledger = ModelLedger(state_dir)
         self.remote = RemoteSources(
             settings.remote_repositories,
-            settings.model_store_dir or Path("model-store"),
+            state_dir,
             settings.model_store_reserve_bytes,
             manifest,
             settings.download_rate_bytes_s,
+            ledger,
+            settings.repository_timeout_secs,
         )
         self.manager = ModelRuntime(
             RuntimeSettings(
@@ -98,7 +106,8 @@ class Appliance:
                 rollback_window=settings.rollback_window,
                 scheduling=settings.scheduling,
                 cache_dir=settings.model_store_dir,
-            )
+            ),
+            ledger,
         )
         self.cache = (
             ResponseCache(settings.response_cache_bytes) if settings.response_cache_bytes else None
@@ -115,6 +124,19 @@ class Appliance:
             self.tracer,
             logs,
         )
+        # The status page's data (GET /status.json); its sampler runs while HTTP serves.
+        self.status_service = StatusService(
+            self.control,
+            store_path=settings.model_store_dir or Path("model-store"),
+            local_repositories=settings.model_repositories,
+            sources=self.remote.sources,
+            poller=lambda: self.poller,
+            poll_interval_s=(
+                settings.repository_poll_secs if settings.model_control_mode == "poll" else None
+            ),
+            gpu=self._gpu_source if settings.allow_gpu_metrics else None,
+        )
+        self._gpu: asyncio.Future[GpuSource | None] | None = None
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self.metrics_port: int | None = None
@@ -129,20 +151,24 @@ class Appliance:
             # First in, last out: the watchdog is fed while models load and while they drain.
             await stack.enter_async_context(self.supervisor.running())
             stack.push_async_callback(asyncio.to_thread, self.tracer.close)
+            if self.settings.allow_http:  # the status page's sampler
+                await stack.enter_async_context(self.status_service.running())
             await stack.enter_async_context(self.remote.opened())
             # Listeners and models stop together, under one deadline (after the poller).
             stack.push_async_callback(self._shutdown)
             log.info("backends available: %s", buildinfo.backends_line())
+            # Offline first: what the local folders and the model store hold serves before
+            # the network is asked anything; remote repositories sync once the listeners
+            # are open, and what they bring switches in as it arrives.
             await self._load_models()
             if self.settings.allow_grpc:
                 self._listeners.append(await self._grpc())
             if self.settings.allow_http:
                 self._listeners.append(await self._http())
-            if self.settings.model_control_mode == "poll":
-                self.poller = RepositoryPoller(
-                    self.manager, self.settings.repository_poll_secs, self.remote
-                )
-                await stack.enter_async_context(self.poller.running())
+            syncing = self._syncing()
+            if syncing is not None:
+                await stack.enter_async_context(syncing.running())
+                await self._first_sync(syncing)
             if self.settings.allow_metrics:
                 self._listeners.append(await self._metrics())
             self.state.loading_done = True
@@ -174,23 +200,57 @@ class Appliance:
         self.state.shutting_down = True
         self.core.accepting = False
 
+    def _start_names(self) -> list[str] | None:
+        """The models start-up loads: every one, or in explicit mode those --load-model names."""
+        if self.settings.model_control_mode != "explicit":
+            return None
+        return list(self.settings.load_models)
+
+    def _syncing(self) -> RepositoryPoller | None:
+        """Poll mode: the poller, its first poll at once. Else, with remote repositories: the
+        start-up catch-up, until every remote repository has been synced once."""
+        interval_s = self.settings.repository_poll_secs
+        if self.settings.model_control_mode == "poll":
+            self.poller = RepositoryPoller(self.manager, interval_s, self.remote)
+            return self.poller
+        if not self.remote.sources:
+            return None
+        names = self._start_names()
+        only = None if names is None or "*" in names else set(names)
+        return RepositoryPoller(self.manager, interval_s, self.remote, until_synced=True, only=only)
+
+    async def _first_sync(self, syncing: RepositoryPoller) -> None:
+        """With --repository-sync-wait-secs: readiness waits for the first successful sync
+        of every remote repository and the loads it brought, at most that long."""
+        wait_s = self.settings.repository_sync_wait_secs
+        if wait_s <= 0 or not self.remote.sources:
+            return
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(syncing.synced.wait(), wait_s)
+        except asyncio.TimeoutError:
+            log.warning(
+                "the remote repositories were not synced within %g s "
+                "(--repository-sync-wait-secs); ready with what the model store holds, the "
+                "sync goes on",
+                wait_s,
+            )
+            return
+        log.info("remote repositories synced in %.1f s", time.monotonic() - started)
+
     async def _load_models(self) -> None:
+        """Load what the local folders and the model store hold now (no network)."""
         settings = self.settings
         self.manager.host = self.core.blocking_host(asyncio.get_running_loop(), self.control)
-        if settings.model_control_mode == "explicit":
-            names = list(settings.load_models) if settings.load_models else []
-        else:
-            names = None
+        names = self._start_names()
         if self.remote.sources:
-            # Offline first: an unreachable bucket leaves the store as it is; serve from it.
-            await self.remote.sync(None if names is None or "*" in names else set(names))
             self.manager.pending = self.remote.pending
         try:
             await self.manager.load_all(names)
         except ApplianceError as exc:
             raise StartupError(exc.message) from exc
         if self.remote.sources and settings.model_control_mode == "explicit":
-            self.manager.fetch = lambda name: self.remote.sync({name})
+            self.manager.fetch = self.remote.fetch
         if self.cache is None:
             for served in self.manager.ready_versions():
                 if served.cache_enabled:
@@ -242,6 +302,7 @@ class Appliance:
             _restrictions(self.settings.http_restricted),
             shared_memory=self.control.shared_memory,
             limits=self.settings.request_limits,
+            status=self.status_service,
         )
         settings = self.settings
         address, port = settings.http_address, settings.http_port
@@ -263,14 +324,17 @@ class Appliance:
             log.info("Started HTTPService at unix:%s", settings.http_unix_socket)
         return listener
 
+    async def _gpu_source(self) -> GpuSource | None:
+        """The GPU readings the metrics and the status page share: looked for once (NVML
+        initialises the driver, seconds on some machines: off the loop), and said once."""
+        if self._gpu is None:
+            interval_s = self.settings.metrics_interval_ms / 1000
+            self._gpu = asyncio.ensure_future(asyncio.to_thread(find_gpu_source, interval_s))
+        return await asyncio.shield(self._gpu)
+
     async def _metrics(self) -> Listener:
         settings = self.settings
-        gpu = (
-            # NVML initialises the driver: seconds on some machines, so off the loop.
-            await asyncio.to_thread(find_gpu_source, settings.metrics_interval_ms / 1000)
-            if settings.allow_gpu_metrics
-            else None
-        )
+        gpu = await self._gpu_source() if settings.allow_gpu_metrics else None
         registry = build_registry(
             self.manager.ready_versions,
             self.settings.allow_cpu_metrics,
@@ -290,6 +354,8 @@ class Appliance:
     async def _grpc(self) -> Listener:
         size = self.settings.grpc_max_message_bytes
         server = grpc.aio.server(
+            # Calls in flight, all connections together, past which a call is refused at once.
+            interceptors=[AdmissionInterceptor(self.settings.grpc_max_concurrent_rpcs)],
             options=[
                 ("grpc.max_send_message_length", size),
                 ("grpc.max_receive_message_length", size),

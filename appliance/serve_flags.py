@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from appliance import logs
@@ -25,11 +26,9 @@ from appliance.settings import (
 # tritonserver flags that have no meaning here (yet); accepted and reported as ignored.
 IGNORED_FLAGS = (
     "id",
-    "disable-auto-complete-config",
     "http-header-forward-pattern",
     "reuse-http-port",
     "http-thread-count",
-    "http-max-input-size",
     "grpc-header-forward-pattern",
     "reuse-grpc-port",
     "grpc-infer-allocation-pool-size",
@@ -68,7 +67,46 @@ IGNORED_FLAGS = (
     "backend-config",
     "repoagent-directory",
     "cache-directory",
+    "allow-client-shm",
+    "grpc-infer-thread-count",
+    "model-config-name",
 )
+
+# The ignored flags' values are checked as tritonserver checks them (bool: true/false/on/off/
+# 1/0; integer; number): a value tritonserver refuses is refused here too. Others: any text.
+_IGNORED_BOOL = (
+    "reuse-http-port",
+    "reuse-grpc-port",
+    "grpc-keepalive-permit-without-calls",
+    "allow-sagemaker",
+    "allow-vertex-ai",
+    "model-namespacing",
+    "enable-peer-access",
+    "allow-client-shm",
+)
+_IGNORED_INT = (
+    "http-thread-count",
+    "grpc-infer-allocation-pool-size",
+    "grpc-max-response-pool-size",
+    "grpc-keepalive-time",
+    "grpc-keepalive-timeout",
+    "grpc-http2-max-pings-without-data",
+    "grpc-http2-min-recv-ping-interval-without-data",
+    "grpc-http2-max-ping-strikes",
+    "grpc-max-connection-age",
+    "grpc-max-connection-age-grace",
+    "grpc-infer-thread-count",
+    "sagemaker-port",
+    "sagemaker-thread-count",
+    "vertex-ai-port",
+    "vertex-ai-thread-count",
+    "trace-log-frequency",
+    "model-load-thread-count",
+    "model-load-retry-count",
+    "pinned-memory-pool-byte-size",
+    "buffer-manager-thread-count",
+)
+_IGNORED_NUMBER = ("min-supported-compute-capability",)
 
 # Every default below comes from the settings dataclasses: one source for serve, check and tune.
 _D = ServerSettings(model_repositories=())
@@ -120,10 +158,10 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model-store-reserve-mb",
         type=int,
-        default=_D.model_store_reserve_bytes // MiB,
+        default=None,
         metavar="MB",
-        help="free disk space that downloads never use "
-        f"(default {_D.model_store_reserve_bytes // MiB})",
+        help="free disk space that downloads never use (default: the smaller of 256 and 10%% "
+        "of the store's file system)",
     )
     p.add_argument(
         "--model-download-limit-mbps",
@@ -131,6 +169,23 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         default=0.0,
         metavar="MBIT/S",
         help="cap on the bandwidth model downloads use, in megabits per second (default: none)",
+    )
+    p.add_argument(
+        "--repository-sync-wait-secs",
+        type=float,
+        default=_D.repository_sync_wait_secs,
+        metavar="SECONDS",
+        help="remote repositories: report ready only once the first sync succeeded and loaded "
+        "what it brought, or after this long (default 0: ready once the cached models are "
+        "loaded; the sync goes on in the background)",
+    )
+    p.add_argument(
+        "--repository-timeout-secs",
+        type=float,
+        default=_D.repository_timeout_secs,
+        metavar="SECONDS",
+        help="remote repositories: the longest wait for a connection or for each read "
+        f"(default {_D.repository_timeout_secs:g})",
     )
     p.add_argument(
         "--model-rollback-error-rate",
@@ -190,14 +245,16 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="API,...:KEY=VALUE",
         help="HTTP APIs (health, metadata, inference, shared-memory, model-config, "
-        "model-repository, statistics, trace, logging) that need header KEY: VALUE; repeatable",
+        "model-repository, statistics, trace, logging) that need header KEY: VALUE; repeatable; "
+        "more in $EDGE_APPLIANCE_HTTP_RESTRICTED_API (kept off the command line)",
     )
     p.add_argument(
         "--grpc-restricted-protocol",
         action="append",
         default=[],
         metavar="API,...:KEY=VALUE",
-        help="the same for gRPC; the metadata key is triton-grpc-protocol-KEY",
+        help="the same for gRPC; the metadata key is triton-grpc-protocol-KEY; more in "
+        "$EDGE_APPLIANCE_GRPC_RESTRICTED_PROTOCOL",
     )
     p.add_argument(
         "--unix-socket-mode",
@@ -219,11 +276,16 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--metrics-interval-ms",
-        type=int,
+        type=float,  # tritonserver's is a float
         default=_D.metrics_interval_ms,
         help=f"how old GPU readings may be when scraped (default {_D.metrics_interval_ms})",
     )
     _add_bool(p, "--strict-model-config", "refuse models without a complete config.pbtxt")
+    _add_bool(
+        p,
+        "--disable-auto-complete-config",
+        "tritonserver's spelling of --strict-model-config=true: configs are not completed",
+    )
     _add_bool(
         p,
         "--strict-readiness",
@@ -236,7 +298,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--log-verbose",
-        type=int,
+        type=_verbose_level,
         default=0,
         metavar="N",
         help="1: this server's debug lines; 2 and above: libraries' too (default 0)",
@@ -277,6 +339,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-request-bytes",
+        "--http-max-input-size",  # tritonserver's name
         type=int,
         default=_D.max_request_bytes,
         help=f"largest HTTP request body accepted (default {_D.max_request_bytes // MiB} MiB)",
@@ -287,6 +350,15 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         default=_D.grpc_max_message_bytes,
         help="largest gRPC message sent or received "
         f"(default {_D.grpc_max_message_bytes // MiB} MiB)",
+    )
+    p.add_argument(
+        "--grpc-max-concurrent-rpcs",
+        type=int,
+        default=_D.grpc_max_concurrent_rpcs,
+        metavar="N",
+        help="gRPC calls in flight, all connections together (a stream counts as one while "
+        "open); more are answered UNAVAILABLE at once; health calls are never refused "
+        f"(default {_D.grpc_max_concurrent_rpcs}; 0: no limit)",
     )
     _add_limit_flags(p)
     _add_bool(
@@ -359,9 +431,35 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
             dest=f"ignored_{flag}",
             default=None,
             nargs="?",
-            const="",
+            const=True if flag in _IGNORED_BOOL else "",  # a bare boolean flag means true
+            type=_ignored_type(flag),
             help=argparse.SUPPRESS,
         )
+
+
+def _ignored_type(flag: str) -> type[str] | Callable[[str], object]:
+    if flag in _IGNORED_BOOL:
+        return parse_bool
+    if flag in _IGNORED_INT:
+        return _integer
+    if flag in _IGNORED_NUMBER:
+        return float
+    return str
+
+
+def _verbose_level(text: str) -> int:
+    """tritonserver's --log-verbose: an integer, or true (1) / false (0)."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return int(lowered == "true")
+    return _integer(text)
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
 
 
 def parse_cache_config(values: list[str], legacy_bytes: int) -> int:
@@ -423,9 +521,21 @@ def _tls(args: argparse.Namespace) -> TlsSettings:
     return tls
 
 
+# The restricted-API flags' values may also come from the environment, which only root and the
+# server's own user can read, where every local user can read a command line: the systemd
+# unit's settings file keeps the key of the repository API there (systemd/).
+RESTRICTED_FROM_ENV = {
+    "--http-restricted-api": "EDGE_APPLIANCE_HTTP_RESTRICTED_API",
+    "--grpc-restricted-protocol": "EDGE_APPLIANCE_GRPC_RESTRICTED_PROTOCOL",
+}
+
+
 def _restricted(values: list[str], flag: str) -> tuple[tuple[str, str, str], ...]:
+    variable = RESTRICTED_FROM_ENV[flag]
+    from_env = os.environ.get(variable, "").split()  # API,...:KEY=VALUE groups, space-separated
     try:
-        groups = parse_groups(values, flag)
+        parse_groups(from_env, f"${variable}")  # a mistake there is named after the variable
+        groups = parse_groups(values + from_env, f"{flag} and ${variable}" if from_env else flag)
     except ValueError as exc:
         raise SystemExit(f"edge-appliance: {exc}") from None
     return tuple((api, rule.key, rule.value) for api, rule in sorted(groups.items()))
@@ -455,6 +565,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         if key != "histogram_latencies"
     )
     remote = tuple(r for r in args.model_repository if is_remote(r))
+    if not args.repository_timeout_secs > 0:
+        raise SystemExit("edge-appliance: --repository-timeout-secs must be above 0")
     for location in remote:
         try:
             check_location(location)
@@ -464,9 +576,13 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         model_repositories=tuple(Path(p) for p in args.model_repository if not is_remote(p)),
         remote_repositories=remote,
         model_store_dir=args.model_store_dir or default_store_dir(),
-        model_store_reserve_bytes=args.model_store_reserve_mb * 1024 * 1024,
+        model_store_reserve_bytes=(
+            None if args.model_store_reserve_mb is None else args.model_store_reserve_mb * MiB
+        ),
         manifest_public_key=args.manifest_public_key,
         download_rate_bytes_s=args.model_download_limit_mbps * 1e6 / 8,
+        repository_sync_wait_secs=max(0.0, args.repository_sync_wait_secs),
+        repository_timeout_secs=args.repository_timeout_secs,
         rollback_error_rate=args.model_rollback_error_rate,
         rollback_window=args.model_rollback_window,
         http_address=args.http_address,
@@ -486,11 +602,13 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         allow_metrics=_on(args.allow_metrics, True),
         allow_cpu_metrics=_on(args.allow_cpu_metrics, True),
         allow_gpu_metrics=_on(args.allow_gpu_metrics, True),
-        metrics_interval_ms=max(0, args.metrics_interval_ms),
+        metrics_interval_ms=max(0, round(args.metrics_interval_ms)),
         latency_histograms=parse_bool(
             parse_metrics_config(args.metrics_config).get("histogram_latencies", "false")
         ),
-        strict_model_config=_on(args.strict_model_config, False),
+        strict_model_config=(
+            _on(args.strict_model_config, False) or _on(args.disable_auto_complete_config, False)
+        ),
         strict_readiness=_on(args.strict_readiness, False),
         exit_on_error=_on(args.exit_on_error, False),
         log_verbose=args.log_verbose,
@@ -505,6 +623,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         exit_timeout_secs=args.exit_timeout_secs,
         max_request_bytes=args.max_request_bytes,
         grpc_max_message_bytes=args.grpc_max_message_bytes,
+        grpc_max_concurrent_rpcs=max(0, args.grpc_max_concurrent_rpcs),
         request_limits=RequestLimits(args.max_tensor_elements, args.max_request_tensor_bytes),
         http_connections=HttpConnectionLimits(
             max_header_bytes=args.max_request_header_bytes,

@@ -24,7 +24,23 @@ class TlsSettings:
     http_root: str = ""  # set: HTTP clients must present a certificate signed by it
 
     def problem(self) -> str:
-        """'' when consistent, else what is missing."""
+        """'' when consistent, else what is missing (the files are checked when used:
+        appliance/tls.py)."""
+        grpc_files = [
+            flag
+            for flag, path in (
+                ("--grpc-server-cert", self.grpc_cert),
+                ("--grpc-server-key", self.grpc_key),
+                ("--grpc-root-cert", self.grpc_root),
+            )
+            if path
+        ]
+        if grpc_files and not self.grpc:
+            # tritonserver serves plain gRPC then: a TLS setup that silently is not one.
+            return (
+                f"{' and '.join(grpc_files)} without --grpc-use-ssl (or --grpc-use-ssl-mutual) "
+                "would serve plain gRPC; add --grpc-use-ssl=true, or leave them out"
+            )
         if self.grpc and not (self.grpc_cert and self.grpc_key):
             return "--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key"
         if self.grpc_mutual and not self.grpc_root:
@@ -102,6 +118,9 @@ class ServerSettings:
     # Big enough for a 100 MB tensor plus its JSON header.
     max_request_bytes: int = 128 * MiB
     grpc_max_message_bytes: int = 128 * MiB
+    # gRPC calls in flight, all connections together (a stream is one call while open); more
+    # are answered UNAVAILABLE at once. Health calls are never refused. 0: no limit.
+    grpc_max_concurrent_rpcs: int = 64
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     http_connections: HttpConnectionLimits = field(default_factory=HttpConnectionLimits)
     scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)
@@ -109,10 +128,16 @@ class ServerSettings:
     manifest_public_key: Path | None = None  # manifests must carry an Ed25519 signature
     remote_repositories: tuple[str, ...] = ()  # s3://... synced into the model store
     model_store_dir: Path | None = None  # where remote repositories are cached
-    model_store_reserve_bytes: int = 256 * MiB  # downloads stop before free space drops below
+    # Downloads stop before free space drops below; None: the smaller of 256 MiB and 10% of
+    # the store's file system.
+    model_store_reserve_bytes: int | None = None
     rollback_error_rate: float = 0.0  # 0: no automatic rollback
     rollback_window: int = 100
     download_rate_bytes_s: float = 0.0  # cap on model download bandwidth; 0: none
+    # Remote repositories sync after the cached models serve; readiness waits for the first
+    # successful sync (and the loads it brings) at most this long. 0: ready on the cache.
+    repository_sync_wait_secs: float = 0.0
+    repository_timeout_secs: float = 10.0  # each connect and each read from a remote repository
     trace_file: str = ""
     trace_level: str = "OFF"
     trace_rate: int = 1000

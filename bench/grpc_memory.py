@@ -7,7 +7,7 @@ The server serves one slow model whose input is as large as a DenseNet image (3x
 requests back to back for `--seconds`. The server's RSS (VmRSS of the main process) is
 sampled before the load, every 0.5 s during it and for 10 s after it; the table shows idle,
 peak, and 1, 5 and 10 s after the load, and the answers by status code. FLAGS after `--` go to
-`serve`.
+`serve` (e.g. `--grpc-max-concurrent-rpcs 0` to measure without the bound).
 """
 
 from __future__ import annotations

@@ -92,6 +92,9 @@ def run(models: int, size_mib: int, trials: int) -> list[tuple[str, str, str]]:
             f"--model-store-dir={tmp}/store",
             "--model-control-mode=poll",
             f"--repository-poll-secs={POLL_S}",
+            # Ready once the first sync brought every model in (by default the server is
+            # ready on an empty store and the first downloads would fall in the idle window).
+            "--repository-sync-wait-secs=300",
             log_path=Path(tmp) / "server.log",
             env=s3.env(),
         )

@@ -88,6 +88,9 @@ systemd/install.sh --root "$root" --dist "$dist" --models configs/models >/dev/n
 # The installed example settings, on test ports.
 sed -i "s|^EDGE_APPLIANCE_ARGS=.*|EDGE_APPLIANCE_ARGS=--http-port $port --grpc-port $((port + 1)) --metrics-port $((port + 2))|" \
   "$root/etc/edge-appliance/edge-appliance.env"
+# The repository API's key, which install.sh wrote into the settings.
+admin_key=$(sed -n 's/^EDGE_APPLIANCE_HTTP_RESTRICTED_API=model-repository:admin-key=//p' \
+  "$root/etc/edge-appliance/edge-appliance.env")
 
 # --- boot ------------------------------------------------------------------------------------
 log=$(mktemp /tmp/edge-nspawn.XXXXXX.log)
@@ -163,7 +166,10 @@ scores=$(curl -s -X POST "$url/v2/models/densenet_preprocess/infer" --data-binar
 rm -f "$image"
 check "Python model (own process, shared memory, BLS to densenet_onnx): $scores scores" \
   test "$scores" = 1000
-index=$(curl -s -X POST "$url/v2/repository/index" || true)
+index_code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "$url/v2/repository/index" || true)
+check "the repository API is restricted by the installed settings: 403 without its key (got $index_code)" \
+  test "$index_code" = 403
+index=$(curl -s -X POST -H "admin-key: $admin_key" "$url/v2/repository/index" || true)
 not_ready=$(python3 -c 'import json,sys; print(" ".join(m["name"] for m in json.load(sys.stdin) if m.get("state") != "READY"))' <<<"$index" 2>/dev/null || echo "?")
 check "every example model READY under the sandbox (not ready: '${not_ready:-none}')" test -z "$not_ready"
 

@@ -14,7 +14,8 @@
 #   /usr/local/bin/edge-appliance                 -> /opt/edge-appliance/edge-appliance
 #   /etc/systemd/system/edge-appliance.service    the unit (replaced)
 #   /etc/systemd/system/edge-appliance.service.d/jetson.conf   with --jetson
-#   /etc/edge-appliance/edge-appliance.env        settings, from the example, only if absent (0600)
+#   /etc/edge-appliance/edge-appliance.env        settings, from the example, only if absent (0600),
+#                                                 with a random key for the repository API
 # then, installing into the running system: `systemctl daemon-reload`, and a restart of the
 # service if it runs (it would otherwise start Python model processes from the new build).
 set -euo pipefail
@@ -72,7 +73,12 @@ fi
 mkdir -p "$root/etc/edge-appliance"
 if [[ ! -e $root/etc/edge-appliance/edge-appliance.env ]]; then
   install -m 0600 "$here/edge-appliance.env.example" "$root/etc/edge-appliance/edge-appliance.env"
-  echo "installed $root/etc/edge-appliance/edge-appliance.env: edit it (model repository, flags, credentials)"
+  # The repository API's key (admin-key): random, one per device; root reads it from the file.
+  key=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
+  sed -i "s/^\(EDGE_APPLIANCE_[A-Z_]*_RESTRICTED_[A-Z]*=model-repository:admin-key=\)\$/\1$key/" \
+    "$root/etc/edge-appliance/edge-appliance.env"
+  echo "installed $root/etc/edge-appliance/edge-appliance.env: edit it (model repository, flags, credentials);"
+  echo "the repository API needs its admin-key header, whose value is in that file"
 fi
 [[ -z $models ]] || replace_dir "$models" "$root/var/lib/edge-appliance-models"
 

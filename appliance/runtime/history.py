@@ -75,10 +75,10 @@ class UpdateHistory:
         return LoadPlan(present, {v: f.describe() for v, f in held.items()}, pin)
 
     async def remember(
-        self, name: str, path: Path, prepared: PreparedModel, plan: LoadPlan, good: int | None
+        self, name: str, path: Path, prepared: PreparedModel, plan: LoadPlan
     ) -> None:
-        """Record a load's outcome: each version that failed (not one skipped), with its
-        content and stage, and `good`, the version now taking the traffic for good."""
+        """Record the versions a load could not bring into service (not those skipped), each
+        with its content and stage; on disk when this returns."""
         failed = {v: why for v, why in prepared.failed.items() if v not in plan.skip}
 
         def write() -> None:
@@ -87,8 +87,6 @@ class UpdateHistory:
                 stage = prepared.failed_stage.get(version, LOAD)
                 content = content_id(path / str(version))
                 changed |= self.ledger.change(path, record_failure(version, stage, why, content))
-            if good is not None:
-                changed |= self.ledger.change(path, record_good(good))
             if changed:
                 self.ledger.save(path)
 
@@ -96,6 +94,11 @@ class UpdateHistory:
             await asyncio.to_thread(write)
         except OSError as exc:  # the model serves all the same; the next change retries
             log.error("model '%s': cannot write its record to the ledger: %s", name, exc)
+
+    async def remember_good(self, name: str, path: Path, version: int) -> None:
+        """Record `version` as the model's last good one (it took the traffic for good)."""
+        if self.ledger.change(path, record_good(version)):
+            await self.save(name, path)
 
     def verdict(self, name: str, path: Path, version: int, why: str) -> None:
         """Probation's verdict, on the loop: in memory at once (a reload right after sees it),
@@ -106,10 +109,16 @@ class UpdateHistory:
         else:
             edit = record_good(version)
         if self.ledger.change(path, edit):
-            self._spawn(self.save(name, path))
+            done = "rolled back" if why else "passed its probation"
+            self._spawn(self.save(name, path, f"version {version} {done}"))
 
-    async def save(self, name: str, path: Path) -> None:
+    async def save(self, name: str, path: Path, what: str = "") -> None:
+        """Write a model's record (on a thread); `what`: the news it holds, logged once it is
+        on disk (until then a power cut would lose it)."""
         try:
             await asyncio.to_thread(self.ledger.save, path)
         except OSError as exc:
             log.error("model '%s': cannot write its record to the ledger: %s", name, exc)
+            return
+        if what:
+            log.info("model '%s': %s: kept in the ledger across restarts", name, what)

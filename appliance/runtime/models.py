@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.errors import ApplianceError, ConfigError, ModelNotFound, ModelNotReady, Unsupported
-from appliance.model_config import ENSEMBLE, ModelConfig, read_config
+from appliance.model_config import ENSEMBLE, ConfigBounds, ModelConfig, read_config
 from appliance.repository.ledger import ModelLedger, record_pin
 from appliance.repository.local import list_models, list_versions
 from appliance.repository.manifest import ManifestPolicy
@@ -35,11 +35,10 @@ from appliance.runtime.registry import (
     ServedVersion,
 )
 from appliance.runtime.specs import build_scheduler
-from appliance.scheduling.ensemble import EnsembleStep
+from appliance.scheduling.ensemble import EnsembleStep, StepRequest, StepTensor
 from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.stats import LatencyHistogram, ModelStats
 from appliance.settings import SchedulingSettings, ServerSettings
-from appliance.types import Array
 from edge_backends.api import InferenceHost
 
 log = logging.getLogger(__name__)
@@ -95,7 +94,9 @@ def _left(gone: list[ServedVersion]) -> list[str]:
     return [f"version {s.version} left the repository" for s in gone]
 
 
-async def _no_step_runner(step: EnsembleStep, inputs: dict[str, Array]) -> dict[str, Array]:
+async def _no_step_runner(
+    step: EnsembleStep, inputs: dict[str, StepTensor], request: StepRequest
+) -> dict[str, StepTensor]:
     raise Unsupported(f"ensemble step {step.index} has no inference service to run on")
 
 
@@ -207,6 +208,7 @@ class ModelRuntime:
                     skip,
                     self._settings.cache_dir,
                     plan.pin,
+                    ConfigBounds.from_settings(self._settings.scheduling),
                 )
             except ApplianceError as exc:
                 self._count_load(name, "failure")
@@ -226,6 +228,8 @@ class ModelRuntime:
                     step_record = self.registry.find(step_model)
                     if step_record is None or not step_record.versions:
                         await self.load(step_model)
+            if source is None:  # failures on disk before anyone can see them (the index)
+                await self.history.remember(name, path, prepared, plan)
             gone = self._leave(record, plan.present)
             old = dict(record.versions)
             new = self._serve(prepared)
@@ -271,10 +275,9 @@ class ModelRuntime:
                     *(f"version {v}: {r}" for v, r in prepared.failed.items()), *_left(gone)
                 )
             retire = self._guard.watch(name, old, new, record.versions) + gone
-            if source is None:  # what this load taught, kept across restarts
-                newest = max(new, default=None)
-                good = newest if self._guard.on_probation(name) != newest else None
-                await self.history.remember(name, path, prepared, plan, good)
+            newest = max(new, default=None)
+            if source is None and newest is not None and self._guard.on_probation(name) != newest:
+                await self.history.remember_good(name, path, newest)  # not on probation
             await self._retire(retire)
             for folder in unused:  # after the versions that used it have drained
                 await asyncio.to_thread(shutil.rmtree, folder, True)

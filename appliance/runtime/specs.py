@@ -204,7 +204,14 @@ def plan_from_config(config: ModelConfig) -> EnsemblePlan:
         if name not in producers:
             raise ConfigError(f"{where}: output '{name}' is not produced by any step")
     _check_acyclic(where, steps, producers)
-    return EnsemblePlan(config.name, tuple(steps), inputs, outputs)
+    return EnsemblePlan(
+        config.name,
+        tuple(steps),
+        inputs,
+        outputs,
+        batching=config.max_batch_size > 0,
+        output_dims={o.name: tuple(int(d) for d in o.dims) for o in config.output},
+    )
 
 
 def _check_acyclic(where: str, steps: list[EnsembleStep], producers: dict[str, int]) -> None:

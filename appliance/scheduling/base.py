@@ -99,7 +99,8 @@ class SchedulerBase:
         del self._running[worker]
         self._idle.append(worker)
         self._limiter.release(worker.resources)
-        log_unexpected(self._label, result.outcomes)
+        if not result.batch_size or len(result.outcomes) > 1:  # a success of one: nothing
+            log_unexpected(self._label, result.outcomes)
 
     def _settle(self, job: Job, outcome: dict[str, Array] | BaseException) -> None:
         settle(self._label, job.future, outcome)

@@ -23,6 +23,7 @@ from itertools import islice
 from appliance.errors import QueueFull, ServerUnavailable
 from appliance.scheduling.base import SchedulerBase
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
+from appliance.scheduling.outcome import client_error
 from appliance.scheduling.policy import (
     BatchPolicy,
     admission_wait_ns,
@@ -99,14 +100,19 @@ class Scheduler(SchedulerBase):
         """
         self._refuse_if_closing()
         now = time.monotonic_ns()
-        arrival_ns = job.arrival_ns or now
-        executing, done_ns = self._executing(now)
-        ahead = len(self._queue) + executing
-        self._refuse_if_over(ahead, done_ns, now - arrival_ns)
-        overdue_ns = overdue_after_ns(
-            ahead, len(self._workers), self._request_ns, self._max_queue_wait_ns, done_ns
-        )
-        overdue_at = arrival_ns + overdue_ns if overdue_ns else 0
+        overdue_at = 0
+        if self._max_queue_wait_ns and self._request_ns:
+            arrival_ns = job.arrival_ns or now
+            if self._may_refuse(0):
+                executing, done_ns = self._executing(now)
+                ahead = len(self._queue) + executing
+                self._refuse_if_over(ahead, done_ns, now - arrival_ns)
+            else:  # few ahead: admitted whatever they cost (policy.admission_wait_ns)
+                ahead, done_ns = len(self._queue) + len(self._running), 0.0
+            overdue_ns = overdue_after_ns(
+                ahead, len(self._workers), self._request_ns, self._max_queue_wait_ns, done_ns
+            )
+            overdue_at = arrival_ns + overdue_ns
         self._queue.push(job, job.priority, job.timeout_us, now, overdue_at)
         self._dispatch()
         try:
@@ -121,9 +127,18 @@ class Scheduler(SchedulerBase):
         """Before the request's body is read: QueueFull at once when what is queued, executing
         and already admitted but still arriving would keep it past the bound."""
         self._refuse_if_closing()
-        executing, done_ns = self._executing(time.monotonic_ns())
-        self._refuse_if_over(len(self._queue) + executing + self._arriving, done_ns, 0)
+        if self._may_refuse(self._arriving):
+            executing, done_ns = self._executing(time.monotonic_ns())
+            self._refuse_if_over(len(self._queue) + executing + self._arriving, done_ns, 0)
         self._arriving += 1
+
+    def _may_refuse(self, arriving: int) -> bool:
+        """Cheap first look for the hot path: False when so few requests can be ahead (each
+        busy instance holds at most a full batch) that admission_wait_ns would admit anyway."""
+        if not self._max_queue_wait_ns or not self._request_ns:
+            return False
+        most = len(self._queue) + arriving + len(self._running) * self._head_limit
+        return most >= 2 * len(self._workers)
 
     def arrived(self) -> None:
         self._arriving = max(0, self._arriving - 1)
@@ -284,8 +299,15 @@ class Scheduler(SchedulerBase):
                 result.batch_size, succeeded, result.input_ns, result.infer_ns, result.output_ns
             )
             stats.last_inference_ms = time.time_ns() // 1_000_000
+        label = self._label
         for job, outcome in zip(result.jobs, result.outcomes, strict=True):
-            self._settle(job, outcome)
+            future = job.future
+            if future.done():  # cancelled by the client, or failed at shutdown
+                continue
+            if isinstance(outcome, BaseException):
+                future.set_exception(client_error(label, outcome))
+            else:
+                future.set_result(outcome)
 
 
 def _input_bytes(jobs: list[Job]) -> int:

@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,9 @@ class Job:
     deadline_ns: int = 0
     queued: bool = False
     delayed: bool = False
+    # An ensemble's request: the client's request id and parameters, which every step carries.
+    request_id: str = ""
+    parameters: Mapping[str, Any] | None = None
     # Sequence batching (the sequence_id / sequence_start / sequence_end parameters):
     sequence_id: int | str = 0
     sequence_start: bool = False

@@ -14,6 +14,7 @@ from appliance.cache import ResponseCache, cache_key
 from appliance.errors import (
     ApplianceError,
     InferenceFailed,
+    InvalidInput,
     QueueFull,
     ServerUnavailable,
     Unsupported,
@@ -23,7 +24,7 @@ from appliance.runtime.models import ModelRuntime
 from appliance.runtime.registry import ServedVersion
 from appliance.scheduling.batcher import QueueTimeout
 from appliance.scheduling.contract import ModelScheduler
-from appliance.scheduling.ensemble import EnsembleStep
+from appliance.scheduling.ensemble import EnsembleStep, StepRequest, StepTensor, step_arrays
 from appliance.scheduling.instances import Job
 from appliance.services.host import BlockingHost, ModelControl
 from appliance.services.validation import validate
@@ -228,11 +229,24 @@ class InferenceService:
             ],
         )
 
-    async def run_step(self, step: EnsembleStep, inputs: dict[str, Array]) -> dict[str, Array]:
-        """One ensemble step: an ordinary request to the step's model."""
-        return await self.infer_arrays(
-            step.model_name, step.model_version, inputs, list(step.outputs)
+    async def run_step(
+        self, step: EnsembleStep, inputs: dict[str, StepTensor], request: StepRequest
+    ) -> dict[str, StepTensor]:
+        """One ensemble step: an ordinary request to the step's model, with the ensemble
+        request's id and parameters, its inputs given or stripped a batch dimension of 1 where
+        the step batches differently from the model that made them (ensemble.step_arrays)."""
+        served = self.manager.get(step.model_name, step.model_version)
+        dims = {name: rule.dims for name, rule in served.inputs.items()}
+        arrays, batch = step_arrays(inputs, dims, served.max_batch_size > 0)
+        outputs = await self.infer_arrays(
+            step.model_name,
+            step.model_version,
+            arrays,
+            list(step.outputs),
+            dict(request.parameters),
+            request.request_id,
         )
+        return {name: StepTensor(array, batch) for name, array in outputs.items()}
 
     async def infer_arrays(
         self,
@@ -313,6 +327,24 @@ class InferenceService:
 
     # ---- response ----------------------------------------------------------------------------
 
+    def _labels(self, served: ServedVersion, output: str) -> list[str] | None:
+        """An output's class labels: its own label_filename's, or for an ensemble output
+        without one, those of the step output that makes it (as Triton completes an ensemble's
+        labels from its composing models)."""
+        labels = served.labels.get(output)
+        plan = served.ensemble
+        if labels is not None or plan is None:
+            return labels
+        made_by = plan.producer(output)
+        if made_by is None:
+            return None
+        step, step_output = made_by
+        try:
+            composing = self.manager.get(step.model_name, step.model_version)
+        except ApplianceError:
+            return None
+        return self._labels(composing, step_output)
+
     def _response(
         self, served: ServedVersion, request: InferRequest, outputs: dict[str, Array]
     ) -> InferResponse:
@@ -323,13 +355,15 @@ class InferenceService:
         tensors = []
         for out_name in names:
             rule = served.outputs[out_name]
-            array = outputs[out_name]
+            array = outputs.get(out_name)
+            if array is None:  # not produced (an optional output): left out, as Triton does
+                continue
             if rule.model_dims is not None and rule.dims.count(-1) <= 1:  # to the config's dims
                 lead = (array.shape[0],) if batching else ()
                 array = array.reshape(lead + rule.dims)
             k = class_counts.get(out_name, 0)
             if k:
-                array = classify(array, k, served.labels.get(out_name), batching)
+                array = classify(array, k, self._labels(served, out_name), batching)
                 tensors.append(OutputTensor(out_name, "BYTES", array.shape, array))
             else:
                 tensors.append(OutputTensor(out_name, rule.datatype, array.shape, array))
@@ -352,13 +386,20 @@ def _failure_reason(exc: ApplianceError) -> str:
 
 def classify(array: Array, k: int, labels: list[str] | None, batching: bool) -> Array:
     """Triton's classification extension: top-k 'value:index[:label]' strings per batch item."""
+    if array.dtype.kind not in "iuf" or (array.dtype.kind == "f" and array.dtype.itemsize < 4):
+        name = from_numpy(array.dtype).triton
+        raise InvalidInput(
+            f"class result not available for output due to unsupported type '{name}'"
+        )
     rows = array.reshape(array.shape[0], -1) if batching else array.reshape(1, -1)
     k = min(k, rows.shape[1])
     result = np.empty((rows.shape[0], k), dtype=np.object_)
+    integer = array.dtype.kind in "iu"  # written as std::to_string writes them: 16, 0.500000
     for r, row in enumerate(rows):
         top = np.argsort(-row.astype(np.float64), kind="stable")[:k]
         for c, index in enumerate(top):
-            text = f"{float(row[index]):f}:{int(index)}"
+            value = row[index]
+            text = f"{int(value) if integer else f'{float(value):f}'}:{int(index)}"
             if labels is not None and index < len(labels):
                 text += f":{labels[index]}"
             result[r, c] = text.encode()

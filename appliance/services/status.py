@@ -19,7 +19,7 @@ import shutil
 import socket
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,7 +32,6 @@ from appliance.gpu_metrics import (
     POWER_USAGE,
     UTILIZATION,
     GpuSource,
-    find_gpu_source,
 )
 from appliance.logs import Problem
 from appliance.protocol import model_config_pb2 as mc
@@ -416,7 +415,7 @@ class StatusService:
         sources: Sequence[UpdateSource] = (),
         poller: Callable[[], PollState | None] = lambda: None,
         poll_interval_s: float | None = None,
-        gpu_metrics: bool = True,
+        gpu: Callable[[], Awaitable[GpuSource | None]] | None = None,
         interval_s: float = SAMPLE_INTERVAL_S,
     ) -> None:
         self.control = control
@@ -427,7 +426,7 @@ class StatusService:
         self._sources = tuple(sources)
         self._poller = poller
         self._poll_interval_s = poll_interval_s
-        self._gpu_metrics = gpu_metrics
+        self._gpu = gpu  # the GPU readings' source, shared with the metrics (None: none)
         self._started_s = time.time()
         self._started_ns = time.monotonic_ns()
         self._device: DeviceStatus | None = None
@@ -444,10 +443,9 @@ class StatusService:
                 await task
 
     async def _loop(self) -> None:
-        if self._gpu_metrics:
+        if self._gpu is not None:
             try:
-                # NVML initialises the driver: seconds on some machines, so off the loop.
-                self.device_reader.gpu = await asyncio.to_thread(find_gpu_source, self.interval_s)
+                self.device_reader.gpu = await self._gpu()
             except Exception:  # the page shows no GPU rather than nothing at all
                 log.exception("status page: no GPU readings")
         while True:

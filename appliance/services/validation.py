@@ -113,6 +113,8 @@ def validate(served: ServedVersion, request: InferRequest, limits: RequestLimits
     )
     if served.sequence:
         _sequence_parameters(request, name, job)
+    elif served.ensemble is not None:  # every step's request carries them
+        job.request_id, job.parameters = request.id, request.parameters
     return job
 
 def _output_names(served: ServedVersion, request: InferRequest) -> tuple[str, ...]:
@@ -153,7 +155,7 @@ def _sequence_parameters(request: InferRequest, model: str, job: Job) -> None:
     if type(sequence_id) not in (int, str) or sequence_id in (0, ""):
         raise InvalidInput(
             f"inference request to model '{model}' must specify a non-zero or non-empty "
-            "correlation ID (the sequence_id parameter)"
+            "correlation ID"
         )
     job.sequence_id = sequence_id
     job.sequence_start = bool(params.get("sequence_start", False))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import tritonclient.http as httpclient
 
-from tests.integration.test_s3_repository import CONFIG, Bucket, _added, _model_bytes
+from tests.integration.test_s3_repository import CONFIG, Bucket, _added, _model_bytes, _wait_for
 from tests.s3servers import S3Server, seaweed_server, weed_binary
 
 pytestmark = pytest.mark.skipif(
@@ -32,7 +32,12 @@ def test_signed_requests_serve_and_a_wrong_secret_is_refused_with_a_reason(
     bucket = Bucket(seaweed)
     bucket.put("m/config.pbtxt", CONFIG.encode())
     bucket.put_version(1, 6)
-    proc = start_server(bucket.url, f"--model-store-dir={tmp_path / 'good'}", env=seaweed.env())
+    proc = start_server(
+        bucket.url,
+        f"--model-store-dir={tmp_path / 'good'}",
+        "--repository-sync-wait-secs=60",
+        env=seaweed.env(),
+    )
     assert _added(proc.http_url) == 6.0
 
     local = tmp_path / "local"
@@ -44,8 +49,8 @@ def test_signed_requests_serve_and_a_wrong_secret_is_refused_with_a_reason(
         [local, bucket.url], f"--model-store-dir={tmp_path / 'bad'}", env=wrong.env()
     )
     assert _added(refused.http_url, "here") == 4.0  # the rest of the server serves
+    _wait_for(lambda: "refused (SignatureDoesNotMatch): check the AWS credentials" in refused.log())
     assert not httpclient.InferenceServerClient(refused.http_url).is_model_ready("m")
-    assert "refused (SignatureDoesNotMatch): check the AWS credentials" in refused.log()
     url = f"http://127.0.0.1:{refused.metrics_port}/metrics"
     with urllib.request.urlopen(url) as resp:
         assert f'edge_repository_source_up{{source="{bucket.url}"}} 0.0' in resp.read().decode()

@@ -127,6 +127,10 @@ def _metric(proc: ServerProcess, name: str) -> float:
 
 
 def _start(start_server, bucket: Bucket, s3: S3Server, store: Path, *flags: str, wait=True):  # type: ignore[no-untyped-def]
+    """A server on the bucket, ready once its first sync loaded what the bucket holds (unless
+    `flags` say otherwise: by default it is ready on what the store held before the sync)."""
+    if not any(flag.startswith("--repository-sync-wait-secs") for flag in flags):
+        flags = ("--repository-sync-wait-secs=60", *flags)
     return start_server(bucket.url, f"--model-store-dir={store}", *flags, env=s3.env(), wait=wait)
 
 
@@ -292,16 +296,16 @@ def test_restart_with_the_bucket_unreachable_serves_from_the_cache_and_catches_u
     first.stop()
     proxy.stop()  # the network goes away
     try:
-        proc = _start(start_server, bucket, s3, store, *POLL)
+        proc = _start(start_server, bucket, s3, store, *POLL, "--repository-sync-wait-secs=0")
         assert _added(proc.http_url) == 1.0
+        _wait_for(lambda: "unreachable" in proc.log())
         assert _metric(proc, "edge_repository_source_up") == 0.0
-        assert "unreachable" in proc.log()
         bucket.put_version(2, 2)
         time.sleep(1.0)
         assert _added(proc.http_url) == 1.0
         proxy.start()  # and comes back
-        _wait_for(lambda: _added(proc.http_url) == 2.0)
-        assert _metric(proc, "edge_repository_source_up") == 1.0
+        _wait_for(lambda: _added(proc.http_url) == 2.0)  # switched in as soon as it arrived
+        _wait_for(lambda: _metric(proc, "edge_repository_source_up") == 1.0)  # the sync ends
     finally:
         proxy.stop()
 
@@ -338,7 +342,7 @@ async def test_disk_reserve_stops_a_download_with_a_clear_reason(
     reason = source.pending[("m", 2)]
     assert reason.startswith("not enough disk for model 'm' version 2: needs 128.")
     assert "MiB free in" in reason
-    assert "16 MiB must stay free (--model-store-reserve-mb)" in reason
+    assert "16.0 MiB must stay free (--model-store-reserve-mb)" in reason
     assert asked == [store, store]  # the reader is asked about the store's own folder
     assert not (source.root / "m" / "2").exists()
     assert not list(store.rglob("*.part"))
@@ -407,7 +411,11 @@ def test_s3_repository_merges_with_a_local_one_and_removed_models_unload(
     bucket = Bucket(s3)
     bucket.seed()
     proc = start_server(
-        [local, bucket.url], f"--model-store-dir={tmp_path / 'store'}", *POLL, env=s3.env()
+        [local, bucket.url],
+        f"--model-store-dir={tmp_path / 'store'}",
+        "--repository-sync-wait-secs=60",
+        *POLL,
+        env=s3.env(),
     )
     assert _added(proc.http_url, "here") == 4.0
     assert _added(proc.http_url) == 1.0

@@ -55,7 +55,7 @@ async def parts(tmp_path: Path) -> AsyncIterator[Parts]:
         store_path=tmp_path / "store",
         local_repositories=(repository,),
         sources=[source],  # type: ignore[list-item]  # pending is Optional in the fake
-        gpu_metrics=False,
+        gpu=None,
         interval_s=0.05,
     )
     try:

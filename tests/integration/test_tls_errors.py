@@ -91,3 +91,17 @@ def test_an_http_key_flag_given_the_certificate(start_server, tmp_path: Path, pk
     assert status == 1
     assert f"--http-ssl-key '{pki['cert']}': no private key in it (it holds a CERTIFICATE)" in log
     assert "PEM lib" not in log
+
+
+def test_grpc_certificate_flags_without_grpc_tls(start_server, tmp_path: Path, pki) -> None:  # type: ignore[no-untyped-def]
+    status, log = _refused(
+        start_server,
+        tmp_path,
+        f"--grpc-server-cert={pki['cert']}",
+        f"--grpc-server-key={pki['key']}",
+    )
+    assert status != 0
+    assert (
+        "--grpc-server-cert and --grpc-server-key without --grpc-use-ssl (or "
+        "--grpc-use-ssl-mutual) would serve plain gRPC"
+    ) in log

@@ -11,7 +11,12 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.errors import ConfigError
 from appliance.runtime.specs import plan_from_config
-from appliance.scheduling.ensemble import EnsembleStep, run_ensemble
+from appliance.scheduling.ensemble import (
+    EnsembleStep,
+    StepRequest,
+    StepTensor,
+    run_ensemble,
+)
 
 HEADER = 'name: "e" platform: "ensemble" input [ { name: "IN" } ] output [ { name: "OUT" } ]\n'
 
@@ -66,7 +71,13 @@ async def test_independent_steps_run_concurrently() -> None:
     started: list[str] = []
     both_running = asyncio.Event()
 
-    async def run_step(s: EnsembleStep, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def run_step(
+        s: EnsembleStep, tensors: dict[str, StepTensor], request: StepRequest
+    ) -> dict[str, StepTensor]:
+        return {k: StepTensor(v, 1) for k, v in (await arrays(s, tensors)).items()}
+
+    async def arrays(s: EnsembleStep, tensors: dict[str, StepTensor]) -> dict[str, np.ndarray]:
+        feed = {name: tensor.data for name, tensor in tensors.items()}
         started.append(s.model_name)
         if s.model_name in ("slow", "fast") and {"slow", "fast"} <= set(started):
             both_running.set()
@@ -76,6 +87,6 @@ async def test_independent_steps_run_concurrently() -> None:
             return {"y": feed["a"] + feed["b"]}
         return {"y": feed["x"] + (1 if s.model_name == "slow" else 2)}
 
-    out = await run_ensemble(plan, {"IN": np.array([10])}, run_step)
-    assert out["OUT"].tolist() == [23]
+    out = await run_ensemble(plan, {"IN": StepTensor(np.array([10]), 1)}, run_step)
+    assert out["OUT"].data.tolist() == [23]
     assert started[-1] == "join"

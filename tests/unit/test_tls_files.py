@@ -1,5 +1,5 @@
 """appliance/tls.py: every TLS file is checked before use, and a failure names the flag, the
-file and what is wrong (issue 17, item 10)."""
+file and what is wrong (issue 17, item 10); TlsSettings.problem() refuses half a TLS setup."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 pytest.importorskip("cryptography")
 
+from appliance.settings import TlsSettings
 from appliance.tls import TlsFileError, certificates, key_pair, private_key
 from tests.pki import encrypted_copy, self_signed
 
@@ -112,3 +113,14 @@ def test_a_key_block_that_is_no_key(tmp_path: Path, pair: tuple[Path, Path]) -> 
     assert _refusal(key_pair, str(cert), "--c", str(junk), "--k").startswith(
         f"--k '{junk}': the private key does not parse ("
     )
+
+
+def test_grpc_files_without_grpc_tls_are_refused() -> None:
+    assert TlsSettings(grpc_cert="c.pem", grpc_key="k.pem").problem() == (
+        "--grpc-server-cert and --grpc-server-key without --grpc-use-ssl (or "
+        "--grpc-use-ssl-mutual) would serve plain gRPC; add --grpc-use-ssl=true, or leave "
+        "them out"
+    )
+    assert TlsSettings(grpc_root="ca.pem").problem().startswith("--grpc-root-cert without")
+    assert TlsSettings(grpc=True, grpc_cert="c.pem", grpc_key="k.pem").problem() == ""
+    assert TlsSettings(http_cert="c.pem", http_key="k.pem").problem() == ""

@@ -22,12 +22,14 @@ from appliance.frontends.http import convert
 from appliance.frontends.http.codec import HEADER_LENGTH, decode_request, encode_response
 from appliance.frontends.http.generate import decode_generate, encode_generate
 from appliance.frontends.http.refusals import RefusedBodies
+from appliance.frontends.http.status_page import StatusPage
 from appliance.frontends.status import HTTP_STATUS
 from appliance.limits import RequestLimits
 from appliance.logs import RATE_LIMITED
 from appliance.services.control import ControlService
 from appliance.services.inference import InferenceService
 from appliance.services.shared_memory import SharedMemoryRegistry
+from appliance.services.status import StatusService
 from appliance.types import InferRequest
 
 log = logging.getLogger(__name__)
@@ -157,6 +159,7 @@ class HttpFrontend:
         *,
         shared_memory: SharedMemoryRegistry,
         limits: RequestLimits,
+        status: StatusService | None = None,
     ) -> None:
         self.core = core
         self.control = control
@@ -165,6 +168,7 @@ class HttpFrontend:
         self.shared_memory = shared_memory
         self.limits = limits
         self.refused = RefusedBodies()
+        self.status_page = StatusPage(status) if status is not None else None
 
     def build(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
@@ -210,6 +214,8 @@ class HttpFrontend:
                 ("POST", prefix + "/generate", self.generate, "inference"),
                 ("POST", prefix + "/generate_stream", self.generate_stream, "inference"),
             ]
+        if self.status_page is not None:  # GET /, /status, /status.json, /openapi.json
+            routes += self.status_page.routes()
         for method, path, handler, api in routes:
             app.router.add_route(method, path, _guard(handler, api, self.restrictions))
         app.router.add_route("*", "/{tail:.*}", _guard(self.not_found))
@@ -235,7 +241,15 @@ class HttpFrontend:
             body = await read_body(request, self.max_body_bytes)
             shm = self.shared_memory
             header_length = request.headers.get(HEADER_LENGTH)
-            wire = decode_request(body, header_length, model, version, shm, self.limits)
+            wire = decode_request(
+                body,
+                header_length,
+                model,
+                version,
+                shm,
+                self.limits,
+                lambda: self.control.model_config(model, version),  # a raw binary request's
+            )
             response = await self.core.infer(wire.request, admission)
         chunks, json_length = encode_response(response, wire, shm)
         if json_length is None:
@@ -294,7 +308,8 @@ class HttpFrontend:
         return web.Response(status=200 if self.control.server_live() else 400)
 
     async def ready(self, request: web.Request) -> web.StreamResponse:
-        return web.Response(status=200 if self.control.server_ready() else 400)
+        readiness = self.control.readiness()  # the body says why (tritonserver sends none)
+        return json_response(convert.readiness(readiness), 200 if readiness.ready else 400)
 
     async def server_metadata(self, request: web.Request) -> web.StreamResponse:
         return json_response(convert.server_metadata(self.control.server_metadata()))

@@ -1,0 +1,256 @@
+"""Ensembles as tritonserver runs them: steps that batch differently, the request's parameters
+on every step (a sequence model inside an ensemble), pruned steps, the error prefix, labels
+from the composing model; classification of integer outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from onnx import TensorProto
+from tritonclient.utils import InferenceServerException
+
+from configs.generate import identity_model, save
+from tests.integration.models import RUNNING_SUM_CONFIG, running_sum_model
+from tests.serverproc import ServerProcess
+
+IDENTITY = """\
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: {mbs}
+input [ {{ name: "INPUT0", data_type: {dtype}, dims: [ {n} ] }} ]
+output [ {{ name: "OUTPUT0", data_type: {dtype}, dims: [ {n} ]{labels} }} ]
+"""
+
+TWO_STEPS = """\
+name: "{name}"
+platform: "ensemble"
+max_batch_size: {mbs}
+input [ {{ name: "IN", data_type: TYPE_FP32, dims: [ 4 ] }} ]
+output [ {{ name: "OUT", data_type: TYPE_FP32, dims: [ 4 ] }} ]
+ensemble_scheduling {{ step [
+  {{ model_name: "{first}", model_version: -1,
+    input_map {{ key: "INPUT0" value: "IN" }} output_map {{ key: "OUTPUT0" value: "MID" }} }},
+  {{ model_name: "{second}", model_version: -1,
+    input_map {{ key: "INPUT0" value: "MID" }} output_map {{ key: "OUTPUT0" value: "OUT" }} }}
+] }}
+"""
+
+BRANCHES = """\
+name: "ens_branches"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [
+  { name: "OUT_A", data_type: TYPE_FP32, dims: [ 4 ] },
+  { name: "OUT_B", data_type: TYPE_FP32, dims: [ 4 ] }
+]
+ensemble_scheduling { step [
+  { model_name: "id_batch", model_version: -1,
+    input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT_A" } },
+  { model_name: "id_branch", model_version: -1,
+    input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT_B" } }
+] }
+"""
+
+LABELLED = """\
+name: "ens_labels"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ 5 ] } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 5 ] } ]
+ensemble_scheduling { step [
+  { model_name: "scores", model_version: -1,
+    input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } }
+] }
+"""
+
+SEQUENCE = """\
+name: "ens_sequence"
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "IN", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "OUT", data_type: TYPE_INT32, dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "running_sum", model_version: -1,
+    input_map { key: "INPUT" value: "IN" } output_map { key: "OUTPUT" value: "OUT" } }
+] }
+"""
+
+
+def _identity(root: Path, name: str, mbs: int, n: int, dtype: str, labels: str = "") -> None:
+    onnx_type = TensorProto.FLOAT if dtype == "TYPE_FP32" else TensorProto.INT32
+    shape: list[int | str] = ["batch", n] if mbs else [n]
+    save(identity_model(onnx_type, shape), root / name / "1" / "model.onnx")
+    label = ', label_filename: "labels.txt"' if labels else ""
+    (root / name / "config.pbtxt").write_text(
+        IDENTITY.format(name=name, mbs=mbs, n=n, dtype=dtype, labels=label)
+    )
+    if labels:
+        (root / name / "labels.txt").write_text(labels)
+
+
+def _ensemble(root: Path, name: str, text: str) -> None:
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(text)
+
+
+@pytest.fixture(scope="module")
+def ens_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    base = tmp_path_factory.mktemp("ensemble_compat")
+    root = base / "models"
+    _identity(root, "id_batch", 8, 4, "TYPE_FP32")
+    _identity(root, "id_branch", 8, 4, "TYPE_FP32")
+    _identity(root, "id_nobatch", 0, 4, "TYPE_FP32")
+    _identity(root, "scores", 8, 5, "TYPE_FP32", "cat\ndog\nbird\nfish\nfrog\n")
+    _identity(root, "int_scores", 8, 5, "TYPE_INT32", "a\nb\nc\nd\ne\n")
+    for name, mbs, first, second in (
+        ("ens_nobatch_first", 0, "id_nobatch", "id_batch"),
+        ("ens_batch_first", 8, "id_batch", "id_nobatch"),
+    ):
+        text = TWO_STEPS.format(name=name, mbs=mbs, first=first, second=second)
+        _ensemble(root, name, text)
+    _ensemble(root, "ens_branches", BRANCHES)
+    _ensemble(root, "ens_labels", LABELLED)
+    save(running_sum_model(with_corrid=False), root / "running_sum" / "1" / "model.onnx")
+    (root / "running_sum" / "config.pbtxt").write_text(
+        RUNNING_SUM_CONFIG.format(name="running_sum", idle_us=5_000_000, corrid="").replace(
+            ',\n  { name: "CORR", data_type: TYPE_INT64, dims: [ 1 ] }', ""
+        )
+    )
+    _ensemble(root, "ens_sequence", SEQUENCE)
+    proc = ServerProcess(root, log_path=base / "server.log")
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+def _client(module: Any, server: ServerProcess) -> Any:
+    return module.InferenceServerClient(
+        server.http_url if module is httpclient else server.grpc_url
+    )
+
+
+def _fp32(module: Any, name: str, array: np.ndarray) -> Any:
+    tensor = module.InferInput(name, list(array.shape), "FP32")
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+MODULES = [httpclient, grpcclient]
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_a_non_batching_ensemble_feeds_a_batching_step(
+    ens_server: ServerProcess, module: Any
+) -> None:
+    """The ensemble and its first step have max_batch_size 0, the second step batches: Triton
+    adds a batch dimension of 1 on the way in and strips it from the ensemble's output."""
+    x = np.arange(4, dtype=np.float32)
+    result = _client(module, ens_server).infer("ens_nobatch_first", [_fp32(module, "IN", x)])
+    np.testing.assert_array_equal(result.as_numpy("OUT"), x)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_a_batching_ensemble_feeds_a_non_batching_step(
+    ens_server: ServerProcess, module: Any
+) -> None:
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    result = _client(module, ens_server).infer("ens_batch_first", [_fp32(module, "IN", x)])
+    np.testing.assert_array_equal(result.as_numpy("OUT"), x)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_a_steps_error_says_in_ensemble(ens_server: ServerProcess, module: Any) -> None:
+    """A batch of 2 cannot lose its batch dimension for the non-batching step: the step's
+    error, with tritonserver's prefix and code."""
+    x = np.zeros((2, 4), dtype=np.float32)
+    with pytest.raises(InferenceServerException) as err:
+        _client(module, ens_server).infer("ens_batch_first", [_fp32(module, "IN", x)])
+    assert err.value.message().startswith(
+        "in ensemble 'ens_batch_first', unexpected shape for input 'INPUT0' for model "
+        "'id_nobatch'. Expected [4], got [2,4]"
+    )
+    assert err.value.status() == ("400" if module is httpclient else "StatusCode.INVALID_ARGUMENT")
+
+
+def _count(server: ServerProcess, model: str) -> int:
+    stats = httpclient.InferenceServerClient(server.http_url).get_inference_statistics(model)
+    return int(stats["model_stats"][0]["inference_count"])
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_steps_for_outputs_not_requested_do_not_run(ens_server: ServerProcess, module: Any) -> None:
+    before = _count(ens_server, "id_branch"), _count(ens_server, "id_batch")
+    x = np.ones((1, 4), dtype=np.float32)
+    outputs = [module.InferRequestedOutput("OUT_A")]
+    result = _client(module, ens_server).infer(
+        "ens_branches", [_fp32(module, "IN", x)], outputs=outputs
+    )
+    np.testing.assert_array_equal(result.as_numpy("OUT_A"), x)
+    assert result.as_numpy("OUT_B") is None
+    assert (_count(ens_server, "id_branch"), _count(ens_server, "id_batch")) == (
+        before[0],
+        before[1] + 1,
+    )
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_a_sequence_model_inside_an_ensemble(ens_server: ServerProcess, module: Any) -> None:
+    """The ensemble request's sequence id and start / end flags reach its sequence step."""
+    client = _client(module, ens_server)
+    base = 100 if module is httpclient else 200
+    sums: dict[int, list[int]] = {base + 1: [], base + 2: []}
+    for step in range(3):
+        for sid in sums:
+            tensor = module.InferInput("IN", [1, 1], "INT32")
+            tensor.set_data_from_numpy(np.array([[sid * 10 + step]], dtype=np.int32))
+            result = client.infer(
+                "ens_sequence",
+                [tensor],
+                sequence_id=sid,
+                sequence_start=step == 0,
+                sequence_end=step == 2,
+            )
+            sums[sid].append(int(result.as_numpy("OUT")[0, 0]))
+    for sid, got in sums.items():
+        assert got == list(np.cumsum([sid * 10 + step for step in range(3)]))
+    tensor = module.InferInput("IN", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[1]], dtype=np.int32))
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("ens_sequence", [tensor], sequence_id=base + 9)
+    assert err.value.message() == (
+        f"in ensemble 'ens_sequence', inference request for sequence {base + 9} to model "
+        "'running_sum' must specify the START flag on the first request of the sequence"
+    )
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_ensemble_classification_uses_the_composing_models_labels(
+    ens_server: ServerProcess, module: Any
+) -> None:
+    x = np.array([[0.1, 0.7, 0.05, 0.1, 0.05]], dtype=np.float32)
+    outputs = [module.InferRequestedOutput("OUT", class_count=2)]
+    result = _client(module, ens_server).infer(
+        "ens_labels", [_fp32(module, "IN", x)], outputs=outputs
+    )
+    got = [v.decode() if isinstance(v, bytes) else v for v in result.as_numpy("OUT")[0]]
+    assert got == ["0.700000:1:dog", "0.100000:0:cat"]
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_classification_of_an_integer_output(ens_server: ServerProcess, module: Any) -> None:
+    """tritonserver writes an integer score as an integer: 16:3, not 16.000000:3."""
+    tensor = module.InferInput("INPUT0", [1, 5], "INT32")
+    tensor.set_data_from_numpy(np.array([[4, 9, 1, 16, 0]], dtype=np.int32))
+    outputs = [module.InferRequestedOutput("OUTPUT0", class_count=2)]
+    result = _client(module, ens_server).infer("int_scores", [tensor], outputs=outputs)
+    got = [v.decode() if isinstance(v, bytes) else v for v in result.as_numpy("OUTPUT0")[0]]
+    assert got == ["16:3:d", "9:1:b"]

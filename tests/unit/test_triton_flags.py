@@ -1,0 +1,152 @@
+"""Every flag of tritonserver's --help (server repository, src/command_line_parser.cc) is
+accepted by `serve`: implemented, or accepted with a warning; a value tritonserver refuses is
+still refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance.cli import build_parser
+from appliance.serve_flags import settings_from_args
+from appliance.settings import ServerSettings
+
+# tritonserver's flags, each with a value tritonserver accepts.
+TRITONSERVER_FLAGS = {
+    "allow-client-shm": "true",
+    "allow-cpu-metrics": "true",
+    "allow-gpu-metrics": "false",
+    "allow-grpc": "true",
+    "allow-http": "true",
+    "allow-metrics": "true",
+    "allow-sagemaker": "false",
+    "allow-vertex-ai": "false",
+    "backend-config": "python,shm-default-byte-size=1048576",
+    "backend-directory": "/opt/tritonserver/backends",
+    "buffer-manager-thread-count": "0",
+    "cache-config": "local,size=1048576",
+    "cache-directory": "/opt/tritonserver/caches",
+    "cuda-memory-pool-byte-size": "0:67108864",
+    "cuda-virtual-address-size": "0:1073741824",
+    "disable-auto-complete-config": None,  # takes no value
+    "enable-peer-access": "true",
+    "exit-on-error": "true",
+    "exit-timeout-secs": "30",
+    "grpc-address": "0.0.0.0",
+    "grpc-header-forward-pattern": "^x-.*",
+    "grpc-http2-max-ping-strikes": "2",
+    "grpc-http2-max-pings-without-data": "2",
+    "grpc-http2-min-recv-ping-interval-without-data": "300000",
+    "grpc-infer-allocation-pool-size": "8",
+    "grpc-infer-response-compression-level": "none",
+    "grpc-infer-thread-count": "2",
+    "grpc-keepalive-permit-without-calls": "false",
+    "grpc-keepalive-time": "7200000",
+    "grpc-keepalive-timeout": "20000",
+    "grpc-max-connection-age": "0",
+    "grpc-max-connection-age-grace": "0",
+    "grpc-max-response-pool-size": "0",
+    "grpc-port": "8001",
+    "grpc-restricted-protocol": "model-repository:admin-key=secret",
+    "grpc-use-ssl": "false",
+    "grpc-use-ssl-mutual": "false",
+    "host-policy": "gpu0,numa-node=0",
+    "http-address": "0.0.0.0",
+    "http-header-forward-pattern": "^x-.*",
+    "http-max-input-size": "67108864",
+    "http-port": "8000",
+    "http-restricted-api": "model-repository:admin-key=secret",
+    "http-thread-count": "8",
+    "id": "triton",
+    "load-model": "simple",
+    "log-error": "true",
+    "log-file": "",
+    "log-format": "default",
+    "log-info": "true",
+    "log-verbose": "true",
+    "log-warning": "true",
+    "metrics-address": "0.0.0.0",
+    "metrics-config": "summary_latencies=true",
+    "metrics-interval-ms": "2000.5",
+    "metrics-port": "8002",
+    "min-supported-compute-capability": "6.0",
+    "model-config-name": "production",
+    "model-control-mode": "explicit",
+    "model-load-gpu-limit": "0:0.8",
+    "model-load-retry-count": "0",
+    "model-load-thread-count": "4",
+    "model-namespacing": "false",
+    "model-repository": "/models",
+    "model-store": "/models",
+    "pinned-memory-pool-byte-size": "268435456",
+    "rate-limit": "off",
+    "rate-limit-resource": "R1:10",
+    "repoagent-directory": "/opt/tritonserver/repoagents",
+    "repository-poll-secs": "15",
+    "response-cache-byte-size": "0",
+    "reuse-grpc-port": "false",
+    "reuse-http-port": "false",
+    "sagemaker-port": "8080",
+    "sagemaker-safe-port-range": "8000-9000",
+    "sagemaker-thread-count": "8",
+    "strict-model-config": "false",
+    "strict-readiness": "true",
+    "trace-config": "rate=1000",
+    "trace-count": "-1",
+    "trace-file": "/tmp/trace.json",
+    "trace-level": "OFF",
+    "trace-log-frequency": "0",
+    "trace-rate": "1000",
+    "vertex-ai-default-model": "simple",
+    "vertex-ai-port": "8080",
+    "vertex-ai-thread-count": "8",
+}
+
+
+def _settings(*flags: str) -> ServerSettings:
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--model-repository", "/models", *flags])
+    return settings_from_args(args)
+
+
+@pytest.mark.parametrize("flag", sorted(TRITONSERVER_FLAGS))
+@pytest.mark.parametrize("spelling", ["equals", "space"])
+def test_every_tritonserver_flag_is_accepted(flag: str, spelling: str) -> None:
+    value = TRITONSERVER_FLAGS[flag]
+    if value is None:
+        _settings(f"--{flag}")
+    elif spelling == "equals":
+        _settings(f"--{flag}={value}")
+    else:
+        _settings(f"--{flag}", value)
+
+
+def test_a_whole_tritonserver_command_line() -> None:
+    line = [f"--{f}={v}" for f, v in TRITONSERVER_FLAGS.items() if v is not None]
+    settings = _settings(*line, "--disable-auto-complete-config")
+    ignored = set(settings.ignored_flags)
+    assert {"--allow-client-shm", "--grpc-infer-thread-count", "--model-config-name"} <= ignored
+    assert "--backend-directory" in ignored
+    assert "--http-max-input-size" not in ignored  # --max-request-bytes
+    assert settings.max_request_bytes == 67108864
+    assert settings.strict_model_config  # --disable-auto-complete-config
+    assert settings.metrics_interval_ms == 2000
+    assert settings.log_verbose == 1  # --log-verbose=true
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--http-thread-count=many",
+        "--allow-client-shm=perhaps",
+        "--grpc-keepalive-time=1.5",
+        "--min-supported-compute-capability=high",
+        "--log-verbose=loud",
+        "--http-port=eighty",
+    ],
+)
+def test_a_value_tritonserver_refuses_is_refused(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        _settings(flag)
+    assert "error: argument" in capsys.readouterr().err
