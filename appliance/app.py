@@ -42,10 +42,12 @@ from appliance.repository.ledger import ModelLedger
 from appliance.repository.manifest import ManifestError, ManifestPolicy, load_public_key
 from appliance.repository.poller import RepositoryPoller
 from appliance.repository.sources import RemoteSources
-from appliance.runtime.models import ModelRuntime, RuntimeSettings
+from appliance.runtime.models import ModelRuntime
 from appliance.runtime.registry import READY
-from appliance.services.control import ControlService, ServerState, index_rows
+from appliance.runtime.settings import RuntimeSettings
+from appliance.services.control import ControlService, ServerState
 from appliance.services.inference import InferenceService
+from appliance.services.rows import index_rows
 from appliance.services.status import StatusService
 from appliance.settings import ServerSettings
 from appliance.shutdown import Deadline, kill_model_processes, shutdown_summary

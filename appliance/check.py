@@ -24,9 +24,10 @@ from appliance.frontends.http import convert
 from appliance.model_config import read_config
 from appliance.protojson import message_to_dict
 from appliance.repository.local import list_versions
-from appliance.runtime.models import ModelRuntime, RuntimeSettings
+from appliance.runtime.models import ModelRuntime
 from appliance.runtime.registry import READY
-from appliance.services.control import index_rows
+from appliance.runtime.settings import RuntimeSettings
+from appliance.services.rows import index_rows
 from appliance.settings import ServerSettings
 from appliance.tf_advice import TensorflowAdvice, tensorflow_advice
 

@@ -48,7 +48,8 @@ from google.protobuf import text_format
 from appliance.errors import ApplianceError
 from appliance.model_config import ModelConfig, datatype_of
 from appliance.repository.local import list_models
-from appliance.runtime.models import ModelRuntime, RuntimeSettings
+from appliance.runtime.models import ModelRuntime
+from appliance.runtime.settings import RuntimeSettings
 from appliance.services.inference import InferenceService
 from appliance.settings import ServerSettings
 from appliance.types import InferRequest, InputTensor

@@ -22,7 +22,8 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from appliance.model_config import ModelConfig
-from appliance.runtime.models import ModelRuntime, RuntimeSettings
+from appliance.runtime.models import ModelRuntime
+from appliance.runtime.settings import RuntimeSettings
 from appliance.services.inference import InferenceService
 from appliance.tune import Point, drive, make_request
 from bench.common import ROOT

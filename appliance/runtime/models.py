@@ -12,9 +12,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,6 @@ from appliance.errors import ApplianceError, ConfigError, ModelNotFound, ModelNo
 from appliance.model_config import ENSEMBLE, ConfigBounds, ModelConfig, read_config
 from appliance.repository.ledger import ModelLedger, record_pin
 from appliance.repository.local import list_models, list_versions
-from appliance.repository.manifest import ManifestPolicy
 from appliance.runtime.history import RECORDED, Recorded, UpdateHistory
 from appliance.runtime.loader import PreparedModel, prepare_model, tensor_rules
 from appliance.runtime.probation import RollbackGuard
@@ -34,56 +31,16 @@ from appliance.runtime.registry import (
     ModelRegistry,
     ServedVersion,
 )
+from appliance.runtime.settings import RuntimeSettings, release_version
 from appliance.runtime.specs import build_scheduler
 from appliance.scheduling.ensemble import EnsembleStep, StepRequest, StepTensor
 from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.stats import LatencyHistogram, ModelStats
-from appliance.settings import SchedulingSettings, ServerSettings
 from edge_backends.api import InferenceHost
 
 log = logging.getLogger(__name__)
 
 SHUTTING_DOWN = "server is shutting down"
-
-
-@dataclass(frozen=True)
-class RuntimeSettings:
-    """What the runtime takes from the server's settings (see `from_server`); no defaults of
-    its own beyond those of ServerSettings, so serve, check and tune run under one set."""
-
-    repositories: tuple[Path, ...]
-    strict_model_config: bool
-    drain_timeout_s: float  # a retiring version's in-flight requests get this long
-    latency_histograms: bool
-    manifest: ManifestPolicy  # SHA256SUMS required / signed
-    scheduling: SchedulingSettings
-    # Automatic rollback: a new version whose model errors exceed this share of its first
-    # `rollback_window` requests is taken out, and the version it replaced serves again.
-    rollback_error_rate: float  # 0: off
-    rollback_window: int
-    cache_dir: Path | None  # derived files of models (engines, conversions) go under it
-    load_concurrency: int = 2
-
-    @classmethod
-    def from_server(
-        cls,
-        settings: ServerSettings,
-        repositories: tuple[Path, ...] | None = None,
-        manifest: ManifestPolicy | None = None,
-    ) -> RuntimeSettings:
-        """The runtime's part of the server's settings (`repositories`: the local ones plus
-        the model store's roots, when remote sources feed it)."""
-        return cls(
-            repositories=settings.model_repositories if repositories is None else repositories,
-            strict_model_config=settings.strict_model_config,
-            drain_timeout_s=settings.exit_timeout_secs,
-            latency_histograms=settings.latency_histograms,
-            manifest=manifest or ManifestPolicy(settings.require_manifest, None),
-            scheduling=settings.scheduling,
-            rollback_error_rate=settings.rollback_error_rate,
-            rollback_window=settings.rollback_window,
-            cache_dir=settings.model_store_dir,
-        )
 
 
 def _join(*parts: str) -> str:
@@ -426,24 +383,10 @@ class ModelRuntime:
         """Drain in-flight requests of versions no longer served, then free their instances;
         every version at once, so N versions take one drain timeout, not N."""
         timeout_s = self._settings.drain_timeout_s
-        await asyncio.gather(*(self._release(s, timeout_s, "was unloaded") for s in versions))
+        await asyncio.gather(*(release_version(s, timeout_s, "was unloaded") for s in versions))
         if not self._stopping:
             for served in versions:
                 log.info("%s drained and unloaded", served.label)
-
-    async def _release(self, served: ServedVersion, timeout_s: float, reason: str) -> str:
-        """Stop one version's scheduler within timeout_s and close its instances; a line
-        naming what had to be cancelled, '' when nothing was."""
-        deadline = time.monotonic() + timeout_s
-        failed = await served.scheduler.stop(timeout_s, reason)
-        # Work was failed: the deadline has passed, so instances still running are
-        # interrupted at once where the backend can (a Python model's process ends).
-        left_s = 0.0 if failed else max(0.0, deadline - time.monotonic())
-        stuck = await asyncio.to_thread(served.scheduler.release, left_s)
-        parts = [f"{failed} request(s) cancelled"] if failed else []
-        if stuck:
-            parts.append(f"instance(s) still running: {', '.join(stuck)}")
-        return f"{served.label}: {'; '.join(parts)}" if parts else ""
 
     async def stop(self, timeout_s: float) -> list[str]:
         """Stop every version at once: in-flight requests get timeout_s, the rest fail with
@@ -454,7 +397,7 @@ class ModelRuntime:
             versions += list(record.versions.values()) + self._guard.drop(record.name)
             record.versions = {}
         lines = await asyncio.gather(
-            *(self._release(s, timeout_s, SHUTTING_DOWN) for s in versions)
+            *(release_version(s, timeout_s, SHUTTING_DOWN) for s in versions)
         )
         for task in list(self._tasks):  # retirements already under way (replaced versions)
             task.cancel()

@@ -8,14 +8,10 @@ with one converter of its own, so both protocols say the same thing.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import contextlib
 import importlib.util
 import logging
 import shutil
-import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,22 +25,20 @@ from appliance.logs import LogSettings, LogState
 from appliance.protocol import model_config_pb2 as mc
 from appliance.repository.local import check_model_name
 from appliance.runtime.models import ModelRuntime
-from appliance.runtime.registry import READY, UNAVAILABLE, ModelRecord, ServedVersion
-from appliance.scheduling.stats import Duration
+from appliance.runtime.registry import READY, ServedVersion
+from appliance.services.load_requests import check_loaded, pin_parameters, write_overrides
 from appliance.services.results import (
-    BatchStatistics,
     CudaSharedMemoryRegion,
     IndexRow,
-    InferStatistics,
     ModelMetadata,
     ModelStatistics,
     Readiness,
     ServerMetadata,
-    StatisticDuration,
     SystemSharedMemoryRegion,
     TensorMetadata,
     TraceSettings,
 )
+from appliance.services.rows import index_rows, model_statistics
 from appliance.services.shared_memory import SharedMemoryRegistry
 from appliance.trace import Tracer
 
@@ -279,7 +273,7 @@ class ControlService:
         serving what it served before. `pin_version` / `unpin` pin or unpin it instead."""
         if "pin_version" in parameters or "unpin" in parameters:
             check_model_name(name)
-            await self.manager.pin(name, _pin_parameters(name, parameters))
+            await self.manager.pin(name, pin_parameters(name, parameters))
             return
         self.manager.require_explicit(self.control_mode)
         check_model_name(name)
@@ -304,13 +298,13 @@ class ControlService:
                 raise ConfigError(
                     f"model '{name}': file overrides need the 'config' parameter too (as in Triton)"
                 )
-            source = await _write_overrides(name, files)
+            source = await write_overrides(name, files)
         before = self.manager.registry.find(name)
         served_before = dict(before.versions) if before else {}
         failed_before = dict(before.failed) if before else {}
         try:
             await self.manager.load(name, override, source)
-            _check_loaded(self.manager.record(name), served_before, failed_before)
+            check_loaded(self.manager.record(name), served_before, failed_before)
         except BaseException:
             if source is not None:
                 await self._discard_override(name, source)
@@ -328,191 +322,3 @@ class ControlService:
             await self.manager.unload_with_dependents(name)
         else:
             await self.manager.unload(name)
-
-
-def _pin_parameters(name: str, parameters: dict[str, Any]) -> int | None:
-    """The version a pin request asks for (None: unpin). A load request with
-    `{"pin_version": N}` serves version N alone from now on, across polls and restarts, in
-    every control mode; `{"unpin": true}` goes back to the version policy."""
-    others = sorted(str(k) for k in parameters if k not in ("pin_version", "unpin"))
-    if others or len(parameters) != 1:
-        raise InvalidInput(
-            f"model '{name}': 'pin_version' or 'unpin' comes alone in a load request "
-            f"(also given: {', '.join(others) or 'both'})"
-        )
-    if "unpin" in parameters:
-        if parameters["unpin"] is not True:
-            raise InvalidInput(f"model '{name}': 'unpin' must be true")
-        return None
-    value = parameters["pin_version"]
-    if isinstance(value, str) and value.isdigit():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidInput(f"model '{name}': 'pin_version' must be a version number, got {value!r}")
-    return value
-
-
-def _check_loaded(
-    record: ModelRecord, served_before: dict[int, Any], failed_before: dict[int, str]
-) -> None:
-    """ConfigError with each version's reason when a load brought no version into service, or
-    a version failed in it (a version still rolled back since before does not count)."""
-    new = [v for v, served in record.versions.items() if served_before.get(v) is not served]
-    failed_now = {v: why for v, why in record.failed.items() if failed_before.get(v) != why}
-    failures = failed_now or ({} if new else dict(record.failed))
-    if not failures and (new or record.versions):
-        return
-    reasons = "; ".join(
-        f"version {v} is at UNAVAILABLE state: {why}" for v, why in sorted(failures.items())
-    ) or (record.reason or "no version loaded")
-    if new:
-        serving = f"; version(s) {sorted(new)} loaded and serve"
-    elif record.versions:
-        serving = f"; the versions loaded before keep serving: {sorted(record.versions)}"
-    else:
-        serving = ""
-    raise ConfigError(f"load failed for model '{record.name}': {reasons}{serving}")
-
-
-async def _write_overrides(name: str, files: dict[str, Any]) -> Path:
-    """`_override_folder` off the loop (up to the request size of files to decode and write).
-    A request cancelled meanwhile (its client went away) still removes what the thread wrote."""
-    write = asyncio.ensure_future(asyncio.to_thread(_override_folder, name, files))
-    try:
-        return await asyncio.shield(write)
-    except asyncio.CancelledError:
-        with contextlib.suppress(Exception):  # a refusal: the thread removed it already
-            folder = await write
-            await asyncio.to_thread(shutil.rmtree, folder.parent, True)
-        raise
-
-
-def _override_folder(name: str, files: dict[str, Any]) -> Path:
-    """Write a load request's `file:` overrides into a model folder of their own (blocking).
-
-    Returns the model folder; its parent is the server's to remove. On any refusal nothing is
-    left behind (a refused request must not fill the disk)."""
-    folder = Path(tempfile.mkdtemp(prefix="edge-appliance-override-"))
-    try:
-        root = folder / name
-        for relative in sorted(files):  # the same answer whatever order the client used
-            _write_override(name, root, relative, files[relative])
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
-    return root
-
-
-def _write_override(name: str, root: Path, relative: str, content: Any) -> None:
-    where = f"model '{name}': file override {relative!r}"  # repr: the client's characters
-    if isinstance(content, str):  # HTTP sends base64 text, gRPC raw bytes
-        try:
-            content = base64.b64decode(content, validate=True)
-        except (binascii.Error, ValueError):
-            raise ConfigError(f"{where} is not valid base64") from None
-    elif not isinstance(content, bytes):  # bytes(an integer) would allocate that many
-        raise ConfigError(
-            f"{where} must be base64 text (HTTP) or bytes (gRPC), got {type(content).__name__}"
-        )
-    if "\0" in relative:
-        raise ConfigError(f"{where}: a path cannot contain a NUL character")
-    path = (root / relative).resolve()
-    if root.resolve() not in path.parents or not relative:
-        raise ConfigError(f"model '{name}': file override path {relative!r} is not allowed")
-    # A file the file system refuses fails the load as tritonserver's poll fails it: INTERNAL,
-    # "failed to poll from model repository" (Triton's model-control example checks both).
-    failed = f"failed to load '{name}', failed to poll from model repository: {where}"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
-    except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
-        raise ApplianceError(
-            f"{failed} cannot be written: {exc.strerror}; the overrides name a path as both "
-            "a file and a folder"
-        ) from None
-    except OSError as exc:  # e.g. a name longer than the file system allows
-        raise ApplianceError(f"{failed} cannot be written: {exc.strerror}") from None
-
-
-def _duration(duration: Duration) -> StatisticDuration:
-    return StatisticDuration(duration.count, duration.ns)
-
-
-def model_statistics(served: ServedVersion) -> ModelStatistics:
-    """A snapshot of a served version's counters."""
-    stats = served.stats
-    return ModelStatistics(
-        name=served.name,
-        version=served.version,
-        last_inference_ms=stats.last_inference_ms,
-        inference_count=stats.inference_count,
-        execution_count=stats.execution_count,
-        inference_stats=InferStatistics(
-            success=_duration(stats.success),
-            fail=_duration(stats.fail),
-            queue=_duration(stats.queue),
-            compute_input=_duration(stats.compute_input),
-            compute_infer=_duration(stats.compute_infer),
-            compute_output=_duration(stats.compute_output),
-            cache_hit=_duration(stats.cache_hit),
-            cache_miss=_duration(stats.cache_miss),
-        ),
-        batch_stats=tuple(
-            BatchStatistics(
-                batch_size=size,
-                compute_input=_duration(per_size.compute_input),
-                compute_infer=_duration(per_size.compute_infer),
-                compute_output=_duration(per_size.compute_output),
-            )
-            for size, per_size in sorted(stats.by_batch_size.items())
-        ),
-    )
-
-
-def _join(*parts: str) -> str:
-    return "; ".join(part for part in parts if part)
-
-
-def _model_rows(record: ModelRecord, pending: Mapping[int, str]) -> list[IndexRow]:
-    """One model's rows; `pending`: its versions not fetched into the store yet, and why."""
-    note = "; ".join(record.notes)
-    rows: dict[int, tuple[str, str]] = {}
-    for version in record.versions:
-        if version in record.failed:  # new content failed; the loaded copy keeps serving
-            rows[version] = (READY, _join(note, f"new content failed: {record.failed[version]}"))
-        else:
-            rows[version] = (READY, note)
-    for version, why in record.failed.items():
-        if version not in record.versions:
-            rows[version] = (UNAVAILABLE, why)
-    for version, why in pending.items():
-        if version in record.versions:  # an older copy of this version still serves
-            rows[version] = (READY, _join(note, f"new content not fetched: {why}"))
-        else:
-            rows[version] = (UNAVAILABLE, f"not fetched: {why}")
-    if not rows:
-        return [IndexRow(record.name, None, record.state, record.reason)]
-    return [IndexRow(record.name, v, state, reason) for v, (state, reason) in rows.items()]
-
-
-def index_rows(
-    records: Iterable[ModelRecord],
-    pending: Mapping[tuple[str, int], str],
-    on_disk: Iterable[str] = (),
-    ready_only: bool = False,
-) -> list[IndexRow]:
-    """The repository index from the runtime's records, the versions still to be fetched
-    (model, version -> why) and the model folders on disk (listed, never loaded, unless
-    `ready_only`). Sorted by name, then version, as Triton lists them."""
-    by_name = {record.name: record for record in records}
-    names = by_name.keys() | {model for model, _ in pending}
-    rows: list[IndexRow] = []
-    for name in names:
-        record = by_name.get(name) or ModelRecord(name=name, path=None)
-        rows += _model_rows(record, {v: why for (m, v), why in pending.items() if m == name})
-    if ready_only:
-        rows = [row for row in rows if row.state == READY]
-    else:
-        rows += [IndexRow(name, None, "", "") for name in on_disk if name not in names]
-    rows.sort(key=lambda row: (row.name, -1 if row.version is None else row.version))
-    return rows

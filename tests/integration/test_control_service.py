@@ -21,7 +21,8 @@ from appliance.errors import (
     Unsupported,
 )
 from appliance.logs import LogSettings, LogState
-from appliance.runtime.models import ModelRuntime, RuntimeSettings
+from appliance.runtime.models import ModelRuntime
+from appliance.runtime.settings import RuntimeSettings
 from appliance.services.control import ControlService, ServerState
 from appliance.services.inference import InferenceService
 from appliance.services.results import (

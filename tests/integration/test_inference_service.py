@@ -12,7 +12,8 @@ import pytest
 from onnx import TensorProto
 
 from appliance.errors import InvalidInput, ModelNotFound, ModelNotReady, ServerUnavailable
-from appliance.runtime.models import ModelRuntime, RuntimeSettings
+from appliance.runtime.models import ModelRuntime
+from appliance.runtime.settings import RuntimeSettings
 from appliance.services.inference import InferenceService
 from appliance.services.validation import validate
 from appliance.settings import ServerSettings

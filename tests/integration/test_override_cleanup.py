@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from appliance.runtime.models import ModelRuntime, RuntimeSettings
-from appliance.services import control as control_module
+from appliance.runtime.models import ModelRuntime
+from appliance.runtime.settings import RuntimeSettings
+from appliance.services import load_requests
 from appliance.services.control import ControlService, ServerState
 from appliance.settings import ServerSettings
 from configs.generate import SIMPLE_CONFIG, save, simple_model
@@ -63,14 +64,14 @@ async def test_a_request_cancelled_while_its_files_are_written_leaves_none(
     control: ControlService, temp_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     written, release = threading.Event(), threading.Event()
-    write = control_module._write_override
+    write = load_requests._write_override
 
     def slow_write(*args: Any) -> None:
         write(*args)
         written.set()
         release.wait(10)
 
-    monkeypatch.setattr(control_module, "_write_override", slow_write)
+    monkeypatch.setattr(load_requests, "_write_override", slow_write)
     task = asyncio.ensure_future(control.load_model("fresh", dict(PARAMETERS)))
     assert await asyncio.to_thread(written.wait, 10)
     assert _left(temp_dir)  # the thread has written the model file

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from appliance.logs import LogSettings
-from appliance.runtime.models import ModelRuntime, RuntimeSettings
+from appliance.runtime.models import ModelRuntime
+from appliance.runtime.settings import RuntimeSettings
 from appliance.services.control import ControlService, ServerState
 from appliance.services.inference import InferenceService
 from appliance.services.status import StatusService, VersionStatus

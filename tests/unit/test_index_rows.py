@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import cast
 
 from appliance.runtime.registry import READY, UNAVAILABLE, ModelRecord, ServedVersion
-from appliance.services.control import index_rows
 from appliance.services.results import IndexRow
+from appliance.services.rows import index_rows
 
 # The index looks only at which versions serve, never at the served objects themselves.
 SERVED = cast(ServedVersion, object())

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from appliance import check, tune
-from appliance.runtime.models import RuntimeSettings
+from appliance.runtime.settings import RuntimeSettings
 from appliance.serve_flags import add_serve_flags, settings_from_args
 from appliance.settings import ServerSettings
 
