@@ -49,6 +49,8 @@ def parse_groups(values: Sequence[str], flag: str) -> dict[str, Restriction]:
     for text in values:
         apis, sep, pair = text.rpartition(":")
         key, eq, value = pair.partition("=")
+        # Errors quote the flag without its secret (they reach the journal).
+        text = f"{apis}{sep}{key}{eq}{'...' if value.strip() else value}"
         if not sep or not apis or not eq:
             raise ValueError(f"{flag} {text!r}: expected API[,API...]:KEY=VALUE")
         if not key.strip():

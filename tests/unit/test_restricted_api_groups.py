@@ -21,8 +21,16 @@ from appliance.access import Restriction, parse_groups
     ],
 )
 def test_empty_keys_and_values_are_refused(value: str, message: str) -> None:
-    with pytest.raises(ValueError, match=f"^--http-restricted-api '{value}': {message}"):
+    shown = value.replace("s3cret", "...").replace("= ...", "=...")
+    with pytest.raises(ValueError, match=f"^--http-restricted-api '{shown}': {message}"):
         parse_groups([value], "--http-restricted-api")
+
+
+def test_errors_never_repeat_the_secret() -> None:
+    for bad in ("logging:=s3cret", "logging:admin-key= s3cret", "nope:admin-key=s3cret"):
+        with pytest.raises(ValueError, match="--http-restricted-api") as info:
+            parse_groups([bad], "--http-restricted-api")
+        assert "s3cret" not in str(info.value)
 
 
 def test_a_good_group_still_parses() -> None:
