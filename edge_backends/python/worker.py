@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from edge_backends.api import ERROR_CODES
 from edge_backends.python import triton_python_backend_utils as pb_utils
 from edge_backends.python.channel import Channel
 from edge_backends.python.model_config import ModelConfig
@@ -44,19 +45,7 @@ class Reported(Exception):
         self.code = _CODE_NAMES.get(error.code(), "INTERNAL")
 
 
-_CODE_NAMES = {
-    getattr(pb_utils.TritonError, name): name
-    for name in (
-        "UNKNOWN",
-        "INTERNAL",
-        "NOT_FOUND",
-        "INVALID_ARG",
-        "UNAVAILABLE",
-        "UNSUPPORTED",
-        "ALREADY_EXISTS",
-        "CANCELLED",
-    )
-}
+_CODE_NAMES = {getattr(pb_utils.TritonError, name): name for name in ERROR_CODES}
 
 
 def _load_model(model_file: Path) -> Any:
