@@ -1,5 +1,5 @@
-"""`edge-appliance serve | version | manifest | check | tune | pin | unpin`: the entry point,
-and the only place with signal handlers. The serve flags and the settings they make are in
+"""`edge-appliance serve | version | manifest | check | tune | pin | unpin | status`: the entry
+point, and the only place with signal handlers. The serve flags and the settings they make are in
 serve_flags.py.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
-from appliance import check, logs, pin
+from appliance import check, logs, pin, status_cli
 from appliance.app import StartupError, serve_forever
 from appliance.notify import Notifier
 from appliance.serve_flags import add_serve_flags, settings_from_args
@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("tune", help="find a model's best configuration on this device")
     pin.parser(sub.add_parser("pin", help="serve one version of a model alone (a rollback)"), False)
     pin.parser(sub.add_parser("unpin", help="follow a model's version policy again"), True)
+    status_cli.parser(sub.add_parser("status", help="print the server's status (--watch)"))
     return parser
 
 
@@ -256,6 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return check.main(args[1:])
     if args[0] in ("pin", "unpin"):
         return pin.main(args)
+    if args[0] == "status":
+        return status_cli.main(args[1:])
     if args[0] == "tune":
         from appliance import tune  # loads the server path only when tuning
 

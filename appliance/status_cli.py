@@ -1,0 +1,223 @@
+"""`edge-appliance status`: the status page's summary in a terminal (for SSH sessions).
+
+Reads the running server's `GET /status.json` (the fields of `StatusReport` in
+appliance/services/status_results.py) with the standard library only, prints the server,
+the device, every model with its versions and state, the update state and the last problems;
+`--watch [SECONDS]` clears the screen and prints it again every SECONDS (Ctrl-C exits 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+CLEAR = "\x1b[H\x1b[2J"
+
+
+def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.description = (
+        "Print the server's status (what GET /status shows): models, versions and states, "
+        "live numbers, updates and recent problems; --watch refreshes it."
+    )
+    p.add_argument(
+        "--url", default=DEFAULT_URL, help=f"the server's HTTP endpoint (default {DEFAULT_URL})"
+    )
+    p.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=2.0,
+        default=None,
+        metavar="SECONDS",
+        help="clear the screen and print it again every SECONDS (default 2); Ctrl-C exits",
+    )
+    p.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a header to send, e.g. the key of a restricted `status` API; repeatable",
+    )
+    return p
+
+
+class StatusError(Exception):
+    """The server could not be reached or did not answer with a status document."""
+
+
+def fetch(url: str, headers: dict[str, str], timeout_s: float = 10.0) -> dict[str, Any]:
+    target = f"{url.rstrip('/')}/status.json"
+    request = urllib.request.Request(target, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            body = resp.read()
+    except urllib.error.HTTPError as exc:
+        raise StatusError(f"{target}: HTTP {exc.code} {exc.reason}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise StatusError(f"cannot reach the server at {url}: {reason}") from exc
+    try:
+        doc = json.loads(body)
+    except ValueError as exc:
+        raise StatusError(f"{target}: not a JSON document") from exc
+    if not isinstance(doc, dict):
+        raise StatusError(f"{target}: not a status document")
+    return doc
+
+
+def _num(value: Any, fmt: str, unit: str = "") -> str:
+    return "-" if value is None else f"{value:{fmt}}{unit}"
+
+
+def _bytes(value: Any) -> str:
+    if value is None:
+        return "-"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"  # pragma: no cover
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    days, seconds = divmod(seconds, 86400)
+    hours, seconds = divmod(seconds, 3600)
+    minutes, seconds = divmod(seconds, 60)
+    if days:
+        return f"{days}d {hours}h {minutes}m"
+    if hours:
+        return f"{hours}h {minutes}m"
+    return f"{minutes}m {seconds}s"
+
+
+def _clock(wall_s: Any) -> str:
+    if not wall_s:
+        return "never"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(wall_s)))
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The summary of one status document, as lines of text."""
+    lines: list[str] = []
+    server = doc.get("server", {})
+    device = doc.get("device", {})
+    ready = "ready" if server.get("ready") else "NOT READY"
+    lines.append(
+        f"{server.get('name', 'edge-appliance')} {server.get('version', '?')}  {ready}  "
+        f"up {_duration(float(server.get('uptime_s') or 0))}  on {device.get('hostname', '?')}"
+    )
+    lines.extend(f"  problem: {p}" for p in server.get("problems", ()))
+    lines.extend(f"  note: {n}" for n in server.get("notes", ()))
+    memory = "-"
+    total, available = device.get("memory_total_bytes"), device.get("memory_available_bytes")
+    if total is not None and available is not None:
+        memory = f"{_bytes(total - available)} / {_bytes(total)}"
+    lines.append(
+        f"device: {device.get('cpu_count', '?')} CPUs {_num(device.get('cpu_percent'), '.0f', '%')}"
+        f"  load {_num(device.get('load_1m'), '.2f')}  memory {memory}"
+        f"  store free {_bytes(device.get('store_free_bytes'))}"
+    )
+    for gpu in device.get("gpus", ()):
+        util = gpu.get("utilization")
+        percent = None if util is None else util * 100
+        lines.append(
+            f"  GPU {gpu.get('uuid', '?')}: {_num(percent, '.0f', '%')}"
+            f"  memory {_bytes(gpu.get('memory_used_bytes'))} / "
+            f"{_bytes(gpu.get('memory_total_bytes'))}"
+        )
+    lines.append("")
+    lines.append(
+        f"{'MODEL':<24} {'STATE':<12} {'VERSIONS':<16} {'REQ/S':>7} {'P50 MS':>8} "
+        f"{'P99 MS':>8} {'ERRORS':>7}"
+    )
+    for model in doc.get("models", ()):
+        live = model.get("live", {})
+        versions = ",".join(
+            str(v.get("version")) for v in model.get("versions", ()) if v.get("state") == "READY"
+        )
+        lines.append(
+            f"{model.get('name', '?'):<24} {model.get('state') or '-':<12} {versions or '-':<16} "
+            f"{_num(live.get('requests_per_s'), '7.1f')} {_num(live.get('p50_ms'), '8.2f')} "
+            f"{_num(live.get('p99_ms'), '8.2f')} "
+            f"{_num(100 * float(live.get('error_rate') or 0), '6.1f', '%')}"
+        )
+        for version in model.get("versions", ()):
+            if version.get("reason"):
+                lines.append(
+                    f"  version {version.get('version')} {version.get('state') or '-'}: "
+                    f"{version['reason']}"
+                )
+    updates = doc.get("updates", {})
+    lines.append("")
+    poll = updates.get("poll_interval_s")
+    line = f"updates: control mode {updates.get('control_mode', '?')}"
+    if poll is not None:
+        line += f", polling every {poll:g} s, last poll {_clock(updates.get('last_poll_s'))}"
+    lines.append(line)
+    for source in updates.get("sources", ()):
+        reachable = {True: "reachable", False: "UNREACHABLE", None: "not synced yet"}.get(
+            source.get("reachable"), "?"
+        )
+        lines.append(
+            f"  {source.get('url', '?')}: {reachable}, "
+            f"last sync {_clock(source.get('last_sync_s'))}"
+            f", downloaded {_bytes(source.get('downloaded_bytes'))}"
+        )
+        if source.get("last_error"):
+            lines.append(f"    error: {source['last_error']}")
+        lines.extend(f"    pending: {p}" for p in source.get("pending", ()))
+    problems = list(doc.get("recent_problems", ()))[-5:]
+    if problems:
+        lines.append("")
+        lines.append("recent problems:")
+        for problem in problems:
+            model = f" [{problem['model']}]" if problem.get("model") else ""
+            lines.append(
+                f"  {_clock(problem.get('time_s'))} {problem.get('level', '?')}{model} "
+                f"{problem.get('message', '')}"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str]) -> int:
+    """`status ...` (argv without the command)."""
+    args = parser(argparse.ArgumentParser(prog="edge-appliance status")).parse_args(list(argv))
+    headers: dict[str, str] = {}
+    for item in args.header:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"edge-appliance status: --header {item!r}: KEY=VALUE", file=sys.stderr)  # noqa: T201
+            return 2
+        headers[key] = value
+    if args.watch is not None and args.watch <= 0:
+        print("edge-appliance status: --watch needs a positive number of seconds", file=sys.stderr)  # noqa: T201
+        return 2
+    first = True
+    try:
+        while True:
+            try:
+                text = render(fetch(args.url, headers))
+            except StatusError as exc:
+                if args.watch is None or first:
+                    print(f"edge-appliance status: {exc}", file=sys.stderr)  # noqa: T201
+                    return 1
+                # Reached before: keep watching (a restart), and say why it is not there now.
+                text = f"edge-appliance status: {exc}"
+            first = False
+            if args.watch is None:
+                print(text)  # noqa: T201
+                return 0
+            sys.stdout.write(f"{CLEAR}{text}\n\n(every {args.watch:g} s; Ctrl-C exits)\n")
+            sys.stdout.flush()
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0

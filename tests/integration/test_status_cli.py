@@ -1,0 +1,113 @@
+"""`edge-appliance status`: the status summary in a terminal, from a real server's
+/status.json; an unreachable server exits 1 with the reason."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration import status_repo
+from tests.serverproc import ROOT, ServerProcess, free_port
+
+
+@pytest.fixture(scope="module")
+def status_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = status_repo.build(tmp_path_factory.mktemp("status-cli-models"))
+    proc = ServerProcess(root, log_path=tmp_path_factory.mktemp("status-cli") / "server.log")
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "appliance", "status", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+
+
+def _model_line(out: str, name: str) -> list[str]:
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] == [name]]
+    assert rows, f"no row for {name} in:\n{out}"
+    return rows[0]
+
+
+def test_status_names_each_model_and_its_state(status_server: ServerProcess) -> None:
+    result = _cli("--url", f"http://{status_server.http_url}")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "edge-appliance" in out
+    assert "ready" in out
+    simple = _model_line(out, "simple")
+    assert simple[1:3] == ["READY", "1"], simple
+    broken = _model_line(out, "broken")
+    assert broken[1] == "UNAVAILABLE", broken
+    assert "version 1 UNAVAILABLE:" in out  # the failed version's reason
+    assert "control mode none" in out
+
+
+def test_status_sends_headers_to_a_restricted_page(tmp_path: Path) -> None:
+    root = status_repo.build(tmp_path / "models")
+    proc = ServerProcess(
+        root, "--http-restricted-api=status:page-key=SECRET", log_path=tmp_path / "server.log"
+    )
+    try:
+        proc.wait_ready()
+        url = f"http://{proc.http_url}"
+        denied = _cli("--url", url)
+        assert denied.returncode == 1
+        assert "HTTP 4" in denied.stderr, denied.stderr
+        allowed = _cli("--url", url, "--header", "page-key=SECRET")
+        assert allowed.returncode == 0, allowed.stderr
+        assert _model_line(allowed.stdout, "simple")[1] == "READY"
+    finally:
+        proc.stop()
+
+
+def test_unreachable_server_exits_1_with_the_reason() -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    for extra in ((), ("--watch", "1")):
+        result = _cli("--url", url, *extra)
+        assert result.returncode == 1, (extra, result)
+        assert f"cannot reach the server at {url}" in result.stderr
+        assert "refused" in result.stderr.lower(), result.stderr
+
+
+def test_watch_refreshes_and_ctrl_c_exits_0(status_server: ServerProcess) -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "appliance",
+            "status",
+            "--url",
+            f"http://{status_server.http_url}",
+            "--watch",
+            "0.5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        time.sleep(4)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert out.count("\x1b[2J") >= 2, out  # cleared and printed again
+    assert out.count("simple") >= 2
