@@ -1,6 +1,7 @@
 """The status page in a real headless browser (Debian's chromium and chromium-driver, driven
 by selenium), against a real server: it shows the models with their state, a failed model's
-reason, and its charts move under load without a reload; no console errors."""
+reason, and its charts, a load / unload and an OTA switch (local poll mode) show without a
+reload; no console errors."""
 
 from __future__ import annotations
 
@@ -144,3 +145,37 @@ def test_a_load_and_an_unload_appear_without_a_reload(
     assert reason, _row(browser, "broken").text
     assert "onnx" in reason[0].text.lower()
     client.close()
+
+
+def test_an_ota_switch_in_poll_mode_appears_without_a_reload(
+    browser: Any, start_server: Any, tmp_path: Path
+) -> None:
+    root = status_repo.build(tmp_path / "models")
+    proc = start_server(root, "--model-control-mode=poll", "--repository-poll-secs=1")
+    browser.get(f"http://{proc.http_url}/status")
+    wait_for(lambda: _row(browser, "simple"), 20, "the model table")
+    browser.execute_script("window.__sameDocument = true;")  # gone if the page reloads
+
+    def versions() -> str:
+        row = _row(browser, "simple")
+        cells = row.find_elements("css selector", "td") if row else []
+        return str(cells[2].text) if len(cells) > 2 else ""
+
+    assert "v1 READY" in versions(), versions()
+    assert "v2" not in versions()
+
+    # The OTA update: version 2 lands in the folder whole (a rename), as an updater writes it.
+    staging = tmp_path / "staging-2"
+    shutil.copytree(root / "simple" / "1", staging)
+    staging.rename(root / "simple" / "2")
+
+    # The default version policy (latest 1): version 2 serves and version 1 leaves.
+    wait_for(
+        lambda: "v2 READY" in versions() and "v1 READY" not in versions(),
+        10,
+        "the switch to version 2 on the open page",
+    )
+    assert browser.execute_script("return window.__sameDocument === true;")
+    assert "READY" in _row(browser, "simple").find_elements("css selector", "td")[1].text
+    severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert severe == [], severe
