@@ -5,7 +5,6 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 
 @dataclass(slots=True)
@@ -16,9 +15,6 @@ class Duration:
     def add(self, ns: int, count: int = 1) -> None:
         self.count += count
         self.ns += ns
-
-    def as_dict(self) -> dict[str, int]:
-        return {"count": self.count, "ns": self.ns}
 
 
 @dataclass(slots=True)
@@ -99,34 +95,3 @@ class ModelStats:
         per_size.compute_input.add(input_ns)
         per_size.compute_infer.add(infer_ns)
         per_size.compute_output.add(output_ns)
-
-    def as_dict(self, name: str, version: str) -> dict[str, Any]:
-        """The JSON shape of one entry of `/v2/models/stats` `model_stats`."""
-        return {
-            "name": name,
-            "version": version,
-            "last_inference": self.last_inference_ms,
-            "inference_count": self.inference_count,
-            "execution_count": self.execution_count,
-            "inference_stats": {
-                "success": self.success.as_dict(),
-                "fail": self.fail.as_dict(),
-                "queue": self.queue.as_dict(),
-                "compute_input": self.compute_input.as_dict(),
-                "compute_infer": self.compute_infer.as_dict(),
-                "compute_output": self.compute_output.as_dict(),
-                "cache_hit": self.cache_hit.as_dict(),
-                "cache_miss": self.cache_miss.as_dict(),
-            },
-            "response_stats": {},
-            "batch_stats": [
-                {
-                    "batch_size": size,
-                    "compute_input": s.compute_input.as_dict(),
-                    "compute_infer": s.compute_infer.as_dict(),
-                    "compute_output": s.compute_output.as_dict(),
-                }
-                for size, s in sorted(self.by_batch_size.items())
-            ],
-            "memory_usage": [],
-        }

@@ -57,6 +57,19 @@ class InferStatistics:
     cache_miss: StatisticDuration
 
 
+# InferStatistics' durations in Triton's order; the converters and the rows iterate them.
+INFER_DURATIONS = (
+    "success",
+    "fail",
+    "queue",
+    "compute_input",
+    "compute_infer",
+    "compute_output",
+    "cache_hit",
+    "cache_miss",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class BatchStatistics:
     """One batch size's executions (each execution counted once)."""

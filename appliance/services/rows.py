@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from appliance.runtime.registry import READY, UNAVAILABLE, ModelRecord, ServedVersion
 from appliance.scheduling.stats import Duration
 from appliance.services.results import (
+    INFER_DURATIONS,
     BatchStatistics,
     IndexRow,
     InferStatistics,
@@ -29,14 +30,7 @@ def model_statistics(served: ServedVersion) -> ModelStatistics:
         inference_count=stats.inference_count,
         execution_count=stats.execution_count,
         inference_stats=InferStatistics(
-            success=_duration(stats.success),
-            fail=_duration(stats.fail),
-            queue=_duration(stats.queue),
-            compute_input=_duration(stats.compute_input),
-            compute_infer=_duration(stats.compute_infer),
-            compute_output=_duration(stats.compute_output),
-            cache_hit=_duration(stats.cache_hit),
-            cache_miss=_duration(stats.cache_miss),
+            **{name: _duration(getattr(stats, name)) for name in INFER_DURATIONS}
         ),
         batch_stats=tuple(
             BatchStatistics(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from appliance.logs import LogState
 from appliance.protocol import service_pb2 as pb
 from appliance.services.results import (
+    INFER_DURATIONS,
     CudaSharedMemoryRegion,
     IndexRow,
     ModelMetadata,
@@ -57,14 +58,7 @@ def _model_statistics(row: ModelStatistics) -> pb.ModelStatistics:
         inference_count=row.inference_count,
         execution_count=row.execution_count,
         inference_stats=pb.InferStatistics(
-            success=_duration(stats.success),
-            fail=_duration(stats.fail),
-            queue=_duration(stats.queue),
-            compute_input=_duration(stats.compute_input),
-            compute_infer=_duration(stats.compute_infer),
-            compute_output=_duration(stats.compute_output),
-            cache_hit=_duration(stats.cache_hit),
-            cache_miss=_duration(stats.cache_miss),
+            **{name: _duration(getattr(stats, name)) for name in INFER_DURATIONS}
         ),
         batch_stats=[
             pb.InferBatchStatistics(

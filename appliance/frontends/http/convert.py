@@ -11,6 +11,7 @@ from appliance.logs import LogState
 from appliance.protocol import model_config_pb2 as mc
 from appliance.protojson import message_to_dict
 from appliance.services.results import (
+    INFER_DURATIONS,
     CudaSharedMemoryRegion,
     IndexRow,
     ModelMetadata,
@@ -64,16 +65,7 @@ def _model_statistics(row: ModelStatistics) -> dict[str, Any]:
         "last_inference": row.last_inference_ms,
         "inference_count": row.inference_count,
         "execution_count": row.execution_count,
-        "inference_stats": {
-            "success": _duration(stats.success),
-            "fail": _duration(stats.fail),
-            "queue": _duration(stats.queue),
-            "compute_input": _duration(stats.compute_input),
-            "compute_infer": _duration(stats.compute_infer),
-            "compute_output": _duration(stats.compute_output),
-            "cache_hit": _duration(stats.cache_hit),
-            "cache_miss": _duration(stats.cache_miss),
-        },
+        "inference_stats": {name: _duration(getattr(stats, name)) for name in INFER_DURATIONS},
         # Per-response (decoupled) and memory statistics are not kept: empty, as Triton
         # sends them then.
         "response_stats": {},
