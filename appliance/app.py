@@ -129,7 +129,7 @@ class Appliance:
         # The status page's data (GET /status.json); its sampler runs while HTTP serves.
         self.status_service = StatusService(
             self.control,
-            store_path=settings.model_store_dir or Path("model-store"),
+            store_path=state_dir,
             local_repositories=settings.model_repositories,
             sources=self.remote.sources,
             poller=lambda: self.poller,

@@ -118,7 +118,6 @@ class ExitSignals:
         self._on_first = on_first
         self._event = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._backstop: threading.Thread | None = None
         self._forcing = False
 
     def install(self) -> None:
@@ -156,10 +155,9 @@ class ExitSignals:
     def _start(self, name: str) -> None:
         self.signal_name = name
         self.deadline = Deadline.starting(self.timeout_s)
-        self._backstop = threading.Thread(
+        threading.Thread(
             target=self._enforce, args=(self.deadline,), name="shutdown-backstop", daemon=True
-        )
-        self._backstop.start()
+        ).start()
 
     def _begin(self) -> None:
         self._on_first(self.signal_name)

@@ -21,6 +21,8 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 
+from appliance.client_flags import add_endpoint_flags, parse_headers, unreachable
+
 
 def parser(p: argparse.ArgumentParser, unpin: bool) -> argparse.ArgumentParser:
     p.description = (
@@ -32,18 +34,7 @@ def parser(p: argparse.ArgumentParser, unpin: bool) -> argparse.ArgumentParser:
     p.add_argument("model")
     if not unpin:
         p.add_argument("version", type=int)
-    p.add_argument(
-        "--url",
-        default="http://127.0.0.1:8000",
-        help="the server's HTTP endpoint (default http://127.0.0.1:8000)",
-    )
-    p.add_argument(
-        "--header",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a header to send, e.g. the key of a restricted model-repository API; repeatable",
-    )
+    add_endpoint_flags(p, "model-repository")
     return p
 
 
@@ -66,8 +57,7 @@ def request(
             answer = {}
         return str(answer.get("error") or f"HTTP {exc.code} {exc.reason}")
     except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return f"cannot reach the server at {url}: {reason}"
+        return unreachable(url, exc)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -77,13 +67,9 @@ def main(argv: Sequence[str]) -> int:
     args = parser(argparse.ArgumentParser(prog=f"edge-appliance {command}"), unpin).parse_args(
         list(argv[1:])
     )
-    headers = {}
-    for item in args.header:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            print(f"edge-appliance {command}: --header {item!r}: KEY=VALUE", file=sys.stderr)  # noqa: T201
-            return 2
-        headers[key] = value
+    headers = parse_headers(args.header, f"edge-appliance {command}")
+    if headers is None:
+        return 2
     version = None if unpin else args.version
     why = request(args.url, args.model, version, headers)
     if why:

@@ -17,7 +17,8 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-DEFAULT_URL = "http://127.0.0.1:8000"
+from appliance.client_flags import add_endpoint_flags, parse_headers, unreachable
+
 CLEAR = "\x1b[H\x1b[2J"
 
 
@@ -25,9 +26,6 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.description = (
         "Print the server's status (what GET /status shows): models, versions and states, "
         "live numbers, updates and recent problems; --watch refreshes it."
-    )
-    p.add_argument(
-        "--url", default=DEFAULT_URL, help=f"the server's HTTP endpoint (default {DEFAULT_URL})"
     )
     p.add_argument(
         "--watch",
@@ -38,13 +36,7 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="clear the screen and print it again every SECONDS (default 2); Ctrl-C exits",
     )
-    p.add_argument(
-        "--header",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a header to send, e.g. the key of a restricted `status` API; repeatable",
-    )
+    add_endpoint_flags(p, "`status`")
     return p
 
 
@@ -61,8 +53,7 @@ def fetch(url: str, headers: dict[str, str], timeout_s: float = 10.0) -> dict[st
     except urllib.error.HTTPError as exc:
         raise StatusError(f"{target}: HTTP {exc.code} {exc.reason}") from exc
     except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise StatusError(f"cannot reach the server at {url}: {reason}") from exc
+        raise StatusError(unreachable(url, exc)) from exc
     try:
         doc = json.loads(body)
     except ValueError as exc:
@@ -191,13 +182,9 @@ def render(doc: dict[str, Any]) -> str:
 def main(argv: Sequence[str]) -> int:
     """`status ...` (argv without the command)."""
     args = parser(argparse.ArgumentParser(prog="edge-appliance status")).parse_args(list(argv))
-    headers: dict[str, str] = {}
-    for item in args.header:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            print(f"edge-appliance status: --header {item!r}: KEY=VALUE", file=sys.stderr)  # noqa: T201
-            return 2
-        headers[key] = value
+    headers = parse_headers(args.header, "edge-appliance status")
+    if headers is None:
+        return 2
     if args.watch is not None and args.watch <= 0:
         print("edge-appliance status: --watch needs a positive number of seconds", file=sys.stderr)  # noqa: T201
         return 2

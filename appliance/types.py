@@ -44,9 +44,6 @@ class InferRequest:
     inputs: list[InputTensor] = field(default_factory=list)
     outputs: list[RequestedOutput] | None = None  # None = every output
     parameters: dict[str, Any] = field(default_factory=dict)
-    # Monotonic ns when the front end first saw the request (0: when the service got it); the
-    # queue-wait bound (--max-queue-wait-ms) counts from here.
-    arrival_ns: int = 0
 
 
 @dataclass(slots=True)

@@ -75,11 +75,6 @@ class InferenceHost(Protocol):
     threads, never from the event loop; failures raise an exception whose message is the one
     a client would get."""
 
-    def __call__(self, model: str, version: str, inputs: Arrays, outputs: Sequence[str]) -> Outputs:
-        """(model name, version ('' for the one the version policy serves), inputs by name,
-        output names) -> outputs by name."""
-        ...
-
     def infer(self, request: HostRequest) -> Outputs:
         """One request to a model that answers once; its outputs by name."""
         ...

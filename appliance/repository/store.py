@@ -178,8 +178,10 @@ class ModelStore:
         """DiskReserveError, with the numbers, when writing `needed` bytes would leave less
         than the reserve free (blocking)."""
         free = self._free_bytes(self.state_dir)
-        total = self._total_bytes(self.state_dir)
-        reserve = reserve_bytes(self.configured_reserve_bytes, total)
+        # The file system's size matters only to the default reserve (one statvfs less).
+        configured = self.configured_reserve_bytes
+        total = self._total_bytes(self.state_dir) if configured is None else 0
+        reserve = reserve_bytes(configured, total)
         if free - needed < reserve:
             why = (
                 "--model-store-reserve-mb"

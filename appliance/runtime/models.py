@@ -138,7 +138,7 @@ class ModelRuntime:
         the others.
         """
         if self._stopping:
-            raise ModelNotReady("server is shutting down")
+            raise ModelNotReady(SHUTTING_DOWN)
         if source is None and self.fetch is not None:
             await self.fetch(name)
         path = source or self.model_names().get(name)
@@ -260,7 +260,7 @@ class ModelRuntime:
         its version policy (None: unpin, and follow the policy again). The pin is kept only
         when the version then serves; otherwise what served before keeps serving."""
         if self._stopping:
-            raise ModelNotReady("server is shutting down")
+            raise ModelNotReady(SHUTTING_DOWN)
         if self.fetch is not None:
             await self.fetch(name)
         path = self.model_names().get(name)

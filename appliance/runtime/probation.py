@@ -66,13 +66,13 @@ class RollbackGuard:
     ) -> list[ServedVersion]:
         """The replaced versions to retire now. With rollback on, the version now taking the
         traffic goes on probation, and the ones it replaced stay loaded until it passes."""
-        replaced = [s for v, s in old.items() if now.get(v) is not s]
-        replaced += [s for s in self.drop(name) if now.get(s.version) is not s]
+        displaced = [s for v, s in old.items() if now.get(v) is not s]
+        replaced = displaced + [s for s in self.drop(name) if now.get(s.version) is not s]
         on = self._error_rate > 0
         if not (on and old and now and max(now) in new and max(now) >= max(old)):
             return replaced  # nothing replaced, or an older version came back
         # Only what the new version directly replaced is held; older holds retire now.
-        held = [s for v, s in old.items() if now.get(v) is not s]
+        held = displaced
         probe = Probation(now[max(now)], held=held)
         probe.served.stats.watcher = functools.partial(self._observe, name, probe)
         self._probation[name] = probe

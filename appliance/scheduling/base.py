@@ -72,9 +72,14 @@ class SchedulerBase:
             if self._limiter.try_acquire(worker.resources):
                 self._idle.remove(worker)
                 return worker
+        self._wait_for_resources()
+        return None
+
+    def _wait_for_resources(self) -> None:
+        """Every idle instance is held back by the rate limiter: dispatch again once it frees
+        resources."""
         self._awaiting_resources = True
         self._limiter.wait(self._on_resources, min(w.priority for w in self._idle))
-        return None
 
     def _on_resources(self) -> None:
         self._awaiting_resources = False

@@ -249,8 +249,7 @@ class EnsembleScheduler:
         pass
 
     async def submit(self, job: Job) -> dict[str, Array]:
-        if self._closing:
-            raise ServerUnavailable(f"{self._label} is unloading; retry")
+        self.admit()
         self._active += 1
         self._idle.clear()
         plan = self._plan

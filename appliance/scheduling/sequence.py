@@ -258,8 +258,7 @@ class SequenceScheduler(SchedulerBase):
                 None,
             )
             if chosen_worker is None:  # the rate limiter holds every idle instance back
-                self._awaiting_resources = True
-                self._limiter.wait(self._on_resources, min(w.priority for w in self._idle))
+                self._wait_for_resources()
                 break
             worker = self._workers[chosen_worker]
             self._idle.remove(worker)

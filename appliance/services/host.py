@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import queue
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from appliance.errors import Unsupported
-from edge_backends.api import Arrays, Emit, HostRequest, InferenceHost, Outputs
+from edge_backends.api import Emit, HostRequest, InferenceHost, Outputs
 
 if TYPE_CHECKING:
     from appliance.services.inference import InferenceService
@@ -47,9 +47,6 @@ class BlockingHost(InferenceHost):
 
     def _run(self, work: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(work, self._loop).result()
-
-    def __call__(self, model: str, version: str, inputs: Arrays, outputs: Sequence[str]) -> Outputs:
-        return self.infer(HostRequest(model, inputs, outputs, version))
 
     def infer(self, request: HostRequest) -> Outputs:
         return self._run(

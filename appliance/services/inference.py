@@ -116,8 +116,6 @@ class InferenceService:
     ) -> InferResponse:
         """A client's request: checked against the input limits. `admission`: the one the
         front end took before reading the request (see `admit`)."""
-        if admission is not None and not request.arrival_ns:
-            request.arrival_ns = admission.arrival_ns
         return await self._infer(request, self.limits, admission)
 
     async def _infer(
@@ -134,8 +132,8 @@ class InferenceService:
         start = time.monotonic_ns()
         try:
             job = validate(served, request, limits)
-            job.arrival_ns = request.arrival_ns
             if admission is not None:  # its job is about to be queued: no longer arriving
+                job.arrival_ns = admission.arrival_ns
                 admission.release()
             if served.cache_enabled and self.cache is not None and not served.sequence:
                 outputs = await self._cached(served, job, start)
@@ -161,24 +159,18 @@ class InferenceService:
         except ApplianceError:
             return False  # the request itself will report the error
 
-    async def infer_stream(
-        self, request: InferRequest, admission: Admission | None = None
-    ) -> AsyncIterator[InferResponse]:
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """Responses as they come: any number for decoupled models, else exactly one."""
         if not self.accepting:
             raise ServerUnavailable("server is shutting down; not accepting new requests")
         served = self.manager.get(request.model_name, request.model_version)
         if not served.decoupled:
-            yield await self.infer(request, admission)
+            yield await self.infer(request)
             return
-        if admission is not None:
-            request.arrival_ns = request.arrival_ns or admission.arrival_ns
-            admission.release()
         start = time.monotonic_ns()
         loop = asyncio.get_running_loop()
         responses: asyncio.Queue[dict[str, Array]] = asyncio.Queue()
         job = validate(served, request, self.limits)
-        job.arrival_ns = request.arrival_ns
 
         def emit(outputs: dict[str, Array]) -> None:  # called from the instance's thread
             loop.call_soon_threadsafe(responses.put_nowait, outputs)

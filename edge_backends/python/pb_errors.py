@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from edge_backends.python.channel import Channel, current
+from typing import Any
+
+from edge_backends.python.channel import CallFailed, Channel, current
 
 
 class TritonError:
@@ -47,3 +49,11 @@ def server() -> Channel:
     if channel is None:
         raise TritonModelException("this call works only inside a model served by the server")
     return channel
+
+
+def call(operation: str, *arguments: Any) -> Any:
+    """One call to the server; its failure as the TritonModelException a model sees."""
+    try:
+        return server().call(operation, *arguments)
+    except CallFailed as exc:
+        raise TritonModelException(str(exc)) from None

@@ -19,21 +19,13 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from edge_backends.python.channel import CallFailed
-from edge_backends.python.pb_errors import TritonModelException, server
+from edge_backends.python.pb_errors import TritonModelException, call
 
 
 class MetricKind(enum.IntEnum):
     COUNTER = 0
     GAUGE = 1
     HISTOGRAM = 2
-
-
-def _call(operation: str, *arguments: Any) -> Any:
-    try:
-        return server().call(operation, *arguments)
-    except CallFailed as exc:
-        raise TritonModelException(str(exc)) from None
 
 
 class Metric:
@@ -45,19 +37,19 @@ class Metric:
 
     def increment(self, value: float) -> None:
         """Counter (value >= 0) or gauge: add `value`."""
-        _call("metric_op", self._family, self._key, "increment", float(value))
+        call("metric_op", self._family, self._key, "increment", float(value))
 
     def set(self, value: float) -> None:
         """Gauge: set to `value`."""
-        _call("metric_op", self._family, self._key, "set", float(value))
+        call("metric_op", self._family, self._key, "set", float(value))
 
     def observe(self, value: float) -> None:
         """Histogram: record one observation."""
-        _call("metric_op", self._family, self._key, "observe", float(value))
+        call("metric_op", self._family, self._key, "observe", float(value))
 
     def value(self) -> float:
         """Counter or gauge: the current value (shared by every instance that made it)."""
-        return float(_call("metric_op", self._family, self._key, "value", 0.0))
+        return float(call("metric_op", self._family, self._key, "value", 0.0))
 
 
 class MetricFamily:
@@ -75,7 +67,7 @@ class MetricFamily:
             kind = MetricKind(kind)
         except ValueError:
             raise TritonModelException(f"Unknown metric kind {kind!r}") from None
-        _call("metric_family", str(name), str(description), int(kind))
+        call("metric_family", str(name), str(description), int(kind))
         self._name = str(name)
         self._kind = kind
 
@@ -93,5 +85,5 @@ class MetricFamily:
                 raise TritonModelException("Failed to create metric. Buckets must be a list.")
             buckets = [float(b) for b in buckets]
         text_labels = {str(k): str(v) for k, v in labels.items()}
-        key = _call("metric_new", self._name, text_labels, buckets)
+        key = call("metric_new", self._name, text_labels, buckets)
         return Metric(self._name, key)

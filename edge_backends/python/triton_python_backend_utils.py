@@ -48,7 +48,7 @@ from edge_backends.python.model_config import (
     get_output_config_by_name,
     using_decoupled_model_transaction_policy,
 )
-from edge_backends.python.pb_errors import TritonError, TritonModelException, server
+from edge_backends.python.pb_errors import TritonError, TritonModelException, call, server
 from edge_backends.python.pb_logging import Logger, LogLevel
 from edge_backends.python.pb_metrics import Metric, MetricFamily, MetricKind
 
@@ -455,25 +455,16 @@ class ResponseIterator:
 
 def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
     """Load or reload a model (explicit model control mode); raises TritonModelException."""
-    try:
-        server().call("load_model", model_name, config, dict(files or {}))
-    except CallFailed as exc:
-        raise TritonModelException(str(exc)) from None
+    call("load_model", model_name, config, dict(files or {}))
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     """Unload a model (explicit model control mode); raises TritonModelException."""
-    try:
-        server().call("unload_model", model_name, bool(unload_dependents))
-    except CallFailed as exc:
-        raise TritonModelException(str(exc)) from None
+    call("unload_model", model_name, bool(unload_dependents))
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
-    try:
-        return bool(server().call("is_model_ready", model_name, str(model_version)))
-    except CallFailed as exc:
-        raise TritonModelException(str(exc)) from None
+    return bool(call("is_model_ready", model_name, str(model_version)))
 
 
 def get_model_dir() -> str:

@@ -254,7 +254,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 request.parameters["triton_enable_empty_final_response"].bool_param
             )
             try:
-                decoupled = self.core.is_decoupled(request.model_name, request.model_version)
+                decoupled = final_flag and self.core.is_decoupled(
+                    request.model_name, request.model_version
+                )
                 shm = self.shared_memory
                 decoded = decode_request(request, shm, self.limits)
                 targets = shm_targets(decoded.outputs)

@@ -19,7 +19,8 @@ import numpy as np
 from appliance.errors import InvalidInput
 from appliance.frontends import jsonconv
 from appliance.limits import RequestLimits
-from appliance.protocol import ModelConfig, model_config_pb2
+from appliance.model_config import datatype_of
+from appliance.protocol import ModelConfig
 from appliance.services.shared_memory import (
     SharedMemoryRegistry,
     read_input,
@@ -84,8 +85,7 @@ def _raw_request(
             f"{len(config.input)} inputs in '{model}' model configuration"
         )
     spec = config.input[0]
-    type_name = model_config_pb2.DataType.Name(spec.data_type).removeprefix("TYPE_")
-    name = "BYTES" if type_name == "STRING" else type_name
+    name = datatype_of(spec.data_type)
     dims = [int(d) for d in spec.dims]
     where = f"model '{model}' input '{spec.name}'"
     shape = [1] if config.max_batch_size > 0 else []

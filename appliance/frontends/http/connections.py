@@ -59,8 +59,6 @@ class GuardedRequestHandler(RequestHandler):
         # Timeouts fire within a quarter of themselves: precise enough, one timer per connection.
         self._tick = max(0.05, min(timeouts) / 4) if timeouts else 0.0
         self._header_start: float | None = None
-        self._started = 0  # requests parsed and handed to the application
-        self._handled = 0  # of those, answered (their handler returned)
         self._request: web.BaseRequest | None = None  # the one being handled
         self._last_data = 0.0
         self._write_paused_at: float | None = None
@@ -89,19 +87,17 @@ class GuardedRequestHandler(RequestHandler):
     def data_received(self, data: bytes) -> None:
         now = self._guard_loop.time()
         self._last_data = now
-        if self._header_start is None and self._handled == self._started:
+        if self._header_start is None and self._request is None:
             self._header_start = now  # the first byte of the next request
         super().data_received(data)
 
     def request_started(self, request: web.BaseRequest) -> None:
         """Its headers are in (called by GuardedServer's request factory)."""
-        self._started += 1
         self._request = request
         self._header_start = None
 
     def request_finished(self) -> None:
         """Its handler returned (called by GuardedServer's handler wrapper)."""
-        self._handled += 1
         self._request = None
 
     def pause_writing(self) -> None:
