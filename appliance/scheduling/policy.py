@@ -28,38 +28,54 @@ class Decision:
 def next_batch(
     queued: Sequence[tuple[int, Hashable]], oldest_wait_ns: int, policy: BatchPolicy
 ) -> Decision:
-    """Decide the next batch from queued (batch size, shape key) pairs, oldest first.
+    """Decide the next batch from queued (batch size, shape key) pairs, oldest first, by the
+    rules of Triton's dynamic batcher (core's `DynamicBatchScheduler::GetDynamicBatch`).
 
-    Requests join a batch only while their non-batch shapes equal the first request's and the
-    total stays within max_batch_size. As in Triton, a batch stops growing at the largest
-    preferred size when preferred sizes are given. A batch is sent at once when it cannot grow
-    (full, or the next request does not fit) or reaches a preferred size; otherwise it waits
-    until the oldest request has waited max_queue_delay.
+    The pending batch takes requests in order while their non-batch shapes equal the first
+    request's and the total stays within max_batch_size. The preferred sizes (default:
+    max_batch_size alone) are preferences, not caps:
+
+    - the preferred batch is the longest prefix whose total is a preferred size, or, where none
+      is, the prefix before the request that takes the total past the largest preferred size;
+    - while the oldest request has waited less than max_queue_delay, a preferred batch runs at
+      once;
+    - once it has waited that long, everything pending runs, up to max_batch_size (so under
+      load, with every instance busy for longer than the delay, batches grow past the
+      preferred sizes);
+    - otherwise the pending batch runs when it cannot grow (the next request does not fit or
+      has another shape), reaches the largest preferred size, or there is no delay; else wait
+      for the rest of the delay.
     """
     if not queued:
         return Decision()
     if not policy.dynamic or policy.max_batch_size == 0:
         return Decision(run=1)
+    preferred = policy.preferred_batch_sizes or (policy.max_batch_size,)
+    largest = max(preferred)
     head_key = queued[0][1]
     total = 0
     count = 0
-    best_preferred = 0  # request count of the longest prefix whose size is preferred
-    preferred = policy.preferred_batch_sizes
-    limit = max(preferred) if preferred else policy.max_batch_size
+    best = 0  # request count of the preferred batch (0: none found)
+    full = False  # the pending batch cannot grow
     for size, key in queued:
-        if key != head_key or total + size > policy.max_batch_size:
-            return Decision(run=max(count, 1))  # cannot grow: send now
+        size = max(1, size)
+        if count:
+            if not best and total + size > largest:
+                best = count
+            if total + size > policy.max_batch_size or key != head_key:
+                full = True
+                break
         total += size
         count += 1
         if total in preferred:
-            best_preferred = count
-        if total >= limit:
-            return Decision(run=best_preferred or count)
-    if best_preferred:
-        return Decision(run=best_preferred)
-    if oldest_wait_ns >= policy.max_queue_delay_ns:
+            best = count
+    delay_ns = policy.max_queue_delay_ns
+    waited_long = delay_ns > 0 and oldest_wait_ns >= delay_ns
+    if best and not waited_long:
+        return Decision(run=best)
+    if full or total >= largest or waited_long or not delay_ns:
         return Decision(run=count)
-    return Decision(wait_ns=policy.max_queue_delay_ns - oldest_wait_ns)
+    return Decision(wait_ns=delay_ns - oldest_wait_ns)
 
 
 def predicted_wait_ns(ahead: int, instances: int, request_ns: float, done_ns: float = 0.0) -> float:

@@ -93,6 +93,54 @@ def test_request_larger_than_the_preferred_size_still_runs() -> None:
     assert next_batch(same(3, 1), 0, policy) == Decision(run=1)
 
 
+PREFER_2 = BatchPolicy(
+    max_batch_size=8, dynamic=True, preferred_batch_sizes=(2,), max_queue_delay_ns=1_000_000
+)
+
+
+def test_preferred_sizes_are_not_caps_once_the_oldest_waited_the_delay() -> None:
+    """Triton's rule: within the delay the preferred batch runs at once; once the oldest
+    request has waited max_queue_delay, everything pending runs up to max_batch_size (what a
+    queue that built up behind a busy instance gets)."""
+    assert next_batch(same(1, 1, 1, 1, 1, 1), 999_999, PREFER_2) == Decision(run=2)
+    assert next_batch(same(1, 1, 1, 1, 1, 1), 1_000_000, PREFER_2) == Decision(run=6)
+    # Never past max_batch_size: 10 queued, 8 run.
+    assert next_batch(same(*[1] * 10), 5_000_000, PREFER_2) == Decision(run=8)
+    # Sizes that skip every preferred size: 3 + 3 + 2 = 8.
+    assert next_batch(same(3, 3, 2, 1), 2_000_000, PREFER_2) == Decision(run=3)
+
+
+def test_without_a_delay_the_largest_preferred_size_caps_the_batch() -> None:
+    """No max_queue_delay: the delay is never 'exceeded', so Triton keeps to the preferred
+    batch however long the queue."""
+    policy = BatchPolicy(max_batch_size=8, dynamic=True, preferred_batch_sizes=(2, 4))
+    assert next_batch(same(*[1] * 8), 10**9, policy) == Decision(run=4)
+
+
+def test_the_preferred_batch_stops_before_the_request_that_overshoots() -> None:
+    """No prefix is a preferred size: the batch within the largest preferred size runs (3 of
+    preferred 4, not 3 + 2), until the delay has passed."""
+    policy = BatchPolicy(
+        max_batch_size=8, dynamic=True, preferred_batch_sizes=(4,), max_queue_delay_ns=1_000
+    )
+    assert next_batch(same(3, 2), 0, policy) == Decision(run=1)
+    assert next_batch(same(3, 2), 1_000, policy) == Decision(run=2)
+
+
+def test_a_preferred_batch_goes_before_a_shape_change() -> None:
+    queued = [(1, (16,)), (1, (16,)), (1, (16,)), (1, (8,))]
+    assert next_batch(queued, 0, PREFER_2) == Decision(run=2)
+    assert next_batch(queued, 1_000_000, PREFER_2) == Decision(run=3)
+
+
+def test_below_the_preferred_sizes_waits_for_the_delay() -> None:
+    policy = BatchPolicy(
+        max_batch_size=8, dynamic=True, preferred_batch_sizes=(4,), max_queue_delay_ns=1_000
+    )
+    assert next_batch(same(1, 1), 400, policy) == Decision(wait_ns=600)
+    assert next_batch(same(1, 1), 1_000, policy) == Decision(run=2)
+
+
 def test_admission_lets_one_running_and_one_waiting_request_per_instance_in() -> None:
     # 2 instances, 1 s per request, a 10 ms bound: 3 ahead would wait 1.5 s, but 3 < 2 x 2.
     assert admission_wait_ns(ahead=3, instances=2, request_ns=1e9, max_wait_ns=10_000_000) == 0
