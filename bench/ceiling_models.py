@@ -1,0 +1,101 @@
+"""The models the ceiling servers answer for: the repository's config, and the least work that
+produces a correct response (numpy for `simple`, raw ONNX Runtime for the ONNX models).
+
+The ceilings (bench.ceiling_http, bench.ceiling_grpc) only do the protocol around these, so the
+server's throughput divided by theirs is its own overhead on this machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from appliance.protojson import message_to_dict
+from bench.raw import open_session
+from edge_backends.datatypes import BY_CONFIG
+
+Arrays = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    datatype: str  # wire name: "FP32"
+    dtype: np.dtype[Any]
+    shape: list[int]  # as the metadata gives it: -1 for the batch dimension
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": self.shape}
+
+
+@dataclass(frozen=True)
+class CeilingModel:
+    """One model: its metadata and config (as the server writes them) and how to compute it."""
+
+    name: str
+    platform: str
+    config: Any  # model_config_pb2.ModelConfig
+    inputs: dict[str, TensorSpec]
+    outputs: dict[str, TensorSpec]
+    compute: Callable[[Arrays], Arrays]
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "versions": ["1"],
+            "platform": self.platform,
+            "inputs": [t.as_dict() for t in self.inputs.values()],
+            "outputs": [t.as_dict() for t in self.outputs.values()],
+        }
+
+    def config_dict(self) -> dict[str, Any]:
+        return message_to_dict(self.config)
+
+
+def _specs(tensors: Any, batched: bool) -> dict[str, TensorSpec]:
+    specs = {}
+    for t in tensors:
+        kind = BY_CONFIG[model_config_pb2.DataType.Name(t.data_type)]
+        shape = ([-1] if batched else []) + [int(d) for d in t.dims]
+        specs[t.name] = TensorSpec(t.name, kind.triton, kind.numpy, shape)
+    return specs
+
+
+def _add_sub(inputs: Arrays) -> Arrays:
+    a, b = inputs["INPUT0"], inputs["INPUT1"]
+    return {"OUTPUT0": a + b, "OUTPUT1": a - b}
+
+
+def _ort_compute(model_file: Path) -> Callable[[Arrays], Arrays]:
+    session = open_session(str(model_file))  # the same session options as bench.raw
+    names = [o.name for o in session.get_outputs()]
+
+    def compute(inputs: Arrays) -> Arrays:
+        return dict(zip(names, session.run(names, inputs), strict=True))
+
+    return compute
+
+
+def load_model(repository: Path, name: str) -> CeilingModel:
+    """The model from the repository that configs.generate writes (config.pbtxt, 1/model.onnx)."""
+    folder = repository / name
+    config = text_format.Parse(
+        (folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
+    batched = config.max_batch_size > 0
+    inputs, outputs = _specs(config.input, batched), _specs(config.output, batched)
+    compute: Callable[[Arrays], Arrays] = (
+        _add_sub if name == "simple" else _ort_compute(folder / "1" / "model.onnx")
+    )
+    platform = config.platform or config.backend
+    return CeilingModel(name, platform, config, inputs, outputs, compute)
+
+
+def load_models(repository: Path, names: list[str]) -> dict[str, CeilingModel]:
+    return {name: load_model(repository, name) for name in names}

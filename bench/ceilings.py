@@ -1,0 +1,92 @@
+"""Start and stop the ceiling servers (bench.ceiling_http, bench.ceiling_grpc) as subprocesses
+pinned like the server under test, and say which ceiling stands for which protocol.
+
+    aiohttp    bench.ceiling_http               for http-json and http-binary
+    grpc-aio   bench.ceiling_grpc --mode aio    for grpc and grpc-stream
+    grpc-sync  bench.ceiling_grpc --mode sync   for grpc and grpc-stream (the best gRPC one counts)
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.common import ROOT, free_port
+from bench.server import READY_TIMEOUT_S, Server
+
+CEILINGS = ("aiohttp", "grpc-aio", "grpc-sync")
+MODULE_ARGS = {
+    "aiohttp": ["bench.ceiling_http"],
+    "grpc-aio": ["bench.ceiling_grpc", "--mode", "aio"],
+    "grpc-sync": ["bench.ceiling_grpc", "--mode", "sync"],
+}
+PROTOCOLS_OF = {
+    "aiohttp": ("http-json", "http-binary"),
+    "grpc-aio": ("grpc", "grpc-stream"),
+    "grpc-sync": ("grpc", "grpc-stream"),
+}
+
+
+def for_protocol(protocol: str, measured: Sequence[str]) -> list[str]:
+    """The measured ceilings that speak this protocol."""
+    return [kind for kind in measured if protocol in PROTOCOLS_OF[kind]]
+
+
+def ceiling_command(
+    kind: str, repository: Path, models: Sequence[str], port: int, core: int | None
+) -> list[str]:
+    pin = ["taskset", "-c", str(core)] if core is not None else []
+    return [
+        *pin,
+        sys.executable,
+        "-m",
+        *MODULE_ARGS[kind],
+        "--model-repository",
+        str(repository),
+        "--models",
+        ",".join(models),
+        "--port",
+        str(port),
+    ]
+
+
+def start_ceiling(
+    kind: str, repository: Path, models: Sequence[str], core: int | None, log_path: Path
+) -> Server:
+    """The ceiling as a Server whose http_url and grpc_url are its one address."""
+    port = free_port()
+    log_file = log_path.open("wb")
+    proc = subprocess.Popen(
+        ceiling_command(kind, repository, models, port, core),
+        cwd=ROOT,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"127.0.0.1:{port}"
+    return Server(proc, url, url, log_path, log_file)
+
+
+def _listening(url: str) -> bool:
+    host, port = url.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def wait_listening(server: Server, timeout_s: float = READY_TIMEOUT_S) -> float:
+    """Seconds until the ceiling accepts connections (it listens once its models are loaded)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if not server.alive():
+            code = server.proc.returncode
+            raise RuntimeError(f"ceiling exited with {code}:\n{server.log_tail()}")
+        if _listening(server.http_url):
+            return time.monotonic() - started
+        time.sleep(0.1)
+    raise TimeoutError(f"ceiling not listening within {timeout_s:.0f}s:\n{server.log_tail()}")
