@@ -261,7 +261,9 @@ def prepare_model(
 def _prepare_ensemble(
     config: ModelConfig, model_dir: Path, available: list[int], bounds: ConfigBounds
 ) -> PreparedModel:
-    """An ensemble has no instances of its own: check its config and wiring."""
+    """An ensemble has no instances of its own: check its config and wiring, and read its
+    outputs' own labels (an output without `label_filename` classifies with the labels of the
+    step output that makes it)."""
     if not config.input or not config.output:
         raise ConfigError(
             f"{model_dir / 'config.pbtxt'}: an ensemble must list its inputs and outputs"
@@ -273,6 +275,7 @@ def _prepare_ensemble(
     return PreparedModel(
         name=config.name,
         config=config,
+        labels=read_labels(model_dir, config),
         versions=[PreparedVersion(v, []) for v in versions],
         ensemble=plan,
     )

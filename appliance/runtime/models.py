@@ -14,7 +14,7 @@ import logging
 import shutil
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from appliance.errors import ApplianceError, ConfigError, ModelNotFound, ModelNotReady, Unsupported
 from appliance.model_config import ENSEMBLE, ConfigBounds, ModelConfig, read_config
@@ -32,8 +32,8 @@ from appliance.runtime.registry import (
     ServedVersion,
 )
 from appliance.runtime.settings import RuntimeSettings, release_version
-from appliance.runtime.specs import build_scheduler
-from appliance.scheduling.ensemble import EnsembleStep, StepRequest, StepTensor
+from appliance.runtime.specs import build_scheduler, with_decoupled_steps
+from appliance.scheduling.ensemble import EnsembleStep, StepEmit, StepRequest, StepTensor
 from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.stats import LatencyHistogram, ModelStats
 from edge_backends.api import InferenceHost
@@ -52,7 +52,10 @@ def _left(gone: list[ServedVersion]) -> list[str]:
 
 
 async def _no_step_runner(
-    step: EnsembleStep, inputs: dict[str, StepTensor], request: StepRequest
+    step: EnsembleStep,
+    inputs: dict[str, StepTensor],
+    request: StepRequest,
+    each: StepEmit | None = None,
 ) -> dict[str, StepTensor]:
     raise Unsupported(f"ensemble step {step.index} has no inference service to run on")
 
@@ -185,6 +188,12 @@ class ModelRuntime:
                     step_record = self.registry.find(step_model)
                     if step_record is None or not step_record.versions:
                         await self.load(step_model)
+                try:  # a decoupled step makes the ensemble stream
+                    prepared.ensemble = with_decoupled_steps(
+                        prepared.ensemble, prepared.config, self._step_is_decoupled
+                    )
+                except ConfigError as exc:
+                    self._refuse_ensemble(prepared, exc.message)
             if source is None:  # failures on disk before anyone can see them (the index)
                 await self.history.remember(name, path, prepared, plan)
             gone = self._leave(record, plan.present)
@@ -332,21 +341,30 @@ class ModelRuntime:
         key = (name, result)
         self.load_results[key] = self.load_results.get(key, 0) + 1
 
+    def _step_is_decoupled(self, step: EnsembleStep) -> bool:
+        try:
+            return self.registry.get(step.model_name, step.model_version).decoupled
+        except ApplianceError:  # not ready: the step's requests will say so
+            return False
+
     def _check_steps(self, prepared: PreparedModel) -> None:
         """An ensemble loads only when every model it calls is in a repository."""
         assert prepared.ensemble is not None
         found = self.model_names()
         for step in prepared.ensemble.steps:
             if step.model_name not in found:
-                message = (
+                self._refuse_ensemble(
+                    prepared,
                     f"ensemble '{prepared.name}' step {step.index} calls model "
-                    f"'{step.model_name}', which is not in the model repository"
+                    f"'{step.model_name}', which is not in the model repository",
                 )
-                record = self.registry.record(prepared.name)
-                if not record.versions:
-                    record.state, record.reason = UNAVAILABLE, message
-                log.error("%s", message)
-                raise ConfigError(message)
+
+    def _refuse_ensemble(self, prepared: PreparedModel, message: str) -> NoReturn:
+        record = self.registry.record(prepared.name)
+        if not record.versions:
+            record.state, record.reason = UNAVAILABLE, message
+        log.error("%s", message)
+        raise ConfigError(message)
 
     async def unload_with_dependents(self, name: str) -> None:
         """Unload an ensemble and the models it calls that no other loaded ensemble calls."""

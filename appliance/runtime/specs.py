@@ -6,6 +6,8 @@ ensemble_scheduling, queue policies) from the config protobuf; schedulers get pl
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,7 @@ from appliance.scheduling.ensemble import (
     EnsembleScheduler,
     EnsembleStep,
     StepRunner,
+    decoupled_labels,
 )
 from appliance.scheduling.instances import InstanceWorker
 from appliance.scheduling.policy import BatchPolicy
@@ -227,3 +230,17 @@ def _check_acyclic(where: str, steps: list[EnsembleStep], producers: dict[str, i
             stuck = [s.index for s in steps if s.index not in done]
             raise ConfigError(f"{where}: steps {stuck} depend on each other (a cycle)")
         done.update(ready)
+
+
+def with_decoupled_steps(
+    plan: EnsemblePlan, config: ModelConfig, is_decoupled: Callable[[EnsembleStep], bool]
+) -> EnsemblePlan:
+    """The plan knowing which steps' models are decoupled (read once the step models are
+    loaded), checked as Triton checks it; the ensemble's config then says it is decoupled,
+    as Triton fills it in (its responses stream)."""
+    decoupled = frozenset(step.index for step in plan.steps if is_decoupled(step))
+    problem = decoupled_labels(plan, decoupled)
+    if problem:
+        raise ConfigError(problem)
+    config.model_transaction_policy.decoupled = bool(decoupled)
+    return dataclasses.replace(plan, decoupled_steps=decoupled)

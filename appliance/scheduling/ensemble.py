@@ -16,7 +16,13 @@ As Triton's ensemble scheduler does (core `ensemble_scheduler.cc`):
 - an ensemble input the request leaves out (optional), or an output a step did not produce, is
   absent: the steps that read it run without it, and the response leaves it out;
 - steps none of whose outputs the request needs (directly or through later steps) do not run;
-- a step's error reaches the client with its code, its text prefixed `in ensemble '<name>', `.
+- a step's error reaches the client with its code, its text prefixed `in ensemble '<name>', `;
+- a decoupled step (any number of responses per request) runs the steps after it once per
+  response: each ensemble tensor keeps the values its producers made in order (an iteration
+  count per tensor), a step runs for iteration i once all its inputs have one, and the
+  ensemble answers whenever every requested output has iteration i. An ensemble with a
+  decoupled step is itself decoupled (its responses stream, then a final flag); the load
+  refuses a step whose inputs come from different decoupled steps (`decoupled_labels`).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import asyncio
 import copy
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from appliance.errors import ApplianceError, InvalidInput, ServerUnavailable
 from appliance.scheduling.instances import Job
@@ -49,6 +55,12 @@ class EnsemblePlan:
     outputs: tuple[str, ...]
     batching: bool = False  # the ensemble's own max_batch_size > 0
     output_dims: dict[str, tuple[int, ...]] = field(default_factory=dict)  # config dims
+    decoupled_steps: frozenset[int] = frozenset()  # steps whose model is decoupled
+
+    @property
+    def decoupled(self) -> bool:
+        """Whether the ensemble streams its responses (a decoupled step in it)."""
+        return bool(self.decoupled_steps)
 
     @property
     def models(self) -> set[str]:
@@ -80,12 +92,52 @@ class StepRequest:
     request_id: str = ""
 
 
-# Runs one step: (step, its inputs by model input name, the ensemble request's id and
-# parameters) -> its outputs by model output name. A step whose model did not produce an output
-# leaves it out.
-StepRunner = Callable[
-    [EnsembleStep, dict[str, StepTensor], StepRequest], Awaitable[dict[str, StepTensor]]
-]
+# A decoupled step's responses, each as a step's outputs by model output name.
+StepEmit = Callable[[dict[str, StepTensor]], None]
+
+
+class StepRunner(Protocol):
+    """Runs one step: (step, its inputs by model input name, the ensemble request's id and
+    parameters) -> its outputs by model output name; a step whose model did not produce an
+    output leaves it out. For a decoupled step `each` is given: it gets every response's
+    outputs in order, on the event loop, and the step returns {} after the last one."""
+
+    def __call__(
+        self,
+        step: EnsembleStep,
+        inputs: dict[str, StepTensor],
+        request: StepRequest,
+        each: StepEmit | None = None,
+    ) -> Awaitable[dict[str, StepTensor]]: ...
+
+
+def decoupled_labels(plan: EnsemblePlan, decoupled: Collection[int]) -> str:
+    """Triton's check of an ensemble with decoupled steps ('' when it passes): every tensor
+    is labelled with the decoupled step it comes from (ensemble inputs 0); a step's inputs
+    must all carry one label, or the step would have to pair responses that do not belong
+    together."""
+    label = dict.fromkeys(plan.inputs, 0)
+    made = 0
+    pending = list(plan.steps)
+    while pending:
+        ready = [s for s in pending if all(t in label for t in s.inputs.values())]
+        if not ready:  # the plan's checks make this unreachable
+            return ""
+        for step in ready:
+            pending.remove(step)
+            labels = {label[t] for t in step.inputs.values()}
+            if len(labels) > 1:
+                return (
+                    f"in ensemble {plan.name}, step of model '{step.model_name}' receives "
+                    "inputs originated from different decoupled models"
+                )
+            own = labels.pop() if labels else 0
+            if step.index in decoupled:
+                made += 1
+                own = made
+            for tensor in step.outputs.values():
+                label[tensor] = own
+    return ""
 
 
 def _dims_match(config: tuple[int, ...], dims: tuple[int, ...]) -> bool:
@@ -160,52 +212,125 @@ def needed_steps(plan: EnsemblePlan, requested: Collection[str]) -> list[Ensembl
     return [s for s in plan.steps if s.index not in pruned]
 
 
+class _Run:
+    """One ensemble request in progress: each tensor's values by iteration, the steps launched
+    for each iteration, and the responses assembled (see the module's docstring)."""
+
+    def __init__(
+        self,
+        plan: EnsemblePlan,
+        run_step: StepRunner,
+        request: StepRequest,
+        requested: Collection[str],
+        respond: Callable[[dict[str, StepTensor]], None],
+    ) -> None:
+        self.plan = plan
+        self.run_step = run_step
+        self.request = request
+        self.requested = [name for name in plan.outputs if name in requested]
+        self.respond = respond
+        self.steps = needed_steps(plan, requested)
+        # None: absent (an optional ensemble input not given, an output a step did not make).
+        self.tensors: dict[str, dict[int, StepTensor | None]] = {}
+        self.launched: set[tuple[int, int]] = set()  # (step index, iteration)
+        self.running: dict[asyncio.Task[dict[str, StepTensor]], EnsembleStep] = {}
+        self.responses = 0
+
+    def add(self, values: Mapping[str, StepTensor | None]) -> None:
+        """New values of ensemble tensors, each at its tensor's next iteration: launch the
+        steps they make ready and answer for the iterations every requested output has."""
+        updated: list[tuple[str, int]] = []
+        for name, value in values.items():
+            made = self.tensors.setdefault(name, {})
+            updated.append((name, len(made)))
+            made[len(made)] = value
+        for name, iteration in updated:
+            for step in self.steps:
+                if name in step.inputs.values():
+                    self._launch_if_ready(step, iteration)
+        answered: set[int] = set()
+        for name, iteration in updated:
+            if (
+                name in self.requested
+                and iteration not in answered
+                and all(iteration in self.tensors.get(o, {}) for o in self.requested)
+            ):
+                answered.add(iteration)
+                self._answer(iteration)
+
+    def _launch_if_ready(self, step: EnsembleStep, iteration: int) -> None:
+        key = (step.index, iteration)
+        if key in self.launched:
+            return
+        feed: dict[str, StepTensor] = {}
+        for model_input, name in step.inputs.items():
+            made = self.tensors.get(name, {})
+            if iteration not in made:
+                return
+            value = made[iteration]
+            if value is not None:
+                feed[model_input] = value
+        self.launched.add(key)
+        if step.index in self.plan.decoupled_steps:
+
+            def each(produced: dict[str, StepTensor]) -> None:
+                self.add({name: produced.get(out) for out, name in step.outputs.items()})
+
+            work = self.run_step(step, feed, self.request, each)
+        else:
+            work = self.run_step(step, feed, self.request)
+        self.running[asyncio.ensure_future(work)] = step
+
+    def _answer(self, iteration: int) -> None:
+        outputs = {}
+        for name in self.requested:
+            value = self.tensors[name][iteration]
+            if value is not None:
+                outputs[name] = value
+        self.responses += 1
+        self.respond(outputs)
+
+    async def run(self, inputs: Mapping[str, StepTensor]) -> None:
+        given: dict[str, StepTensor | None] = dict.fromkeys(self.plan.inputs)
+        given.update(inputs)
+        try:
+            self.add(given)
+            while self.running:
+                done, _ = await asyncio.wait(self.running, return_when=asyncio.FIRST_COMPLETED)
+                # In launch order: a tensor's values keep the order their steps were run in.
+                for task in [t for t in self.running if t in done]:
+                    step = self.running.pop(task)
+                    produced = task.result()  # a failed step fails the ensemble request
+                    if step.index not in self.plan.decoupled_steps:
+                        self.add({name: produced.get(out) for out, name in step.outputs.items()})
+        finally:
+            for task in self.running:
+                task.cancel()
+
+
 async def run_ensemble(
     plan: EnsemblePlan,
     inputs: Mapping[str, StepTensor],
     run_step: StepRunner,
     request: StepRequest | None = None,
     requested: Collection[str] | None = None,
+    emit: Callable[[dict[str, StepTensor]], None] | None = None,
 ) -> dict[str, StepTensor]:
     """Run every needed step as soon as its inputs exist; return the ensemble's outputs
-    (those that were produced) as their steps made them."""
-    request = request or StepRequest({})
-    # None: absent (an optional ensemble input not given, an output a step did not produce).
-    tensors: dict[str, StepTensor | None] = dict.fromkeys(plan.inputs)
-    tensors.update(inputs)
-    pending = needed_steps(plan, plan.outputs if requested is None else requested)
-    running: dict[asyncio.Task[dict[str, StepTensor]], EnsembleStep] = {}
-    try:
-        while pending or running:
-            for step in [s for s in pending if all(t in tensors for t in s.inputs.values())]:
-                pending.remove(step)
-                feed = {}
-                for model_input, name in step.inputs.items():
-                    tensor = tensors[name]
-                    if tensor is not None:
-                        feed[model_input] = tensor
-                running[asyncio.ensure_future(run_step(step, feed, request))] = step
-            if not running:  # the plan's checks make this unreachable
-                missing = sorted({t for s in pending for t in s.inputs.values()} - set(tensors))
-                raise InvalidInput(
-                    f"unexpected deadlock, at least one output is not set while no more "
-                    f"ensemble steps can be made (tensors {missing})"
-                )
-            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                step = running.pop(task)
-                produced = task.result()  # a failed step fails the ensemble request
-                for model_output, name in step.outputs.items():
-                    tensors[name] = produced.get(model_output)
-    finally:
-        for task in running:
-            task.cancel()
-    outputs = {}
-    for name in plan.outputs:
-        tensor = tensors.get(name)
-        if tensor is not None:
-            outputs[name] = tensor
-    return outputs
+    (those that were produced) as their steps made them. A decoupled ensemble's responses go
+    to `emit` as they are made (any number, none included) and {} is returned."""
+    responses: list[dict[str, StepTensor]] = []
+    wanted = requested or plan.outputs  # none named: all, as Triton asks for all
+    run = _Run(plan, run_step, request or StepRequest({}), wanted, emit or responses.append)
+    await run.run(inputs)
+    if emit is not None:
+        return {}
+    if not responses:  # only a decoupled step can leave an ensemble without a response
+        raise InvalidInput(
+            "unexpected deadlock, at least one output is not set while no more ensemble "
+            "steps can be made"
+        )
+    return responses[0]
 
 
 def prefixed(name: str, exc: ApplianceError) -> ApplianceError:
@@ -255,6 +380,7 @@ class EnsembleScheduler:
         plan = self._plan
         batch = job.batch_size if plan.batching else 0
         inputs = {name: StepTensor(array, batch) for name, array in job.inputs.items()}
+        emit = job.emit
         try:
             made = await run_ensemble(
                 plan,
@@ -262,6 +388,7 @@ class EnsembleScheduler:
                 self._run_step,
                 StepRequest(job.parameters or {}, job.request_id),
                 job.output_names,
+                None if emit is None else lambda made: emit(self._shaped(made)),
             )
         except ApplianceError as exc:
             raise prefixed(plan.name, exc) from exc
@@ -269,6 +396,12 @@ class EnsembleScheduler:
             self._active -= 1
             if not self._active:
                 self._idle.set()
+        return self._shaped(made)
+
+    def _shaped(self, made: dict[str, StepTensor]) -> dict[str, Array]:
+        """A response's outputs in the ensemble's own dims (a batch dimension of 1 added or
+        stripped where the ensemble batches differently from the step that made them)."""
+        plan = self._plan
         outputs = {}
         for name, tensor in made.items():
             dims = plan.output_dims.get(name)

@@ -24,7 +24,13 @@ from appliance.runtime.models import ModelRuntime
 from appliance.runtime.registry import ServedVersion
 from appliance.scheduling.batcher import QueueTimeout
 from appliance.scheduling.contract import ModelScheduler
-from appliance.scheduling.ensemble import EnsembleStep, StepRequest, StepTensor, step_arrays
+from appliance.scheduling.ensemble import (
+    EnsembleStep,
+    StepEmit,
+    StepRequest,
+    StepTensor,
+    step_arrays,
+)
 from appliance.scheduling.instances import Job
 from appliance.services.host import BlockingHost, ModelControl
 from appliance.services.validation import validate
@@ -222,22 +228,26 @@ class InferenceService:
         )
 
     async def run_step(
-        self, step: EnsembleStep, inputs: dict[str, StepTensor], request: StepRequest
+        self,
+        step: EnsembleStep,
+        inputs: dict[str, StepTensor],
+        request: StepRequest,
+        each: StepEmit | None = None,
     ) -> dict[str, StepTensor]:
         """One ensemble step: an ordinary request to the step's model, with the ensemble
         request's id and parameters, its inputs given or stripped a batch dimension of 1 where
-        the step batches differently from the model that made them (ensemble.step_arrays)."""
+        the step batches differently from the model that made them (ensemble.step_arrays).
+        A decoupled step's responses go to `each`."""
         served = self.manager.get(step.model_name, step.model_version)
         dims = {name: rule.dims for name, rule in served.inputs.items()}
         arrays, batch = step_arrays(inputs, dims, served.max_batch_size > 0)
-        outputs = await self.infer_arrays(
-            step.model_name,
-            step.model_version,
-            arrays,
-            list(step.outputs),
-            dict(request.parameters),
-            request.request_id,
-        )
+        call = (step.model_name, step.model_version, arrays, list(step.outputs))
+        parameters, request_id = dict(request.parameters), request.request_id
+        if each is not None:
+            async for made in self.stream_arrays(*call, parameters, request_id):
+                each({name: StepTensor(array, batch) for name, array in made.items()})
+            return {}
+        outputs = await self.infer_arrays(*call, parameters, request_id)
         return {name: StepTensor(array, batch) for name, array in outputs.items()}
 
     async def infer_arrays(

@@ -1,9 +1,11 @@
 """Ensembles as tritonserver runs them: steps that batch differently, the request's parameters
 on every step (a sequence model inside an ensemble), pruned steps, the error prefix, labels
-from the composing model; classification of integer outputs."""
+(the ensemble's own, else the composing model's); classification of integer outputs; a
+decoupled step, after which the later steps run once per response and the ensemble streams."""
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,6 +72,86 @@ ensemble_scheduling { step [
 ] }
 """
 
+OWN_LABELS = LABELLED.replace('"ens_labels"', '"ens_own_labels"').replace(
+    "dims: [ 5 ] } ]\nensemble", 'dims: [ 5 ], label_filename: "own.txt" } ]\nensemble'
+)
+
+# A decoupled Python model: INPUT0 [4] -> int(INPUT0[0]) responses, the i-th INPUT0 * (i + 1).
+FANOUT = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            sender = request.get_response_sender()
+            for i in range(int(x[0])):
+                out = pb_utils.Tensor("OUTPUT0", (x * (i + 1)).astype(np.float32))
+                sender.send(pb_utils.InferenceResponse([out]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+FANOUT_CONFIG = """\
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]
+"""
+ADD2 = """\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            a = pb_utils.get_input_tensor_by_name(r, "A").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(r, "B").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("SUM", a + b)]))
+        return out
+"""
+ADD2_CONFIG = """\
+backend: "python"
+max_batch_size: 0
+input [
+  { name: "A", data_type: TYPE_FP32, dims: [ 4 ] },
+  { name: "B", data_type: TYPE_FP32, dims: [ 4 ] }
+]
+output [ { name: "SUM", data_type: TYPE_FP32, dims: [ 4 ] } ]
+"""
+# The decoupled step's responses each run the identity step (in the batching ensemble, a
+# batch dimension of 1 is added on the way out), and each answers the client.
+DECOUPLED_STEP = """\
+name: "{name}"
+platform: "ensemble"
+max_batch_size: {mbs}
+input [ {{ name: "IN", data_type: TYPE_FP32, dims: [ 4 ] }} ]
+output [ {{ name: "OUT", data_type: TYPE_FP32, dims: [ 4 ] }} ]
+ensemble_scheduling {{ step [
+  {{ model_name: "py_fanout", model_version: -1,
+    input_map {{ key: "INPUT0" value: "IN" }} output_map {{ key: "OUTPUT0" value: "MID" }} }},
+  {{ model_name: "id_nobatch", model_version: -1,
+    input_map {{ key: "INPUT0" value: "MID" }} output_map {{ key: "OUTPUT0" value: "OUT" }} }}
+] }}
+"""
+# A step that reads an ensemble input and a decoupled step's output: Triton refuses the load.
+MIXED_ORIGINS = """\
+name: "ens_mixed_origins"
+platform: "ensemble"
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "py_fanout", model_version: -1,
+    input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "MID" } },
+  { model_name: "py_add2", model_version: -1,
+    input_map [ { key: "A" value: "IN" }, { key: "B" value: "MID" } ]
+    output_map { key: "SUM" value: "OUT" } }
+] }
+"""
+
 SEQUENCE = """\
 name: "ens_sequence"
 platform: "ensemble"
@@ -124,6 +206,18 @@ def ens_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
         )
     )
     _ensemble(root, "ens_sequence", SEQUENCE)
+    _ensemble(root, "ens_own_labels", OWN_LABELS)
+    (root / "ens_own_labels" / "own.txt").write_text("c0\nc1\nc2\nc3\nc4\n")
+    for name, source, config in (
+        ("py_fanout", FANOUT, FANOUT_CONFIG),
+        ("py_add2", ADD2, ADD2_CONFIG),
+    ):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.py").write_text(source)
+        (root / name / "config.pbtxt").write_text(config)
+    for name, mbs in (("ens_decoupled", 0), ("ens_decoupled_batching", 8)):
+        _ensemble(root, name, DECOUPLED_STEP.format(name=name, mbs=mbs))
+    _ensemble(root, "ens_mixed_origins", MIXED_ORIGINS)
     proc = ServerProcess(root, log_path=base / "server.log")
     try:
         proc.wait_ready()
@@ -254,3 +348,84 @@ def test_classification_of_an_integer_output(ens_server: ServerProcess, module: 
     result = _client(module, ens_server).infer("int_scores", [tensor], outputs=outputs)
     got = [v.decode() if isinstance(v, bytes) else v for v in result.as_numpy("OUTPUT0")[0]]
     assert got == ["16:3:d", "9:1:b"]
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_an_ensembles_own_labels_come_first(ens_server: ServerProcess, module: Any) -> None:
+    """The ensemble's output has a label_filename of its own: its labels, not the step's."""
+    x = np.array([[0.1, 0.7, 0.05, 0.1, 0.05]], dtype=np.float32)
+    outputs = [module.InferRequestedOutput("OUT", class_count=2)]
+    result = _client(module, ens_server).infer(
+        "ens_own_labels", [_fp32(module, "IN", x)], outputs=outputs
+    )
+    got = [v.decode() if isinstance(v, bytes) else v for v in result.as_numpy("OUT")[0]]
+    assert got == ["0.700000:1:c1", "0.100000:0:c0"]
+
+
+def _stream_all(server: ServerProcess, model: str, x: np.ndarray) -> list[Any]:
+    """One request over a gRPC stream: its outputs 'OUT', then None for the final flag."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    got: list[Any] = []
+    try:
+        client.async_stream_infer(
+            model, [_fp32(grpcclient, "IN", x)], request_id="r1", enable_empty_final_response=True
+        )
+        while True:
+            result, error = results.get(timeout=30)
+            assert error is None, error
+            response = result.get_response()
+            assert response.id == "r1"
+            if response.parameters["triton_final_response"].bool_param:
+                assert result.as_numpy("OUT") is None
+                got.append(None)
+                return got
+            got.append(result.as_numpy("OUT"))
+    finally:
+        client.stop_stream()
+
+
+@pytest.mark.parametrize(
+    ("model", "shape"), [("ens_decoupled", (4,)), ("ens_decoupled_batching", (1, 4))]
+)
+def test_a_decoupled_step_runs_the_later_steps_once_per_response(
+    ens_server: ServerProcess, model: str, shape: tuple[int, ...]
+) -> None:
+    before = _count(ens_server, "id_nobatch")
+    x = np.array([3, 1, 2, 5], dtype=np.float32).reshape(shape)
+    got = _stream_all(ens_server, model, x)
+    assert got[-1] is None
+    assert [out.tolist() for out in got[:-1]] == [(x * (i + 1)).tolist() for i in range(3)]
+    assert _count(ens_server, "id_nobatch") == before + 3
+    zero = np.array([0, 1, 2, 5], dtype=np.float32).reshape(shape)
+    assert _stream_all(ens_server, model, zero) == [None]  # no response: only the final flag
+
+
+def test_an_ensemble_with_a_decoupled_step_is_decoupled(ens_server: ServerProcess) -> None:
+    """Its config says so, as tritonserver fills it in; HTTP's infer refuses it, as
+    tritonserver's HTTP endpoint refuses decoupled models."""
+    http = httpclient.InferenceServerClient(ens_server.http_url)
+    config = http.get_model_config("ens_decoupled")
+    assert config["model_transaction_policy"]["decoupled"] is True
+    grpc_config = grpcclient.InferenceServerClient(ens_server.grpc_url).get_model_config(
+        "ens_decoupled"
+    )
+    assert grpc_config.config.model_transaction_policy.decoupled
+    assert (
+        not http.get_model_config("ens_labels")
+        .get("model_transaction_policy", {})
+        .get("decoupled", False)
+    )
+    with pytest.raises(InferenceServerException, match="is decoupled"):
+        http.infer("ens_decoupled", [_fp32(httpclient, "IN", np.ones(4, np.float32))])
+
+
+def test_a_step_fed_by_two_decoupled_origins_is_refused(ens_server: ServerProcess) -> None:
+    index = httpclient.InferenceServerClient(ens_server.http_url).get_model_repository_index()
+    entry = next(m for m in index if m["name"] == "ens_mixed_origins")
+    assert entry["state"] == "UNAVAILABLE"
+    assert (
+        "in ensemble ens_mixed_origins, step of model 'py_add2' receives inputs originated "
+        "from different decoupled models"
+    ) in entry["reason"]
