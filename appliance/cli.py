@@ -1,6 +1,6 @@
-"""`edge-appliance serve | version | manifest | check | tune | pin | unpin | status`: the entry
-point, and the only place with signal handlers. The serve flags and the settings they make are in
-serve_flags.py.
+"""`edge-appliance serve | version | manifest | check | tune | pin | unpin | status | fleet`: the
+entry point, and the only place with signal handlers. The serve flags and the settings they make
+are in serve_flags.py.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from types import FrameType
 
 from appliance import check, logs, pin, status_cli
 from appliance.app import StartupError, serve_forever
+from appliance.fleet import ops as fleet_ops
 from appliance.notify import Notifier
 from appliance.serve_flags import add_serve_flags, settings_from_args
 from appliance.settings import ServerSettings
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     pin.parser(sub.add_parser("pin", help="serve one version of a model alone (a rollback)"), False)
     pin.parser(sub.add_parser("unpin", help="follow a model's version policy again"), True)
     status_cli.parser(sub.add_parser("status", help="print the server's status (--watch)"))
+    fleet_ops.parser(sub.add_parser("fleet", help="staged rollouts across a fleet of devices"))
     return parser
 
 
@@ -257,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return pin.main(args)
     if args[0] == "status":
         return status_cli.main(args[1:])
+    if args[0] == "fleet":
+        return fleet_ops.main(args[1:])
     if args[0] == "tune":
         from appliance import tune  # loads the server path only when tuning
 

@@ -1,0 +1,193 @@
+"""Changing a running rollout: advance, halt, roll back, resume (one new revision each).
+
+Every change reads the model's rollout.json, writes the next revision (its signature first,
+then the document: the document is what devices act on, so a device never acts on a document
+whose signature is still to come), and reads it back: a document with another revision or other
+bytes there means another operator wrote at the same moment, and the command says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from appliance.fleet.bucket import FleetBucket, FleetError
+from appliance.repository import rollout
+from appliance.repository.rollout import HaltRule, RolloutDocument, RolloutError
+
+# The contract's example thresholds (docs/fleet.md); publish's defaults.
+DEFAULT_HALT = HaltRule(max_failed_share=0.2, min_verdicts=2, rollback=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Current:
+    """A model's rollout document as the bucket holds it."""
+
+    document: RolloutDocument | None
+    signed: bool
+
+
+def rollout_rel(model: str) -> str:
+    return f"{model}/{rollout.ROLLOUT}"
+
+
+def signature_rel(model: str) -> str:
+    return f"{model}/{rollout.ROLLOUT_SIGNATURE}"
+
+
+def read(bucket: FleetBucket, model: str) -> Current:
+    raw = bucket.get(rollout_rel(model))
+    if raw is None:
+        return Current(None, False)
+    try:
+        document = RolloutDocument.parse(raw, model)
+    except RolloutError as exc:
+        raise FleetError(f"{bucket.url}: {model}/{rollout.ROLLOUT}: {exc}") from None
+    return Current(document, bucket.get(signature_rel(model)) is not None)
+
+
+def write(bucket: FleetBucket, document: RolloutDocument, key: Any, current: Current) -> None:
+    """Write a revision (signed with the Ed25519 private key `key`, or unsigned) and check it."""
+    require_key(document.model, current, key)
+    data = document.to_json()
+    if key is not None:
+        bucket.put(signature_rel(document.model), key.sign(data))
+    bucket.put(rollout_rel(document.model), data)
+    if bucket.get(rollout_rel(document.model)) != data:
+        raise FleetError(
+            f"model '{document.model}': {rollout.ROLLOUT} changed while revision "
+            f"{document.revision} was written (another operator?); run `fleet status` and retry"
+        )
+
+
+def require_key(model: str, current: Current, key: Any) -> None:
+    if key is None and current.signed:
+        raise FleetError(
+            f"model '{model}': the rollout document in the bucket is signed; pass --sign-key "
+            "(devices with --manifest-public-key ignore an unsigned one)"
+        )
+
+
+def change(document: RolloutDocument, **fields: Any) -> RolloutDocument:
+    """The next revision with these fields changed (RolloutError becomes FleetError)."""
+    try:
+        return dataclasses.replace(document, revision=document.revision + 1, **fields)
+    except RolloutError as exc:
+        raise FleetError(str(exc)) from None
+
+
+def verdicts(bucket: FleetBucket, model: str, version: int) -> rollout.VerdictCount:
+    listed = rollout.verdict_prefix(bucket.prefix, model, version)
+    objects, _ = bucket.listing(listed[len(bucket.prefix) :])
+    return rollout.count_verdicts(listed, (o.key for o in objects))
+
+
+def existing(bucket: FleetBucket, model: str) -> Current:
+    current = read(bucket, model)
+    if current.document is None:
+        raise FleetError(
+            f"model '{model}' has no {rollout.ROLLOUT} in {bucket.url} (`fleet publish` first)"
+        )
+    return current
+
+
+def describe_stage(document: RolloutDocument, index: int | None = None) -> str:
+    """'stage 1 of 4 (10%)', 'not started'."""
+    index = document.stage if index is None else index
+    if index < 0:
+        return "not started (stage -1)"
+    stage = document.stages[index]
+    if stage.percent is not None:
+        what = f"{stage.percent:g}%"
+    else:
+        what = ", ".join(f"{k}={'|'.join(v)}" for k, v in stage.labels)
+    return f"stage {index} of {len(document.stages) - 1} ({what})"
+
+
+def advance(bucket: FleetBucket, model: str, to: int | None, key: Any) -> str:
+    current = existing(bucket, model)
+    document = current.document
+    assert document is not None
+    if document.halted:
+        raise FleetError(
+            f"model '{model}': the rollout of version {document.target} is halted "
+            f"({document.reason or 'no reason given'}); `fleet resume` first"
+        )
+    count = verdicts(bucket, model, document.target)
+    if rollout.halted(document, count.passed, count.failed):
+        raise FleetError(
+            f"model '{model}': the rollout of version {document.target} halted itself: "
+            f"{count.failed} of {count.passed + count.failed} verdicts failed; publish a fixed "
+            "version (or `fleet resume --clear-verdicts`)"
+        )
+    last = len(document.stages) - 1
+    index = document.stage + 1 if to is None else to
+    if index > last:
+        raise FleetError(
+            f"model '{model}': already at its last stage ({describe_stage(document)})"
+            if to is None
+            else f"model '{model}': --to {to}: the rollout has stages 0 to {last}"
+        )
+    if index <= document.stage:
+        raise FleetError(
+            f"model '{model}': --to {to} is not past the current {describe_stage(document)}; "
+            "a lower stage would take devices back (use `fleet rollback` for that)"
+        )
+    new = change(document, stage=index)
+    write(bucket, new, key, current)
+    return (
+        f"model '{model}': version {new.target} now at {describe_stage(new)} "
+        f"(revision {new.revision})"
+    )
+
+
+def halt(bucket: FleetBucket, model: str, reason: str, key: Any, rollback: bool) -> str:
+    """halted: true; `rollback` says whether devices on the target go back to the baseline."""
+    current = existing(bucket, model)
+    document = current.document
+    assert document is not None
+    rule = dataclasses.replace(document.halt or DEFAULT_HALT, rollback=rollback)
+    what = "rolled back" if rollback else "halted"
+    new = change(document, halted=True, halt=rule, reason=reason or f"{what} by an operator")
+    write(bucket, new, key, current)
+    where = (
+        f"devices on version {new.target} go back to {new.baseline}"
+        if rollback
+        else f"devices on version {new.target} keep it, no other device takes it"
+    )
+    return f"model '{model}': rollout of version {new.target} {what}: {where} " + (
+        f"(revision {new.revision})"
+    )
+
+
+def resume(bucket: FleetBucket, model: str, key: Any, clear_verdicts: bool, rollback: bool) -> str:
+    """halted: false, and the halt rule's rollback back on (by default)."""
+    current = existing(bucket, model)
+    document = current.document
+    assert document is not None
+    count = verdicts(bucket, model, document.target)
+    rule = dataclasses.replace(document.halt or DEFAULT_HALT, rollback=rollback)
+    resumed = change(document, halted=False, halt=rule, reason="")
+    still = rollout.halted(resumed, count.passed, count.failed)
+    cleared = 0
+    if still and not clear_verdicts:
+        raise FleetError(
+            f"model '{model}': {count.failed} of {count.passed + count.failed} devices failed "
+            f"version {document.target}'s probation, so the rollout would halt again at once; "
+            "`fleet resume --clear-verdicts` forgets their verdicts (those devices still keep "
+            "the version out until its content changes)"
+        )
+    if clear_verdicts:
+        listed = rollout.verdict_prefix(bucket.prefix, model, document.target)
+        objects, _ = bucket.listing(listed[len(bucket.prefix) :])
+        for obj in objects:
+            parsed = rollout.parse_verdict_key(listed, obj.key)
+            if parsed is not None and parsed[0] == rollout.FAILED:
+                bucket.delete(obj.key[len(bucket.prefix) :])
+                cleared += 1
+    write(bucket, resumed, key, current)
+    note = f", {cleared} failed verdict(s) cleared" if cleared else ""
+    return (
+        f"model '{model}': rollout of version {resumed.target} resumed at "
+        f"{describe_stage(resumed)} (revision {resumed.revision}{note})"
+    )

@@ -1,0 +1,192 @@
+"""`edge-appliance fleet publish | advance | halt | rollback | resume | status` (docs/fleet.md).
+
+Every command takes the bucket location the devices poll (their --model-repository) and the
+AWS credentials from the environment, as the server does. Exit status: 0 done, 1 the bucket or
+the fleet's state refused (the reason on stderr), 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from appliance.fleet import control, publish, view
+from appliance.fleet.bucket import FleetBucket, FleetError
+from appliance.repository.manifest import ManifestError, load_private_key
+
+PROG = "edge-appliance fleet"
+
+
+class _StageSpec(argparse.Action):
+    """--stages and --stage-labels append to one list, in the order given."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        specs = list(getattr(namespace, "stage_specs", None) or [])
+        if option == "--stages":
+            specs += [s for s in str(values).split(",") if s.strip()]
+        else:
+            specs.append(str(values))
+        namespace.stage_specs = specs
+
+
+def _common(p: argparse.ArgumentParser, model: bool = True) -> None:
+    p.add_argument("url", metavar="BUCKET_URL", help="the devices' s3:// --model-repository")
+    if model:
+        p.add_argument("model", metavar="MODEL")
+
+
+def _key_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--sign-key",
+        type=Path,
+        metavar="PEM",
+        help="Ed25519 private key: sign the rollout document (and the manifest); needed once "
+        "the document is signed",
+    )
+
+
+def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.description = (
+        "Staged model rollouts from the bucket the devices poll: publish a version, advance, "
+        "halt, roll back or resume its rollout, and see which device serves what."
+    )
+    sub = p.add_subparsers(dest="fleet_command", required=True, metavar="COMMAND")
+    pub = sub.add_parser("publish", help="upload a version and write its rollout document")
+    _common(pub)
+    pub.add_argument("folder", type=Path, metavar="DIR", help="the version's folder")
+    pub.add_argument("--version", type=int, required=True, metavar="N")
+    _key_flag(pub)
+    pub.add_argument(
+        "--stages",
+        action=_StageSpec,
+        metavar="P,P,...",
+        help="percent stages, e.g. 1,10,50,100 (the default)",
+    )
+    pub.add_argument(
+        "--stage-labels",
+        action=_StageSpec,
+        metavar="KEY=VALUE[|VALUE][,KEY=VALUE]",
+        help="a stage of the devices with these labels (repeatable; with --stages, in the "
+        "order given)",
+    )
+    pub.add_argument("--start", action="store_true", help="start at stage 0 (default: -1)")
+    pub.add_argument("--baseline", type=int, metavar="N", help="override the baseline version")
+    pub.add_argument(
+        "--probation-window",
+        type=int,
+        default=50,
+        metavar="REQUESTS",
+        help="requests a device watches the new version for (default 50; 0: the devices' flags)",
+    )
+    pub.add_argument(
+        "--probation-max-error-rate",
+        type=float,
+        default=0.05,
+        metavar="RATE",
+        help="error rate that fails a device's probation (default 0.05)",
+    )
+    pub.add_argument(
+        "--halt-max-failed-share",
+        type=float,
+        default=0.2,
+        metavar="SHARE",
+        help="halt when more than this share of the verdicts failed (default 0.2)",
+    )
+    pub.add_argument(
+        "--halt-min-verdicts",
+        type=int,
+        default=2,
+        metavar="N",
+        help="... and at least N devices failed (default 2)",
+    )
+    pub.add_argument(
+        "--no-halt-rollback",
+        action="store_true",
+        help="on a halt, devices on the version keep it (default: they go back)",
+    )
+    adv = sub.add_parser("advance", help="move the rollout to the next stage (or --to INDEX)")
+    _common(adv)
+    adv.add_argument("--to", type=int, metavar="INDEX")
+    _key_flag(adv)
+    for name, text in (
+        ("halt", "stop the rollout: no device takes the version; devices on it keep it"),
+        ("rollback", "stop the rollout and take the devices on the version back to the baseline"),
+    ):
+        cmd = sub.add_parser(name, help=text)
+        _common(cmd)
+        cmd.add_argument("--reason", default="", help="said in the document and `fleet status`")
+        _key_flag(cmd)
+    res = sub.add_parser("resume", help="undo a halt or rollback: the rollout goes on")
+    _common(res)
+    res.add_argument(
+        "--clear-verdicts",
+        action="store_true",
+        help="delete the version's failed verdicts (else a rollout they halted stays halted)",
+    )
+    res.add_argument("--no-halt-rollback", action="store_true", help="as for publish")
+    _key_flag(res)
+    st = sub.add_parser("status", help="versions x devices, per label, from the reports")
+    _common(st, model=False)
+    st.add_argument("--model", help="only this model")
+    st.add_argument("--by", default="", metavar="LABEL", help="one row group per value, e.g. site")
+    st.add_argument(
+        "--silent-after",
+        type=float,
+        default=view.DEFAULT_SILENT_AFTER_S,
+        metavar="SECONDS",
+        help="a device is silent when its report is older "
+        f"(default {view.DEFAULT_SILENT_AFTER_S:g})",
+    )
+    st.add_argument("--json", action="store_true", help="print it as one JSON object")
+    return p
+
+
+def run(args: argparse.Namespace) -> list[str]:
+    """Carry out a parsed command; the lines to print. Raises FleetError."""
+    key = None
+    if getattr(args, "sign_key", None) is not None:
+        try:
+            key = load_private_key(args.sign_key)
+        except ManifestError as exc:
+            raise FleetError(str(exc)) from None
+    bucket = FleetBucket(args.url)
+    command = args.fleet_command
+    if command == "publish":
+        plan = publish.Plan(
+            model=args.model,
+            version=args.version,
+            folder=args.folder,
+            stages=getattr(args, "stage_specs", None) or publish.DEFAULT_STAGES,
+            start=args.start,
+            baseline=args.baseline,
+            probation=(args.probation_window, args.probation_max_error_rate)
+            if args.probation_window > 0
+            else None,
+            halt=(args.halt_max_failed_share, args.halt_min_verdicts, not args.no_halt_rollback),
+        )
+        return publish.publish(bucket, plan, key)
+    if command == "advance":
+        return [control.advance(bucket, args.model, args.to, key)]
+    if command in ("halt", "rollback"):
+        return [control.halt(bucket, args.model, args.reason, key, command == "rollback")]
+    if command == "resume":
+        rollback = not args.no_halt_rollback
+        return [control.resume(bucket, args.model, key, args.clear_verdicts, rollback)]
+    fleet = view.summarize(view.gather(bucket, args.model), args.by, args.silent_after)
+    return [json.dumps(view.as_json(fleet), indent=2) if args.json else view.render(fleet)]
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parser(argparse.ArgumentParser(prog=PROG)).parse_args(list(argv))
+    try:
+        lines = run(args)
+    except FleetError as exc:
+        print(f"{PROG} {args.fleet_command}: {exc}", file=sys.stderr)  # noqa: T201
+        return 1
+    for line in lines:
+        print(line)  # noqa: T201
+    return 0

@@ -1,0 +1,211 @@
+"""`fleet publish`: a new version into the bucket and a rollout document that targets it.
+
+The order makes every moment safe for a device that polls in between:
+
+1. the rollout document with the new target at stage -1 (nobody takes it) — so even a model that
+   had no document yet never sees the version appear under today's "newest wins" policy;
+2. the version's files, then SHA256SUMS.sig, then SHA256SUMS last: a device takes a version only
+   once every file its manifest lists is there and matches (appliance/repository/s3.py);
+3. with --start, the next revision at stage 0.
+
+The first version of a model (nothing to roll out from) is uploaded without a document.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from appliance.fleet import control
+from appliance.fleet.bucket import FleetBucket, FleetError
+from appliance.repository import rollout
+from appliance.repository.manifest import (
+    MANIFEST,
+    SIGNATURE,
+    ManifestError,
+    files_in,
+    write_manifest,
+)
+from appliance.repository.rollout import RolloutDocument, RolloutError
+
+DEFAULT_STAGES = ("1", "10", "50", "100")
+_VERSION_KEY = re.compile(r"^(\d+)/")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `publish` was asked for (from the flags)."""
+
+    model: str
+    version: int
+    folder: Path
+    stages: Sequence[str]  # "10" (percent) or "site=berlin|munich,hw=orin" (labels)
+    start: bool
+    baseline: int | None = None
+    probation: tuple[int, float] | None = (50, 0.05)  # window_requests, max_error_rate
+    halt: tuple[float, int, bool] = (0.2, 2, True)  # max_failed_share, min_verdicts, rollback
+
+
+def stage_json(spec: str) -> dict[str, Any]:
+    """One stage from its flag text: '10' or 'site=berlin|munich,hw=orin-nano'."""
+    spec = spec.strip()
+    if "=" not in spec:
+        try:
+            return {"percent": float(spec)}
+        except ValueError:
+            raise FleetError(
+                f"stage {spec!r} is neither a percentage nor key=value labels"
+            ) from None
+    labels: dict[str, Any] = {}
+    for item in spec.split(","):
+        key, _, values = item.partition("=")
+        accepted = values.split("|")
+        labels[key.strip()] = accepted[0] if len(accepted) == 1 else accepted
+    return {"labels": labels}
+
+
+def document_for(plan: Plan, revision: int, baseline: int, stage: int) -> RolloutDocument:
+    raw: dict[str, Any] = {
+        "format": rollout.FORMAT,
+        "model": plan.model,
+        "revision": revision,
+        "target": plan.version,
+        "baseline": baseline,
+        "stages": [stage_json(s) for s in plan.stages],
+        "stage": stage,
+        "halt": dict(zip(("max_failed_share", "min_verdicts", "rollback"), plan.halt, strict=True)),
+        "halted": False,
+        "reason": "",
+    }
+    if plan.probation is not None:
+        window, rate = plan.probation
+        raw["probation"] = {"window_requests": window, "max_error_rate": rate}
+    try:
+        return rollout.from_mapping(raw)
+    except RolloutError as exc:
+        raise FleetError(f"model '{plan.model}': {exc}") from None
+
+
+def remote_versions(bucket: FleetBucket, model: str) -> set[int]:
+    objects, _ = bucket.listing(f"{model}/")
+    base = bucket.key(f"{model}/")
+    found = set()
+    for obj in objects:
+        match = _VERSION_KEY.match(obj.key[len(base) :])
+        if match and str(int(match.group(1))) == match.group(1) and int(match.group(1)) > 0:
+            found.add(int(match.group(1)))
+    return found
+
+
+def choose_baseline(
+    plan: Plan, current: RolloutDocument | None, versions: set[int]
+) -> tuple[int | None, str]:
+    """The version devices outside the stage serve, and why it was chosen."""
+    if plan.baseline is not None:
+        if plan.baseline not in versions:
+            raise FleetError(f"--baseline {plan.baseline}: no such version in the bucket")
+        return plan.baseline, "--baseline"
+    if current is not None:
+        if current.target == plan.version:
+            return current.baseline, "the current document's baseline"
+        completed = current.stage == len(current.stages) - 1 and not current.halted
+        if completed:
+            return current.target, f"version {current.target}'s rollout completed"
+        return current.baseline, (
+            f"version {current.target}'s rollout was "
+            f"{'halted' if current.halted else 'not completed'}, so its baseline stays"
+        )
+    others = sorted(v for v in versions if v != plan.version)
+    if others:
+        return others[-1], "the highest version in the bucket"
+    return None, ""
+
+
+def check_folder(plan: Plan) -> None:
+    if not plan.folder.is_dir():
+        raise FleetError(f"'{plan.folder}' is not a folder")
+    if not [f for f in files_in(plan.folder) if f not in (MANIFEST, SIGNATURE)]:
+        raise FleetError(f"'{plan.folder}' has no files to publish")
+    try:
+        rollout.check_model_name(plan.model)
+    except RolloutError as exc:
+        raise FleetError(f"MODEL: {exc}") from None
+    if plan.version < 1:
+        raise FleetError(f"--version must be a positive integer, got {plan.version}")
+
+
+def upload(bucket: FleetBucket, plan: Plan, key: Any, already: bool) -> int:
+    """Write the manifest (and signature) into the folder, then upload it: the manifest last.
+    `already`: the bucket holds this version; its manifest must be ours (a resumed upload)."""
+    try:
+        manifest = write_manifest(plan.folder, key)
+    except ManifestError as exc:
+        raise FleetError(str(exc)) from None
+    prefix = f"{plan.model}/{plan.version}/"
+    if already:
+        theirs = bucket.get(prefix + MANIFEST)
+        if theirs is not None and theirs != manifest.read_bytes():
+            raise FleetError(
+                f"model '{plan.model}' version {plan.version} is already in the bucket with "
+                "other content; publish it under a new version number (devices keep "
+                "verdicts per version)"
+            )
+    names = [f for f in files_in(plan.folder) if f not in (MANIFEST, SIGNATURE)]
+    if key is not None:
+        names.append(SIGNATURE)
+    for name in [*names, MANIFEST]:
+        bucket.put_file(prefix + name, plan.folder / name)
+    return len(names) + 1
+
+
+def publish(bucket: FleetBucket, plan: Plan, key: Any) -> list[str]:
+    """Do it; the lines to print."""
+    check_folder(plan)
+    for spec in plan.stages:
+        stage_json(spec)
+    current = control.read(bucket, plan.model)
+    control.require_key(plan.model, current, key)
+    versions = remote_versions(bucket, plan.model)
+    baseline, why = choose_baseline(plan, current.document, versions)
+    lines = []
+    if baseline is None:
+        count = upload(bucket, plan, key, plan.version in versions)
+        lines.append(
+            f"model '{plan.model}' version {plan.version}: {count} files uploaded; the model's "
+            "first version, so no rollout document: every device takes it"
+        )
+        return lines
+    revision = current.document.revision + 1 if current.document is not None else 1
+    document = document_for(plan, revision, baseline, -1)
+    if current.document is not None and current.document == repeated(document, current):
+        document = current.document  # the same publish again: resume the upload
+    else:
+        control.write(bucket, document, key, current)
+        current = control.Current(document, key is not None)
+    count = upload(bucket, plan, key, plan.version in versions)
+    lines.append(
+        f"model '{plan.model}' version {plan.version}: {count} files uploaded; baseline "
+        f"{baseline} ({why})"
+    )
+    if plan.start and document.stage < 0:
+        document = control.change(document, stage=0)
+        control.write(bucket, document, key, current)
+    lines.append(
+        f"rollout revision {document.revision}: version {plan.version} at "
+        f"{control.describe_stage(document)}"
+        + ("" if plan.start else "; `fleet advance` starts it")
+    )
+    return lines
+
+
+def repeated(document: RolloutDocument, current: control.Current) -> RolloutDocument:
+    """`document` with the current revision and stage: equal to the current document when a
+    publish is repeated (a resumed upload writes no new revision)."""
+    assert current.document is not None
+    return dataclasses.replace(
+        document, revision=current.document.revision, stage=current.document.stage
+    )

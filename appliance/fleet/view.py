@@ -1,0 +1,342 @@
+"""`fleet status`: versions x devices, per label, from the devices' reports and verdicts.
+
+What it reads: one listing of `.fleet/devices/` and a GET per report (in parallel), a delimiter
+listing of the models, each model's rollout.json, and one listing of `.fleet/verdicts/<model>/`
+(keys only: the verdict is in the key). Silence is judged by the bucket's clock (the report's
+LastModified against the listing's Date), so a device or operator with a wrong clock does not
+look silent or alive. `summarize` is pure; `render` and `as_json` print it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from appliance.fleet import control
+from appliance.fleet.bucket import FleetBucket, FleetError
+from appliance.repository import rollout
+from appliance.repository.rollout import RolloutDocument
+
+DEFAULT_SILENT_AFTER_S = 900.0  # three of the devices' default report intervals (300 s)
+_READERS = 16  # reports fetched at once
+ALL, NO_LABEL, NO_REPORT = "all", "-", "?"
+
+
+@dataclass(frozen=True)
+class DeviceReport:
+    device: str
+    labels: dict[str, str]
+    modified_s: float  # when the bucket got it, by the bucket's clock
+    models: dict[str, dict[str, Any]]
+    last_poll_ok: bool | None = None
+    server_version: str = ""
+
+
+@dataclass
+class Snapshot:
+    """What the bucket says, read once."""
+
+    url: str
+    now_s: float  # the bucket's clock
+    reports: list[DeviceReport] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)  # report keys that did not parse
+    rollouts: dict[str, RolloutDocument | None] = field(default_factory=dict)
+    # model -> version -> device -> verdict
+    verdicts: dict[str, dict[int, dict[str, str]]] = field(default_factory=dict)
+
+
+@dataclass
+class Row:
+    group: str
+    version: int
+    devices: int = 0  # serving it
+    probation: int = 0  # serving it, in probation
+    passed: int = 0  # verdicts
+    failed: int = 0
+    silent: int = 0  # serving it (as last reported) and silent
+
+
+@dataclass
+class ModelView:
+    model: str
+    rollout: RolloutDocument | None
+    halted_by: str = ""  # "", "operator", "verdicts"
+    passed: int = 0  # the target's verdicts
+    failed: int = 0
+    in_stage: int = 0  # reporting devices the current stage holds
+    in_stage_on_target: int = 0
+    outside_on_target: int = 0  # devices outside the stage that serve the target
+    behind: int = 0  # devices that reported an older revision of the document
+    rows: list[Row] = field(default_factory=list)
+
+
+@dataclass
+class FleetView:
+    url: str
+    now_s: float
+    by: str
+    silent_after_s: float
+    devices: int
+    silent: list[str]
+    unreachable: list[str]  # devices whose last poll failed
+    unreadable: list[str]
+    models: list[ModelView]
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+def parse_report(key: str, modified_s: float, data: bytes) -> DeviceReport:
+    """A report from its bytes; ValueError when it is not one."""
+    raw = json.loads(data.decode("utf-8"))
+    if not isinstance(raw, dict) or not isinstance(raw.get("device"), str):
+        raise ValueError("not a device report")
+    models = raw.get("models") or {}
+    labels = raw.get("labels") or {}
+    if not isinstance(models, dict) or not isinstance(labels, dict):
+        raise ValueError("'models' and 'labels' must be objects")
+    poll_ok = raw.get("last_poll_ok")
+    return DeviceReport(
+        device=raw["device"],
+        labels={str(k): str(v) for k, v in labels.items()},
+        modified_s=modified_s,
+        models={str(k): v for k, v in models.items() if isinstance(v, dict)},
+        last_poll_ok=poll_ok if isinstance(poll_ok, bool) else None,
+        server_version=str(raw.get("server_version", "")),
+    )
+
+
+def gather(bucket: FleetBucket, only: str | None = None) -> Snapshot:
+    """Read the reports, the rollout documents and the verdicts."""
+    listed, now_s = bucket.listing(rollout.reports_prefix("").lstrip("/"))
+    snapshot = Snapshot(bucket.url, now_s)
+
+    def fetch(obj: Any) -> tuple[Any, bytes | None]:
+        return obj, bucket.get(obj.key[len(bucket.prefix) :])
+
+    reports = [o for o in listed if o.key.endswith(".json")]
+    with ThreadPoolExecutor(max_workers=_READERS) as pool:
+        for obj, data in pool.map(fetch, reports):
+            if data is None:
+                continue  # deleted since the listing
+            try:
+                snapshot.reports.append(parse_report(obj.key, obj.modified_s, data))
+            except (ValueError, UnicodeDecodeError):
+                snapshot.unreadable.append(obj.key)
+    models = {m for m in bucket.folders() if not m.startswith(".")}
+    models |= {m for r in snapshot.reports for m in r.models}
+    for model in sorted(models):
+        if only is not None and model != only:
+            continue
+        try:
+            snapshot.rollouts[model] = control.read(bucket, model).document
+        except FleetError as exc:  # a malformed document: say so, show the rest
+            snapshot.unreadable.append(str(exc))
+            snapshot.rollouts[model] = None
+        snapshot.verdicts[model] = read_verdicts(bucket, model)
+    return snapshot
+
+
+def read_verdicts(bucket: FleetBucket, model: str) -> dict[int, dict[str, str]]:
+    """version -> device -> verdict, from one listing (a device with both keys: failed)."""
+    base = f"{rollout.FLEET}/verdicts/{model}/"
+    objects, _ = bucket.listing(base)
+    found: dict[int, dict[str, str]] = defaultdict(dict)
+    for obj in objects:
+        version, _, _ = obj.key[len(bucket.key(base)) :].partition("/")
+        if not version.isdigit():
+            continue
+        listed = rollout.verdict_prefix(bucket.prefix, model, int(version))
+        parsed = rollout.parse_verdict_key(listed, obj.key)
+        if parsed is not None:
+            verdict, device = parsed
+            devices = found[int(version)]
+            if devices.get(device) != rollout.FAILED:
+                devices[device] = verdict
+    return dict(found)
+
+
+# -- the view (pure) ---------------------------------------------------------------------------
+
+
+def _served(entry: dict[str, Any]) -> list[int]:
+    serving = entry.get("serving") or []
+    return [v for v in serving if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def summarize(snapshot: Snapshot, by: str = "", silent_after_s: float = 900.0) -> FleetView:
+    def group(labels: dict[str, str] | None) -> str:
+        if labels is None:
+            return NO_REPORT
+        return labels.get(by, NO_LABEL) if by else ALL
+
+    silent = {r.device for r in snapshot.reports if snapshot.now_s - r.modified_s > silent_after_s}
+    labels_of = {r.device: r.labels for r in snapshot.reports}
+    views = []
+    for model, document in sorted(snapshot.rollouts.items()):
+        view = ModelView(model, document)
+        rows: dict[tuple[str, int], Row] = {}
+
+        def row(key: tuple[str, int], rows: dict[tuple[str, int], Row] = rows) -> Row:
+            return rows.setdefault(key, Row(*key))
+
+        for report in snapshot.reports:
+            entry = report.models.get(model)
+            if entry is None:
+                continue
+            served = _served(entry)
+            for version in served:
+                counted = row((group(report.labels), version))
+                counted.devices += 1
+                counted.silent += report.device in silent
+                if entry.get("probation") == rollout.RUNNING and version == entry.get("target"):
+                    counted.probation += 1
+            if document is None:
+                continue
+            revision = entry.get("rollout_revision")
+            if not isinstance(revision, int) or revision < document.revision:
+                view.behind += 1
+            if rollout.membership(document, report.device, report.labels):
+                view.in_stage += 1
+                view.in_stage_on_target += document.target in served
+            else:
+                view.outside_on_target += document.target in served
+        for version, devices in snapshot.verdicts.get(model, {}).items():
+            for device, verdict in devices.items():
+                counted = row((group(labels_of.get(device)), version))
+                if verdict == rollout.FAILED:
+                    counted.failed += 1
+                else:
+                    counted.passed += 1
+        if document is not None:
+            target = snapshot.verdicts.get(model, {}).get(document.target, {})
+            view.failed = sum(v == rollout.FAILED for v in target.values())
+            view.passed = len(target) - view.failed
+            if document.halted:
+                view.halted_by = "operator"
+            elif rollout.halted(document, view.passed, view.failed):
+                view.halted_by = "verdicts"
+        view.rows = [rows[k] for k in sorted(rows)]
+        views.append(view)
+    return FleetView(
+        url=snapshot.url,
+        now_s=snapshot.now_s,
+        by=by,
+        silent_after_s=silent_after_s,
+        devices=len(snapshot.reports),
+        silent=sorted(silent),
+        unreachable=sorted(r.device for r in snapshot.reports if r.last_poll_ok is False),
+        unreadable=snapshot.unreadable,
+        models=views,
+    )
+
+
+# -- printing ----------------------------------------------------------------------------------
+
+
+def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
+    body = [header, *rows]
+    widths = [max(len(r[i]) for r in body) for i in range(len(header))]
+    return [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in body
+    ]
+
+
+def _names(devices: list[str], limit: int = 10) -> str:
+    more = f" and {len(devices) - limit} more" if len(devices) > limit else ""
+    return ", ".join(devices[:limit]) + more
+
+
+def render(view: FleetView) -> str:
+    lines = [
+        f"fleet {view.url}: {view.devices} devices reporting, {len(view.silent)} silent for "
+        f"over {view.silent_after_s:g} s, {len(view.unreachable)} whose last poll failed"
+    ]
+    if view.silent:
+        lines.append(f"  silent: {_names(view.silent)}")
+    if view.unreachable:
+        lines.append(f"  last poll failed: {_names(view.unreachable)}")
+    for what in view.unreadable:
+        lines.append(f"  unreadable: {what}")
+    for model in view.models:
+        lines.append("")
+        document = model.rollout
+        if document is None:
+            lines.append(f"model {model.model}: no rollout document (newest version wins)")
+        else:
+            lines.append(
+                f"model {model.model}: rollout revision {document.revision}, version "
+                f"{document.target} at {control.describe_stage(document)}, baseline "
+                f"{document.baseline}"
+            )
+            total = model.passed + model.failed
+            if model.halted_by == "operator":
+                lines.append(f"  HALTED by an operator: {document.reason or '(no reason)'}")
+            elif model.halted_by == "verdicts":
+                rule = document.halt
+                assert rule is not None
+                lines.append(
+                    f"  HALTED by the fleet: {model.failed} of {total} verdicts failed (the "
+                    f"limit: over {rule.max_failed_share:.0%} with at least {rule.min_verdicts})"
+                )
+            if model.halted_by and document.halt is not None:
+                back = "go back to" if document.halt.rollback else "keep it; none leave for"
+                lines.append(
+                    f"  devices on version {document.target} {back} version {document.baseline}"
+                )
+            lines.append(
+                f"  version {document.target}: {model.in_stage} devices in the stage, "
+                f"{model.in_stage_on_target} of them on it; {model.outside_on_target} outside "
+                f"the stage on it; verdicts {model.passed} passed, {model.failed} failed; "
+                f"{model.behind} devices behind revision {document.revision}"
+            )
+        lines += _table(
+            [view.by or "group", "version", "devices", "probation", "passed", "failed", "silent"],
+            (
+                [
+                    r.group,
+                    str(r.version),
+                    str(r.devices),
+                    str(r.probation),
+                    str(r.passed),
+                    str(r.failed),
+                    str(r.silent),
+                ]
+                for r in model.rows
+            ),
+        )
+    return "\n".join(lines)
+
+
+def as_json(view: FleetView) -> dict[str, Any]:
+    models = []
+    for model in view.models:
+        document = model.rollout
+        models.append(
+            {
+                "model": model.model,
+                "rollout": json.loads(document.to_json()) if document is not None else None,
+                "halted_by": model.halted_by,
+                "target_verdicts": {"passed": model.passed, "failed": model.failed},
+                "in_stage": model.in_stage,
+                "in_stage_on_target": model.in_stage_on_target,
+                "outside_on_target": model.outside_on_target,
+                "behind": model.behind,
+                "rows": [vars(r) for r in model.rows],
+            }
+        )
+    return {
+        "url": view.url,
+        "time": rollout.utc_text(view.now_s),
+        "by": view.by,
+        "silent_after_s": view.silent_after_s,
+        "devices": view.devices,
+        "silent": view.silent,
+        "last_poll_failed": view.unreachable,
+        "unreadable": view.unreadable,
+        "models": models,
+    }
