@@ -2,7 +2,8 @@
 
 The machine is shared, so each point records the CPU time the whole machine spent busy minus the
 time this benchmark's own processes spent (this process, its waited-for children such as the
-load generator, and the live server), as a percentage of one core over the point's wall time.
+load generator, and the live servers: the server under test and the ceilings), as a percentage
+of one core over the point's wall time.
 """
 
 from __future__ import annotations
@@ -40,16 +41,17 @@ def process_cpu_s(pid: int) -> float:
     return (int(after_name[11]) + int(after_name[12])) / USER_HZ
 
 
-def own_cpu_s(server_pid: int | None) -> float:
+def own_cpu_s(server_pids: tuple[int | None, ...]) -> float:
     total = 0.0
     for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
         usage = resource.getrusage(who)
         total += usage.ru_utime + usage.ru_stime
-    return total + (process_cpu_s(server_pid) if server_pid else 0.0)
+    return total + sum(process_cpu_s(pid) for pid in server_pids if pid)
 
 
-def snapshot(server_pid: int | None = None) -> CpuSnapshot:
-    return CpuSnapshot(time.monotonic(), machine_busy_s(), own_cpu_s(server_pid))
+def snapshot(*server_pids: int | None) -> CpuSnapshot:
+    """Now; `server_pids`: the live servers this benchmark started (the server, the ceilings)."""
+    return CpuSnapshot(time.monotonic(), machine_busy_s(), own_cpu_s(server_pids))
 
 
 def other_cpu_pct(before: CpuSnapshot, after: CpuSnapshot) -> float:

@@ -1,13 +1,15 @@
 """Built-in closed-loop load generator: N concurrent workers in one asyncio process.
 
     python -m bench.loadgen --protocol http-json --url 127.0.0.1:8000 --model simple \
-        [--grpc-url 127.0.0.1:8001] [--concurrency 8] [--seconds 4] [--core 1]
+        [--concurrency 8] [--seconds 4] [--core 1]
+    python -m bench.loadgen --protocol grpc --grpc-url 127.0.0.1:8001 --model simple ...
 
 Protocols: http-json (KServe v2 JSON tensors, no binary extension), http-binary (Triton's binary
 tensor extension, inputs and outputs) and grpc (raw_input_contents). The request is built once from
-the model's metadata (batch 1, random data) and re-sent, so the client spends its time on the wire
-and on reading responses, not on encoding. Warm-up lasts until every worker has a reply and at
-least WARMUP_S has passed; then the requests that complete inside the window are counted.
+the model's metadata (read over HTTP, or over gRPC for grpc; batch 1, random data) and re-sent, so
+the client spends its time on the wire and on reading responses, not on encoding. Warm-up lasts
+until every worker has a reply and at least WARMUP_S has passed; then the requests that complete
+inside the window are counted.
 Prints one JSON line: bench.common.Stats plus errors, first_error and client_cpu_pct.
 """
 
@@ -56,6 +58,22 @@ def fetch_metadata(http_url: str, model: str) -> dict[str, Any]:
     with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}", timeout=10) as resp:
         meta: dict[str, Any] = json.loads(resp.read())
     return meta
+
+
+def fetch_grpc_metadata(grpc_url: str, model: str) -> dict[str, Any]:
+    """The model's metadata over gRPC, shaped like the HTTP answer (a gRPC-only ceiling has no
+    HTTP port)."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    with grpc.insecure_channel(grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        meta = stub.ModelMetadata(service_pb2.ModelMetadataRequest(name=model), timeout=10)
+
+    def tensors(specs: Any) -> list[dict[str, Any]]:
+        return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in specs]
+
+    return {"name": meta.name, "inputs": tensors(meta.inputs), "outputs": tensors(meta.outputs)}
 
 
 def random_tensor(spec: dict[str, Any], rng: np.random.Generator) -> Tensor:
@@ -224,16 +242,17 @@ async def drive(send: Send, concurrency: int, seconds: float) -> dict[str, Any]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    req = build_request(fetch_metadata(args.url, args.model))
     if args.protocol == "grpc":
         import grpc
 
+        req = build_request(fetch_grpc_metadata(args.grpc_url, args.model))
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ]
         async with grpc.aio.insecure_channel(args.grpc_url, options=options) as channel:
             return await drive(grpc_sender(channel, req), args.concurrency, args.seconds)
+    req = build_request(fetch_metadata(args.url, args.model))
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -252,7 +271,7 @@ def install_uvloop() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.loadgen")
     parser.add_argument("--protocol", choices=PROTOCOLS, required=True)
-    parser.add_argument("--url", required=True, help="HTTP host:port (metadata, and HTTP load)")
+    parser.add_argument("--url", help="HTTP host:port (for the HTTP protocols)")
     parser.add_argument("--grpc-url", help="gRPC host:port (for --protocol grpc)")
     parser.add_argument("--model", required=True)
     parser.add_argument("--concurrency", type=int, default=8)
@@ -261,6 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.protocol == "grpc" and not args.grpc_url:
         parser.error("--protocol grpc needs --grpc-url")
+    if args.protocol != "grpc" and not args.url:
+        parser.error(f"--protocol {args.protocol} needs --url")
     if args.core is not None:
         pin_to_core(args.core)
     install_uvloop()

@@ -11,17 +11,31 @@ from bench.common import Stats
 HEADERS = (
     "model",
     "protocol",
+    "server",
     "concurrency",
     "infer/s",
     "p50 ms",
     "p99 ms",
-    "% of raw",
     "other CPU",
     "client",
+    "raw ORT",
+    "x raw",
+    "ceiling",
+    "x ceiling",
 )
+NUMERIC = {3, 4, 5, 6, 7, 9, 10, 12}
+SERVER = "edge-appliance"
+RAW = "onnxruntime"
 RAW_PROTOCOLS = ("raw ORT (before)", "raw ORT (after)")
 IMAGE_MODELS = ("squeezenet_onnx", "densenet_onnx")
-PCT_OF_RAW_TARGET = 88.0
+# Issue 20's goals: the server's throughput over raw ONNX Runtime (in-process, same core) ...
+OF_RAW_TARGETS = {
+    ("squeezenet_onnx", "grpc"): 0.88,
+    ("squeezenet_onnx", "http-binary"): 0.88,
+    ("densenet_onnx", "grpc"): 0.90,
+}
+# ... and over the minimal server of the same protocol (bench.ceilings), measured in the same run.
+OF_CEILING_TARGETS = {("simple", "http-binary"): 0.75, ("simple", "grpc"): 0.70}
 SIMPLE_TARGETS = {"http-binary": 6000.0, "http-json": 6000.0, "grpc": 3000.0}
 TARGET_CONCURRENCY = 8
 
@@ -35,10 +49,15 @@ class Row:
     client: str
     error: str | None = None
     other_cpu_pct: float | None = None  # other people's processes, % of one core
+    server: str = SERVER  # edge-appliance, a ceiling (bench.ceilings.CEILINGS) or onnxruntime
 
     @property
     def is_raw(self) -> bool:
         return self.protocol in RAW_PROTOCOLS
+
+    @property
+    def is_server(self) -> bool:
+        return self.server == SERVER
 
 
 def raw_ceiling(rows: Sequence[Row], model: str) -> float | None:
@@ -52,6 +71,32 @@ def pct_of_raw(rows: Sequence[Row], row: Row) -> float | None:
     if row.stats is None or not ceiling:
         return None
     return 100.0 * row.stats.infer_per_s / ceiling
+
+
+def best_ceiling(rows: Sequence[Row], row: Row) -> Row | None:
+    """The fastest ceiling measured at the same model, protocol and concurrency as a server row:
+    aiohttp for HTTP; the better of grpc.aio and synchronous grpc for gRPC."""
+    if not row.is_server:
+        return None
+    same = [
+        r
+        for r in rows
+        if not r.is_server
+        and not r.is_raw
+        and r.stats is not None
+        and (r.model, r.protocol, r.concurrency) == (row.model, row.protocol, row.concurrency)
+    ]
+    return max(same, key=lambda r: r.stats.infer_per_s if r.stats else 0.0, default=None)
+
+
+def of_ceiling(rows: Sequence[Row], row: Row) -> float | None:
+    """The row's throughput as a fraction of its best ceiling's."""
+    ceiling = best_ceiling(rows, row)
+    if row.stats is None or ceiling is None or ceiling.stats is None:
+        return None
+    if not ceiling.stats.infer_per_s:
+        return None
+    return row.stats.infer_per_s / ceiling.stats.infer_per_s
 
 
 def fmt_rate(value: float) -> str:
@@ -68,30 +113,48 @@ def fmt_pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}%"
 
 
+def fmt_ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def ratio_cells(rows: Sequence[Row], row: Row) -> list[str]:
+    """raw ORT, x raw, ceiling, x ceiling: the references measured in the same run."""
+    raw = raw_ceiling(rows, row.model)
+    if row.is_raw or raw is None:
+        raw_cells = ["-", "-"]
+    else:
+        pct = pct_of_raw(rows, row)
+        raw_cells = [fmt_rate(raw), fmt_ratio(None if pct is None else pct / 100.0)]
+    ceiling = best_ceiling(rows, row)
+    if ceiling is None or ceiling.stats is None:
+        return [*raw_cells, "-", "-"]
+    name = f"{ceiling.server} {fmt_rate(ceiling.stats.infer_per_s)}"
+    return [*raw_cells, name, fmt_ratio(of_ceiling(rows, row))]
+
+
 def cells(rows: Sequence[Row], row: Row) -> list[str]:
-    head = [row.model, row.protocol, str(row.concurrency)]
+    head = [row.model, row.protocol, row.server, str(row.concurrency)]
     other = fmt_pct(row.other_cpu_pct)
     if row.stats is None:
-        return [*head, "error", "-", "-", "-", other, row.client]
+        return [*head, "error", "-", "-", other, row.client, "-", "-", "-", "-"]
     return [
         *head,
         fmt_rate(row.stats.infer_per_s),
         fmt_ms(row.stats.p50_ms),
         fmt_ms(row.stats.p99_ms),
-        fmt_pct(pct_of_raw(rows, row)),
         other,
         row.client,
+        *ratio_cells(rows, row),
     ]
 
 
 def text_table(rows: Sequence[Row]) -> str:
     grid = [list(HEADERS)] + [cells(rows, r) for r in rows]
     widths = [max(len(line[i]) for line in grid) for i in range(len(HEADERS))]
-    numeric = {2, 3, 4, 5, 6, 7}
     lines = []
     for n, line in enumerate(grid):
         padded = [
-            c.rjust(widths[i]) if i in numeric else c.ljust(widths[i]) for i, c in enumerate(line)
+            c.rjust(widths[i]) if i in NUMERIC else c.ljust(widths[i]) for i, c in enumerate(line)
         ]
         lines.append("  ".join(padded).rstrip())
         if n == 0:
@@ -100,19 +163,24 @@ def text_table(rows: Sequence[Row]) -> str:
 
 
 def markdown_table(rows: Sequence[Row]) -> str:
-    align = ["---", "---", "---:", "---:", "---:", "---:", "---:", "---:", "---"]
+    align = ["---:" if i in NUMERIC else "---" for i in range(len(HEADERS))]
     lines = ["| " + " | ".join(HEADERS) + " |", "| " + " | ".join(align) + " |"]
     lines += ["| " + " | ".join(cells(rows, r)) + " |" for r in rows]
     return "\n".join(lines)
 
 
 def errors(rows: Sequence[Row]) -> list[str]:
-    return [f"{r.model} / {r.protocol} / c={r.concurrency}: {r.error}" for r in rows if r.error]
+    return [
+        f"{r.model} / {r.protocol} / {r.server} / c={r.concurrency}: {r.error}"
+        for r in rows
+        if r.error
+    ]
 
 
 def _find(rows: Sequence[Row], model: str, protocol: str) -> Row | None:
     for row in rows:
-        if (row.model, row.protocol, row.concurrency) == (model, protocol, TARGET_CONCURRENCY):
+        point = (row.model, row.protocol, row.concurrency)
+        if row.is_server and point == (model, protocol, TARGET_CONCURRENCY):
             return row
     return None
 
@@ -124,13 +192,22 @@ def _verdict(ok: bool) -> str:
 def target_checks(rows: Sequence[Row]) -> list[str]:
     """The project's targets, for the points that were measured."""
     checks = []
-    for model in IMAGE_MODELS:
-        row = _find(rows, model, "grpc")
+    for (model, protocol), goal in OF_RAW_TARGETS.items():
+        row = _find(rows, model, protocol)
         pct = pct_of_raw(rows, row) if row else None
         if pct is not None:
             checks.append(
-                f"{_verdict(pct >= PCT_OF_RAW_TARGET)} {model} grpc c={TARGET_CONCURRENCY}: "
-                f"{pct:.0f}% of raw (target >= {PCT_OF_RAW_TARGET:.0f}%)"
+                f"{_verdict(pct / 100.0 >= goal)} {model} {protocol} c={TARGET_CONCURRENCY}: "
+                f"{pct / 100.0:.2f} of raw ORT (goal >= {goal:.2f})"
+            )
+    for (model, protocol), goal in OF_CEILING_TARGETS.items():
+        row = _find(rows, model, protocol)
+        ratio = of_ceiling(rows, row) if row else None
+        ceiling = best_ceiling(rows, row) if row else None
+        if ratio is not None and ceiling is not None:
+            checks.append(
+                f"{_verdict(ratio >= goal)} {model} {protocol} c={TARGET_CONCURRENCY}: "
+                f"{ratio:.2f} of the {ceiling.server} ceiling (goal >= {goal:.2f})"
             )
     for protocol, target in SIMPLE_TARGETS.items():
         row = _find(rows, "simple", protocol)

@@ -2,17 +2,22 @@
 
     python -m bench.run [--models simple,squeezenet_onnx,densenet_onnx]
                         [--protocols http-json,http-binary,grpc[,grpc-stream]]
-                        [--concurrency 1,8,32]
+                        [--concurrency 1,8,32] [--ceilings aiohttp,grpc-aio,grpc-sync|none]
                         [--seconds N] [--quick] [--output FILE.md]
 
 1. Writes the example model repository (configs.generate) into a temporary folder.
 2. Raw ORT on each model file, batch 1, 1 thread, no spinning, pinned to the server core, in a
    subprocess (bench.raw); measured again after the server stops, to show drift.
-3. Starts the server pinned to the server core (taskset) and waits for /v2/health/ready.
+3. Starts the server and the ceilings (bench.ceilings: minimal aiohttp, grpc.aio and synchronous
+   grpc servers for the same models), all pinned to the server core (taskset), and waits for them.
 4. Drives load from the client core: Triton's perf_analyzer for http-binary and grpc, the built-in
    bench.loadgen for http-json (perf_analyzer has no JSON mode), or bench.loadgen for everything
-   when perf_analyzer cannot be set up (or with --load-generator builtin).
-5. Prints the table (and writes it as Markdown with --output).
+   when perf_analyzer cannot be set up (or with --load-generator builtin). Each point is measured
+   on the server and then, right after, on each ceiling that speaks its protocol (interleaved,
+   so the machine's other load hits both alike).
+5. Prints the table, whose last columns are each point's ratio to raw ORT and to its ceiling
+   (HTTP: aiohttp; gRPC: the better of grpc.aio and synchronous grpc), and the goals of issue 20
+   (and writes it as Markdown with --output).
 """
 
 from __future__ import annotations
@@ -33,10 +38,11 @@ from importlib import metadata
 from pathlib import Path
 
 from bench import cpu, perf
+from bench.ceilings import CEILINGS, for_protocol, start_ceiling, wait_listening
 from bench.common import ROOT, Stats, last_json_line
 from bench.loadgen import PROTOCOLS
 from bench.perf import PerfAnalyzer
-from bench.report import Row, errors, markdown_table, target_checks, text_table
+from bench.report import RAW, SERVER, Row, errors, markdown_table, target_checks, text_table
 from bench.server import Server, start_server, stop_server, wait_ready
 
 DEFAULT_MODELS = ("simple", "squeezenet_onnx", "densenet_onnx")
@@ -44,6 +50,9 @@ DEFAULT_CONCURRENCY = (1, 8, 32)
 DEFAULT_SECONDS = 4.0
 QUICK_CONCURRENCY = (8,)
 QUICK_SECONDS = 2.0
+# --quick measures the synchronous gRPC ceiling only: on one core it is the faster one (see
+# docs/benchmarks.md, "Ceilings").
+QUICK_CEILINGS = ("aiohttp", "grpc-sync")
 CHILD_SLACK_S = 120.0
 BUILTIN = "bench.loadgen"
 OTHER_CPU_NOTE = (
@@ -61,6 +70,7 @@ class Plan:
     seconds: float
     server_core: int
     client_core: int
+    ceilings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,15 @@ class Context:
     server: Server
     pa: PerfAnalyzer | None
     workdir: Path
+    ceilings: dict[str, Server]
+
+    def targets(self, protocol: str) -> list[tuple[str, Server]]:
+        """The server, then the ceilings that speak the protocol: measured back to back."""
+        kinds = for_protocol(protocol, self.plan.ceilings)
+        return [(SERVER, self.server), *((kind, self.ceilings[kind]) for kind in kinds)]
+
+    def pids(self) -> list[int]:
+        return [s.proc.pid for s in (self.server, *self.ceilings.values())]
 
 
 def csv_list(text: str) -> tuple[str, ...]:
@@ -99,7 +118,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"measurement per point, default {DEFAULT_SECONDS:g} ({QUICK_SECONDS:g} with --quick)",
     )
-    p.add_argument("--quick", action="store_true", help="concurrency 8 only, short points")
+    p.add_argument(
+        "--ceilings",
+        type=csv_list,
+        default=None,
+        help=f"minimal servers to measure beside it: {','.join(CEILINGS)} or none "
+        f"(default all; {','.join(QUICK_CEILINGS)} with --quick)",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="concurrency 8 only, short points, two ceilings"
+    )
     p.add_argument("--output", type=Path, help="also write the results as Markdown here")
     p.add_argument("--server-core", type=int, default=0)
     p.add_argument("--client-core", type=int, default=1)
@@ -121,6 +149,14 @@ def make_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Plan
         parser.error(f"unknown protocol(s) {unknown}; choose from {known}")
     quick_c = QUICK_CONCURRENCY if args.quick else DEFAULT_CONCURRENCY
     quick_s = QUICK_SECONDS if args.quick else DEFAULT_SECONDS
+    ceilings = args.ceilings
+    if ceilings is None:
+        ceilings = QUICK_CEILINGS if args.quick else CEILINGS
+    elif ceilings == ("none",):
+        ceilings = ()
+    unknown = [c for c in ceilings if c not in CEILINGS]
+    if unknown:
+        parser.error(f"unknown ceiling(s) {unknown}; choose from {', '.join(CEILINGS)} or none")
     return Plan(
         models=tuple(args.models),
         protocols=tuple(args.protocols),
@@ -128,6 +164,7 @@ def make_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Plan
         seconds=args.seconds or quick_s,
         server_core=args.server_core,
         client_core=args.client_core,
+        ceilings=tuple(ceilings),
     )
 
 
@@ -145,11 +182,11 @@ def child_error(proc: subprocess.CompletedProcess[str]) -> str:
 # ---- raw ONNX Runtime ------------------------------------------------------------------------
 
 
-def with_other_cpu(measure: Callable[[], Row], server_pid: int | None = None) -> Row:
+def with_other_cpu(measure: Callable[[], Row], server_pids: Sequence[int] = ()) -> Row:
     """Run one measurement and record other processes' CPU use meanwhile."""
-    before = cpu.snapshot(server_pid)
+    before = cpu.snapshot(*server_pids)
     row = measure()
-    return replace(row, other_cpu_pct=cpu.other_cpu_pct(before, cpu.snapshot(server_pid)))
+    return replace(row, other_cpu_pct=cpu.other_cpu_pct(before, cpu.snapshot(*server_pids)))
 
 
 def measure_raw(repo: Path, model: str, plan: Plan, label: str) -> Row:
@@ -166,15 +203,15 @@ def measure_raw(repo: Path, model: str, plan: Plan, label: str) -> Row:
     ]
     proc = run_child(cmd, plan.seconds + CHILD_SLACK_S)
     if proc.returncode != 0:
-        return Row(model, label, 1, None, "onnxruntime", child_error(proc))
+        return Row(model, label, 1, None, RAW, child_error(proc), server=RAW)
     stats = Stats.from_dict(json.loads(last_json_line(proc.stdout)))
-    return Row(model, label, 1, stats, "onnxruntime")
+    return Row(model, label, 1, stats, RAW, server=RAW)
 
 
 # ---- load against the server ----------------------------------------------------------------
 
 
-def builtin_point(ctx: Context, model: str, protocol: str, concurrency: int) -> Row:
+def builtin_point(ctx: Context, target: Server, model: str, protocol: str, concurrency: int) -> Row:
     cmd = [
         "taskset",
         "-c",
@@ -185,9 +222,9 @@ def builtin_point(ctx: Context, model: str, protocol: str, concurrency: int) -> 
         "--protocol",
         protocol,
         "--url",
-        ctx.server.http_url,
+        target.http_url,
         "--grpc-url",
-        ctx.server.grpc_url,
+        target.grpc_url,
         "--model",
         model,
         "--concurrency",
@@ -206,9 +243,17 @@ def builtin_point(ctx: Context, model: str, protocol: str, concurrency: int) -> 
     return Row(model, protocol, concurrency, Stats.from_dict(data), client)
 
 
-def perf_point(ctx: Context, pa: PerfAnalyzer, model: str, protocol: str, concurrency: int) -> Row:
-    url = ctx.server.grpc_url if protocol.startswith("grpc") else ctx.server.http_url
-    csv_path = ctx.workdir / f"pa-{model}-{protocol}-{concurrency}.csv"
+def perf_point(
+    ctx: Context,
+    pa: PerfAnalyzer,
+    target: tuple[str, Server],
+    model: str,
+    protocol: str,
+    concurrency: int,
+) -> Row:
+    name, server = target
+    url = server.grpc_url if protocol.startswith("grpc") else server.http_url
+    csv_path = ctx.workdir / f"pa-{model}-{protocol}-{concurrency}-{name}.csv"
     cmd = [
         "taskset",
         "-c",
@@ -222,12 +267,14 @@ def perf_point(ctx: Context, pa: PerfAnalyzer, model: str, protocol: str, concur
     return Row(model, protocol, concurrency, stats, "perf_analyzer")
 
 
-def measure_point(ctx: Context, model: str, protocol: str, concurrency: int) -> Row:
+def measure_point(
+    ctx: Context, target: tuple[str, Server], model: str, protocol: str, concurrency: int
+) -> Row:
     if ctx.pa is not None and protocol in perf.PROTOCOL_FLAGS:
-        return perf_point(ctx, ctx.pa, model, protocol, concurrency)
+        return perf_point(ctx, ctx.pa, target, model, protocol, concurrency)
     if protocol in perf.PERF_ONLY:
         return Row(model, protocol, concurrency, None, "-", "needs perf_analyzer")
-    return builtin_point(ctx, model, protocol, concurrency)
+    return builtin_point(ctx, target[1], model, protocol, concurrency)
 
 
 def measure_server(ctx: Context) -> list[Row]:
@@ -235,15 +282,23 @@ def measure_server(ctx: Context) -> list[Row]:
     for model in ctx.plan.models:
         for protocol in ctx.plan.protocols:
             for concurrency in ctx.plan.concurrency:
-                if not ctx.server.alive():
-                    dead = f"server exited with {ctx.server.proc.returncode}"
-                    rows.append(Row(model, protocol, concurrency, None, "-", dead))
-                    continue
-                point = partial(measure_point, ctx, model, protocol, concurrency)
-                row = with_other_cpu(point, ctx.server.proc.pid)
-                print(f"  {model} {protocol} c={concurrency}: " + describe(row), flush=True)
-                rows.append(row)
+                for target in ctx.targets(protocol):
+                    row = measure_target(ctx, target, model, protocol, concurrency)
+                    rows.append(row)
     return rows
+
+
+def measure_target(
+    ctx: Context, target: tuple[str, Server], model: str, protocol: str, concurrency: int
+) -> Row:
+    name, server = target
+    if not server.alive():
+        dead = f"{name} exited with {server.proc.returncode}"
+        return Row(model, protocol, concurrency, None, "-", dead, server=name)
+    point = partial(measure_point, ctx, target, model, protocol, concurrency)
+    row = replace(with_other_cpu(point, ctx.pids()), server=name)
+    print(f"  {model} {protocol} {name} c={concurrency}: " + describe(row), flush=True)
+    return row
 
 
 def describe(row: Row) -> str:
@@ -278,23 +333,26 @@ def header_lines(
         load = f"{BUILTIN} for all protocols (perf_analyzer not used: {pa_why})"
     else:
         load = f"perf_analyzer ({pa.version}) for http-binary and grpc, {BUILTIN} for http-json"
+    ceilings = ", ".join(plan.ceilings) or "none"
     return [
         f"command: python -m bench.run {shlex.join(argv)}".rstrip(),
         f"date: {now}; machine: {os.cpu_count()} CPUs, {cpu_model()}; "
         f"Python {platform.python_version()}, onnxruntime {metadata.version('onnxruntime')}",
         f"server on core {plan.server_core}, load from core {plan.client_core}; "
         f"{plan.seconds:g} s per point; load generator: {load}",
+        f"ceilings (bench.ceilings, on the server core, each point right after the server's): "
+        f"{ceilings}",
     ]
 
 
-def server_log_findings(server: Server) -> list[str]:
+def server_log_findings(server: Server, name: str = "server") -> list[str]:
     lines = server.log_path.read_text(errors="replace").splitlines()
     bad = [
         line for line in lines if " WARNING " in line or " ERROR " in line or "Traceback" in line
     ]
     if not bad:
         return []
-    return [f"server log: {len(bad)} warning/error lines, e.g. {bad[0][:300]}"]
+    return [f"{name} log: {len(bad)} warning/error lines, e.g. {bad[0][:300]}"]
 
 
 def raw_row(repo: Path, model: str, plan: Plan, label: str) -> Row:
@@ -310,14 +368,26 @@ def run_all(plan: Plan, pa: PerfAnalyzer | None, workdir: Path, log_path: Path) 
     print(f"raw ONNX Runtime on core {plan.server_core} ...", flush=True)
     before = [raw_row(repo, m, plan, "raw ORT (before)") for m in plan.models]
     server = start_server(repo, plan.server_core, log_path)
+    ceilings: dict[str, Server] = {}
     try:
-        print(f"server ready in {wait_ready(server):.1f}s; measuring ...", flush=True)
-        rows = measure_server(Context(plan, server, pa, workdir))
+        for kind in plan.ceilings:
+            log = workdir / f"ceiling-{kind}.log"
+            ceilings[kind] = start_ceiling(kind, repo, plan.models, plan.server_core, log)
+        print(f"server ready in {wait_ready(server):.1f}s", flush=True)
+        for kind, ceiling in ceilings.items():
+            print(f"ceiling {kind} listening in {wait_listening(ceiling):.1f}s", flush=True)
+        print("measuring ...", flush=True)
+        rows = measure_server(Context(plan, server, pa, workdir, ceilings))
     finally:
+        stopped = {kind: stop_server(ceiling) for kind, ceiling in ceilings.items()}
         code = stop_server(server)
     findings = server_log_findings(server)
     if code not in (0, -15):
         findings.append(f"server exit code {code}; log tail:\n{server.log_tail()}")
+    for kind, ceiling in ceilings.items():
+        findings += server_log_findings(ceiling, f"ceiling {kind}")
+        if stopped[kind] not in (0, -15):
+            findings.append(f"ceiling {kind} exit code {stopped[kind]}: {ceiling.log_tail(5)}")
     for line in findings:
         print(line)
     after = [raw_row(repo, m, plan, "raw ORT (after)") for m in plan.models]
@@ -326,8 +396,15 @@ def run_all(plan: Plan, pa: PerfAnalyzer | None, workdir: Path, log_path: Path) 
 
 def order(plan: Plan, rows: list[Row]) -> list[Row]:
     kinds = ("raw ORT (before)", "raw ORT (after)", *plan.protocols)
+    servers = (RAW, SERVER, *CEILINGS)
     return sorted(
-        rows, key=lambda r: (plan.models.index(r.model), kinds.index(r.protocol), r.concurrency)
+        rows,
+        key=lambda r: (
+            plan.models.index(r.model),
+            kinds.index(r.protocol),
+            r.concurrency,
+            servers.index(r.server) if r.server in servers else len(servers),
+        ),
     )
 
 

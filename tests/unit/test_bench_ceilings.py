@@ -1,0 +1,124 @@
+"""The benchmark's ceilings (bench/ceiling_http.py, bench/ceiling_grpc.py) still answer real
+tritonclient inferences, so `python -m bench.run` never divides by a broken reference."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+import tritonclient.http as httpclient
+
+from bench.ceilings import CEILINGS, for_protocol, start_ceiling, wait_listening
+from bench.raw import open_session
+from bench.server import Server, stop_server
+from configs.generate import write_repository
+
+MODELS = ["simple", "squeezenet_onnx"]
+GRPC_CEILINGS = for_protocol("grpc", CEILINGS)
+StartCeiling = Callable[[str], Server]
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_repository(tmp_path_factory.mktemp("ceilings") / "models")
+
+
+@pytest.fixture
+def start(repository: Path, tmp_path: Path) -> Iterator[StartCeiling]:
+    started: list[Server] = []
+
+    def run(kind: str) -> Server:
+        ceiling = start_ceiling(kind, repository, MODELS, None, tmp_path / f"{kind}.log")
+        started.append(ceiling)
+        wait_listening(ceiling, timeout_s=60)
+        return ceiling
+
+    yield run
+    for ceiling in started:
+        stop_server(ceiling)
+
+
+def simple_inputs() -> tuple[np.ndarray, np.ndarray]:
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    return a, np.full((1, 16), 3, dtype=np.int32)
+
+
+def image() -> np.ndarray:
+    return np.random.default_rng(0).random((1, 3, 224, 224), dtype=np.float32)
+
+
+def raw_scores(repository: Path, data: np.ndarray) -> np.ndarray:
+    session = open_session(str(repository / "squeezenet_onnx" / "1" / "model.onnx"))
+    return np.asarray(session.run(None, {"data_0": data})[0])
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_aiohttp_ceiling_answers_tritonclient_http(start: StartCeiling, binary: bool) -> None:
+    ceiling = start("aiohttp")
+    client = httpclient.InferenceServerClient(ceiling.http_url)
+    assert client.is_server_ready()
+    assert client.get_model_metadata("simple")["inputs"][0]["shape"] == [-1, 16]
+    assert client.get_model_config("simple")["max_batch_size"] == 8
+    a, b = simple_inputs()
+    inputs = [httpclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+    inputs[0].set_data_from_numpy(a, binary_data=binary)
+    inputs[1].set_data_from_numpy(b, binary_data=binary)
+    outputs = [
+        httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("OUTPUT0", "OUTPUT1")
+    ]
+    result = client.infer("simple", inputs, outputs=outputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+def test_aiohttp_ceiling_runs_the_image_model(start: StartCeiling, repository: Path) -> None:
+    ceiling = start("aiohttp")
+    client = httpclient.InferenceServerClient(ceiling.http_url)
+    data = image()
+    tensor = httpclient.InferInput("data_0", list(data.shape), "FP32")
+    tensor.set_data_from_numpy(data, binary_data=True)
+    result = client.infer("squeezenet_onnx", [tensor])
+    np.testing.assert_allclose(
+        result.as_numpy("softmaxout_1"), raw_scores(repository, data), rtol=1e-5, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("kind", GRPC_CEILINGS)
+def test_grpc_ceiling_answers_tritonclient_grpc(start: StartCeiling, kind: str) -> None:
+    ceiling = start(kind)
+    client = grpcclient.InferenceServerClient(ceiling.grpc_url)
+    assert client.is_server_ready()
+    assert client.get_model_config("simple").config.max_batch_size == 8
+    a, b = simple_inputs()
+    inputs = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    result = client.infer("simple", inputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    with pytest.raises(Exception, match="unknown model 'nope'"):
+        client.get_model_metadata("nope")
+
+
+@pytest.mark.parametrize("kind", GRPC_CEILINGS)
+async def test_grpc_ceiling_answers_tritonclient_grpc_aio(
+    start: StartCeiling, repository: Path, kind: str
+) -> None:
+    ceiling = start(kind)
+    client = grpcaio.InferenceServerClient(ceiling.grpc_url)
+    try:
+        metadata = await client.get_model_metadata("squeezenet_onnx")
+        assert [list(t.shape) for t in metadata.inputs] == [[-1, 3, 224, 224]]
+        data = image()
+        tensor = grpcaio.InferInput("data_0", list(data.shape), "FP32")
+        tensor.set_data_from_numpy(data)
+        result = await client.infer("squeezenet_onnx", [tensor])
+    finally:
+        await client.close()
+    np.testing.assert_allclose(
+        result.as_numpy("softmaxout_1"), raw_scores(repository, data), rtol=1e-5, atol=1e-6
+    )
