@@ -104,22 +104,31 @@ def describe_stage(document: RolloutDocument, index: int | None = None) -> str:
     return f"stage {index} of {len(document.stages) - 1} ({what})"
 
 
-def advance(bucket: FleetBucket, model: str, to: int | None, key: Any) -> str:
+def advance(bucket: FleetBucket, model: str, to: int | None, key: Any, force: bool = False) -> str:
+    """The next stage (or `to`). A halted rollout is refused unless `force`: the document then
+    moves on, and devices still keep off the target while it is halted (what an automated
+    pipeline that advances on a timer gets)."""
     current = existing(bucket, model)
     document = current.document
     assert document is not None
+    note = ""
     if document.halted:
-        raise FleetError(
+        why = (
             f"model '{model}': the rollout of version {document.target} is halted "
-            f"({document.reason or 'no reason given'}); `fleet resume` first"
+            f"({document.reason or 'no reason given'})"
         )
+        if not force:
+            raise FleetError(f"{why}; `fleet resume` first")
+        note = "; halted: no device takes it"
     count = verdicts(bucket, model, document.target)
-    if rollout.halted(document, count.passed, count.failed):
-        raise FleetError(
+    if not note and rollout.halted(document, count.passed, count.failed):
+        why = (
             f"model '{model}': the rollout of version {document.target} halted itself: "
-            f"{count.failed} of {count.passed + count.failed} verdicts failed; publish a fixed "
-            "version (or `fleet resume --clear-verdicts`)"
+            f"{count.failed} of {count.passed + count.failed} verdicts failed"
         )
+        if not force:
+            raise FleetError(f"{why}; publish a fixed version (or `fleet resume --clear-verdicts`)")
+        note = "; halted by the fleet's verdicts: no device takes it"
     last = len(document.stages) - 1
     index = document.stage + 1 if to is None else to
     if index > last:
@@ -137,7 +146,7 @@ def advance(bucket: FleetBucket, model: str, to: int | None, key: Any) -> str:
     write(bucket, new, key, current)
     return (
         f"model '{model}': version {new.target} now at {describe_stage(new)} "
-        f"(revision {new.revision})"
+        f"(revision {new.revision}){note}"
     )
 
 

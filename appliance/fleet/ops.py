@@ -111,6 +111,11 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     adv = sub.add_parser("advance", help="move the rollout to the next stage (or --to INDEX)")
     _common(adv)
     adv.add_argument("--to", type=int, metavar="INDEX")
+    adv.add_argument(
+        "--force",
+        action="store_true",
+        help="advance a halted rollout's document too (devices still keep off the version)",
+    )
     _key_flag(adv)
     for name, text in (
         ("halt", "stop the rollout: no device takes the version; devices on it keep it"),
@@ -170,7 +175,7 @@ def run(args: argparse.Namespace) -> list[str]:
         )
         return publish.publish(bucket, plan, key)
     if command == "advance":
-        return [control.advance(bucket, args.model, args.to, key)]
+        return [control.advance(bucket, args.model, args.to, key, args.force)]
     if command in ("halt", "rollback"):
         return [control.halt(bucket, args.model, args.reason, key, command == "rollback")]
     if command == "resume":
