@@ -191,7 +191,7 @@ def _image_request() -> tuple[bytes, dict[str, str]]:
                 {
                     "name": "data_0",
                     "datatype": "FP32",
-                    "shape": [1, 3, 224, 224],
+                    "shape": [3, 224, 224],  # densenet_onnx: Triton's config, unbatched
                     "parameters": {"binary_data_size": IMAGE_ELEMENTS * 4},
                 }
             ],

@@ -59,6 +59,20 @@ output [
 instance_group [ {{ count: 1, kind: KIND_CPU }} ]
 """
 
+# Triton's own example config of densenet_onnx (server repository, docs/examples/
+# model_repository): no batching, the batch dimension of 1 added and removed by reshape. Its
+# clients depend on it: grpc_client.py sends an unbatched [3, 224, 224].
+DENSENET_CONFIG = """\
+name: "densenet_onnx"
+platform: "onnxruntime_onnx"
+max_batch_size: 0
+input [ { name: "data_0", data_type: TYPE_FP32, format: FORMAT_NCHW, dims: [ 3, 224, 224 ],
+          reshape { shape: [ 1, 3, 224, 224 ] } } ]
+output [ { name: "fc6_1", data_type: TYPE_FP32, dims: [ 1000 ],
+           reshape { shape: [ 1, 1000, 1, 1 ] }, label_filename: "labels.txt" } ]
+instance_group [ { count: 1, kind: KIND_CPU } ]
+"""
+
 
 PREPROCESS_MODEL = """\
 import numpy as np
@@ -76,11 +90,11 @@ class TritonPythonModel:
         for request in requests:
             image = pb_utils.get_input_tensor_by_name(request, "IMAGE").as_numpy()
             chw = (image.astype(np.float32) / 255.0).transpose(2, 0, 1)
-            batch = ((chw - MEAN) / STD)[np.newaxis]
+            chw = (chw - MEAN) / STD  # densenet_onnx takes one unbatched image
             result = pb_utils.InferenceRequest(
                 model_name="densenet_onnx",
                 requested_output_names=["fc6_1"],
-                inputs=[pb_utils.Tensor("data_0", batch)],
+                inputs=[pb_utils.Tensor("data_0", chw)],
             ).exec()
             if result.has_error():
                 raise pb_utils.TritonModelException(result.error().message())
@@ -215,7 +229,7 @@ name: "preprocess_inception_ensemble"
 platform: "ensemble"
 max_batch_size: 8
 input [ { name: "INPUT", data_type: TYPE_STRING, dims: [ 1 ] } ]
-output [ { name: "OUTPUT", data_type: TYPE_FP32, dims: [ 1000, 1, 1 ] } ]
+output [ { name: "OUTPUT", data_type: TYPE_FP32, dims: [ 1000 ] } ]
 ensemble_scheduling { step [
   { model_name: "image_preprocess", model_version: -1,
     input_map { key: "INPUT" value: "INPUT" }
@@ -405,19 +419,17 @@ def write_repository(root: Path) -> Path:
         'input [ { name: "INPUT0", data_type: TYPE_STRING, dims: [ -1 ] } ]\n'
         'output [ { name: "OUTPUT0", data_type: TYPE_STRING, dims: [ -1 ] } ]\n'
     )
-    # Measured on a 2-core x86 VM with one ORT thread: DenseNet-121 runs 20% slower per image
-    # in batches of 4-8 than alone, so its batches stop at 2; SqueezeNet is indifferent.
-    densenet_batching = (
-        "# batches of 4+ are slower per image on small CPUs; stop at 2\n"
-        "dynamic_batching { preferred_batch_size: [ 2 ] }"
-    )
-    for model_name, light, output, batching in (
-        ("densenet_onnx", "light_densenet121", "fc6_1", densenet_batching),
-        ("squeezenet_onnx", "light_squeezenet", "softmaxout_1", "dynamic_batching { }"),
+    for model_name, light, output in (
+        ("densenet_onnx", "light_densenet121", "fc6_1"),
+        ("squeezenet_onnx", "light_squeezenet", "softmaxout_1"),
     ):
         save(light_model(light), root / model_name / "1" / "model.onnx")
         (root / model_name / "config.pbtxt").write_text(
-            IMAGE_CONFIG.format(name=model_name, output=output, batching=batching)
+            DENSENET_CONFIG
+            if model_name == "densenet_onnx"
+            else IMAGE_CONFIG.format(
+                name=model_name, output=output, batching="dynamic_batching { }"
+            )
         )
         # The onnx wheel's models carry no class names; number the 1000 ImageNet classes.
         (root / model_name / "labels.txt").write_text(

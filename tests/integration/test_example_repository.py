@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
 
 from configs.generate import write_repository
 from tests.serverproc import ServerProcess
@@ -80,8 +82,8 @@ def test_simple_int8_with_explicit_contents(example_server: ServerProcess) -> No
     assert sums.tolist() == [i + 1 for i in range(16)]
 
 
-@pytest.mark.parametrize("model", ["densenet_onnx", "squeezenet_onnx"])
-def test_image_models_classify_with_labels(example_server: ServerProcess, model: str) -> None:
+def test_image_models_classify_with_labels(example_server: ServerProcess) -> None:
+    model = "squeezenet_onnx"
     client = grpcclient.InferenceServerClient(example_server.grpc_url)
     meta = client.get_model_metadata(model, as_json=True)
     assert meta["inputs"][0]["shape"] == ["-1", "3", "224", "224"]
@@ -103,6 +105,33 @@ def test_image_models_classify_with_labels(example_server: ServerProcess, model:
     assert float(value) == pytest.approx(float(scores[0].ravel().max()), rel=1e-5)
 
 
+@pytest.mark.parametrize("module", [httpclient, grpcclient])
+def test_densenet_takes_one_unbatched_image_as_triton_s_example(
+    example_server: ServerProcess, module: Any
+) -> None:
+    """Triton's example config (max_batch_size 0, reshape [1, 3, 224, 224]): what its
+    grpc_client.py and image_client.py send."""
+    url = example_server.http_url if module is httpclient else example_server.grpc_url
+    client = module.InferenceServerClient(url)
+    meta = client.get_model_metadata("densenet_onnx")
+    shapes = meta["inputs"][0]["shape"] if isinstance(meta, dict) else meta.inputs[0].shape
+    assert [int(d) for d in shapes] == [3, 224, 224]
+    inp = module.InferInput("data_0", [3, 224, 224], "FP32")
+    inp.set_data_from_numpy(np.random.default_rng(0).random((3, 224, 224), dtype=np.float32))
+    scores = client.infer("densenet_onnx", [inp]).as_numpy("fc6_1")
+    assert scores.shape == (1000,)
+    out = module.InferRequestedOutput("fc6_1", class_count=3)
+    classes = client.infer("densenet_onnx", [inp], outputs=[out]).as_numpy("fc6_1")
+    assert classes.shape == (3,)
+    value, index, label = classes[0].decode().split(":")
+    assert label == f"class_{int(index):03d}"
+    assert float(value) == pytest.approx(float(scores.max()), rel=1e-5)
+    batched = module.InferInput("data_0", [1, 3, 224, 224], "FP32")
+    batched.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32))
+    with pytest.raises(InferenceServerException, match="data_0"):
+        client.infer("densenet_onnx", [batched])
+
+
 def test_python_preprocessing_in_front_of_densenet_via_bls(example_server: ServerProcess) -> None:
     client = grpcclient.InferenceServerClient(example_server.grpc_url)
     image = np.random.default_rng(1).integers(0, 256, (224, 224, 3), dtype=np.uint8)
@@ -113,7 +142,7 @@ def test_python_preprocessing_in_front_of_densenet_via_bls(example_server: Serve
     chw = (image.astype(np.float32) / 255.0).transpose(2, 0, 1)
     mean = np.array([0.485, 0.456, 0.406], dtype=np.float32).reshape(3, 1, 1)
     std = np.array([0.229, 0.224, 0.225], dtype=np.float32).reshape(3, 1, 1)
-    direct_in = grpcclient.InferInput("data_0", [1, 3, 224, 224], "FP32")
-    direct_in.set_data_from_numpy(((chw - mean) / std)[np.newaxis].astype(np.float32))
-    direct = client.infer("densenet_onnx", [direct_in]).as_numpy("fc6_1").reshape(1000)
+    direct_in = grpcclient.InferInput("data_0", [3, 224, 224], "FP32")
+    direct_in.set_data_from_numpy(((chw - mean) / std).astype(np.float32))
+    direct = client.infer("densenet_onnx", [direct_in]).as_numpy("fc6_1")
     np.testing.assert_allclose(scores, direct, rtol=1e-5)
