@@ -16,7 +16,6 @@ from appliance import buildinfo
 from appliance.access import GRPC_HEADER_PREFIX, Restriction, Restrictions
 from appliance.cache import ResponseCache
 from appliance.errors import ApplianceError
-from appliance.frontends.grpc.admission import AdmissionInterceptor
 from appliance.frontends.grpc.server import InferenceServicer
 from appliance.frontends.http.server import HttpFrontend
 from appliance.gpu_metrics import GpuSource, find_gpu_source
@@ -356,8 +355,6 @@ class Appliance:
     async def _grpc(self) -> Listener:
         size = self.settings.grpc_max_message_bytes
         server = grpc.aio.server(
-            # Calls in flight, all connections together, past which a call is refused at once.
-            interceptors=[AdmissionInterceptor(self.settings.grpc_max_concurrent_rpcs)],
             options=[
                 ("grpc.max_send_message_length", size),
                 ("grpc.max_receive_message_length", size),
@@ -372,6 +369,7 @@ class Appliance:
             _restrictions(self.settings.grpc_restricted, GRPC_HEADER_PREFIX),
             shared_memory=self.control.shared_memory,
             limits=self.settings.request_limits,
+            max_concurrent_rpcs=self.settings.grpc_max_concurrent_rpcs,
         ).guarded()
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
         settings = self.settings

@@ -125,6 +125,15 @@ class OrtInstance(InstanceBase):
     ) -> None:
         self._session = session
         self._run_options = ort.RunOptions()
+        # A CPU session runs through the binding's own `run`: InferenceSession.run's checks in
+        # Python (required inputs present, WebGPU graph capture, OrtValue ownership) cost 2-4 us
+        # a call, as much as a tiny model's whole execution, and the server has checked the
+        # inputs already (a missing one still fails in ORT, as an ExecutionError). A session
+        # with another provider keeps the public `run`: its fallback to CPU lives there.
+        # tests/backends/test_ort_fast_run.py pins the internal.
+        binding = getattr(session, "_sess", None)
+        cpu_only = session.get_providers() == [CPU]
+        self._run = binding.run if cpu_only and binding is not None else session.run
         # Where the session's providers really run (a GPU session may fall back to CPU).
         self.placement = Placement("KIND_GPU" if on_gpu else "KIND_CPU", placement_note)
 
@@ -137,7 +146,7 @@ class OrtInstance(InstanceBase):
             for name, array in inputs.items()
         }
         try:
-            results = self._session.run(names, feed, self._run_options)
+            results = self._run(names, feed, self._run_options)
         except Exception as exc:  # ORT raises untyped errors (bad shapes, kernel failures)
             raise ExecutionError(f"onnxruntime failed: {exc}") from exc
         return {

@@ -13,6 +13,7 @@ from google.protobuf.message import DecodeError
 from appliance.access import Restrictions
 from appliance.errors import ApplianceError
 from appliance.frontends.grpc import convert
+from appliance.frontends.grpc.admission import CallBound
 from appliance.frontends.grpc.codec import decode_request, encode_response, parameter_value
 from appliance.frontends.status import GRPC_STATUS
 from appliance.limits import RequestLimits
@@ -74,18 +75,31 @@ def check_access(restrictions: Restrictions | None, name: str, context: Any) -> 
 
 
 def _guard_unary(
-    method: Callable[..., Any], name: str, restrictions: Restrictions | None = None
+    method: Callable[..., Any],
+    name: str,
+    restrictions: Restrictions | None = None,
+    bound: CallBound | None = None,
 ) -> Callable[..., Any]:
+    """The call bound, the access restriction and the one error mapping around a unary RPC."""
+    slots = bound if bound is not None and bound.counts(name) else None
+
     async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("gRPC call: %s", name)
+        taken = False
         try:
+            if slots is not None:
+                slots.take()
+                taken = True
             check_access(restrictions, name, context)
             return await method(request, context)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             code, message = _status_of(exc)
+        finally:
+            if taken and slots is not None:
+                slots.give_back()
         await context.abort(code, message)
 
     return guarded
@@ -106,21 +120,25 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         *,
         shared_memory: SharedMemoryRegistry,
         limits: RequestLimits,
+        max_concurrent_rpcs: int = 0,
     ) -> None:
         self.core = core
         self.control = control
         self.restrictions = restrictions
         self.shared_memory = shared_memory
         self.limits = limits
+        # Calls in flight, all connections together, past which a call is refused at once.
+        self.bound = CallBound(max_concurrent_rpcs)
 
     def guarded(self) -> InferenceServicer:
-        """Wrap every unary RPC with the one error mapping (done once, at registration)."""
+        """Wrap every unary RPC with the call bound, the access check and the one error
+        mapping (done once, at registration)."""
         for name in dir(service_pb2_grpc.GRPCInferenceServiceServicer):
             if name.startswith("_") or name in _STREAMING:
                 continue
             method = getattr(self, name)
             if asyncio.iscoroutinefunction(method):
-                setattr(self, name, _guard_unary(method, name, self.restrictions))
+                setattr(self, name, _guard_unary(method, name, self.restrictions, self.bound))
         return self
 
     # ---- health and metadata -----------------------------------------------------------------
@@ -238,8 +256,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Requests on a stream run concurrently, up to STREAM_MAX_IN_FLIGHT; each gets its
         responses, errors in-band."""
+        bound = self.bound
+        counted = bound.counts("ModelStreamInfer")  # one slot for as long as the stream is open
         try:
-            check_access(self.restrictions, "ModelStreamInfer", context)
+            if counted:
+                bound.take()
+            try:
+                check_access(self.restrictions, "ModelStreamInfer", context)
+            except ApplianceError:
+                if counted:
+                    bound.give_back()
+                raise
         except ApplianceError as exc:
             await context.abort(GRPC_STATUS[exc.code], exc.message)
         responses: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue(
@@ -323,6 +350,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                     f"ModelStreamInfer: a request message does not parse: {malformed[0]}",
                 )
         finally:
+            if counted:  # nothing between the slot and this `try` can be interrupted
+                bound.give_back()
             reader.cancel()
             for task in list(pending):
                 task.cancel()
