@@ -82,6 +82,26 @@ def _ort_compute(model_file: Path) -> Callable[[Arrays], Arrays]:
     return compute
 
 
+def _reshaped(compute: Callable[[Arrays], Arrays], config: Any) -> Callable[[Arrays], Arrays]:
+    """Apply the config's `reshape`s: inputs from their dims to the model's shape, outputs back
+    (the batch dimension, where the model has one, kept as it is)."""
+    lead = 1 if config.max_batch_size > 0 else 0
+    into = {t.name: tuple(t.reshape.shape) for t in config.input if t.HasField("reshape")}
+    back = {t.name: tuple(t.dims) for t in config.output if t.HasField("reshape")}
+    if not into and not back:
+        return compute
+
+    def run(inputs: Arrays) -> Arrays:
+        for name, shape in into.items():
+            inputs[name] = inputs[name].reshape(inputs[name].shape[:lead] + shape)
+        outputs = compute(inputs)
+        for name, shape in back.items():
+            outputs[name] = outputs[name].reshape(outputs[name].shape[:lead] + shape)
+        return outputs
+
+    return run
+
+
 def load_model(repository: Path, name: str) -> CeilingModel:
     """The model from the repository that configs.generate writes (config.pbtxt, 1/model.onnx)."""
     folder = repository / name
@@ -94,7 +114,7 @@ def load_model(repository: Path, name: str) -> CeilingModel:
         _add_sub if name == "simple" else _ort_compute(folder / "1" / "model.onnx")
     )
     platform = config.platform or config.backend
-    return CeilingModel(name, platform, config, inputs, outputs, compute)
+    return CeilingModel(name, platform, config, inputs, outputs, _reshaped(compute, config))
 
 
 def load_models(repository: Path, names: list[str]) -> dict[str, CeilingModel]:

@@ -19,7 +19,7 @@ from configs.generate import write_repository
 
 MODELS = ["simple", "squeezenet_onnx"]
 GRPC_CEILINGS = for_protocol("grpc", CEILINGS)
-StartCeiling = Callable[[str], Server]
+StartCeiling = Callable[..., Server]
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +31,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def start(repository: Path, tmp_path: Path) -> Iterator[StartCeiling]:
     started: list[Server] = []
 
-    def run(kind: str) -> Server:
-        ceiling = start_ceiling(kind, repository, MODELS, None, tmp_path / f"{kind}.log")
+    def run(kind: str, models: list[str] = MODELS) -> Server:
+        ceiling = start_ceiling(kind, repository, models, None, tmp_path / f"{kind}.log")
         started.append(ceiling)
         wait_listening(ceiling, timeout_s=60)
         return ceiling
@@ -51,8 +51,8 @@ def image() -> np.ndarray:
     return np.random.default_rng(0).random((1, 3, 224, 224), dtype=np.float32)
 
 
-def raw_scores(repository: Path, data: np.ndarray) -> np.ndarray:
-    session = open_session(str(repository / "squeezenet_onnx" / "1" / "model.onnx"))
+def raw_scores(repository: Path, data: np.ndarray, model: str = "squeezenet_onnx") -> np.ndarray:
+    session = open_session(str(repository / model / "1" / "model.onnx"))
     return np.asarray(session.run(None, {"data_0": data})[0])
 
 
@@ -122,3 +122,17 @@ async def test_grpc_ceiling_answers_tritonclient_grpc_aio(
     np.testing.assert_allclose(
         result.as_numpy("softmaxout_1"), raw_scores(repository, data), rtol=1e-5, atol=1e-6
     )
+
+
+def test_grpc_ceiling_applies_the_configs_reshape(start: StartCeiling, repository: Path) -> None:
+    """densenet_onnx takes an unbatched [3,224,224] and answers [1000] (reshape in its config)."""
+    ceiling = start("grpc-sync", ["densenet_onnx"])
+    client = grpcclient.InferenceServerClient(ceiling.grpc_url)
+    data = image()
+    tensor = grpcclient.InferInput("data_0", [3, 224, 224], "FP32")
+    tensor.set_data_from_numpy(data[0])
+    result = client.infer("densenet_onnx", [tensor])
+    scores = result.as_numpy("fc6_1")
+    assert scores.shape == (1000,)
+    expected = raw_scores(repository, data, "densenet_onnx").reshape(1000)
+    np.testing.assert_allclose(scores, expected, rtol=1e-4, atol=1e-5)
