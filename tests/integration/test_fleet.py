@@ -1,0 +1,434 @@
+"""The fleet, tested as one (issue 22): SeaweedFS with SigV4 and 22 real appliance processes with
+their own ids, labels, stores and links to the bucket, driven by `edge-appliance fleet`.
+
+v2 at 10%: the devices the hash picks, and only they, switch; advanced to 100%, every device
+takes it (the time it takes is measured). v3 fails probation where it lands: the rollout halts
+itself, those devices go back to v2, and even at 100% no other device takes v3; `fleet status`
+says so. One device loses its link to the bucket for a while: it keeps serving, goes silent,
+and reports again once the link is back. Every device's S3 requests are counted by kind on its
+link (an HTTP-parsing proxy), for the numbers in docs/benchmarks.md ("Fleet").
+
+Bounded for CI on 2 cores: tiny ONNX models, no gRPC or metrics listener, a 1 s poll.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import statistics
+import threading
+import time
+import urllib.parse
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+import tritonclient.http as httpclient
+from onnx import TensorProto, helper
+
+from appliance import cli
+from appliance.repository import rollout
+from tests.integration.models import IR_VERSION, OPSET
+from tests.integration.test_s3_repository import CONFIG, Bucket, _model_bytes
+from tests.s3servers import seaweed_server, weed_binary
+from tests.serverproc import ServerProcess
+from tests.tcpproxy import TcpProxy
+
+pytestmark = [
+    pytest.mark.fleet,
+    pytest.mark.skipif(weed_binary() is None, reason="SeaweedFS 'weed' binary not found"),
+]
+
+DEVICES = 22
+POLL_S = 1.0
+IDLE_WINDOW_S = 10.0
+SITES = ("berlin", "munich")
+CUT = "dev-21"  # the device whose link goes down (in neither 10% stage: checked below)
+# Short probations so that the test's own requests decide them: 2 failures of 3 fail one.
+PROBATION = ("--probation-window", "3", "--probation-max-error-rate", "0.34")
+
+
+# -- a link to the bucket that counts requests and can be cut ------------------------------------
+
+
+class _RequestParser:
+    """Finds the HTTP/1.1 requests in a client's byte stream (Content-Length or chunked)."""
+
+    def __init__(self, record: Callable[[str, str, int], None]) -> None:
+        self._record = record
+        self._buffer = b""
+        self._body_left = 0
+        self._chunked = False
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+        while True:
+            if self._body_left:
+                used = min(self._body_left, len(self._buffer))
+                self._body_left -= used
+                self._buffer = self._buffer[used:]
+                if self._body_left:
+                    return
+            if self._chunked:
+                line, sep, rest = self._buffer.partition(b"\r\n")
+                if not sep:
+                    return
+                size = int(line.split(b";")[0] or b"0", 16)
+                if size == 0:
+                    end = rest.find(b"\r\n\r\n") if not rest.startswith(b"\r\n") else -2
+                    if end == -1:
+                        return
+                    self._buffer = rest[end + 4 :]
+                    self._chunked = False
+                    continue
+                self._buffer, self._body_left = rest, size + 2
+                continue
+            end = self._buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self._buffer[:end].decode("latin-1").split("\r\n")
+            self._buffer = self._buffer[end + 4 :]
+            method, target = head[0].split(" ")[:2]
+            headers = {}
+            for line in head[1:]:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            self._chunked = "chunked" in headers.get("transfer-encoding", "")
+            self._body_left = int(headers.get("content-length", "0") or 0)
+            self._record(method, target, self._body_left)
+
+
+def request_kind(method: str, target: str) -> str:
+    path, _, query = target.partition("?")
+    name = path.rsplit("/", 1)[-1]
+    if method == "GET" and "list-type=2" in query:
+        return "list verdicts" if "verdicts" in urllib.parse.unquote(query) else "list"
+    if method == "GET":
+        return "get rollout" if name.startswith(rollout.ROLLOUT) else "get"
+    if method == "PUT" and "/.fleet/devices/" in path:
+        return "put report"
+    if method == "PUT" and "/.fleet/verdicts/" in path:
+        return "put verdict"
+    return method.lower()
+
+
+class CountingLink(TcpProxy):
+    """TcpProxy that counts the S3 requests going through it by kind (and report bytes)."""
+
+    def __init__(self, target: str) -> None:
+        self.counts: Counter[str] = Counter()
+        self.report_bytes: list[int] = []
+        self._count_lock = threading.Lock()
+        self._target_port = int(target.rpartition(":")[2])
+        super().__init__(target)
+
+    def take(self) -> Counter[str]:
+        with self._count_lock:
+            counts, self.counts = self.counts, Counter()
+        return counts
+
+    def _record(self, method: str, target: str, body_bytes: int) -> None:
+        kind = request_kind(method, target)
+        with self._count_lock:
+            self.counts[kind] += 1
+            if kind == "put report":
+                self.report_bytes.append(body_bytes)
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:  # type: ignore[override]
+        # TcpProxy starts one pipe per direction; the one towards the S3 server is parsed.
+        try:
+            upstream = dst.getpeername()[1] == self._target_port
+        except OSError:
+            upstream = False
+        parser = _RequestParser(self._record) if upstream else None
+        try:
+            while data := src.recv(65536):
+                if parser is not None:
+                    parser.feed(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+
+# -- the devices ---------------------------------------------------------------------------------
+
+
+class Device:
+    def __init__(self, index: int, s3: Any, bucket: Bucket, tmp_path: Path) -> None:
+        self.id = f"dev-{index:02d}"
+        self.site = SITES[index % 2]
+        self.link = CountingLink(s3.host_port)
+        folder = tmp_path / self.id
+        folder.mkdir()
+        url = f"s3://{self.link.address}/{bucket.name}/models"
+        self.proc = ServerProcess(
+            url,
+            f"--model-store-dir={folder / 'store'}",
+            "--model-control-mode=poll",
+            f"--repository-poll-secs={POLL_S:g}",
+            "--repository-sync-wait-secs=60",
+            "--allow-grpc=false",
+            "--allow-metrics=false",
+            "--log-verbose=0",
+            f"--device-id={self.id}",
+            f"--device-label=site={self.site}",
+            "--device-label=hw=tiny",
+            log_path=folder / "server.log",
+            env=s3.env(),
+        )
+        self._client: Any = None
+
+    def value(self) -> float:
+        """What the served version adds (raises InferenceServerException when it fails)."""
+        if self._client is None:
+            self._client = httpclient.InferenceServerClient(self.proc.http_url)
+        inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        inp.set_data_from_numpy(np.zeros((1, 4), np.float32))
+        return float(self._client.infer("m", [inp]).as_numpy("OUTPUT0")[0, 0])
+
+    def serves(self, expected: float) -> bool:
+        try:
+            return self.value() == expected
+        except Exception:
+            return False
+
+
+def broken_model() -> bytes:
+    """Loads, then fails every request: Gather with an index past the input's 4 columns."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["INPUT0", "idx"], ["g"], axis=1),
+            helper.make_node("Add", ["INPUT0", "g"], ["OUTPUT0"]),
+        ],
+        "broken",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[helper.make_tensor("idx", TensorProto.INT64, [1], [7])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    return bytes(model.SerializeToString())
+
+
+def wait_for(what: str, predicate: Callable[[], bool], timeout_s: float = 60.0) -> float:
+    """Seconds until `predicate()` held (polled every 0.1 s)."""
+    started = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - started < timeout_s, f"not within {timeout_s:g} s: {what}"
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+def reports(bucket: Bucket) -> dict[str, dict[str, Any]]:
+    listed = bucket.client.list_objects_v2(Bucket=bucket.name, Prefix="models/.fleet/devices/")
+    found = {}
+    for item in listed.get("Contents", []):
+        body = bucket.client.get_object(Bucket=bucket.name, Key=item["Key"])["Body"].read()
+        report = json.loads(body)
+        found[report["device"]] = report
+    return found
+
+
+def verdicts(bucket: Bucket, version: int) -> dict[str, str]:
+    listed = rollout.verdict_prefix("models", "m", version)
+    answer = bucket.client.list_objects_v2(Bucket=bucket.name, Prefix=listed)
+    found = {}
+    for item in answer.get("Contents", []):
+        parsed = rollout.parse_verdict_key(listed, item["Key"])
+        if parsed is not None:
+            found[parsed[1]] = parsed[0]
+    return found
+
+
+def revision(bucket: Bucket) -> int:
+    body = bucket.client.get_object(Bucket=bucket.name, Key="models/m/rollout.json")["Body"]
+    return rollout.RolloutDocument.parse(body.read(), "m").revision
+
+
+def acted_on(bucket: Bucket, devices: list[Device], wanted: int) -> Callable[[], bool]:
+    """Every device has reported the rollout document's revision `wanted` (or a later one)."""
+
+    def check() -> bool:
+        got = reports(bucket)
+        return all(
+            (got.get(d.id, {}).get("models", {}).get("m", {}).get("rollout_revision") or 0)
+            >= wanted
+            for d in devices
+        )
+
+    return check
+
+
+def version_folder(tmp_path: Path, version: int, data: bytes) -> Path:
+    folder = tmp_path / "release" / str(version)
+    folder.mkdir(parents=True)
+    (folder / "model.onnx").write_bytes(data)
+    return folder
+
+
+# -- the test ------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(400)
+def test_a_fleet_rolls_out_by_stage_halts_a_bad_version_and_rides_out_a_lost_link(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    numbers: dict[str, Any] = {"devices": DEVICES, "poll_s": POLL_S}
+    with seaweed_server(tmp_path) as s3:
+        for name, value in s3.env().items():
+            monkeypatch.setenv(name, value)
+        bucket = Bucket(s3)
+        url = bucket.url
+
+        def fleet(*argv: Any) -> str:
+            code = cli.main(["fleet", *[str(a) for a in argv]])
+            out, err = capsys.readouterr()
+            assert code == 0, err
+            return out
+
+        bucket.put("m/config.pbtxt", CONFIG.encode())
+        fleet("publish", url, "m", version_folder(tmp_path, 1, _model_bytes(1)), "--version", 1)
+        started = time.monotonic()
+        devices = [Device(i, s3, bucket, tmp_path) for i in range(DEVICES)]
+        by_id = {d.id: d for d in devices}
+        cut = by_id[CUT]
+        try:
+            for device in devices:
+                device.proc.wait_ready(timeout_s=120)
+            numbers["start_all_s"] = round(time.monotonic() - started, 1)
+            print("fleet: all ready after", numbers["start_all_s"], "s")  # noqa: T201
+            assert all(d.value() == 1.0 for d in devices)
+            wait_for("every device reports", lambda: len(reports(bucket)) == DEVICES)
+
+            # -- v2 at 10%: the devices the hash picks switch, the others do not -----------------
+            in_v2 = {d.id for d in devices if rollout.hash_share(d.id, "m", 2) < 10}
+            in_v3 = {d.id for d in devices if rollout.hash_share(d.id, "m", 3) < 10}
+            assert in_v2, "no device in v2's 10%: choose other ids"
+            assert len(in_v3) >= 2, "fewer than 2 devices in v3's 10%: choose other ids"
+            assert CUT not in in_v2 | in_v3
+            cut.link.stop()  # from here the device cannot reach the bucket
+            cut_at = time.monotonic()
+            fleet(
+                "publish", url, "m", version_folder(tmp_path, 2, _model_bytes(2)), "--version", 2,
+                "--stages", "10,100", "--start", *PROBATION,
+            )  # fmt: skip
+            live = [d for d in devices if d is not cut]
+            wait_for("the 10% serve v2", lambda: all(by_id[i].serves(2.0) for i in in_v2))
+            wait_for("all devices acted on v2's start", acted_on(bucket, live, revision(bucket)))
+            assert {d.id for d in devices if d.serves(2.0)} == in_v2
+            assert all(d.serves(1.0) for d in devices if d.id not in in_v2)
+            assert cut.serves(1.0)  # no bucket, still serving
+
+            # -- 100% ----------------------------------------------------------------------------
+            time.sleep(max(0.0, cut_at + 4 - time.monotonic()))  # the cut's report ages first
+            advanced = time.monotonic()
+            fleet("advance", url, "m")
+            arrivals = []
+            waiting = {d.id for d in live if d.id not in in_v2}
+            deadline = advanced + 60
+            while waiting:
+                assert time.monotonic() < deadline, f"not on v2 after 60 s: {sorted(waiting)}"
+                for device_id in sorted(waiting):
+                    if by_id[device_id].serves(2.0):
+                        arrivals.append(time.monotonic() - advanced)
+                        waiting.discard(device_id)
+                time.sleep(0.05)
+            numbers["rollout_100_s"] = {
+                "median": round(statistics.median(arrivals), 2),
+                "max": round(max(arrivals), 2),
+                "devices": len(arrivals),
+            }
+            for device in live:  # v2's probation: 3 good requests each
+                for _ in range(3):
+                    assert device.value() == 2.0
+            wait_for(
+                "v2 passed on every live device", lambda: len(verdicts(bucket, 2)) == len(live)
+            )
+            assert set(verdicts(bucket, 2).values()) == {rollout.PASSED}
+            assert cut.serves(1.0)
+
+            # -- idle: what a device costs the bucket ---------------------------------------------
+            time.sleep(2 * POLL_S)  # the last reports go out
+            for device in live:
+                device.link.take()
+            time.sleep(IDLE_WINDOW_S)
+            idle: Counter[str] = Counter()
+            for device in live:
+                idle.update(device.link.take())
+            polls = len(live) * IDLE_WINDOW_S / POLL_S
+            numbers["idle_requests_per_poll"] = {k: round(v / polls, 3) for k, v in idle.items()}
+            sizes = [n for d in devices for n in d.link.report_bytes]
+            numbers["report_bytes"] = {"median": statistics.median(sizes), "max": max(sizes)}
+
+            # the cut device is silent and behind; the rest are not
+            # newer reports than the advance (every other device switched), older: the cut one
+            now = time.monotonic()
+            silent_after = now - (advanced + cut_at) / 2
+            view = json.loads(fleet("status", url, "--json", "--silent-after", silent_after))
+            assert view["silent"] == [CUT]
+            (model,) = view["models"]
+            assert model["in_stage"] == DEVICES
+            assert model["in_stage_on_target"] == DEVICES - 1
+            assert model["behind"] == 1
+
+            # -- the link comes back: the device catches up and reports --------------------------
+            cut.link.start()
+            back = time.monotonic()
+            wait_for("the cut device serves v2", lambda: cut.serves(2.0))
+
+            def reported_again() -> bool:
+                entry = reports(bucket)[CUT]
+                return entry["last_poll_ok"] and entry["models"]["m"]["serving"] == [2]
+
+            wait_for("the cut device reports again", reported_again)
+            numbers["catch_up_after_link_s"] = round(time.monotonic() - back, 2)
+
+            # -- v3 fails probation where it lands: the rollout halts itself ----------------------
+            fleet(
+                "publish", url, "m", version_folder(tmp_path, 3, broken_model()), "--version", 3,
+                "--stages", "10,100", "--start", *PROBATION, "--halt-min-verdicts", 2,
+            )  # fmt: skip
+
+            def failed_where_it_landed() -> bool:
+                for device_id in in_v3:  # the requests that make up their probation
+                    with contextlib.suppress(Exception):
+                        by_id[device_id].value()
+                return verdicts(bucket, 3) == dict.fromkeys(in_v3, rollout.FAILED)
+
+            wait_for("v3 failed on its 10%", failed_where_it_landed)
+            wait_for("the 10% are back on v2", lambda: all(by_id[i].serves(2.0) for i in in_v3))
+            fleet("advance", url, "m", "--force")  # even at 100%, nobody takes a halted version
+            wait_for("all devices acted on 100%", acted_on(bucket, devices, revision(bucket)))
+            assert all(d.serves(2.0) for d in devices)
+            for report in reports(bucket).values():
+                assert report["models"]["m"]["serving"] == [2], report
+            status = fleet("status", url, "--by", "site")
+            assert "HALTED by the fleet: 2 of 2 verdicts failed" in status
+            assert "devices on version 3 go back to version 2" in status
+            rows = [line.split() for line in status.splitlines() if line.startswith("  ")]
+            table = {(r[0], r[1]): r[2:] for r in rows if len(r) == 7 and r[1].isdigit()}
+            on_v3 = sum(int(v[0]) for (_, version), v in table.items() if version == "3")
+            failed_v3 = sum(int(v[3]) for (_, version), v in table.items() if version == "3")
+            on_v2 = sum(int(v[0]) for (_, version), v in table.items() if version == "2")
+            assert (on_v3, failed_v3, on_v2) == (0, 2, DEVICES)
+        finally:
+            for device in devices:
+                device.proc.proc.terminate()
+            for device in devices:
+                device.proc.stop()
+                device.link.stop()
+    numbers["total_s"] = round(time.monotonic() - started, 1)
+    out = os.environ.get("FLEET_NUMBERS")
+    if out:
+        Path(out).write_text(json.dumps(numbers, indent=2))
+    print("fleet numbers:", json.dumps(numbers))  # noqa: T201
