@@ -32,6 +32,10 @@ What the bases give, and who overrides it here:
   Python models, which wait on their own process).
 - `ModelInstance.placement`: None, the instance runs where its spec asked (ONNX Runtime says
   when a GPU session fell back to CPU).
+- `ModelInstance.wants_requests`: False, the server calls `execute` with the batch's tensors
+  (True for Python models, which hand each request, with its id, sequence id, flags,
+  parameters and timeout, to the model: the server calls `execute_requests`).
+- `ModelInstance.execute_requests`: `execute`.
 - `ModelInstance.execute_decoupled`: raises BackendError (Python models can stream).
 - `ModelInstance.set_cancel_check`: ignored (Python models show it as request.is_cancelled()).
 - `ModelInstance.interrupt`: cannot (a Python model's process can be killed).
@@ -41,6 +45,7 @@ What the bases give, and who overrides it here:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias
@@ -53,6 +58,26 @@ Outputs = dict[str, np.ndarray[Any, Any]]
 Emit: TypeAlias = Callable[[Outputs], None]
 # Whether every caller of the execution in hand has gone away.
 CancelCheck: TypeAlias = Callable[[], bool]
+# A decoupled request still answering after its instance was handed back: done (or failed
+# with the request's error) after its last response; the server cancels it when the client
+# goes away.
+Pending: TypeAlias = "Future[None]"
+
+
+@dataclass(frozen=True)
+class RequestInfo:
+    """What a request says besides its tensors, for backends that show it to the model (a
+    Python model's `request.request_id()`, `correlation_id()`, `flags()`, `parameters()`,
+    `timeout()`, `requested_output_names()`)."""
+
+    request_id: str = ""
+    correlation_id: int | str = 0  # the sequence id; 0 when none
+    flags: int = 0  # 1: sequence start, 2: sequence end (Triton's request flags)
+    # The request's own parameters (not sequence_*, priority, timeout: those are fields).
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    timeout_us: int = 0
+    output_names: tuple[str, ...] = ()
+    batch_size: int = 1  # this request's rows of the batch (1 for models that do not batch)
 
 
 @dataclass(frozen=True)
@@ -247,13 +272,35 @@ class ModelInstance(Protocol):
         asked; None: where the spec asked."""
         ...
 
+    @property
+    def wants_requests(self) -> bool:
+        """Whether the server should call `execute_requests` (the batch's requests described)
+        instead of `execute` (its tensors only)."""
+        ...
+
     def execute(self, inputs: Arrays, output_names: Sequence[str]) -> Outputs:
         """Run one batch: inputs by name, return the named outputs."""
         ...
 
-    def execute_decoupled(self, inputs: Arrays, output_names: Sequence[str], emit: Emit) -> None:
+    def execute_requests(
+        self, inputs: Arrays, output_names: Sequence[str], requests: Sequence[RequestInfo]
+    ) -> Outputs:
+        """`execute`, told which requests make the batch (in order, each `batch_size` rows of
+        every input and output)."""
+        ...
+
+    def execute_decoupled(
+        self,
+        inputs: Arrays,
+        output_names: Sequence[str],
+        emit: Emit,
+        request: RequestInfo | None = None,
+    ) -> Pending | None:
         """Run one request of a decoupled model (`model_transaction_policy { decoupled: true }`):
-        call `emit` with each response's outputs as it is ready, return after the last one."""
+        call `emit` with each response's outputs as it is ready. Return None after the last
+        one; or, when the model hands the request back to the instance before its last
+        response (Triton's decoupled models answer from threads or coroutines), return a
+        Pending at once, so that the instance takes the next request while this one goes on."""
         ...
 
     def set_cancel_check(self, check: CancelCheck) -> None:
@@ -284,8 +331,20 @@ class InstanceBase(ModelInstance):
 
     runs_inline: bool = True
     placement: Placement | None = None
+    wants_requests: bool = False
 
-    def execute_decoupled(self, inputs: Arrays, output_names: Sequence[str], emit: Emit) -> None:
+    def execute_requests(
+        self, inputs: Arrays, output_names: Sequence[str], requests: Sequence[RequestInfo]
+    ) -> Outputs:
+        return self.execute(inputs, output_names)
+
+    def execute_decoupled(
+        self,
+        inputs: Arrays,
+        output_names: Sequence[str],
+        emit: Emit,
+        request: RequestInfo | None = None,
+    ) -> Pending | None:
         raise BackendError("this backend cannot serve decoupled models")
 
     def set_cancel_check(self, check: CancelCheck) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from appliance.types import Array
-from edge_backends.api import BackendError, InputRejected, ModelInstance
+from edge_backends.api import BackendError, InputRejected, ModelInstance, Pending, RequestInfo
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,31 @@ class Job:
     compute_ns: tuple[int, int, int, int] | None = None
     # Decoupled models: called (from the instance's thread) with each response's outputs.
     emit: Callable[[dict[str, Array]], None] | None = None
+    # A decoupled request its model goes on answering after the instance was handed back.
+    completion: Pending | None = None
+
+
+# Request parameters that are fields of RequestInfo (or the front ends'), not the model's own.
+_RESERVED_PARAMETERS = frozenset(
+    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"}
+)
+
+
+def request_info(job: Job) -> RequestInfo:
+    """What the backend may show the model of a job's request besides its tensors."""
+    parameters = job.parameters or {}
+    sequence_id = job.sequence_id or parameters.get("sequence_id", 0)
+    start = job.sequence_start or parameters.get("sequence_start") is True
+    end = job.sequence_end or parameters.get("sequence_end") is True
+    return RequestInfo(
+        request_id=job.request_id,
+        correlation_id=sequence_id if isinstance(sequence_id, int | str) else 0,
+        flags=(1 if start else 0) | (2 if end else 0),
+        parameters={k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS},
+        timeout_us=job.timeout_us,
+        output_names=job.output_names,
+        batch_size=job.batch_size,
+    )
 
 
 @dataclass(slots=True)
@@ -131,6 +156,7 @@ class InstanceWorker:
         self.priority = priority
         # Instances that wait on another process must never run on the event loop.
         self.inline_ok = instance.runs_inline
+        self._wants_requests = instance.wants_requests  # else the batch's tensors only
         self._instance = instance
         self._running: Sequence[Job] = ()  # the batch in hand, for the cancel check
         self._close_lock = threading.Lock()
@@ -257,8 +283,14 @@ class InstanceWorker:
             try:
                 if jobs[0].emit is not None:  # decoupled: one request, responses streamed out
                     emit = self._progress(jobs[0].emit)
-                    self._instance.execute_decoupled(inputs, names, emit)
+                    info = request_info(jobs[0])
+                    jobs[0].completion = self._instance.execute_decoupled(
+                        inputs, names, emit, info
+                    )
                     outputs = {}
+                elif self._wants_requests:
+                    infos = [request_info(job) for job in jobs]
+                    outputs = self._instance.execute_requests(inputs, names, infos)
                 else:
                     outputs = self._instance.execute(inputs, names)
             finally:

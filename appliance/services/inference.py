@@ -32,6 +32,7 @@ from appliance.scheduling.ensemble import (
     step_arrays,
 )
 from appliance.scheduling.instances import Job
+from appliance.scheduling.outcome import client_error
 from appliance.services.host import BlockingHost, ModelControl
 from appliance.services.validation import validate
 from appliance.trace import Tracer
@@ -182,7 +183,7 @@ class InferenceService:
             loop.call_soon_threadsafe(responses.put_nowait, outputs)
 
         job.emit = emit
-        execution = asyncio.ensure_future(served.scheduler.submit(job))
+        execution = asyncio.ensure_future(_decoupled(served, job))
         try:
             while True:
                 getter = asyncio.ensure_future(responses.get())
@@ -375,6 +376,19 @@ class InferenceService:
             id=request.id,
             outputs=tensors,
         )
+
+
+async def _decoupled(served: ServedVersion, job: Job) -> None:
+    """A decoupled request: its execution, then, when the model handed the instance back
+    before its last response, the rest of its responses (cancelled with the stream)."""
+    await served.scheduler.submit(job)
+    if job.completion is not None:
+        try:
+            await asyncio.wrap_future(job.completion)
+        except ApplianceError:
+            raise
+        except Exception as exc:  # the model's error, as the scheduler would map it
+            raise client_error(served.label, exc) from exc
 
 
 def _failure_reason(exc: ApplianceError) -> str:

@@ -111,10 +111,10 @@ def validate(served: ServedVersion, request: InferRequest, limits: RequestLimits
         future=asyncio.get_running_loop().create_future(),
         nbytes=nbytes,
     )
+    # The model sees them (a Python model's request), an ensemble's steps carry them.
+    job.request_id, job.parameters = request.id, request.parameters
     if served.sequence:
         _sequence_parameters(request, name, job)
-    elif served.ensemble is not None:  # every step's request carries them
-        job.request_id, job.parameters = request.id, request.parameters
     return job
 
 def _output_names(served: ServedVersion, request: InferRequest) -> tuple[str, ...]:

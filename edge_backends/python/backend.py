@@ -3,8 +3,11 @@
 A CPU-bound model then stalls neither the event loop nor other models. If the process dies
 while executing, or does not answer within the config parameter `execute_timeout_s` (off by
 default), the batch fails with that reason and a fresh process (initialize() again) serves the
-next request. Requests that share a batch reach `execute()` as one request whose tensors hold
-the whole batch.
+next request. Requests that share a batch reach `execute()` as a list of requests, each with
+its own rows, id, sequence id, flags, parameters and timeout, and their responses are joined
+back into the batch's outputs. A decoupled request hands the instance back as soon as the
+model's `execute()` returns (Triton's rule): its responses, final flag or failure arrive
+tagged with the request and go straight to it, so concurrent requests interleave.
 
 One reader thread per process takes every message from it (channel.py lists them): an
 execution's results and responses go to the instance thread waiting in `_exchange`; metric
@@ -17,6 +20,7 @@ by its call id through the server's `InferenceHost`.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import multiprocessing
@@ -24,7 +28,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +45,8 @@ from edge_backends.api import (
     ModelLoadError,
     ModelSignature,
     Outputs,
+    Pending,
+    RequestInfo,
 )
 from edge_backends.python.custom_metrics import MetricError, MetricStore, answer
 from edge_backends.python.shm import Arena, Reader
@@ -62,6 +68,7 @@ class PythonInstance(InstanceBase):
     """One worker process running TritonPythonModel."""
 
     runs_inline = False  # the work happens in another process: never block the event loop on it
+    wants_requests = True  # execute() gets each request with its id, flags, parameters
 
     def __init__(self, spec: InstanceSpec, metrics: MetricStore | None = None) -> None:
         self._spec = spec
@@ -72,6 +79,10 @@ class PythonInstance(InstanceBase):
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._calls = ThreadPoolExecutor(HOST_CALL_THREADS, f"bls-{spec.instance_name}")
         self._cancelled_streams: set[int] = set()
+        # Decoupled requests the model goes on answering after execute() returned, by tag.
+        self._pending: dict[int, tuple[Emit, Future[None]]] = {}
+        self._pending_lock = threading.Lock()
+        self._tags = itertools.count(1)
         try:
             self._timeout_s = float(spec.parameters.get("execute_timeout_s", "") or 0)
         except ValueError:
@@ -164,6 +175,9 @@ class PythonInstance(InstanceBase):
         try:
             while True:
                 message = connection.recv()
+                if message[0].startswith("stream_"):
+                    self._stream_message(*message)
+                    continue
                 if message[0] != "call":
                     inbox.put(message)
                     continue
@@ -177,7 +191,40 @@ class PythonInstance(InstanceBase):
         except (EOFError, OSError):
             pass
         finally:
+            self._fail_pending("the Python model's process exited before its last response")
             inbox.put(_EOF)
+
+    def _stream_message(self, kind: str, tag: int, *payload: Any) -> None:
+        """A decoupled request's response, final flag or failure (from the reader thread)."""
+        with self._pending_lock:
+            entry = self._pending.get(tag)
+            if entry is not None and kind != "stream_response":
+                del self._pending[tag]
+        if entry is None:  # cancelled, or failed with its process
+            return
+        emit, pending = entry
+        with contextlib.suppress(InvalidStateError):  # cancelled meanwhile
+            if kind == "stream_response":
+                emit(payload[0])
+            elif kind == "stream_done":
+                pending.set_result(None)
+            else:
+                pending.set_exception(_failure(list(payload)))
+
+    def _fail_pending(self, reason: str) -> None:
+        with self._pending_lock:
+            entries, self._pending = list(self._pending.values()), {}
+        for _, pending in entries:
+            with contextlib.suppress(InvalidStateError):
+                pending.set_exception(ExecutionError(reason))
+
+    def _cancel_stream(self, tag: int, pending: Future[None]) -> None:
+        """The client went away: the model's request.is_cancelled() says so from now on."""
+        if not pending.cancelled():
+            return
+        with self._pending_lock:
+            self._pending.pop(tag, None)
+        self._reply(self._connection, "cancel", tag)
 
     def _reply(self, connection: Any, *message: Any) -> None:
         with self._send_lock:
@@ -246,37 +293,76 @@ class PythonInstance(InstanceBase):
                 self._metrics.release_family(name)
 
     def execute(self, inputs: Arrays, output_names: Sequence[str]) -> Outputs:
-        kind, payload = self._exchange(inputs, output_names, None)
+        return self.execute_requests(inputs, output_names, ())
+
+    def execute_requests(
+        self, inputs: Arrays, output_names: Sequence[str], requests: Sequence[RequestInfo]
+    ) -> Outputs:
+        """The batch's requests reach execute() as a list, each with its own rows."""
+        kind, payload = self._exchange(inputs, output_names, list(requests), None)
         if kind == "failed":
             raise _failure(payload)
         arena, out_metas = payload
         return self._reader.read(arena, out_metas, copy=True)
 
-    def execute_decoupled(self, inputs: Arrays, output_names: Sequence[str], emit: Emit) -> None:
-        """Run one request of a decoupled model; `emit` gets each response as it arrives."""
-        kind, payload = self._exchange(inputs, output_names, emit)
-        if kind == "failed":
+    def execute_decoupled(
+        self,
+        inputs: Arrays,
+        output_names: Sequence[str],
+        emit: Emit,
+        request: RequestInfo | None = None,
+    ) -> Pending | None:
+        """Run one request of a decoupled model; `emit` gets each response as it arrives (on
+        the reader thread). Returns once the model's execute() returned: a Pending while the
+        model still answers (from a thread or a coroutine), as Triton frees the instance then."""
+        tag = next(self._tags)
+        pending: Future[None] = Future()  # left PENDING: a client that goes away cancels it
+        with self._pending_lock:
+            self._pending[tag] = (emit, pending)
+        try:
+            kind, payload = self._exchange(inputs, output_names, [request or RequestInfo()], tag)
+        except BaseException:
+            with self._pending_lock:
+                self._pending.pop(tag, None)
+            raise
+        if kind == "failed":  # execute() raised
+            with self._pending_lock:
+                self._pending.pop(tag, None)
             raise _failure(payload)
+        if not pending.done():
+            pending.add_done_callback(lambda done: self._cancel_stream(tag, done))
+            return pending
+        error = None if pending.cancelled() else pending.exception()
+        if error is not None:
+            raise error
+        return None
 
     def _exchange(
         self,
         inputs: Arrays,
         output_names: Sequence[str],
-        emit: Emit | None,
+        requests: list[RequestInfo],
+        tag: int | None,
     ) -> tuple[str, list[Any]]:
-        """Send one execute message; serve BLS calls and streamed responses until it ends."""
+        """Send one execute message (`tag`: a decoupled request's); serve BLS calls until
+        execute() returned (decoupled) or its result came back."""
         metas = self._arena.write(dict(inputs))
         self._cancelled.value = 0
         started = time.monotonic()
         inbox = self._inbox
+        told = False
         try:
-            self._send("execute", self._arena.name, metas, list(output_names), emit is not None)
+            self._send("execute", self._arena.name, metas, list(output_names), tag, requests)
             while True:
                 try:
                     kind, *payload = inbox.get(timeout=CANCEL_POLL_S)
                 except queue.Empty:
                     if self._cancel_check is not None and self._cancel_check():
-                        self._cancelled.value = 1  # the model sees request.is_cancelled()
+                        if tag is None:
+                            self._cancelled.value = 1  # the model sees request.is_cancelled()
+                        elif not told:
+                            told = True
+                            self._send("cancel", tag)
                     if self._timeout_s and time.monotonic() - started > self._timeout_s:
                         self._restart()
                         raise ExecutionError(
@@ -286,11 +372,7 @@ class PythonInstance(InstanceBase):
                     continue
                 if kind == "eof":
                     raise EOFError
-                if kind == "response":
-                    if emit is not None:
-                        emit(payload[0])
-                else:
-                    return kind, payload
+                return kind, payload
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
             if self._interrupted:
                 raise ExecutionError(
@@ -356,6 +438,7 @@ class PythonInstance(InstanceBase):
         self._arena.close()
         self._calls.shutdown(wait=False, cancel_futures=True)
         self._release_metrics()
+        self._fail_pending("the model was unloaded before its last response")
 
 
 class PythonBackend(BackendBase):

@@ -8,10 +8,12 @@ hands each reply to the caller waiting for that id, and everything else (execute
 to the process's main loop through `commands`.
 
 Messages, model process -> server: ("ready", None) | ("error", text) after initialize;
-("result", arena, metas) | ("failed", text) | ("response", outputs) | ("done", None) for an
-execution; ("call", id, operation, arguments). Server -> model process: ("execute", ...) |
-("finalize",); ("reply", id, ok, payload) ends call `id`; ("item", id, outputs) is one
-response of a streamed call; ("cancel", id) is never sent this way (see `Stream.cancel`).
+("result", arena, metas) | ("failed", text[, code]) for an execution, or for a decoupled
+request `tag`: ("returned", tag) once execute() returned, then ("stream_response", tag,
+outputs)... and ("stream_done", tag) | ("stream_failed", tag, text, code) whenever they come;
+("call", id, operation, arguments). Server -> model process: ("execute", arena, metas,
+outputs, tag or None, request infos) | ("finalize",) | ("cancel", tag); ("reply", id, ok,
+payload) ends call `id`; ("item", id, outputs) is one response of a streamed call.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -71,6 +73,9 @@ class Channel:
         # What the main loop serves: ("execute", ...), ("finalize",); None once the server
         # is gone.
         self.commands: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        # ("cancel", tag): a decoupled request's client went away; told at once, even while
+        # the main loop is in another execute().
+        self.on_cancel: Callable[[int], None] = lambda tag: None
         self._reader = threading.Thread(target=self._read, name="server-reader", daemon=True)
         self._reader.start()
 
@@ -117,7 +122,9 @@ class Channel:
             while True:
                 message = self._connection.recv()
                 kind = message[0]
-                if kind in ("reply", "item"):
+                if kind == "cancel":
+                    self.on_cancel(message[1])
+                elif kind in ("reply", "item"):
                     with self._calls_lock:
                         replies = self._calls.get(message[1])
                     if replies is not None:  # else: a call its caller stopped waiting for

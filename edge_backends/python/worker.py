@@ -6,17 +6,19 @@ server's shared memory arena, outputs go back through this process's own arena; 
 else (decoupled responses, BLS, metrics, model loading) travels over the pipe as messages
 (channel.py). `async def execute` runs on one asyncio loop per process, on its own thread, as
 in Triton: a coroutine of a model that is not decoupled is awaited before the next request;
-a decoupled model's coroutine runs in the background until its final response.
+a decoupled model's coroutine runs in the background until its final response. A decoupled
+request is handed back to the server once execute() returns ("returned"); its responses,
+final flag or failure follow tagged with it, from whichever thread sends them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import logging
 import sys
 import threading
-import time
 import traceback
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
@@ -25,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_backends.api import ERROR_CODES
+from edge_backends.api import ERROR_CODES, RequestInfo
 from edge_backends.python import triton_python_backend_utils as pb_utils
 from edge_backends.python.channel import Channel
 from edge_backends.python.model_config import ModelConfig
@@ -62,6 +64,68 @@ def _outputs(response: pb_utils.InferenceResponse) -> dict[str, np.ndarray[Any, 
     return {t.name(): np.asarray(t.as_numpy()) for t in response.output_tensors()}
 
 
+class _Flag:
+    """A decoupled request's own cancel flag (request.is_cancelled() reads `value`)."""
+
+    value = 0
+
+
+def _split(
+    inputs: dict[str, np.ndarray[Any, Any]], infos: list[RequestInfo]
+) -> list[dict[str, np.ndarray[Any, Any]]]:
+    """Each request's rows of a batch's inputs."""
+    if len(infos) <= 1:
+        return [inputs]
+    cuts = np.cumsum([info.batch_size for info in infos])[:-1]
+    parts: list[dict[str, np.ndarray[Any, Any]]] = [{} for _ in infos]
+    for name, array in inputs.items():
+        for part, rows in zip(parts, np.split(array, cuts), strict=True):
+            part[name] = rows
+    return parts
+
+
+class _Stream:
+    """A decoupled request's way back after execute() returned: its final flag or its
+    failure is sent once; a model that never sends the final flag fails it in time."""
+
+    def __init__(self, channel: Channel, tag: int, ended: Any) -> None:
+        self._channel = channel
+        self._tag = tag
+        self._lock = threading.Lock()
+        self._ended = ended  # called once the request is over
+        self.over = False
+        self._timer = threading.Timer(FINAL_RESPONSE_TIMEOUT_S, self._late)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _end(self) -> bool:
+        with self._lock:
+            if self.over:
+                return False
+            self.over = True
+        self._timer.cancel()
+        self._ended()
+        return True
+
+    def done(self) -> None:
+        if self._end():
+            self._channel.send("stream_done", self._tag)
+
+    def fail(self, message: str, code: str | None = None) -> None:
+        if self._end():
+            self._channel.send("stream_failed", self._tag, message, code)
+
+    def drop(self) -> None:
+        """execute() raised: its failure answers the request."""
+        self._end()
+
+    def _late(self) -> None:
+        self.fail(
+            "no response with TRITONSERVER_RESPONSE_COMPLETE_FINAL within "
+            f"{FINAL_RESPONSE_TIMEOUT_S:.0f} s"
+        )
+
+
 class Runner:
     """Runs the model's execute() for one request at a time, sync or async."""
 
@@ -71,6 +135,7 @@ class Runner:
         self._channel = channel
         self._cancelled = cancelled
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._flags: dict[int, _Flag] = {}  # decoupled requests going on, by tag
 
     def loop(self) -> asyncio.AbstractEventLoop:
         """The process's asyncio loop for coroutine models, started on first use."""
@@ -84,110 +149,155 @@ class Runner:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
 
+    def cancel(self, tag: int) -> None:
+        """The client of decoupled request `tag` went away (from the channel's reader)."""
+        flag = self._flags.get(tag)
+        if flag is not None:
+            flag.value = 1
+
     def _request(
-        self, inputs: dict[str, np.ndarray[Any, Any]], outputs: list[str], deliver: Any
+        self,
+        inputs: dict[str, np.ndarray[Any, Any]],
+        outputs: list[str],
+        info: RequestInfo,
+        deliver: Any,
+        cancel_flag: Any,
     ) -> pb_utils.InferenceRequest:
         request = pb_utils.InferenceRequest(
+            request_id=info.request_id,
+            correlation_id=info.correlation_id,
             inputs=[pb_utils.Tensor(name, array) for name, array in inputs.items()],
-            requested_output_names=outputs,
+            requested_output_names=list(info.output_names) or outputs,
+            flags=info.flags,
+            timeout=info.timeout_us,
         )
-        request._cancel_flag = self._cancelled
+        # A client's parameters as they came (doubles too), as python_backend's JSON text.
+        request._parameters = json.dumps(dict(info.parameters), default=str)
+        request._cancel_flag = cancel_flag
         request._sender = pb_utils.InferenceResponseSender(deliver, request.is_cancelled)
         return request
 
     def execute(
-        self, inputs: dict[str, np.ndarray[Any, Any]], outputs: list[str]
+        self,
+        inputs: dict[str, np.ndarray[Any, Any]],
+        outputs: list[str],
+        infos: list[RequestInfo],
     ) -> dict[str, np.ndarray[Any, Any]]:
-        """A model that answers once: from execute()'s list, or its response sender."""
-        sent: list[pb_utils.InferenceResponse] = []
-        finished = threading.Event()
+        """A model that answers once per request: from execute()'s list, or its response
+        senders. The requests of a batch come as a list; their outputs are joined again."""
+        infos = infos or [RequestInfo(output_names=tuple(outputs))]
+        parts = _split(inputs, infos)
+        sent: list[list[pb_utils.InferenceResponse]] = [[] for _ in infos]
+        finished = [threading.Event() for _ in infos]
 
-        def deliver(response: pb_utils.InferenceResponse | None, final: bool) -> None:
-            if response is not None:
-                if sent:
-                    raise pb_utils.TritonModelException(
-                        "a model that is not decoupled sends exactly one response per request"
-                    )
-                sent.append(response)
-            if final:
-                finished.set()
+        def deliver_to(index: int) -> Any:
+            def deliver(response: pb_utils.InferenceResponse | None, final: bool) -> None:
+                if response is not None:
+                    if sent[index]:
+                        raise pb_utils.TritonModelException(
+                            "a model that is not decoupled sends exactly one response per "
+                            "request"
+                        )
+                    sent[index].append(response)
+                if final:
+                    finished[index].set()
 
-        request = self._request(inputs, outputs, deliver)
-        result = self._model.execute([request])
+            return deliver
+
+        requests = [
+            self._request(part, outputs, info, deliver_to(i), self._cancelled)
+            for i, (part, info) in enumerate(zip(parts, infos, strict=True))
+        ]
+        result = self._model.execute(requests)
         if asyncio.iscoroutine(result):
             result = asyncio.run_coroutine_threadsafe(result, self.loop()).result()
         if result is None:  # answered through the response sender (Triton 24.06 and later)
-            if not finished.wait(FINAL_RESPONSE_TIMEOUT_S) or not sent:
-                raise pb_utils.TritonModelException(
-                    "execute() returned None but sent no response with "
-                    "TRITONSERVER_RESPONSE_COMPLETE_FINAL through the response sender"
-                )
-            response = sent[0]
+            for index, event in enumerate(finished):
+                if not event.wait(FINAL_RESPONSE_TIMEOUT_S) or not sent[index]:
+                    raise pb_utils.TritonModelException(
+                        "execute() returned None but sent no response with "
+                        "TRITONSERVER_RESPONSE_COMPLETE_FINAL through the response sender"
+                    )
+            responses = [answers[0] for answers in sent]
         else:
             if not isinstance(result, list):
                 raise pb_utils.TritonModelException(
                     f"Expected a list in the execute return, found type '{type(result)}'."
                 )
-            if len(result) != 1:
+            if len(result) != len(requests):
                 raise pb_utils.TritonModelException(
                     "Number of InferenceResponse objects do not match the number of "
-                    "InferenceRequest objects. InferenceRequest(s) size is:1, and "
-                    f"InferenceResponse(s) size is:{len(result)}"
+                    f"InferenceRequest objects. InferenceRequest(s) size is:{len(requests)}, "
+                    f"and InferenceResponse(s) size is:{len(result)}"
                 )
-            response = result[0]
+            responses = result
+        produced = []
+        for response in responses:
             if not isinstance(response, pb_utils.InferenceResponse):
                 raise pb_utils.TritonModelException(
                     "Expected an 'InferenceResponse' object in the execute function return "
                     f"list, found type '{type(response)}'."
                 )
-        error = response.error()
-        if error is not None:
-            raise Reported(error)
-        return _outputs(response)
+            error = response.error()
+            if error is not None:
+                raise Reported(error)
+            produced.append(_outputs(response))
+        if len(produced) == 1:
+            return produced[0]
+        names = [name for name in produced[0] if all(name in p for p in produced)]
+        return {name: np.concatenate([p[name] for p in produced]) for name in names}
 
     def execute_decoupled(
-        self, inputs: dict[str, np.ndarray[Any, Any]], outputs: list[str]
+        self,
+        inputs: dict[str, np.ndarray[Any, Any]],
+        outputs: list[str],
+        info: RequestInfo,
+        tag: int,
     ) -> None:
-        """A decoupled model: responses go to the server as they are sent; returns once the
-        final flag is sent (execute() may have returned long before)."""
-        finished = threading.Event()
-        failure: list[pb_utils.TritonError] = []
+        """A decoupled model: responses go to the server as they are sent, tagged; returns
+        once execute() returned ("returned"), the request going on until its final flag."""
+        flag = _Flag()
+        self._flags[tag] = flag
+        stream = _Stream(self._channel, tag, lambda: self._flags.pop(tag, None))
 
         def deliver(response: pb_utils.InferenceResponse | None, final: bool) -> None:
-            if failure:
+            if stream.over:
                 return  # the request already failed: nothing more reaches the client
             if response is not None:
                 error = response.error()
                 if error is not None:
-                    failure.append(error)
-                    finished.set()
+                    failure = Reported(error)
+                    stream.fail(str(failure), failure.code)
                     return
-                self._channel.send("response", _outputs(response))
+                self._channel.send("stream_response", tag, _outputs(response))
             if final:
-                finished.set()
+                stream.done()
 
-        request = self._request(inputs, outputs, deliver)
-        result = self._model.execute([request])
-        background: Future[Any] | None = None
-        if asyncio.iscoroutine(result):
-            background = asyncio.run_coroutine_threadsafe(result, self.loop())
-        elif result is not None:
-            raise pb_utils.TritonModelException(self._must_return_none())
-        deadline = time.monotonic() + FINAL_RESPONSE_TIMEOUT_S
-        while not finished.wait(_POLL_S):
-            if background is not None and background.done():
-                if background.exception() is not None:
-                    raise background.exception()  # type: ignore[misc]  # checked not None
-                if background.result() is not None:
-                    raise pb_utils.TritonModelException(self._must_return_none())
-                background = None  # a thread it started may still send the final flag
-            if time.monotonic() > deadline:
-                raise pb_utils.TritonModelException(
-                    "no response with TRITONSERVER_RESPONSE_COMPLETE_FINAL within "
-                    f"{FINAL_RESPONSE_TIMEOUT_S:.0f} s"
-                )
-        if failure:
-            raise Reported(failure[0])
+        request = self._request(inputs, outputs, info, deliver, flag)
+        try:
+            result = self._model.execute([request])
+            if asyncio.iscoroutine(result):
+                background = asyncio.run_coroutine_threadsafe(result, self.loop())
+                background.add_done_callback(lambda done: self._background_done(done, stream))
+            elif result is not None:
+                raise pb_utils.TritonModelException(self._must_return_none())
+        except BaseException:
+            stream.drop()
+            raise
+        self._channel.send("returned", tag)
+
+    def _background_done(self, done: Future[Any], stream: _Stream) -> None:
+        """A decoupled model's coroutine ended: a failure, or a value, fails its request."""
+        if done.cancelled():
+            stream.fail("the model's coroutine was cancelled")
+        elif done.exception() is not None:
+            error = done.exception()
+            if isinstance(error, Reported):
+                stream.fail(str(error), error.code)
+            else:
+                stream.fail(f"{type(error).__name__}: {error}")
+        elif done.result() is not None:
+            stream.fail(self._must_return_none())
 
     def _must_return_none(self) -> str:
         return (
@@ -214,6 +324,7 @@ def main(
         return
     channel.send("ready", None)
     runner = Runner(model, name, channel, cancelled)
+    channel.on_cancel = runner.cancel
     arena = Arena("out")
     reader = Reader()
     try:
@@ -223,14 +334,15 @@ def main(
                 return  # the server is gone (killed or restarted): nothing to answer
             if message[0] == "finalize":
                 break
-            _, in_arena, metas, outputs, decoupled = message
+            _, in_arena, metas, outputs, tag, infos = message
             try:
                 inputs = reader.read(in_arena, metas, copy=False)
-                if decoupled:
-                    runner.execute_decoupled(inputs, outputs)
-                    channel.send("done", None)
+                if tag is not None:  # decoupled
+                    # The server's arena is reused by the next request: keep this one's.
+                    inputs = {k: np.array(v, copy=True) for k, v in inputs.items()}
+                    runner.execute_decoupled(inputs, outputs, infos[0], tag)
                     continue
-                produced = runner.execute(inputs, outputs)
+                produced = runner.execute(inputs, outputs, infos)
                 out_metas = arena.write(produced)
                 channel.send("result", arena.name, out_metas)
             except Reported as exc:

@@ -1,17 +1,21 @@
 """The rest of `triton_python_backend_utils` on the real server, with tritonclient: coroutine
 models, concurrent `async_exec`, BLS to decoupled models, `model_name` as bytes, custom metrics
 on /metrics, the model loading API, the response sender of a model that is not decoupled, the
-logger, and `using_decoupled_model_transaction_policy`.
+logger, `using_decoupled_model_transaction_policy`, what execute() is told of each request
+(id, correlation id, flags, parameters, timeout, requested outputs; a batch as its requests),
+and concurrent decoupled requests answered interleaved.
 
 Each model here is written as for Triton; one server (explicit model control) serves them all.
 """
 
 from __future__ import annotations
 
+import json
 import queue
 import re
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -337,7 +341,76 @@ class TritonPythonModel:
         return []
 """
 
+# What execute() is told about each request, as JSON in INFO; how many requests came together.
+REQUEST_INFO = """\
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            info = {
+                "id": request.request_id(),
+                "correlation_id": request.correlation_id(),
+                "flags": request.flags(),
+                "parameters": json.loads(request.parameters()),
+                "timeout": request.timeout(),
+                "outputs": request.requested_output_names(),
+                "requests": len(requests),
+                "rows": int(x.shape[0]),
+            }
+            text = np.array([[json.dumps(info).encode()]] * x.shape[0], dtype=np.object_)
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("INFO", text), pb_utils.Tensor("OTHER", x)]))
+        return out
+"""
+REQUEST_INFO_CONFIG = """\
+backend: "python"
+max_batch_size: 8
+input [{ name: "X", data_type: TYPE_INT32, dims: [1] }]
+output [{ name: "INFO", data_type: TYPE_STRING, dims: [1] },
+        { name: "OTHER", data_type: TYPE_INT32, dims: [1] }]
+"""
+# The same, batching: a request of 1 row and one of 3 make the preferred batch of 4.
+BATCH_INFO_CONFIG = REQUEST_INFO_CONFIG + """\
+dynamic_batching { preferred_batch_size: [ 4 ], max_queue_delay_microseconds: 500000 }
+"""
+
+# Decoupled, answering from a thread with a pause between responses (as Triton's repeat
+# example): execute() returns at once, so the instance takes the next request meanwhile.
+SLOW_REPEAT = """\
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            n = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            sender = request.get_response_sender()
+            threading.Thread(target=self.respond, args=(sender, n), daemon=True).start()
+        return None
+
+    def respond(self, sender, n):
+        for i in range(n):
+            time.sleep(0.15)
+            out = pb_utils.Tensor("OUT", np.array([i], np.int32))
+            sender.send(pb_utils.InferenceResponse([out]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
 MODELS: dict[str, tuple[str, str]] = {
+    "py_request_info": (REQUEST_INFO, REQUEST_INFO_CONFIG),
+    "py_batch_info": (REQUEST_INFO, BATCH_INFO_CONFIG),
+    "py_slow_repeat": (SLOW_REPEAT, DECOUPLED_CONFIG),
     "py_add_one": (ADD_ONE, ADD_ONE_CONFIG),
     "py_target": (ADD_ONE, ADD_ONE_CONFIG),
     "py_async_bls": (ASYNC_BLS, ASYNC_BLS_CONFIG),
@@ -530,3 +603,100 @@ def test_response_sender_in_a_model_that_is_not_decoupled(
     assert "sender model: info line" in log
     assert "WARNING python model 'py_sender': sender model: warning line" in log
     assert "sender model: verbose line" not in log  # verbose lines need a verbose server
+
+
+def _info(result: Any) -> list[dict[str, Any]]:
+    return [json.loads(row[0]) for row in result.as_numpy("INFO")]
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient])
+def test_execute_sees_the_requests_id_sequence_flags_parameters_and_timeout(
+    api_server: ServerProcess, module: Any
+) -> None:
+    tensor = module.InferInput("X", [2, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[1], [2]], dtype=np.int32))
+    result = _client(module, api_server).infer(
+        "py_request_info",
+        [tensor],
+        outputs=[module.InferRequestedOutput("INFO")],
+        request_id="req-7",
+        sequence_id=42,
+        sequence_start=True,
+        timeout=5_000_000,
+        parameters={"colour": "blue", "count": 3, "strict": True},
+    )
+    info = _info(result)[0]
+    assert info == {
+        "id": "req-7",
+        "correlation_id": 42,
+        "flags": 1,  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+        "parameters": {"colour": "blue", "count": 3, "strict": True},
+        "timeout": 5_000_000,
+        "outputs": ["INFO"],
+        "requests": 1,
+        "rows": 2,
+    }
+    end = _client(module, api_server).infer(
+        "py_request_info", [tensor], sequence_id="text-id", sequence_end=True
+    )
+    info = _info(end)[0]
+    assert (info["id"], info["correlation_id"], info["flags"], info["parameters"]) == (
+        "",
+        "text-id",
+        2,  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+        {},
+    )
+    assert sorted(info["outputs"]) == ["INFO", "OTHER"]  # none named: all
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient])
+def test_a_batch_reaches_execute_as_its_requests(api_server: ServerProcess, module: Any) -> None:
+    """Two requests the dynamic batcher joins come as two requests, each with its own id and
+    rows, and each gets its own response back."""
+
+    def call(rid: str, rows: int) -> list[dict[str, Any]]:
+        tensor = module.InferInput("X", [rows, 1], "INT32")
+        tensor.set_data_from_numpy(np.full((rows, 1), rows, dtype=np.int32))
+        result = _client(module, api_server).infer("py_batch_info", [tensor], request_id=rid)
+        np.testing.assert_array_equal(result.as_numpy("OTHER"), np.full((rows, 1), rows))
+        return _info(result)
+
+    with ThreadPoolExecutor(2) as pool:
+        one, three = pool.map(call, ["one", "three"], [1, 3])
+    assert [(i["id"], i["rows"], i["requests"]) for i in one] == [("one", 1, 2)]
+    assert [(i["id"], i["rows"], i["requests"]) for i in three] == [("three", 3, 2)] * 3
+
+
+def test_concurrent_decoupled_requests_interleave(api_server: ServerProcess) -> None:
+    """Two streams to one decoupled instance whose execute() returns at once: the second
+    request's responses come while the first one's are still coming, as in Triton."""
+    arrivals: queue.Queue[tuple[str, Any]] = queue.Queue()
+    clients = []
+    for name in ("a", "b"):
+        client = grpcclient.InferenceServerClient(api_server.grpc_url)
+        client.start_stream(
+            callback=lambda result, error, name=name: arrivals.put((name, error or result))
+        )
+        clients.append(client)
+    try:
+        for client in clients:
+            client.async_stream_infer(
+                "py_slow_repeat", [_int32(grpcclient, "IN", [4])], enable_empty_final_response=True
+            )
+        order: list[str] = []
+        finals = 0
+        while finals < 2:
+            name, item = arrivals.get(timeout=30)
+            assert not isinstance(item, InferenceServerException), item
+            if item.get_response().parameters["triton_final_response"].bool_param:
+                finals += 1
+            else:
+                order.append(name)
+    finally:
+        for client in clients:
+            client.stop_stream()
+    assert sorted(order) == ["a"] * 4 + ["b"] * 4
+    # One after the other would be aaaabbbb (or bbbbaaaa); interleaved, each stream's first
+    # response comes before the other's last.
+    assert order.index("a") < len(order) - 1 - order[::-1].index("b")
+    assert order.index("b") < len(order) - 1 - order[::-1].index("a")
