@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import queue
 import re
+import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -407,7 +408,34 @@ class TritonPythonModel:
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
 
+# Decoupled: one response, then waits (after execute() returned) for its client to go away.
+UNTIL_CANCELLED = """\
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            threading.Thread(target=self.respond, args=(request,), daemon=True).start()
+        return None
+
+    def respond(self, request):
+        sender = request.get_response_sender()
+        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([1], np.int32))]))
+        deadline = time.monotonic() + 20
+        while not request.is_cancelled() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if request.is_cancelled():
+            pb_utils.Logger.log_info(f"stream request {request.request_id()} cancelled")
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
 MODELS: dict[str, tuple[str, str]] = {
+    "py_until_cancelled": (UNTIL_CANCELLED, DECOUPLED_CONFIG),
     "py_request_info": (REQUEST_INFO, REQUEST_INFO_CONFIG),
     "py_batch_info": (REQUEST_INFO, BATCH_INFO_CONFIG),
     "py_slow_repeat": (SLOW_REPEAT, DECOUPLED_CONFIG),
@@ -700,3 +728,23 @@ def test_concurrent_decoupled_requests_interleave(api_server: ServerProcess) -> 
     # response comes before the other's last.
     assert order.index("a") < len(order) - 1 - order[::-1].index("b")
     assert order.index("b") < len(order) - 1 - order[::-1].index("a")
+
+
+def test_a_decoupled_request_whose_client_goes_away_is_cancelled(
+    api_server: ServerProcess,
+) -> None:
+    """After execute() returned, the model's request.is_cancelled() turns true once the
+    stream is cancelled."""
+    results: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(api_server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put(error or result))
+    client.async_stream_infer(
+        "py_until_cancelled", [_int32(grpcclient, "IN", [1])], request_id="gone-1"
+    )
+    first = results.get(timeout=30)
+    assert not isinstance(first, InferenceServerException), first
+    client.stop_stream(cancel_requests=True)
+    deadline = time.monotonic() + 10
+    while "stream request gone-1 cancelled" not in api_server.log():
+        assert time.monotonic() < deadline, "the model never saw its request cancelled"
+        time.sleep(0.05)
