@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -40,9 +42,11 @@ from appliance.protocol import service_pb2_grpc
 from appliance.repository.ledger import ModelLedger
 from appliance.repository.manifest import ManifestError, ManifestPolicy, load_public_key
 from appliance.repository.poller import RepositoryPoller
+from appliance.repository.rollout import DeviceIdentity, RolloutError, device_id_from
 from appliance.repository.sources import RemoteSources
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.registry import READY
+from appliance.runtime.rollout_view import serving_view
 from appliance.runtime.settings import RuntimeSettings
 from appliance.services.control import ControlService, ServerState
 from appliance.services.inference import InferenceService
@@ -110,6 +114,8 @@ class Appliance:
             ),
             ledger,
         )
+        if self.remote.sources:
+            self._follow_rollouts()
         self.cache = (
             ResponseCache(settings.response_cache_bytes) if settings.response_cache_bytes else None
         )
@@ -176,6 +182,25 @@ class Appliance:
             log.info("server is ready")
             self.supervisor.ready()
             yield self
+
+    def _follow_rollouts(self) -> None:
+        """Fleet rollouts from the remote repositories: this device's identity, its reports,
+        and the runtime's side (the rollout's probation thresholds, probation's verdicts)."""
+        settings = self.settings
+        try:
+            device_id = settings.device_id or device_id_from(_machine_id(), socket.gethostname())
+        except RolloutError as exc:
+            raise StartupError(f"{exc}; give the device an id with --device-id") from exc
+        identity = DeviceIdentity(device_id, dict(settings.device_labels))
+        self.remote.enable_fleet(
+            identity,
+            settings.fleet_report_interval_secs,
+            report_always=settings.device_id is not None,
+            serving=functools.partial(serving_view, self.manager),
+            flag_probation=settings.rollback_error_rate > 0,
+        )
+        self.manager.probation_rule = self.remote.probation_rule
+        self.manager.on_verdict = self.remote.verdict
 
     def begin_shutdown(self, deadline: Deadline) -> None:
         """Report not-ready and refuse new requests now; `running()`'s exit drains under
@@ -387,6 +412,14 @@ class Appliance:
         if self.grpc_port is not None:
             log.info("Started GRPCInferenceService at %s:%s", settings.grpc_address, self.grpc_port)
         return listener
+
+
+def _machine_id() -> bytes | None:
+    """systemd's machine id (a fleet device's default id), if the system has one."""
+    try:
+        return Path("/etc/machine-id").read_bytes()
+    except OSError:
+        return None
 
 
 def _restrictions(groups: tuple[tuple[str, str, str], ...], prefix: str = "") -> Restrictions:

@@ -11,10 +11,17 @@ import argparse
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from appliance import logs
 from appliance.access import parse_groups
 from appliance.limits import RequestLimits
+from appliance.repository.rollout import (
+    RolloutError,
+    check_device_id,
+    parse_label_text,
+    parse_labels,
+)
 from appliance.repository.sources import check_location, is_remote
 from appliance.settings import (
     HttpConnectionLimits,
@@ -206,6 +213,30 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FILE",
         help="Ed25519 public key (PEM): every version needs a SHA256SUMS signed by it",
+    )
+    p.add_argument(
+        "--device-id",
+        default=None,
+        metavar="ID",
+        help="this device's id in a fleet: rollout stages and its report (env EDGE_DEVICE_ID; "
+        "default: /etc/machine-id, else the host name; A-Z a-z 0-9 . _ -, up to 128)",
+    )
+    p.add_argument(
+        "--device-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label for rollout stages that name device groups, e.g. site=berlin; repeatable "
+        "(env EDGE_DEVICE_LABELS=site=berlin,hw=orin-nano)",
+    )
+    p.add_argument(
+        "--fleet-report-interval",
+        type=float,
+        default=_D.fleet_report_interval_secs,
+        metavar="SECONDS",
+        help="how often the device writes its report to the bucket's .fleet/devices/ (and at "
+        "once on a change), once the bucket holds a rollout or --device-id is given "
+        f"(default {_D.fleet_report_interval_secs:g}, at least 30; 0: never)",
     )
     p.add_argument("--http-address", default=_D.http_address)
     p.add_argument("--http-port", type=int, default=_D.http_port)
@@ -400,11 +431,12 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-queue-wait-ms",
         type=int,
-        default=_S.max_queue_wait_ms,
+        default=None,
         metavar="MS",
         help="answer 503 / UNAVAILABLE at once when the work queued for a model would keep a "
         "new request waiting longer than this; one request per instance may always wait "
-        f"(default {_S.max_queue_wait_ms}; 0: no limit)",
+        f"(default: {_S.max_queue_wait_ms} ms or {_S.max_queue_wait_executions} of the "
+        "model's measured executions, whichever is longer; 0: no limit)",
     )
     p.add_argument(
         "--inline-execution-budget-us",
@@ -547,6 +579,34 @@ def default_store_dir() -> Path:
     return Path(base) / "edge-appliance"
 
 
+def _fleet(args: argparse.Namespace) -> dict[str, Any]:
+    """The device's fleet identity and report interval; a malformed one stops the start."""
+    interval = args.fleet_report_interval
+    if interval != 0 and not interval >= 30:
+        raise SystemExit(
+            f"edge-appliance: --fleet-report-interval must be 0 (never) or at least 30, "
+            f"got {interval:g}"
+        )
+    try:
+        device_id = args.device_id
+        if device_id is not None:
+            check_device_id(device_id)
+        elif os.environ.get("EDGE_DEVICE_ID"):
+            device_id = check_device_id(os.environ["EDGE_DEVICE_ID"], "EDGE_DEVICE_ID")
+        labels = (
+            parse_labels(args.device_label)
+            if args.device_label
+            else parse_label_text(os.environ.get("EDGE_DEVICE_LABELS", ""))
+        )
+    except RolloutError as exc:
+        raise SystemExit(f"edge-appliance: {exc}") from None
+    return {
+        "device_id": device_id,
+        "device_labels": tuple(labels.items()),
+        "fleet_report_interval_secs": float(interval),
+    }
+
+
 def _on(value: bool | None, default: bool) -> bool:
     return default if value is None else value
 
@@ -582,6 +642,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         repository_timeout_secs=args.repository_timeout_secs,
         rollback_error_rate=args.model_rollback_error_rate,
         rollback_window=args.model_rollback_window,
+        **_fleet(args),
         http_address=args.http_address,
         http_port=args.http_port,
         grpc_address=args.grpc_address,
@@ -632,7 +693,13 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         ),
         scheduling=SchedulingSettings(
             inline_budget_us=args.inline_execution_budget_us,
-            max_queue_wait_ms=args.max_queue_wait_ms,
+            max_queue_wait_ms=(
+                _S.max_queue_wait_ms if args.max_queue_wait_ms is None else args.max_queue_wait_ms
+            ),
+            # A bound the operator gives is fixed; the default grows with the model.
+            max_queue_wait_executions=(
+                _S.max_queue_wait_executions if args.max_queue_wait_ms is None else 0
+            ),
             rate_limit=args.rate_limit == "execution_count",
             rate_limit_resources=parse_rate_limit_resources(args.rate_limit_resource),
             max_instances_per_model=args.max_instances_per_model,

@@ -69,8 +69,12 @@ class SchedulingSettings:
     """Server-wide scheduling rules every model version gets; a config's own values win."""
 
     max_queue_size: int = 4096  # per version, when the config sets none
-    # Refuse a request when the work queued ahead of it would take longer (0: no limit).
+    # Refuse a request when the work queued ahead of it would take longer (0: no limit)...
     max_queue_wait_ms: int = 1_000
+    # ... or, by default, longer than this many of the model's measured executions, where
+    # that is longer (policy.queue_wait_bound_ns; 0: max_queue_wait_ms alone, as when
+    # --max-queue-wait-ms is given).
+    max_queue_wait_executions: int = 16
     inline_budget_us: int = 100  # see scheduling/batcher.py; 0 turns inline execution off
     rate_limit: bool = False  # --rate-limit=execution_count
     rate_limit_resources: tuple[tuple[str, int], ...] = ()  # --rate-limit-resource name:count
@@ -138,6 +142,11 @@ class ServerSettings:
     # successful sync (and the loads it brings) at most this long. 0: ready on the cache.
     repository_sync_wait_secs: float = 0.0
     repository_timeout_secs: float = 10.0  # each connect and each read from a remote repository
+    # Fleets (docs/fleet.md): this device's id (None: /etc/machine-id, else the host name) and
+    # labels, and how often it writes its report to the bucket (0: never).
+    device_id: str | None = None
+    device_labels: tuple[tuple[str, str], ...] = ()
+    fleet_report_interval_secs: float = 300.0
     trace_file: str = ""
     trace_level: str = "OFF"
     trace_rate: int = 1000

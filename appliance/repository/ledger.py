@@ -62,11 +62,14 @@ class LedgerEntry:
     last_good: int | None = None
     pinned: int | None = None
     failed: dict[int, Failure] = field(default_factory=dict)
+    # The version a fleet rollout (repository/rollout.py) has this device serve; a pin wins.
+    rollout: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "last_good": self.last_good,
             "pinned": self.pinned,
+            "rollout": self.rollout,
             "failed": {
                 str(v): {"stage": f.stage, "reason": f.reason, "content": f.content, "at": f.at}
                 for v, f in sorted(self.failed.items())
@@ -88,7 +91,12 @@ class LedgerEntry:
                     str(item.get("content", "")),
                     str(item.get("at", "")),
                 )
-        return cls(version(data.get("last_good")), version(data.get("pinned")), failed)
+        return cls(
+            version(data.get("last_good")),
+            version(data.get("pinned")),
+            failed,
+            version(data.get("rollout")),
+        )
 
 
 def listing_id(files: Mapping[str, Any]) -> str:
@@ -228,5 +236,15 @@ def record_pin(version: int | None) -> Callable[[LedgerEntry], None]:
         entry.pinned = version
         if version is not None:
             entry.failed.pop(version, None)
+
+    return edit
+
+
+def record_rollout(version: int | None) -> Callable[[LedgerEntry], None]:
+    """A ledger edit: a fleet rollout has this device serve `version` (None: no rollout; the
+    version policy applies again)."""
+
+    def edit(entry: LedgerEntry) -> None:
+        entry.rollout = version
 
     return edit

@@ -120,6 +120,12 @@ class RolloutDocument:
             raise RolloutError(f"{ROLLOUT} in folder '{model}' is for model '{document.model}'")
         return document
 
+    @property
+    def rolls_back(self) -> bool:
+        """Whether devices on the target go back to the baseline once the rollout is halted
+        (an operator's halt without a halt rule rolls back)."""
+        return self.halt.rollback if self.halt is not None else True
+
     def to_json(self) -> bytes:
         """Stable bytes: the same document always gives the same bytes (to sign them)."""
         body: dict[str, Any] = {
@@ -325,6 +331,28 @@ def halted(document: RolloutDocument, passed: int, failed: int) -> bool:
     return failed / (failed + passed) > rule.max_failed_share
 
 
+def choose_version(
+    document: RolloutDocument, in_stage: bool, is_halted: bool, failed_here: bool, on_target: bool
+) -> int:
+    """The version a device serves. `failed_here`: the target failed on this device (its
+    probation, load or warm-up) and is never taken again; `on_target`: the device took it."""
+    if failed_here:
+        return document.baseline
+    if is_halted:
+        return document.target if on_target and not document.rolls_back else document.baseline
+    return document.target if in_stage else document.baseline
+
+
+def needs_verdicts(
+    document: RolloutDocument, in_stage: bool, failed_here: bool, on_target: bool
+) -> bool:
+    """Whether the fleet's verdicts could change this device's choice (then it lists them once
+    per poll): it would take the target, or it is on it and a halt would roll it back."""
+    if document.halt is None or document.halted or failed_here:
+        return False
+    return (in_stage and not on_target) or (on_target and document.halt.rollback)
+
+
 # -- keys in the bucket ------------------------------------------------------------------------
 
 
@@ -410,6 +438,58 @@ def verdict_body(
         "verdict": verdict,
         "reason": reason,
         "time": utc_text(epoch_s),
+    }
+    return (json.dumps(body, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+@dataclass(frozen=True)
+class ModelReport:
+    """One model in a device report."""
+
+    serving: tuple[int, ...]
+    rollout_revision: int | None = None
+    target: int | None = None
+    in_stage: bool | None = None
+    probation: str = NONE  # one of PROBATION_STATES
+    reason: str = ""
+    requests: int = 0
+    errors: int = 0
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "serving": list(self.serving),
+            "rollout_revision": self.rollout_revision,
+            "target": self.target,
+            "in_stage": self.in_stage,
+            "probation": self.probation,
+            "reason": self.reason,
+            "requests": self.requests,
+            "errors": self.errors,
+            "p50_ms": self.p50_ms,
+            "p99_ms": self.p99_ms,
+        }
+
+
+def report_body(
+    identity: DeviceIdentity,
+    epoch_s: float,
+    server_version: str,
+    last_poll_s: float | None,
+    last_poll_ok: bool | None,
+    models: Mapping[str, ModelReport],
+) -> bytes:
+    """A device report (`.fleet/devices/<id>.json`)."""
+    body = {
+        "format": FORMAT,
+        "device": identity.device_id,
+        "labels": dict(identity.labels),
+        "time": utc_text(epoch_s),
+        "server_version": server_version,
+        "last_poll": utc_text(last_poll_s) if last_poll_s else None,
+        "last_poll_ok": last_poll_ok,
+        "models": {name: models[name].to_json() for name in sorted(models)},
     }
     return (json.dumps(body, ensure_ascii=False) + "\n").encode("utf-8")
 

@@ -33,7 +33,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from appliance.repository.ledger import (
     VERIFICATION,
@@ -50,6 +50,7 @@ from appliance.repository.manifest import (
     parse_manifest,
     verify_signature,
 )
+from appliance.repository.rollout import FLEET, ROLLOUT, ROLLOUT_SIGNATURE
 from appliance.repository.store import (
     DiskReserveError,
     FreeBytes,
@@ -139,6 +140,24 @@ class RemoteObject:
 class RemoteModel:
     files: dict[str, RemoteObject] = field(default_factory=dict)  # model-level: config.pbtxt
     versions: dict[int, dict[str, RemoteObject]] = field(default_factory=dict)
+    # rollout.json and its signature (fleet_agent.py reads them; never synced as model files)
+    rollout: dict[str, RemoteObject] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    """What a fleet rollout lets one sync do (fleet_agent.py decides it from the listing)."""
+
+    fetch: dict[str, frozenset[int]]  # model -> the only versions to fetch (absent: every one)
+    switch: frozenset[str]  # models to load again although no file changed (another version)
+
+
+class FleetHook(Protocol):
+    """The device's side of fleet rollouts, told of every sync of its source."""
+
+    async def plan(self, remote: dict[str, RemoteModel]) -> FleetPlan: ...
+
+    def synced(self, ok: bool) -> None: ...
 
 
 def group_objects(prefix: str, objects: list[RemoteObject]) -> dict[str, RemoteModel]:
@@ -154,6 +173,8 @@ def group_objects(prefix: str, objects: list[RemoteObject]) -> dict[str, RemoteM
         model = models.setdefault(parts[0], RemoteModel())
         if len(parts) >= 3 and parts[1].isdigit() and str(int(parts[1])) == parts[1]:
             model.versions.setdefault(int(parts[1]), {})["/".join(parts[2:])] = obj
+        elif len(parts) == 2 and parts[1] in (ROLLOUT, ROLLOUT_SIGNATURE):
+            model.rollout[parts[1]] = obj
         else:
             model.files["/".join(parts[1:])] = obj
     return models
@@ -209,6 +230,10 @@ class S3Source:
         self._last_listing: dict[tuple[str, int], frozenset[tuple[str, str, int]]] = {}
         self._client: Any = None
         self._lock = asyncio.Lock()
+        self.fleet: FleetHook | None = None  # fleet_agent.FleetAgent, when rollouts are on
+        # The last listing ran into the fleet area (.fleet/: device reports and verdicts) at a
+        # page's end: the next one starts with a one-key page to skip it at once.
+        self._fleet_area_big = False
 
     @property
     def root(self) -> Path:
@@ -269,9 +294,18 @@ class S3Source:
             changed: set[str] = set()
             remote = group_objects(self.location.prefix, objects)
             try:
+                plan = FleetPlan({}, frozenset())
+                if self.fleet is not None:
+                    plan = await self.fleet.plan(
+                        {n: m for n, m in remote.items() if only is None or n in only}
+                    )
                 for name in sorted(remote):
-                    wanted = only is None or name in only
-                    if wanted and await self._sync_model(name, remote[name], bucket_now):
+                    if only is not None and name not in only:
+                        continue
+                    fetched = await self._sync_model(
+                        name, remote[name], bucket_now, plan.fetch.get(name)
+                    )
+                    if fetched or name in plan.switch:
                         changed.add(name)
                         if arrived is not None:
                             await arrived(name)
@@ -283,17 +317,29 @@ class S3Source:
                 log.info("model source %s is reachable", self.url)
             self.reachable, self.last_error = True, ""
             self.last_sync_s = time.time()
+            if self.fleet is not None:
+                self.fleet.synced(True)
             return changed
 
     def _mark_unreachable(self, why: str) -> None:
         if self.reachable is not False or why != self.last_error:
             log.error("model source unreachable, serving the cached models: %s", why)
         self.reachable, self.last_error = False, why
+        if self.fleet is not None:
+            self.fleet.synced(False)
 
     async def _list(self) -> tuple[list[RemoteObject], float | None]:
+        """Every object under the prefix but the fleet area (`.fleet/`: one report per device
+        and verdicts, thousands of keys in a big fleet). Keys come in UTF-8 order, so a page
+        that ends inside the fleet area is followed by one that starts after it; when the
+        last listing did that, the first page asks for one key only."""
+        fleet = self.location.prefix + FLEET + "/"
+        after_fleet = self.location.prefix + FLEET + "0"  # "0" follows "/"
         objects: list[RemoteObject] = []
         bucket_now: float | None = None
         token: str | None = None
+        start_after: str | None = None
+        first, jumped = True, False
         while True:
             kwargs: dict[str, Any] = {
                 "Bucket": self.location.bucket,
@@ -301,6 +347,11 @@ class S3Source:
             }
             if token:
                 kwargs["ContinuationToken"] = token
+            elif start_after:
+                kwargs["StartAfter"] = start_after
+            if first and self._fleet_area_big:
+                kwargs["MaxKeys"] = 1
+            first = False
             self.requests += 1
             try:
                 page = await self._client.list_objects_v2(**kwargs)
@@ -310,7 +361,10 @@ class S3Source:
             if date:
                 with contextlib.suppress(TypeError, ValueError):
                     bucket_now = email.utils.parsedate_to_datetime(date).timestamp()
-            for item in page.get("Contents", []):
+            contents = page.get("Contents", [])
+            for item in contents:
+                if item["Key"].startswith(fleet):
+                    continue
                 objects.append(
                     RemoteObject(
                         key=item["Key"],
@@ -320,8 +374,65 @@ class S3Source:
                     )
                 )
             if not page.get("IsTruncated"):
+                self._fleet_area_big = jumped
                 return objects, bucket_now
-            token = page.get("NextContinuationToken")
+            if contents and contents[-1]["Key"].startswith(fleet):
+                token, start_after, jumped = None, after_fleet, True
+            else:
+                token = page.get("NextContinuationToken")
+
+    # ---- small objects (fleet_agent.py: rollout documents, reports, verdicts) -------------
+
+    async def read_object(self, key: str) -> bytes | None:
+        """A small object's bytes (None: there is no such key); SourceError if unreadable."""
+        self.requests += 1
+        try:
+            response = await self._client.get_object(Bucket=self.location.bucket, Key=key)
+            async with response["Body"] as body:
+                data: bytes = await body.read()
+                return data
+        except Exception as exc:
+            response = getattr(exc, "response", None)
+            if isinstance(response, dict) and response.get("Error", {}).get("Code") in (
+                "NoSuchKey",
+                "404",
+            ):
+                return None
+            raise SourceError(self._explain(exc, f"reading '{key}'")) from exc
+
+    async def write_object(self, key: str, data: bytes) -> None:
+        self.requests += 1
+        try:
+            await self._client.put_object(
+                Bucket=self.location.bucket,
+                Key=key,
+                Body=data,
+                ContentType="application/json",
+            )
+        except Exception as exc:
+            raise SourceError(self._explain(exc, f"writing '{key}'")) from exc
+
+    async def delete_object(self, key: str) -> None:
+        self.requests += 1
+        try:
+            await self._client.delete_object(Bucket=self.location.bucket, Key=key)
+        except Exception as exc:
+            raise SourceError(self._explain(exc, f"deleting '{key}'")) from exc
+
+    async def list_keys(self, prefix: str) -> list[str]:
+        """Every key under `prefix` (keys only)."""
+        keys: list[str] = []
+        kwargs: dict[str, Any] = {"Bucket": self.location.bucket, "Prefix": prefix}
+        while True:
+            self.requests += 1
+            try:
+                page = await self._client.list_objects_v2(**kwargs)
+            except Exception as exc:
+                raise SourceError(self._explain(exc, f"listing '{prefix}'")) from exc
+            keys += [item["Key"] for item in page.get("Contents", [])]
+            if not page.get("IsTruncated"):
+                return keys
+            kwargs["ContinuationToken"] = page.get("NextContinuationToken")
 
     def _explain(self, exc: Exception, what: str) -> str:
         """A one-line reason naming the source and what failed."""
@@ -343,9 +454,19 @@ class S3Source:
             )
         return f"{where} failed: cannot reach the endpoint: {exc}"
 
-    async def _sync_model(self, name: str, remote: RemoteModel, bucket_now: float | None) -> bool:
+    async def _sync_model(
+        self,
+        name: str,
+        remote: RemoteModel,
+        bucket_now: float | None,
+        only_versions: frozenset[int] | None = None,
+    ) -> bool:
+        """`only_versions`: a fleet rollout's choice; the other versions are not fetched."""
         changed = await self._sync_model_files(name, remote.files)
         for version in sorted(remote.versions):
+            if only_versions is not None and version not in only_versions:
+                self.pending.pop((name, version), None)
+                continue
             if await self._sync_version(name, version, remote.versions[version], bucket_now):
                 changed = True
         return changed

@@ -13,8 +13,10 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+from appliance.repository.fleet_agent import FleetAgent, ServingView
 from appliance.repository.ledger import ModelLedger
 from appliance.repository.manifest import ManifestPolicy
+from appliance.repository.rollout import DeviceIdentity, ProbationRule
 from appliance.repository.s3 import S3Location, S3Source, SourceError
 
 log = logging.getLogger(__name__)
@@ -63,16 +65,48 @@ class RemoteSources:
             )
             for url in locations
         ]
+        self.agents: list[FleetAgent] = []  # fleet rollouts, one per source (enable_fleet)
 
     @property
     def roots(self) -> tuple[Path, ...]:
         return tuple(source.root for source in self.sources)
+
+    def enable_fleet(
+        self,
+        identity: DeviceIdentity,
+        report_interval_s: float,
+        report_always: bool,
+        serving: Callable[[str], ServingView | None],
+        flag_probation: bool,
+    ) -> None:
+        """Follow each source's rollout documents and report there (fleet_agent.py)."""
+        for source in self.sources:
+            agent = FleetAgent(
+                source, identity, report_interval_s, report_always, source.manifest.public_key
+            )
+            agent.serving, agent.flag_probation = serving, flag_probation
+            self.agents.append(agent)
+
+    def probation_rule(self, name: str, version: int) -> ProbationRule | None:
+        """A rollout's probation thresholds for a version it switched in, if any."""
+        for agent in self.agents:
+            rule = agent.probation_rule(name, version)
+            if rule is not None:
+                return rule
+        return None
+
+    def verdict(self, name: str, version: int, why: str) -> None:
+        """Probation's verdict on a version ('' : passed), for the rollouts' verdict keys."""
+        for agent in self.agents:
+            agent.verdict(name, version, why)
 
     @contextlib.asynccontextmanager
     async def opened(self) -> AsyncIterator[RemoteSources]:
         async with contextlib.AsyncExitStack() as stack:
             for source in self.sources:
                 await stack.enter_async_context(source.opened())
+            for agent in self.agents:  # their writes stop before the clients close
+                await stack.enter_async_context(agent.running())
             yield self
 
     async def sync(

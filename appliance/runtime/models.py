@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import shutil
 from collections.abc import Awaitable, Callable, Coroutine
@@ -20,7 +21,8 @@ from appliance.errors import ApplianceError, ConfigError, ModelNotFound, ModelNo
 from appliance.model_config import ENSEMBLE, ConfigBounds, ModelConfig, read_config
 from appliance.repository.ledger import ModelLedger, record_pin
 from appliance.repository.local import list_models, list_versions
-from appliance.runtime.history import RECORDED, Recorded, UpdateHistory
+from appliance.repository.rollout import ProbationRule
+from appliance.runtime.history import RECORDED, LoadPlan, Recorded, UpdateHistory
 from appliance.runtime.loader import PreparedModel, prepare_model, tensor_rules
 from appliance.runtime.probation import RollbackGuard
 from appliance.runtime.registry import (
@@ -93,6 +95,10 @@ class ModelRuntime:
         self._locks: dict[str, asyncio.Lock] = {}
         self._stopping = False
         self._tasks: set[asyncio.Future[None]] = set()
+        # Fleet rollouts (repository/fleet_agent.py, wired by the composition root): the
+        # rollout's probation thresholds for a version, and who hears probation's verdicts.
+        self.probation_rule: Callable[[str, int], ProbationRule | None] = lambda n, v: None
+        self.on_verdict: Callable[[str, int, str], None] = lambda n, v, why: None
         self._guard = RollbackGuard(
             self.registry,
             settings.rollback_error_rate,
@@ -100,6 +106,7 @@ class ModelRuntime:
             lambda versions: self._spawn(self._retire(versions)),
             self._count_load,
             self._verdict,
+            self._probation_thresholds,
         )
         # What failed, the last good versions and pins, kept across restarts (memory only
         # without a state directory: check, tune).
@@ -155,7 +162,9 @@ class ModelRuntime:
             if not record.versions:
                 record.state = LOADING
             log.info("loading model '%s' from %s", name, path)
-            plan = await asyncio.to_thread(self.history.plan, path, source is None, pin)
+            plan, by_rollout = await asyncio.to_thread(
+                self._plan, path, source is None, pin, frozenset(record.versions)
+            )
             skip = plan.skip
             try:
                 prepared = await asyncio.to_thread(
@@ -210,7 +219,9 @@ class ModelRuntime:
             record.versions = {**kept, **new}
             record.failed = prepared.failed
             record.notes = prepared.notes + (
-                [f"pinned to version {plan.pin} (unpin to follow the version policy)"]
+                [f"version {plan.pin}: chosen by the model's fleet rollout (rollout.json)"]
+                if by_rollout
+                else [f"pinned to version {plan.pin} (unpin to follow the version policy)"]
                 if plan.pin is not None
                 else []
             )
@@ -248,11 +259,39 @@ class ModelRuntime:
             for folder in unused:  # after the versions that used it have drained
                 await asyncio.to_thread(shutil.rmtree, folder, True)
 
+    def _plan(
+        self, path: Path, from_repository: bool, pin: int | Recorded | None, serving: frozenset[int]
+    ) -> tuple[LoadPlan, bool]:
+        """The ledger's plan, and whether a fleet rollout chose its version (blocking): with
+        no pin, a rollout's choice (the ledger holds it) is served alone; while the chosen
+        version is not in the store (or failed here), what serves keeps serving."""
+        plan = self.history.plan(path, from_repository, pin)
+        if not from_repository or plan.pin is not None:
+            return plan, False
+        chosen = self.history.ledger.entry(path).rollout
+        if chosen is None:
+            return plan, False
+        if chosen not in plan.present or chosen in plan.skip:
+            kept = sorted(v for v in serving if v in plan.present and v not in plan.skip)
+            if not kept:
+                return plan, False
+            chosen = kept[-1]
+        return dataclasses.replace(plan, pin=chosen), True
+
+    def _probation_thresholds(self, name: str, version: int) -> tuple[float, int] | None:
+        rule = self.probation_rule(name, version)
+        return None if rule is None else (rule.max_error_rate, rule.window_requests)
+
+    def on_probation(self, name: str) -> int | None:
+        """The version of a model on probation now, if any."""
+        return self._guard.on_probation(name)
+
     def _verdict(self, name: str, version: int, why: str) -> None:
         """Probation's verdict on a version ('' : it passed), kept in the ledger."""
         record = self.registry.find(name)
         if record is not None and record.path is not None and record.owned_dir is None:
             self.history.verdict(name, record.path, version, why)
+        self.on_verdict(name, version, why)
 
     @staticmethod
     def _leave(record: ModelRecord, present: frozenset[int]) -> list[ServedVersion]:

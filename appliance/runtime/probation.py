@@ -3,7 +3,8 @@
 With --model-rollback-error-rate on, the version that takes the traffic after a load is
 watched; the versions it replaced stay loaded (not drained) so that a rollback is instant. When
 its model errors exceed the rate over the first `window` requests, the held versions serve
-again and the bad one is retired. The runtime records the verdict in the ledger
+again and the bad one is retired. A fleet rollout's document may set the thresholds for its
+target (`rule`; on even when the flag is off). The runtime records the verdict in the ledger
 (repository/ledger.py): a rolled-back version is not loaded again until its content changes,
 after a restart too, and one that passes becomes the model's last good version.
 """
@@ -28,6 +29,9 @@ class Probation:
     held: list[ServedVersion]
     requests: int = 0
     failures: int = 0
+    error_rate: float = 0.0
+    window: int = 0
+    source: str = "--model-rollback-error-rate"  # where the thresholds come from
 
 
 class RollbackGuard:
@@ -41,6 +45,7 @@ class RollbackGuard:
         retire: Callable[[list[ServedVersion]], None],
         count: Callable[[str, str], None],
         verdict: Callable[[str, int, str], None] = lambda name, version, why: None,
+        rule: Callable[[str, int], tuple[float, int] | None] = lambda name, version: None,
     ) -> None:
         self._registry = registry
         self._error_rate = error_rate  # 0: off
@@ -50,6 +55,8 @@ class RollbackGuard:
         # (model, version, why): why is '' for a version that passed, else why it was rolled
         # back (the runtime records it durably).
         self._verdict = verdict
+        # (model, version) -> (error rate, window) for that version instead of the flags'.
+        self._rule = rule
         self._probation: dict[str, Probation] = {}
 
     def on_probation(self, name: str) -> int | None:
@@ -68,12 +75,17 @@ class RollbackGuard:
         traffic goes on probation, and the ones it replaced stay loaded until it passes."""
         displaced = [s for v, s in old.items() if now.get(v) is not s]
         replaced = displaced + [s for s in self.drop(name) if now.get(s.version) is not s]
-        on = self._error_rate > 0
-        if not (on and old and now and max(now) in new and max(now) >= max(old)):
+        if not (old and now and max(now) in new and max(now) >= max(old)):
             return replaced  # nothing replaced, or an older version came back
+        rule = self._rule(name, max(now))
+        rate, window = rule if rule is not None else (self._error_rate, self._window)
+        if rule is None and rate <= 0:
+            return replaced  # rollback is off
         # Only what the new version directly replaced is held; older holds retire now.
         held = displaced
-        probe = Probation(now[max(now)], held=held)
+        probe = Probation(now[max(now)], held, error_rate=rate, window=window)
+        if rule is not None:
+            probe.source = "the rollout's probation.max_error_rate"
         probe.served.stats.watcher = functools.partial(self._observe, name, probe)
         self._probation[name] = probe
         return [s for s in replaced if s not in held]
@@ -90,10 +102,10 @@ class RollbackGuard:
         """One request's outcome on a version on probation."""
         probe.requests += 1
         probe.failures += failed
-        if probe.failures > self._error_rate * self._window:
+        if probe.failures > probe.error_rate * probe.window:
             self._end(name, probe)
             self._roll_back(name, probe)
-        elif probe.requests >= self._window:
+        elif probe.requests >= probe.window:
             self._end(name, probe)
             log.info(
                 "model '%s' version %d passed its first %d requests (%d failed); unloading "
@@ -117,7 +129,7 @@ class RollbackGuard:
         bad = probe.served
         why = (
             f"rolled back: {probe.failures} of its first {probe.requests} requests failed "
-            f"(--model-rollback-error-rate {self._error_rate:g})"
+            f"({probe.source} {probe.error_rate:g})"
         )
         record.versions = {
             **{v: s for v, s in record.versions.items() if s is not bad},

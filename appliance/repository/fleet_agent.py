@@ -1,0 +1,467 @@
+"""The device's side of fleet rollouts: reads each model's rollout.json, chooses the version this
+device serves, counts the fleet's verdicts, and writes the device's report and verdicts.
+
+Every poll, before a source syncs any version (s3.py asks `plan`): for each model with a
+`rollout.json` (signature checked with --manifest-public-key; a revision lower than one acted on
+is a stale read and ignored), the device decides alone (rollout.py): in the stage -> `target`,
+else `baseline`; a target that failed here (probation, load, warm-up, verification: the ledger
+holds it with its content) is never taken again; a halted rollout (the operator's `halted`, or
+the fleet's verdicts past the document's halt rule, counted with one listing of the verdict
+keys while they can change this device's choice) keeps devices off the target, and sends those
+on it back to `baseline` when it says so. Only the chosen version is fetched. The choice goes
+into the ledger (the runtime serves it, a pin wins, and it holds across restarts before the
+network answers), and a model whose choice changed is loaded again.
+
+Writes (a task of its own, never in the way of serving): the verdict marker when the device's
+probation of a target ends (`.fleet/verdicts/<model>/<version>/<verdict>/<id>.json`, the other
+verdict's key deleted), and the device report (`.fleet/devices/<id>.json`) on a change and
+every --fleet-report-interval. A write that fails is logged once per outage and tried again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from appliance import __version__
+from appliance.repository.ledger import Failure, ModelLedger, listing_id, record_rollout
+from appliance.repository.manifest import ManifestError, verify_signature
+from appliance.repository.rollout import (
+    FAILED,
+    HALTED,
+    NONE,
+    PASSED,
+    ROLLOUT,
+    ROLLOUT_SIGNATURE,
+    RUNNING,
+    DeviceIdentity,
+    ModelReport,
+    ProbationRule,
+    RolloutDocument,
+    RolloutError,
+    choose_version,
+    count_verdicts,
+    halted,
+    membership,
+    needs_verdicts,
+    report_body,
+    report_key,
+    verdict_body,
+    verdict_key,
+    verdict_prefix,
+)
+from appliance.repository.s3 import FleetPlan, RemoteModel, RemoteObject, S3Source, SourceError
+
+log = logging.getLogger(__name__)
+
+_MIN_WRITE_GAP_S = 1.0  # changes that come together make one report
+
+
+@dataclass(frozen=True)
+class ServingView:
+    """What the runtime serves of a model, for the report (built by the composition root)."""
+
+    versions: tuple[int, ...]
+    requests: int = 0
+    errors: int = 0
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    on_probation: int | None = None  # the version on probation now
+
+
+@dataclass(frozen=True)
+class RolloutState:
+    """One model's rollout as this device last decided it."""
+
+    document: RolloutDocument
+    in_stage: bool
+    halted: bool
+    failed_here: str  # why the target failed on this device ('' : it did not)
+    chosen: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class _Marker:
+    model: str
+    version: int
+    verdict: str
+    reason: str
+
+
+class FleetAgent:
+    """One S3 source's rollouts, reports and verdicts for this device."""
+
+    def __init__(
+        self,
+        source: S3Source,
+        identity: DeviceIdentity,
+        report_interval_s: float,
+        report_always: bool,
+        public_key: object = None,
+    ) -> None:
+        self.source = source
+        self.identity = identity
+        self.report_interval_s = report_interval_s  # 0: no reports
+        self.report_always = report_always  # else only once the bucket holds a rollout
+        self.public_key = public_key
+        self.ledger: ModelLedger = source.ledger
+        # Set by the composition root: what the runtime serves, and whether the device's own
+        # flags put a switched-in version on probation.
+        self.serving: Callable[[str], ServingView | None] = lambda name: None
+        self.flag_probation = False
+        self.states: dict[str, RolloutState] = {}
+        self._read: dict[str, tuple[tuple[str, str], RolloutDocument | str]] = {}
+        self._acted: dict[str, RolloutDocument] = {}
+        self._passed: set[tuple[str, int]] = set()
+        self._markers: dict[tuple[str, int], _Marker] = {}
+        self._written: set[_Marker] = set()
+        self._seen_rollout = False
+        self._last_ok: bool | None = None
+        self._dirty = True
+        self._failing = ""  # the write error being logged once
+        self._verdicts_failing = ""
+        self._wake = asyncio.Event()
+        source.fleet = self
+
+    # ---- the plan of one sync ----------------------------------------------------------------
+
+    async def plan(self, remote: dict[str, RemoteModel]) -> FleetPlan:
+        """Which versions to fetch and which models to load again, from the listing."""
+        fetch: dict[str, frozenset[int]] = {}
+        switch: set[str] = set()
+        for name, model in sorted(remote.items()):
+            document, frozen = await self._document(name, model.rollout)
+            folder = self.source.store.root / name
+            entry = await asyncio.to_thread(self.ledger.entry, folder)
+            if document is None:
+                self.states.pop(name, None)
+                if frozen:  # an unreadable first document: take nothing new
+                    fetch[name] = frozenset()
+                elif entry.rollout is not None:
+                    log.info("model '%s': its rollout ended; the version policy applies", name)
+                    await self._record(name, folder, None)
+                    switch.add(name)
+                continue
+            self._seen_rollout = True
+            state = await self._decide(name, document, model, entry.rollout, entry.failed)
+            previous = self.states.get(name)
+            self.states[name] = state
+            fetch[name] = frozenset({state.chosen})
+            if state.failed_here:
+                self._mark(_Marker(name, document.target, FAILED, state.failed_here))
+            if previous != state:
+                self._changed()
+            if entry.rollout != state.chosen:
+                log.info(
+                    "model '%s': rollout revision %d has this device serve version %d (%s)",
+                    name,
+                    document.revision,
+                    state.chosen,
+                    state.reason,
+                )
+                await self._record(name, folder, state.chosen)
+                served = self.serving(name)
+                if served is None or set(served.versions) != {state.chosen}:
+                    switch.add(name)
+        return FleetPlan(fetch, frozenset(switch))
+
+    async def _decide(
+        self,
+        name: str,
+        document: RolloutDocument,
+        model: RemoteModel,
+        recorded: int | None,
+        failures: dict[int, Failure],
+    ) -> RolloutState:
+        target = document.target
+        failure = failures.get(target)
+        failed_here = ""
+        if failure is not None:  # of the content the bucket holds now (or of one now gone)
+            files = model.versions.get(target)
+            held = {rel: [obj.etag, obj.size] for rel, obj in (files or {}).items()}
+            if files is None or failure.content == listing_id(held):
+                failed_here = failure.reason
+        on_target = recorded == target
+        in_stage = membership(document, self.identity.device_id, self.identity.labels)
+        previous = self.states.get(name)
+        is_halted = document.halted or (
+            previous is not None
+            and previous.halted
+            and previous.document.target == target
+            and previous.document.revision == document.revision
+        )
+        reason = ""
+        if needs_verdicts(document, in_stage, bool(failed_here), on_target):
+            listed = verdict_prefix(self.source.location.prefix, name, target)
+            try:
+                counts = count_verdicts(listed, await self.source.list_keys(listed))
+            except SourceError as exc:
+                if str(exc) != self._verdicts_failing:
+                    log.error("model '%s': cannot count the fleet's verdicts: %s", name, exc)
+                self._verdicts_failing = str(exc)
+            else:
+                self._verdicts_failing = ""
+                is_halted = halted(document, counts.passed, counts.failed)
+                if is_halted and not document.halted:
+                    reason = (
+                        f"halted: {counts.failed} of {counts.passed + counts.failed} devices "
+                        f"failed version {target}"
+                    )
+        if document.halted:
+            reason = f"halted by the operator: {document.reason}".rstrip(": ")
+        chosen = choose_version(document, in_stage, is_halted, bool(failed_here), on_target)
+        if failed_here:
+            reason = f"version {target} failed here: {failed_here}"
+        elif not reason:
+            reason = "in the stage" if in_stage else "not in the stage"
+        return RolloutState(document, in_stage, is_halted, failed_here, chosen, reason)
+
+    async def _record(self, name: str, folder: Path, version: int | None) -> None:
+        if self.ledger.change(folder, record_rollout(version)):
+            try:
+                await asyncio.to_thread(self.ledger.save, folder)
+            except OSError as exc:  # serves all the same; a restart decides again
+                log.error("model '%s': cannot write its record to the ledger: %s", name, exc)
+
+    async def _document(
+        self, name: str, objects: dict[str, RemoteObject]
+    ) -> tuple[RolloutDocument | None, bool]:
+        """The document to act on (None: none), and whether the model is frozen (its document
+        cannot be read or verified and no earlier one was)."""
+        found = objects.get(ROLLOUT)
+        if found is None:
+            self._read.pop(name, None)
+            self._acted.pop(name, None)
+            return None, False
+        signature = objects.get(ROLLOUT_SIGNATURE)
+        etags = (found.etag, signature.etag if signature is not None else "")
+        cached = self._read.get(name)
+        if cached is None or cached[0] != etags:
+            result = await self._fetch_document(name, found, signature)
+            self._read[name] = (etags, result)
+            if isinstance(result, str):  # once per revision: the etags changed
+                log.error(
+                    "model '%s': %s ignored, %s: %s",
+                    name,
+                    found.key,
+                    "keeping its last good revision"
+                    if name in self._acted
+                    else "taking no new version",
+                    result,
+                )
+                self._changed()
+        result = self._read[name][1]
+        acted = self._acted.get(name)
+        if isinstance(result, str):
+            return acted, acted is None
+        if acted is not None and result.revision < acted.revision:
+            return acted, False  # a stale read (an eventually consistent copy): ignored
+        self._acted[name] = result
+        return result, False
+
+    async def _fetch_document(
+        self, name: str, found: RemoteObject, signature: RemoteObject | None
+    ) -> RolloutDocument | str:
+        """The verified document, or why not."""
+        data = await self.source.read_object(found.key)
+        if data is None:
+            return f"{ROLLOUT} vanished while it was read"
+        if self.public_key is not None:
+            if signature is None:
+                return f"no {ROLLOUT_SIGNATURE} and --manifest-public-key is set"
+            raw = await self.source.read_object(signature.key)
+            if raw is None:
+                return f"{ROLLOUT_SIGNATURE} vanished while it was read"
+            try:
+                verify_signature(self.public_key, data, raw)
+            except ManifestError:
+                return (
+                    f"{ROLLOUT_SIGNATURE} does not verify with the --manifest-public-key key "
+                    "(changed, signed by another key, or its signature is still to come)"
+                )
+        try:
+            return RolloutDocument.parse(data, model=name)
+        except RolloutError as exc:
+            return str(exc)
+
+    # ---- what the runtime tells ----------------------------------------------------------
+
+    def probation_rule(self, name: str, version: int) -> ProbationRule | None:
+        """The rollout's probation thresholds for a version switched in (its target only)."""
+        state = self.states.get(name)
+        if state is None or state.document.target != version:
+            return None
+        return state.document.probation
+
+    def verdict(self, name: str, version: int, why: str) -> None:
+        """Probation's verdict on a version ('' : passed): a marker when it is the target."""
+        state = self.states.get(name)
+        if state is None or state.document.target != version:
+            return
+        if not why:
+            self._passed.add((name, version))
+        self._mark(_Marker(name, version, FAILED if why else PASSED, why))
+
+    def _mark(self, marker: _Marker) -> None:
+        key = (marker.model, marker.version)
+        if marker in self._written or self._markers.get(key) == marker:
+            return
+        self._markers[key] = marker
+        self._changed()
+
+    def synced(self, ok: bool) -> None:
+        """A sync of the source ended (`ok`: the bucket answered)."""
+        if ok != self._last_ok:
+            self._dirty = True
+        self._last_ok = ok
+        self._wake.set()  # a bucket back after an outage gets the writes that waited
+
+    def _changed(self) -> None:
+        self._dirty = True
+        self._wake.set()
+
+    # ---- the writes ----------------------------------------------------------------------
+
+    @property
+    def reporting(self) -> bool:
+        return self.report_interval_s > 0 and (self.report_always or self._seen_rollout)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Write verdicts and reports until the context exits (the source's client open)."""
+        task = asyncio.ensure_future(self._loop())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _loop(self) -> None:
+        next_report_s = time.monotonic()
+        while True:
+            wait_s = max(0.0, next_report_s - time.monotonic()) if self.reporting else None
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait_s)
+            self._wake.clear()
+            due = self.reporting and (self._dirty or time.monotonic() >= next_report_s)
+            try:
+                await self.flush(report=due)
+            except Exception:  # a bug must not end the writes for good
+                log.exception("fleet: writing to the bucket failed")
+            if due:  # a report that failed waits for the next sync (or the interval)
+                next_report_s = time.monotonic() + self.report_interval_s
+            await asyncio.sleep(_MIN_WRITE_GAP_S)
+
+    async def flush(self, report: bool) -> None:
+        """Write the verdicts that wait, then (with `report`) the device report."""
+        try:
+            for key, marker in sorted(self._markers.items()):
+                await self._write_marker(marker)
+                self._written.add(marker)
+                if self._markers.get(key) == marker:
+                    del self._markers[key]
+            if report:
+                self._dirty = False
+                try:
+                    await self._write_report()
+                except SourceError:
+                    self._dirty = True
+                    raise
+        except SourceError as exc:
+            if not self._failing:
+                log.error(
+                    "fleet: cannot write to the bucket (%s); serving goes on, writes are tried "
+                    "again",
+                    exc,
+                )
+            self._failing = str(exc)
+            return
+        if self._failing:
+            log.info("fleet: writing to the bucket works again")
+            self._failing = ""
+
+    async def _write_marker(self, marker: _Marker) -> None:
+        prefix = self.source.location.prefix
+        device = self.identity.device_id
+        body = verdict_body(
+            device, marker.model, marker.version, marker.verdict, marker.reason, time.time()
+        )
+        await self.source.write_object(
+            verdict_key(prefix, marker.model, marker.version, marker.verdict, device), body
+        )
+        other = PASSED if marker.verdict == FAILED else FAILED
+        await self.source.delete_object(
+            verdict_key(prefix, marker.model, marker.version, other, device)
+        )
+        log.info(
+            "model '%s' version %d: verdict '%s' written for the fleet",
+            marker.model,
+            marker.version,
+            marker.verdict,
+        )
+
+    async def _write_report(self) -> None:
+        names = set(self.states) | self.source_models()
+        models = {name: self.model_report(name) for name in sorted(names)}
+        source = self.source
+        body = report_body(
+            self.identity,
+            time.time(),
+            __version__,
+            source.last_sync_s or None,
+            source.reachable,
+            models,
+        )
+        await source.write_object(report_key(source.location.prefix, self.identity.device_id), body)
+
+    def source_models(self) -> set[str]:
+        """The models in this source's store folder that the runtime serves."""
+        root = self.source.store.root
+        try:
+            names = {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")}
+        except OSError:
+            return set()
+        return {n for n in names if self.serving(n) is not None}
+
+    def model_report(self, name: str) -> ModelReport:
+        served = self.serving(name) or ServingView(())
+        state = self.states.get(name)
+        report = ModelReport(
+            served.versions,
+            requests=served.requests,
+            errors=served.errors,
+            p50_ms=served.p50_ms,
+            p99_ms=served.p99_ms,
+        )
+        if state is None:
+            return report
+        document = state.document
+        target = document.target
+        if state.failed_here:
+            probation = FAILED
+        elif served.on_probation == target:
+            probation = RUNNING
+        elif state.halted and target not in served.versions:
+            probation = HALTED
+        elif target in served.versions and (
+            (name, target) in self._passed or document.probation is not None or self.flag_probation
+        ):
+            probation = PASSED
+        else:
+            probation = NONE
+        return dataclasses.replace(
+            report,
+            rollout_revision=document.revision,
+            target=target,
+            in_stage=state.in_stage,
+            probation=probation,
+            reason=state.reason,
+        )
