@@ -365,8 +365,15 @@ def test_a_fleet_rolls_out_by_stage_halts_a_bad_version_and_rides_out_a_lost_lin
             idle: Counter[str] = Counter()
             for device in live:
                 idle.update(device.link.take())
-            polls = len(live) * IDLE_WINDOW_S / POLL_S
-            numbers["idle_requests_per_poll"] = {k: round(v / polls, 3) for k, v in idle.items()}
+            polls = idle["list"]  # one listing of the repository per poll
+            assert polls >= len(live), "a device did not poll during the idle window"
+            numbers["idle"] = {
+                "window_s": IDLE_WINDOW_S,
+                "devices": len(live),
+                "requests": dict(idle),
+                "per_poll": {k: round(v / polls, 3) for k, v in idle.items()},
+                "polls_per_device_hour": round(polls / len(live) / IDLE_WINDOW_S * 3600),
+            }
             sizes = [n for d in devices for n in d.link.report_bytes]
             numbers["report_bytes"] = {"median": statistics.median(sizes), "max": max(sizes)}
 
@@ -421,6 +428,7 @@ def test_a_fleet_rolls_out_by_stage_halts_a_bad_version_and_rides_out_a_lost_lin
             failed_v3 = sum(int(v[3]) for (_, version), v in table.items() if version == "3")
             on_v2 = sum(int(v[0]) for (_, version), v in table.items() if version == "2")
             assert (on_v3, failed_v3, on_v2) == (0, 2, DEVICES)
+            numbers["final_status"] = status
         finally:
             for device in devices:
                 device.proc.proc.terminate()
