@@ -214,8 +214,9 @@ def test_a_target_failing_its_probation_rolls_back_and_is_not_taken_again(
     assert marker is not None
     assert "rolled back" in marker["reason"]
     _wait_for(
-        lambda: (fleet.report(inside) or {}).get("models", {}).get("m", {}).get("probation")
-        == "failed"
+        lambda: (
+            (fleet.report(inside) or {}).get("models", {}).get("m", {}).get("probation") == "failed"
+        )
     )
     time.sleep(1.5)  # several polls: the device does not take the failed target again
     for _ in range(5):
@@ -242,8 +243,9 @@ def test_a_halt_keeps_devices_off_the_target_and_rolls_back_those_on_it(fleet: F
         )
     _wait_for(lambda: _serves(on_target, 1.0))  # rolled back
     _wait_for(
-        lambda: (fleet.report(first) or {}).get("models", {}).get("m", {}).get("probation")
-        == "halted"
+        lambda: (
+            (fleet.report(first) or {}).get("models", {}).get("m", {}).get("probation") == "halted"
+        )
     )
     assert "halted: 2 of 3 devices failed version 2" in on_target.log()
 
@@ -269,8 +271,10 @@ def test_an_operator_halt_without_rollback_keeps_devices_on_the_target(fleet: Fl
         )
     )
     _wait_for(
-        lambda: "halted by the operator: bad batch"
-        in str((fleet.report(inside) or {}).get("models", {}).get("m", {}).get("reason"))
+        lambda: (
+            "halted by the operator: bad batch"
+            in str((fleet.report(inside) or {}).get("models", {}).get("m", {}).get("reason"))
+        )
     )
     assert _serves(proc, 2.0)
 
@@ -313,3 +317,80 @@ def test_a_device_with_the_bucket_unreachable_keeps_serving_and_reports_when_bac
         assert (report() or {})["models"]["m"]["serving"] == [2]
     finally:
         device.link.stop()
+
+
+def test_a_rollout_document_is_followed_only_with_a_good_signature(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    public = tmp_path / "release.pub"
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    for version in (1, 2):
+        files = fleet.bucket.put_version(version, version)
+        fleet.bucket.put(f"m/{version}/SHA256SUMS.sig", key.sign(files["SHA256SUMS"]))
+    started = _document(revision=1, stage=-1, stages=[{"percent": 100}])
+    fleet.publish(started)
+    fleet.bucket.put("m/rollout.json.sig", key.sign(started.to_json()))
+    proc = fleet.device("dev-signed", f"--manifest-public-key={public}")
+    assert _serves(proc, 1.0)
+    assert not fleet.stored("dev-signed", 2)  # the signed document holds everyone back
+
+    document = _document(revision=2, stage=0, stages=[{"percent": 100}])
+    fleet.publish(document)  # signed by someone else
+    fleet.bucket.put("m/rollout.json.sig", Ed25519PrivateKey.generate().sign(document.to_json()))
+    _wait_for(lambda: "rollout.json.sig does not verify" in proc.log())
+    time.sleep(1.0)  # several polls
+    assert _serves(proc, 1.0)
+    assert not fleet.stored("dev-signed", 2)
+    assert proc.log().count("rollout.json.sig does not verify") == 1  # once per revision
+
+    fleet.bucket.put("m/rollout.json.sig", key.sign(document.to_json()))
+    _wait_for(lambda: _serves(proc, 2.0))
+
+
+async def test_listings_skip_the_fleet_area(
+    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thousands of reports under .fleet/ cost a device's poll no extra pages."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from appliance.repository.manifest import NO_MANIFEST_RULES
+    from appliance.repository.s3 import S3Source
+
+    bucket = Bucket(s3)
+    bucket.put("m/config.pbtxt", CONFIG.encode())
+    bucket.put_version(1, 1)
+    bucket.put("-early/1/model.onnx", b"x")  # sorts before '.fleet/'
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda n: bucket.put(f".fleet/devices/d{n:05d}.json", b"{}"), range(2050)))
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    source = S3Source(bucket.url, tmp_path, None, NO_MANIFEST_RULES)
+    expected = {
+        "models/-early/1/model.onnx",
+        "models/m/config.pbtxt",
+        "models/m/1/model.onnx",
+        "models/m/1/SHA256SUMS",
+    }
+    async with source.opened():
+        counts = []
+        for _ in range(3):
+            before = source.requests
+            objects, _ = await source._list()
+            counts.append(source.requests - before)
+            assert {o.key for o in objects} == expected
+        bucket.delete("-early/1/model.onnx")
+        before = source.requests
+        objects, _ = await source._list()
+        assert {o.key for o in objects} == expected - {"models/-early/1/model.onnx"}
+    # Paging through the area would take 3 pages; the first listing reads one page of it, then
+    # a one-key page finds it at once: 1 key, then the models after it.
+    assert counts == [2, 3, 3]  # '-early' sorts before the area: the probe pages on to it
+    assert source.requests - before == 2

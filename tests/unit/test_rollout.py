@@ -14,19 +14,24 @@ from appliance.repository.rollout import (
     PASSED,
     DeviceIdentity,
     HaltRule,
+    ModelReport,
     ProbationRule,
     RolloutDocument,
     RolloutError,
+    choose_version,
     count_verdicts,
     halted,
     hash_share,
     membership,
+    needs_verdicts,
     parse_label_text,
     parse_labels,
     parse_verdict_key,
+    report_body,
     report_key,
     rollout_key,
     rollout_signature_key,
+    verdict_body,
     verdict_key,
     verdict_prefix,
 )
@@ -324,3 +329,112 @@ def test_label_text() -> None:
     assert parse_label_text("a=1,,b=2,") == {"a": "1", "b": "2"}
     with pytest.raises(RolloutError, match="EDGE_DEVICE_LABELS 'a' is not key=value"):
         parse_label_text("a")
+
+
+@pytest.mark.parametrize(
+    ("in_stage", "is_halted", "failed_here", "on_target", "rollback", "expected"),
+    [
+        (True, False, False, False, True, 3),  # in the stage: the target
+        (False, False, False, False, True, 2),  # outside: the baseline
+        (False, False, False, True, True, 2),  # left the stage (a lowered one): back
+        (True, True, False, False, True, 2),  # halted: never taken
+        (True, True, False, False, False, 2),
+        (True, True, False, True, True, 2),  # halted with rollback: back
+        (True, True, False, True, False, 3),  # halted without: kept
+        (True, False, True, False, True, 2),  # failed here: never again
+        (True, False, True, True, False, 2),
+    ],
+)
+def test_choose_version(
+    in_stage: bool,
+    is_halted: bool,
+    failed_here: bool,
+    on_target: bool,
+    rollback: bool,
+    expected: int,
+) -> None:
+    document = _doc(halt={"max_failed_share": 0.2, "rollback": rollback})
+    assert choose_version(document, in_stage, is_halted, failed_here, on_target) == expected
+
+
+def test_an_operator_halt_without_a_rule_rolls_back() -> None:
+    document = _doc(halt=_DROP, halted=True)
+    assert document.rolls_back
+    assert choose_version(document, True, True, False, True) == 2
+
+
+@pytest.mark.parametrize(
+    ("changes", "in_stage", "failed_here", "on_target", "expected"),
+    [
+        ({}, True, False, False, True),  # about to take the target
+        ({}, False, False, False, False),  # a halt changes nothing outside the stage
+        ({}, True, False, True, True),  # on it, and a halt would roll it back
+        ({"halt": {"max_failed_share": 0.2, "rollback": False}}, True, False, True, False),
+        ({}, True, True, False, False),  # failed here: the baseline whatever happens
+        ({"halted": True}, True, False, False, False),  # halted already
+        ({"halt": _DROP}, True, False, False, False),  # no halt rule
+    ],
+)
+def test_verdicts_are_listed_only_when_they_can_change_the_choice(
+    changes: dict[str, Any], in_stage: bool, failed_here: bool, on_target: bool, expected: bool
+) -> None:
+    assert needs_verdicts(_doc(**changes), in_stage, failed_here, on_target) is expected
+
+
+def test_report_body_has_the_contracts_fields() -> None:
+    identity = DeviceIdentity("dev-07", {"site": "berlin"})
+    model = ModelReport((3,), 7, 3, True, PASSED, "", 1234, 0, 4.1, 9.8)
+    body = json.loads(
+        report_body(identity, 1796137200.0, "0.1.0", 1796137170.0, True, {"m": model})
+    )
+    assert body == {
+        "format": 1,
+        "device": "dev-07",
+        "labels": {"site": "berlin"},
+        "time": "2026-12-01T15:00:00Z",
+        "server_version": "0.1.0",
+        "last_poll": "2026-12-01T14:59:30Z",
+        "last_poll_ok": True,
+        "models": {
+            "m": {
+                "serving": [3],
+                "rollout_revision": 7,
+                "target": 3,
+                "in_stage": True,
+                "probation": "passed",
+                "reason": "",
+                "requests": 1234,
+                "errors": 0,
+                "p50_ms": 4.1,
+                "p99_ms": 9.8,
+            }
+        },
+    }
+    never = json.loads(report_body(identity, 0.0, "x", None, None, {}))
+    assert (never["last_poll"], never["last_poll_ok"], never["models"]) == (None, None, {})
+
+
+def test_verdict_body() -> None:
+    body = json.loads(verdict_body("dev-1", "m", 3, FAILED, "rolled back", 1796137200.0))
+    assert body == {
+        "format": 1,
+        "device": "dev-1",
+        "model": "m",
+        "version": 3,
+        "verdict": "failed",
+        "reason": "rolled back",
+        "time": "2026-12-01T15:00:00Z",
+    }
+
+
+def test_latency_percentiles_from_the_histogram() -> None:
+    from appliance.runtime.rollout_view import percentile_ms
+    from appliance.scheduling.stats import LATENCY_BUCKETS_MS
+
+    counts = [0] * (len(LATENCY_BUCKETS_MS) + 1)
+    assert percentile_ms(counts, 0.5) is None
+    counts[LATENCY_BUCKETS_MS.index(5)] = 100  # 100 requests in (2.5, 5] ms
+    assert percentile_ms(counts, 0.5) == 3.75
+    assert percentile_ms(counts, 0.99) == pytest.approx(4.975)
+    counts[-1] = 100  # and 100 over the last bound
+    assert percentile_ms(counts, 0.99) == LATENCY_BUCKETS_MS[-1]
