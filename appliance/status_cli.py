@@ -96,6 +96,28 @@ def _clock(wall_s: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(wall_s)))
 
 
+def _versions(versions: Any) -> str:
+    return ",".join(f"v{v}" for v in versions or ()) or "none"
+
+
+def _model_updates(models: Any) -> list[str]:
+    """The last switch and the rollback of each model that had one."""
+    lines: list[str] = []
+    for model in models:
+        switch, rollback = model.get("last_switch"), model.get("rollback")
+        if switch:
+            lines.append(
+                f"  {model.get('name')}: {_versions(switch.get('from_versions'))} -> "
+                f"{_versions(switch.get('to_versions'))} at {_clock(switch.get('time_s'))}"
+            )
+        if rollback:
+            lines.append(
+                f"  {model.get('name')}: v{rollback.get('version')} rolled back at "
+                f"{_clock(rollback.get('time_s'))}: {rollback.get('reason')}"
+            )
+    return lines
+
+
 def render(doc: dict[str, Any]) -> str:
     """The summary of one status document, as lines of text."""
     lines: list[str] = []
@@ -147,6 +169,11 @@ def render(doc: dict[str, Any]) -> str:
                     f"  version {version.get('version')} {version.get('state') or '-'}: "
                     f"{version['reason']}"
                 )
+        fallbacks: dict[str, int] = {}
+        for instance in model.get("instances", ()):
+            if instance.get("reason"):
+                fallbacks[instance["reason"]] = fallbacks.get(instance["reason"], 0) + 1
+        lines.extend(f"  {n} instance(s) on CPU: {why}" for why, n in fallbacks.items())
     updates = doc.get("updates", {})
     lines.append("")
     poll = updates.get("poll_interval_s")
@@ -163,9 +190,18 @@ def render(doc: dict[str, Any]) -> str:
             f"last sync {_clock(source.get('last_sync_s'))}"
             f", downloaded {_bytes(source.get('downloaded_bytes'))}"
         )
+        download = source.get("download")
+        if download:
+            done, total = download.get("done_bytes") or 0, download.get("total_bytes") or 0
+            lines.append(
+                f"    downloading model '{download.get('model')}' version "
+                f"{download.get('version')}: {_bytes(done)} / {_bytes(total)}"
+                f" ({100 * done // max(total, 1)}%), {_bytes(download.get('rate_bytes_s'))}/s"
+            )
         if source.get("last_error"):
             lines.append(f"    error: {source['last_error']}")
         lines.extend(f"    pending: {p}" for p in source.get("pending", ()))
+    lines.extend(_model_updates(updates.get("models", ())))
     problems = list(doc.get("recent_problems", ()))[-5:]
     if problems:
         lines.append("")

@@ -193,6 +193,17 @@ def _recorded(record: dict[str, list[Any]]) -> frozenset[tuple[str, str, int]]:
     return frozenset((rel, str(v[0]), int(v[1])) for rel, v in record.items() if len(v) == 2)
 
 
+@dataclass(frozen=True)
+class DownloadProgress:
+    """The version a source is fetching now, as the status page shows it."""
+
+    model: str
+    version: int
+    done_bytes: int  # of its changed files, parts left by an earlier run included
+    total_bytes: int
+    started_s: float  # wall clock
+
+
 class S3Source:
     """One s3:// repository, synced into its folder of the model store."""
 
@@ -228,6 +239,9 @@ class S3Source:
         # (model, version) -> why it is not in the store at its listed content.
         self.pending: dict[tuple[str, int], str] = {}
         self._last_listing: dict[tuple[str, int], frozenset[tuple[str, str, int]]] = {}
+        # The fetch under way: (model, version, total, bytes staged before it, downloaded_bytes
+        # when it began, wall clock); read through `download`.
+        self._download: tuple[str, int, int, int, int, float] | None = None
         self._client: Any = None
         self._lock = asyncio.Lock()
         self.fleet: FleetHook | None = None  # fleet_agent.FleetAgent, when rollouts are on
@@ -238,6 +252,15 @@ class S3Source:
     @property
     def root(self) -> Path:
         return self.store.root
+
+    @property
+    def download(self) -> DownloadProgress | None:
+        """The version being fetched now, if any (no I/O: from the counters kept anyway)."""
+        if self._download is None:
+            return None
+        name, version, total, staged, base, started_s = self._download
+        done = min(total, staged + self.downloaded_bytes - base)
+        return DownloadProgress(name, version, done, total, started_s)
 
     @contextlib.asynccontextmanager
     async def opened(self) -> AsyncIterator[S3Source]:
@@ -628,10 +651,15 @@ class S3Source:
         for rel in sorted(unchanged):
             if not await asyncio.to_thread(self.store.reuse, name, version, rel):
                 to_fetch.append(rel)
-        for rel in to_fetch:
-            if rel in (MANIFEST, SIGNATURE) and (staging / rel).is_file():
-                continue  # fetched and checked by _check_complete
-            await self._fetch(files[rel], staging / rel, wanted[rel])
+        total = sum(files[rel].size for rel in to_fetch)
+        self._download = (name, version, total, staged, self.downloaded_bytes, time.time())
+        try:
+            for rel in to_fetch:
+                if rel in (MANIFEST, SIGNATURE) and (staging / rel).is_file():
+                    continue  # fetched and checked by _check_complete
+                await self._fetch(files[rel], staging / rel, wanted[rel])
+        finally:
+            self._download = None
         record = {rel: [files[rel].etag, files[rel].size] for rel in wanted}
         await asyncio.to_thread(self.store.publish, name, version, record)
 

@@ -13,15 +13,20 @@ The rules (DESIGN.md, "GPU or CPU"):
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from appliance.model_config import ModelConfig
 from appliance.protocol import model_config_pb2 as mc
-from edge_backends.api import ModelLoadError, Placement
+from edge_backends.api import ModelInstance, ModelLoadError, Placement
 from edge_backends.registry import get_backend
 
 ONNX_FALLBACK_FILENAME = "model.onnx"
+# The notes place_group and onnx_substitute leave, read back by where_instances_run.
+_GROUP_NOTE = re.compile(r"^\d+ KIND_\w+ instance\(s\) of group '(?P<group>.*)' run on CPU: ")
+_SUBSTITUTE_NOTE = "TensorRT cannot run here ("
 
 
 def place_group(requested: str, group_name: str, count: int, gpu_problem: str) -> Placement:
@@ -81,3 +86,58 @@ def onnx_substitute(
         f"{', '.join(map(str, having))} with onnxruntime on CPU"
     )
     return OnnxSubstitute(having, missing, note)
+
+
+@dataclass(frozen=True)
+class InstancePlace:
+    """Where one served instance runs, and why when that is not what its config asked."""
+
+    group: str
+    name: str  # <group>_<n>, as the loader names it
+    kind: str  # KIND_GPU | KIND_CPU (KIND_MODEL: the backend's choice)
+    gpu: int | None  # the device of a GPU instance
+    reason: str  # why it runs elsewhere than asked; '' where it asked (or KIND_AUTO chose)
+
+
+def where_instances_run(
+    config: ModelConfig, instances: Sequence[ModelInstance], notes: Sequence[str]
+) -> tuple[InstancePlace, ...]:
+    """Pure: a served version's instances in the loader's order (group by group, `count` per
+    device), placed as the served config and each instance say, with the reason for a fallback
+    from the instance itself or the notes its load left (place_group's, onnx_substitute's)."""
+    group_reason: dict[str, str] = {}
+    every_group = ""
+    for note in notes:
+        found = _GROUP_NOTE.match(note)
+        if found:
+            group_reason[found["group"]] = note[found.end() :]
+        elif note.startswith(_SUBSTITUTE_NOTE):
+            every_group = note
+    places: list[InstancePlace] = []
+    left = list(instances)
+    for group in config.instance_group:
+        kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
+        devices = list(group.gpus) or [0]
+        count = group.count * len(devices)
+        # A GPU group whose every instance fell back on its own is served as KIND_CPU, with
+        # an instance per listed GPU all the same.
+        fell_back = all(i.placement is not None and i.placement.note for i in left[:count])
+        if kind != "KIND_GPU" and not (group.gpus and left and fell_back):
+            devices, count = [0], group.count
+        mine, left = left[:count], left[count:]
+        for number, instance in enumerate(mine):
+            placed = instance.placement
+            where = placed.kind if placed is not None else kind
+            reason = placed.note if placed is not None and placed.note else ""
+            if not reason and where != "KIND_GPU":
+                reason = group_reason.get(group.name, every_group)
+            places.append(
+                InstancePlace(
+                    group.name,
+                    f"{group.name}_{number}",
+                    where,
+                    devices[number // group.count] if where == "KIND_GPU" else None,
+                    reason,
+                )
+            )
+    return tuple(places)

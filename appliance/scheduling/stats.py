@@ -41,6 +41,12 @@ class LatencyHistogram:
         self.sum_ms += ms
 
 
+# The latencies of the last RECENT_LATENCIES successful requests, kept for the status page's
+# percentiles (services/status_samples.py reads them every 2 s): one list store per request.
+RECENT_LATENCIES = 512  # a power of two
+_RECENT_MASK = RECENT_LATENCIES - 1
+
+
 @dataclass(slots=True)
 class ModelStats:
     """Counters updated on the event loop thread only, so no locks."""
@@ -61,12 +67,15 @@ class ModelStats:
     execution_count: int = 0
     last_inference_ms: int = 0
     by_batch_size: dict[int, BatchSizeStats] = field(default_factory=dict)
+    # success.count & _RECENT_MASK -> that success's latency (ns): a ring.
+    recent_ns: list[int] = field(default_factory=lambda: [0] * RECENT_LATENCIES)
     # Told of each request's outcome (True: failed in the model) while a new version is on
     # probation for automatic rollback; None otherwise.
     watcher: Callable[[bool], None] | None = None
 
     def record_success(self, ns: int) -> None:
         self.success.add(ns)
+        self.recent_ns[self.success.count & _RECENT_MASK] = ns
         if self.latency is not None:
             self.latency.observe(ns)
         if self.watcher is not None:

@@ -2,16 +2,19 @@
 recent problems; transport-neutral typed results (`StatusReport`), as the control service's.
 
 Everything comes from state the server keeps anyway: the control service (index, readiness,
-configs, statistics, log settings with their ring of recent problems), the remote sources and
-the poller (update state), /proc and the GPU source of the GPU metrics (device). A sampler
-task reads the statistics every `interval_s` into a small ring per model (`LiveStats`), so
-the page costs the inference path nothing and a request for `/status.json` only assembles.
+configs, log settings with their ring of recent problems), the runtime (served versions, their
+counters and instances, the ledger), the remote sources and the poller (update state, the
+download under way), /proc and the GPU source of the GPU metrics (device). A sampler task reads
+the counters every `interval_s` into a small ring per model (`LiveStats`), notes switches of
+served versions (`SwitchLog`) and reads the device and the ledger on a thread, so the page
+costs the inference path nothing and a request for `/status.json` only assembles.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -24,19 +27,33 @@ from appliance.gpu_metrics import (
     GpuSource,
 )
 from appliance.protocol import model_config_pb2 as mc
+from appliance.repository.ledger import PROBATION, LedgerEntry, ModelLedger
+from appliance.repository.s3 import DownloadProgress
+from appliance.runtime.placement import where_instances_run
+from appliance.runtime.registry import ModelRecord
 from appliance.services.control import ControlService
 from appliance.services.rows import index_rows
 from appliance.services.status_results import (
     DeviceStatus,
+    DownloadStatus,
     InstanceGroupStatus,
+    InstanceStatus,
     ModelStatus,
+    ModelUpdateStatus,
+    RecordedFailure,
     ServerStatus,
     SourceStatus,
     StatusReport,
     UpdatesStatus,
 )
 from appliance.services.status_results import VersionStatus as VersionStatus
-from appliance.services.status_samples import SAMPLE_INTERVAL_S, DeviceReader, LiveStats, unread
+from appliance.services.status_samples import (
+    SAMPLE_INTERVAL_S,
+    DeviceReader,
+    LiveStats,
+    SwitchLog,
+    unread,
+)
 from appliance.services.status_samples import weighted_percentile as weighted_percentile
 
 log = logging.getLogger(__name__)
@@ -58,6 +75,8 @@ class UpdateSource(Protocol):
     def downloaded_bytes(self) -> int: ...
     @property
     def pending(self) -> dict[tuple[str, int], str]: ...
+    @property
+    def download(self) -> DownloadProgress | None: ...
 
 
 class PollState(Protocol):
@@ -75,6 +94,40 @@ def shown_url(url: str) -> str:
         return url
     host, slash, path = rest.partition("/")
     return f"{scheme}://{host.rpartition('@')[2]}{slash}{path}"
+
+
+def _recorded_s(at: str) -> float | None:
+    """The ledger's UTC time (ISO 8601, as ledger.py writes it) as seconds since the epoch."""
+    try:
+        when = datetime.datetime.strptime(at, "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return None
+    return when.replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+def update_status(
+    name: str, serving: tuple[int, ...], entry: LedgerEntry | None, switches: SwitchLog
+) -> ModelUpdateStatus:
+    """One model's update history from its served versions, the ledger and the switches."""
+    failures = tuple(
+        RecordedFailure(version, f.stage, f.reason, _recorded_s(f.at))
+        for version, f in sorted((entry.failed if entry else {}).items())
+    )
+    rollbacks = [f for f in failures if f.stage == PROBATION]
+    return ModelUpdateStatus(
+        name=name,
+        serving=serving,
+        last_switch=switches.last.get(name),
+        last_good=entry.last_good if entry else None,
+        pinned=entry.pinned if entry else None,
+        rollback=max(rollbacks, key=lambda f: f.time_s or 0.0, default=None),
+        failures=failures,
+    )
+
+
+def _read_ledger(ledger: ModelLedger, models: list[tuple[str, Path]]) -> dict[str, LedgerEntry]:
+    """Each model's record (blocking: a file the first time a model's is read)."""
+    return {name: ledger.entry(path) for name, path in models}
 
 
 # ---- the service -------------------------------------------------------------------------------
@@ -107,6 +160,11 @@ class StatusService:
         self._started_s = time.time()
         self._started_ns = time.monotonic_ns()
         self._device: DeviceStatus | None = None
+        self.switches = SwitchLog()
+        self._ledger: dict[str, LedgerEntry] = {}
+        # Per source: downloaded_bytes and the time at the last sample, and the rate since.
+        self._downloaded: list[tuple[int, float]] = [(s.downloaded_bytes, 0.0) for s in sources]
+        self._download_rates: list[float | None] = [None for _ in sources]
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[StatusService]:
@@ -133,9 +191,25 @@ class StatusService:
             await asyncio.sleep(self.interval_s)
 
     async def sample(self) -> None:
-        """One sample: the statistics (on the loop: counters only) and the device (a thread)."""
-        self.live.sample(self.control.statistics(), time.time())
-        self._device = await asyncio.to_thread(self.device_reader.read)
+        """One sample: the counters and the served versions (on the loop: no I/O), the device
+        and the ledger (a thread)."""
+        runtime, now_s = self.control.manager, time.time()
+        self.live.sample(runtime.ready_versions(), now_s)
+        records = runtime.registry.records()
+        self.switches.observe({r.name: r.versions for r in records}, now_s)
+        for i, source in enumerate(self._sources):
+            (before, then_s), done = self._downloaded[i], source.downloaded_bytes
+            if then_s and now_s > then_s:
+                self._download_rates[i] = max(0, done - before) / (now_s - then_s)
+            self._downloaded[i] = (done, now_s)
+        ledgered = [(r.name, r.path) for r in records if r.path and r.owned_dir is None]
+        self._device, self._ledger = await asyncio.to_thread(self._read, ledgered)
+
+    def _read(
+        self, ledgered: list[tuple[str, Path]]
+    ) -> tuple[DeviceStatus, dict[str, LedgerEntry]]:
+        ledger = self.control.manager.history.ledger
+        return self.device_reader.read(), _read_ledger(ledger, ledgered)
 
     def report(self) -> StatusReport:
         """The whole page's data, from what is kept; no I/O."""
@@ -181,7 +255,7 @@ class StatusService:
                 config = self.control.model_config(name)
         live = self.live.numbers(name, self.interval_s)
         if config is None:
-            return ModelStatus(name, state, "", tuple(versions), 0, False, (), 0, (), live)
+            return ModelStatus(name, state, "", tuple(versions), 0, False, (), 0, (), (), live)
         batching = config.dynamic_batching if config.HasField("dynamic_batching") else None
         return ModelStatus(
             name=name,
@@ -198,7 +272,19 @@ class StatusService:
                 )
                 for group in config.instance_group
             ),
+            instances=self._instances(self.control.manager.registry.find(name)),
             live=live,
+        )
+
+    @staticmethod
+    def _instances(record: ModelRecord | None) -> tuple[InstanceStatus, ...]:
+        """Every served version's instances, where they run and why (placement.py)."""
+        if record is None:
+            return ()
+        return tuple(
+            InstanceStatus(version, p.group, p.name, p.kind, p.gpu, p.reason)
+            for version, served in sorted(record.versions.items())
+            for p in where_instances_run(served.config, served.instances, record.notes)
         )
 
     def _updates(self) -> UpdatesStatus:
@@ -218,9 +304,29 @@ class StatusService:
                         f"model '{m}' version {v}: {why}"
                         for (m, v), why in sorted(source.pending.items())
                     ),
+                    download=self._download(source.download, rate),
                 )
-                for source in self._sources
+                for source, rate in zip(self._sources, self._download_rates, strict=True)
             ),
             poll_interval_s=self._poll_interval_s,
             last_poll_s=last_poll,
+            models=tuple(
+                update_status(
+                    r.name, tuple(sorted(r.versions)), self._ledger.get(r.name), self.switches
+                )
+                for r in self.control.manager.registry.records()
+            ),
+        )
+
+    @staticmethod
+    def _download(progress: DownloadProgress | None, rate: float | None) -> DownloadStatus | None:
+        if progress is None:
+            return None
+        return DownloadStatus(
+            progress.model,
+            progress.version,
+            progress.done_bytes,
+            progress.total_bytes,
+            progress.started_s,
+            rate,
         )

@@ -23,12 +23,13 @@ class RatePoint:
 
 @dataclass(frozen=True, slots=True)
 class LiveNumbers:
-    """A model's recent traffic. p50 / p99 are percentiles of the intervals' mean latencies,
-    weighted by their requests (the server keeps sums and counts, not each request's time)."""
+    """A model's recent traffic. p50 / p99: percentiles of its successful requests' latencies
+    over the window, from each interval's latencies (all of them up to 512 an interval, else
+    its last 512, weighted to the interval's count) in log buckets 4.4 % wide: within 2.2 %."""
 
     window_s: float  # the time the numbers cover (at most RING_POINTS intervals)
     requests_per_s: float  # over the last interval
-    p50_ms: float | None
+    p50_ms: float | None  # None: no successful request in the window
     p99_ms: float | None
     error_rate: float  # failed / all requests over the window; 0 with no requests
     points: tuple[RatePoint, ...]  # oldest first, for the charts
@@ -49,6 +50,18 @@ class InstanceGroupStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class InstanceStatus:
+    """One model instance of a served version, and where it runs."""
+
+    version: int
+    group: str
+    name: str  # <group>_<n>
+    kind: str  # where it runs: KIND_GPU or KIND_CPU (KIND_MODEL: the backend decides)
+    gpu: int | None  # the device of a GPU instance
+    reason: str  # why it runs on CPU when its config asked for a GPU; "" otherwise
+
+
+@dataclass(frozen=True, slots=True)
 class ModelStatus:
     name: str
     state: str  # READY when a version serves, else the state of the model's rows
@@ -58,7 +71,8 @@ class ModelStatus:
     dynamic_batching: bool
     preferred_batch_sizes: tuple[int, ...]
     max_queue_delay_us: int
-    instance_groups: tuple[InstanceGroupStatus, ...]
+    instance_groups: tuple[InstanceGroupStatus, ...]  # as served (the kind where they run)
+    instances: tuple[InstanceStatus, ...]  # every served version's, by version
     live: LiveNumbers
 
 
@@ -86,6 +100,18 @@ class DeviceStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class DownloadStatus:
+    """The version a source is fetching now."""
+
+    model: str
+    version: int
+    done_bytes: int  # of its changed files (a part left by an earlier attempt counts)
+    total_bytes: int
+    started_s: float  # wall clock
+    rate_bytes_s: float | None  # over the last sampling interval; None: not sampled yet
+
+
+@dataclass(frozen=True, slots=True)
 class SourceStatus:
     """A remote repository (S3): never its keys."""
 
@@ -95,6 +121,39 @@ class SourceStatus:
     last_error: str
     downloaded_bytes: int
     pending: tuple[str, ...]  # "model version N: why", versions not in the store yet
+    download: DownloadStatus | None  # None: nothing being fetched
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchStatus:
+    """A change of the versions a model serves, as the sampler saw it (every 2 s)."""
+
+    time_s: float  # wall clock of the sample that saw it
+    from_versions: tuple[int, ...]  # () : the model was not serving (its first load)
+    to_versions: tuple[int, ...]  # () : it stopped serving
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedFailure:
+    """A version's content the ledger keeps out, until the content changes."""
+
+    version: int
+    stage: str  # verification, load, warm-up, probation (probation: a rollback)
+    reason: str
+    time_s: float | None  # wall clock when it was recorded; None: not known
+
+
+@dataclass(frozen=True, slots=True)
+class ModelUpdateStatus:
+    """One model's update history: what serves, the last switch, the ledger's record."""
+
+    name: str
+    serving: tuple[int, ...]
+    last_switch: SwitchStatus | None  # None: none seen since the server started
+    last_good: int | None  # the last version that took the traffic and served well
+    pinned: int | None
+    rollback: RecordedFailure | None  # the newest rolled-back version (stage probation)
+    failures: tuple[RecordedFailure, ...]  # every version held back, by version
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +163,7 @@ class UpdatesStatus:
     sources: tuple[SourceStatus, ...]
     poll_interval_s: float | None  # None: not in poll mode
     last_poll_s: float | None  # wall clock of the last successful poll; None: none yet
+    models: tuple[ModelUpdateStatus, ...]  # every model the server loaded or tried to
 
 
 @dataclass(frozen=True, slots=True)

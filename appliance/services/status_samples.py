@@ -1,18 +1,21 @@
-"""What the status page samples: a ring of live numbers per model from the statistics the
-server keeps, and the device's CPU, memory, disk and GPU readings."""
+"""What the status page samples: a ring of live numbers per model from the counters the
+server keeps, the changes of served versions, and the device's CPU, memory, disk and GPU
+readings."""
 
 from __future__ import annotations
 
 import bisect
 import contextlib
 import logging
+import math
 import os
 import shutil
 import socket
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from appliance.gpu_metrics import (
     MEMORY_TOTAL,
@@ -21,12 +24,13 @@ from appliance.gpu_metrics import (
     UTILIZATION,
     GpuSource,
 )
-from appliance.services.results import ModelStatistics
+from appliance.scheduling.stats import RECENT_LATENCIES, ModelStats
 from appliance.services.status_results import (
     DeviceStatus,
     GpuStatus,
     LiveNumbers,
     RatePoint,
+    SwitchStatus,
 )
 
 log = logging.getLogger(__name__)
@@ -34,101 +38,180 @@ log = logging.getLogger(__name__)
 # One sample every 2 s, 150 kept: the last 5 minutes, 150 x 4 numbers per model.
 SAMPLE_INTERVAL_S = 2.0
 RING_POINTS = 150
+# Latencies are counted in log buckets, BUCKETS_PER_OCTAVE to each doubling: a bucket is 4.4 %
+# wide and its middle, reported for a percentile, is within 2.2 % of every latency in it.
+BUCKETS_PER_OCTAVE = 16
+
+
+class CountedVersion(Protocol):
+    """A served version's counters (runtime/registry.py's ServedVersion)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def stats(self) -> ModelStats: ...
+
+
+@dataclass(slots=True)
+class _Seen:
+    """A version's counters at one sample; `stats` tells a reloaded version (new counters)."""
+
+    stats: ModelStats | None = None
+    requests: int = 0
+    failures: int = 0
+    successes: int = 0
+    success_ns: int = 0
 
 
 @dataclass
-class _Counters:
+class _Interval:
     requests: int = 0
     failures: int = 0
-    success_ns: int = 0
     successes: int = 0
+    success_ns: int = 0
+    latencies: dict[int, float] = field(default_factory=dict)  # bucket -> requests
+
+    def add_latencies(self, stats: ModelStats, successes: int, new: int) -> None:
+        """The latencies of the last `new` of `successes` successes, from the ring of the
+        last RECENT_LATENCIES, each standing for new / taken requests."""
+        taken = min(new, RECENT_LATENCIES)
+        if taken <= 0:
+            return
+        weight, ring, buckets = new / taken, stats.recent_ns, self.latencies
+        for back in range(taken):
+            bucket = latency_bucket(ring[(successes - back) % RECENT_LATENCIES])
+            buckets[bucket] = buckets.get(bucket, 0.0) + weight
 
 
-def _totals(rows: Iterable[ModelStatistics]) -> dict[tuple[str, int], _Counters]:
-    found: dict[tuple[str, int], _Counters] = {}
-    for row in rows:
-        stats = row.inference_stats
-        found[(row.name, row.version)] = _Counters(
-            stats.success.count + stats.fail.count,
-            stats.fail.count,
-            stats.success.ns,
-            stats.success.count,
-        )
-    return found
+def latency_bucket(ns: int) -> int:
+    return int(math.log2(max(ns, 1)) * BUCKETS_PER_OCTAVE)
 
 
-def weighted_percentile(values: Sequence[tuple[float, int]], fraction: float) -> float | None:
+def bucket_ms(bucket: int) -> float:
+    """The middle (geometric) of a latency bucket, in ms."""
+    return float(2 ** ((bucket + 0.5) / BUCKETS_PER_OCTAVE) / 1e6)
+
+
+def weighted_percentile(values: Sequence[tuple[float, float]], fraction: float) -> float | None:
     """The value below which `fraction` of the weight lies; (value, weight) pairs."""
     pairs = sorted((v, w) for v, w in values if w > 0)
     if not pairs:
         return None
-    cumulative: list[int] = []
-    total = 0
+    cumulative: list[float] = []
+    total = 0.0
     for _, weight in pairs:
         total += weight
         cumulative.append(total)
-    at = bisect.bisect_left(cumulative, fraction * total)
+    at = bisect.bisect_left(cumulative, fraction * total * (1 - 1e-12))
     return pairs[min(at, len(pairs) - 1)][0]
 
 
+@dataclass
+class _Ring:
+    """One model's last RING_POINTS intervals: the chart's points and their latencies."""
+
+    points: deque[RatePoint]
+    latencies: deque[dict[int, float]]
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+
+    def add(self, point: RatePoint, latencies: dict[int, float]) -> None:
+        self.points.append(point)
+        self.latencies.append(latencies)
+        window: dict[int, float] = {}
+        for interval in self.latencies:
+            for bucket, weight in interval.items():
+                window[bucket] = window.get(bucket, 0.0) + weight
+        pairs = [(bucket_ms(b), w) for b, w in window.items()]
+        self.p50_ms = weighted_percentile(pairs, 0.5)
+        self.p99_ms = weighted_percentile(pairs, 0.99)
+
+
 class LiveStats:
-    """A bounded ring of rate points per model, fed by statistics snapshots (pure: the caller
-    gives the time)."""
+    """A bounded ring of rate points and latencies per model, fed by the served versions'
+    counters (pure: the caller gives the time). Sampling reads counters and the latency
+    ring each version keeps (scheduling/stats.py): nothing on the inference path."""
 
     def __init__(self, points: int = RING_POINTS) -> None:
         self._points = points
-        self._rings: dict[str, deque[RatePoint]] = {}
-        self._previous: dict[tuple[str, int], _Counters] | None = None
+        self._rings: dict[str, _Ring] = {}
+        self._previous: dict[tuple[str, int], _Seen] | None = None
         self._previous_s = 0.0
 
-    def sample(self, rows: Iterable[ModelStatistics], now_s: float) -> None:
-        """Add one point per model from a snapshot of every served version's counters."""
-        totals = _totals(rows)
+    def sample(self, versions: Iterable[CountedVersion], now_s: float) -> None:
+        """Add one point per model from every served version's counters, read now."""
+        seen: dict[tuple[str, int], _Seen] = {}
+        for served in versions:
+            s = served.stats
+            seen[(served.name, served.version)] = _Seen(
+                s, s.success.count + s.fail.count, s.fail.count, s.success.count, s.success.ns
+            )
         previous, elapsed_s = self._previous, now_s - self._previous_s
-        self._previous, self._previous_s = totals, now_s
+        self._previous, self._previous_s = seen, now_s
         if previous is None or elapsed_s <= 0:
             return  # the first snapshot is the baseline
-        per_model: dict[str, _Counters] = {}
-        for key, now in totals.items():
+        per_model: dict[str, _Interval] = {}
+        for key, now in seen.items():
             before = previous.get(key)
-            if before is None or before.requests > now.requests:
-                before = _Counters()  # a version that came in since: all its requests are new
-            delta = per_model.setdefault(key[0], _Counters())
+            if before is None or before.stats is not now.stats:
+                before = _Seen()  # a version that came in since: all its requests are new
+            delta = per_model.setdefault(key[0], _Interval())
             delta.requests += now.requests - before.requests
             delta.failures += now.failures - before.failures
             delta.successes += now.successes - before.successes
             delta.success_ns += now.success_ns - before.success_ns
+            if now.stats is not None:
+                delta.add_latencies(now.stats, now.successes, now.successes - before.successes)
         for name in list(self._rings):
             if name not in per_model:
                 del self._rings[name]  # no version serves: its chart starts again when one does
         for name, delta in per_model.items():
-            ring = self._rings.setdefault(name, deque(maxlen=self._points))
-            mean_ms = delta.success_ns / delta.successes / 1e6 if delta.successes else None
-            ring.append(
-                RatePoint(
-                    now_s, delta.requests / elapsed_s, delta.failures / elapsed_s, mean_ms
+            ring = self._rings.get(name)
+            if ring is None:
+                ring = self._rings[name] = _Ring(
+                    deque(maxlen=self._points), deque(maxlen=self._points)
                 )
+            mean_ms = delta.success_ns / delta.successes / 1e6 if delta.successes else None
+            point = RatePoint(
+                now_s, delta.requests / elapsed_s, delta.failures / elapsed_s, mean_ms
             )
+            ring.add(point, delta.latencies)
 
     def numbers(self, name: str, interval_s: float) -> LiveNumbers:
-        points = tuple(self._rings.get(name, ()))
-        if not points:
+        ring = self._rings.get(name)
+        if ring is None or not ring.points:
             return LiveNumbers(0.0, 0.0, None, None, 0.0, ())
+        points = tuple(ring.points)
         requests = sum(p.requests_per_s for p in points)
         errors = sum(p.errors_per_s for p in points)
-        latencies = [
-            (p.mean_ms, round((p.requests_per_s - p.errors_per_s) * interval_s))
-            for p in points
-            if p.mean_ms is not None
-        ]
         return LiveNumbers(
             window_s=len(points) * interval_s,
             requests_per_s=points[-1].requests_per_s,
-            p50_ms=weighted_percentile(latencies, 0.5),
-            p99_ms=weighted_percentile(latencies, 0.99),
+            p50_ms=ring.p50_ms,
+            p99_ms=ring.p99_ms,
             error_rate=errors / requests if requests else 0.0,
             points=points,
         )
+
+
+class SwitchLog:
+    """Each model's last change of served versions, seen by comparing samples (pure)."""
+
+    def __init__(self) -> None:
+        self._serving: dict[str, dict[int, object]] | None = None
+        self.last: dict[str, SwitchStatus] = {}
+
+    def observe(self, serving: Mapping[str, Mapping[int, object]], now_s: float) -> None:
+        """`serving`: model -> version -> the served version (a reload is a new object)."""
+        before, self._serving = self._serving, {n: dict(v) for n, v in serving.items()}
+        if before is None:
+            return  # the first sample is the baseline
+        for name in serving.keys() | before.keys():
+            old, new = before.get(name, {}), serving.get(name, {})
+            if old.keys() != new.keys() or any(old[v] is not new[v] for v in new):
+                self.last[name] = SwitchStatus(now_s, tuple(sorted(old)), tuple(sorted(new)))
 
 
 # ---- device readings (blocking: on a thread) -------------------------------------------------

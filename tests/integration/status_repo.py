@@ -1,11 +1,17 @@
-"""A small repository for the status page's tests: `simple` and `broken` (fails to load)."""
+"""A small repository for the status page's tests: `simple` and `broken` (fails to load); and
+what the browser tests share: traffic in the background, screenshots."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +30,75 @@ def build(root: Path) -> Path:
         SIMPLE_CONFIG.replace('"simple"', '"broken"')
     )
     return root
+
+
+# `simple` with two GPU instances and dynamic batching: on a machine without a usable GPU both
+# run on CPU, and the status page says why.
+SIMPLE_GPU_CONFIG = SIMPLE_CONFIG.replace('"simple"', '"simple_gpu"') + (
+    "instance_group [ { count: 2, kind: KIND_GPU } ]\n"
+    "dynamic_batching { max_queue_delay_microseconds: 500 }\n"
+)
+
+
+def build_ready(root: Path) -> Path:
+    """`simple` and `simple_gpu`: every model loads."""
+    save(simple_model(), root / "simple" / "1" / "model.onnx")
+    (root / "simple" / "config.pbtxt").write_text(SIMPLE_CONFIG)
+    save(simple_model(), root / "simple_gpu" / "1" / "model.onnx")
+    (root / "simple_gpu" / "config.pbtxt").write_text(SIMPLE_GPU_CONFIG)
+    return root
+
+
+@contextmanager
+def traffic(
+    http_url: str, models: tuple[str, ...] = ("simple",), clients: int = 2
+) -> Iterator[None]:
+    """`clients` threads sending `simple`-shaped requests to `models` in turn until the
+    context exits."""
+    stop = threading.Event()
+
+    def send() -> None:
+        client = httpclient.InferenceServerClient(http_url)
+        inputs = [
+            httpclient.InferInput("INPUT0", [1, 16], "INT32"),
+            httpclient.InferInput("INPUT1", [1, 16], "INT32"),
+        ]
+        for item in inputs:
+            item.set_data_from_numpy(np.ones((1, 16), np.int32))
+        n = 0
+        while not stop.is_set():
+            client.infer(models[n % len(models)], inputs)
+            n += 1
+        client.close()
+
+    threads = [threading.Thread(target=send, daemon=True) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+
+
+def screenshot(browser: Any, name: str, fallback: Path) -> Path:
+    """The whole page (beyond the window) as a PNG: into $STATUS_SCREENSHOTS
+    (scripts/status-screenshots writes docs/ that way), else into `fallback` (a test's
+    tmp_path)."""
+    folder = Path(os.environ.get("STATUS_SCREENSHOTS") or fallback)
+    size = browser.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    shot = browser.execute_cdp_cmd(
+        "Page.captureScreenshot",
+        {
+            "format": "png",
+            "captureBeyondViewport": True,
+            "clip": {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1},
+        },
+    )
+    path = folder / name
+    path.write_bytes(base64.b64decode(shot["data"]))
+    return path
 
 
 def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
@@ -70,5 +145,5 @@ def wait_for(check: Any, timeout_s: float, what: str) -> Any:
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout_s} s")
+            raise AssertionError(f"{what}: not within {timeout_s} s (last: {value!r})")
         time.sleep(0.2)

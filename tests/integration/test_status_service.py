@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from appliance.logs import LogSettings
+from appliance.repository.s3 import DownloadProgress
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.settings import RuntimeSettings
 from appliance.services.control import ControlService, ServerState
@@ -32,12 +33,14 @@ class Source:
     last_error: str = "connection refused"
     downloaded_bytes: int = 10
     pending: dict[tuple[str, int], str] | None = None
+    download: DownloadProgress | None = None
 
 
 @dataclass
 class Parts:
     status: StatusService
     inference: InferenceService
+    source: Source
 
 
 @pytest.fixture
@@ -60,7 +63,7 @@ async def parts(tmp_path: Path) -> AsyncIterator[Parts]:
         interval_s=0.05,
     )
     try:
-        yield Parts(status, InferenceService(runtime))
+        yield Parts(status, InferenceService(runtime), source)
     finally:
         await runtime.stop(5.0)
 
@@ -81,6 +84,9 @@ async def test_report_before_any_sample(parts: Parts) -> None:
     assert simple.state == "READY"
     assert simple.versions == (VersionStatus(1, "READY", ""),)
     assert simple.instance_groups[0].kind in ("KIND_CPU", "KIND_GPU")
+    (instance,) = simple.instances  # the config's one group, count 1, as the loader names it
+    assert (instance.version, instance.name) == (1, f"{instance.group}_0")
+    assert instance.kind == simple.instance_groups[0].kind
     broken = report.models[0]
     assert broken.state == "UNAVAILABLE"
     assert "onnx" in broken.versions[0].reason.lower()
@@ -92,8 +98,13 @@ async def test_report_before_any_sample(parts: Parts) -> None:
     assert source.url == "s3://minio:9000/models"  # never the keys
     assert source.reachable is False
     assert source.pending == ("model 'resnet' version 3: not enough disk: 5 MB free, 9 MB needed",)
+    assert source.download is None
     assert report.updates.control_mode == "none"
     assert report.updates.poll_interval_s is None
+    updates = {m.name: m for m in report.updates.models}
+    assert updates["simple"].serving == (1,)
+    assert updates["simple"].last_switch is None  # nothing sampled yet
+    assert updates["broken"].serving == ()
 
 
 async def test_the_sampler_follows_inference(parts: Parts) -> None:
@@ -108,5 +119,27 @@ async def test_the_sampler_follows_inference(parts: Parts) -> None:
             await asyncio.sleep(0.05)
     live = status.report().models[-1].live
     assert live.p50_ms is not None
+    assert live.p99_ms is not None
+    assert live.p99_ms >= live.p50_ms
     assert live.error_rate == 0.0
     assert status.report().device.memory_total_bytes  # sampled on a thread
+
+
+async def test_a_download_and_a_switch_are_shown(parts: Parts) -> None:
+    status, source = parts.status, parts.source
+    source.download = DownloadProgress("resnet", 3, 0, 4_000_000, 1.0)
+    await status.sample()  # the baseline: downloaded_bytes and the served versions
+    source.downloaded_bytes += 100_000
+    source.download = DownloadProgress("resnet", 3, 100_000, 4_000_000, 1.0)
+    runtime = status.control.manager
+    await runtime.unload("simple")
+    await status.sample()
+    download = status.report().updates.sources[0].download
+    assert download is not None
+    assert (download.model, download.version) == ("resnet", 3)
+    assert (download.done_bytes, download.total_bytes) == (100_000, 4_000_000)
+    assert download.rate_bytes_s is not None
+    assert download.rate_bytes_s > 0
+    switch = {m.name: m for m in status.report().updates.models}["simple"].last_switch
+    assert switch is not None
+    assert (switch.from_versions, switch.to_versions) == ((1,), ())

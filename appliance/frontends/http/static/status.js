@@ -101,14 +101,45 @@ function renderDevice(data) {
 
 function versionsCell(model) {
   const cell = el("td");
+  // A served version's notes that the instances column says already (a CPU fallback).
+  const placed = model.instances.map((i) => i.reason).filter((r) => r);
   for (const v of model.versions) {
     const line = el("div");
     line.append(el("span", v.version === null ? "–" : "v" + v.version),
       el("span", " " + (v.state || "not loaded"), "state-" + v.state));
-    if (v.reason) {
-      line.append(el("div", v.reason, v.state === "READY" ? "note" : "reason"));
+    const reason = v.reason.split("; ")
+      .filter((part) => !(v.state === "READY" && placed.some((r) => part.includes(r))))
+      .join("; ");
+    if (reason) {
+      line.append(el("div", reason, v.state === "READY" ? "note" : "reason"));
     }
     cell.append(line);
+  }
+  return cell;
+}
+
+// Instances by version, group and where they run: "2 × CPU" and, for a fallback, the reason.
+function instancesCell(model) {
+  const cell = el("td", null, "instances");
+  const versions = new Set(model.instances.map((i) => i.version));
+  const lines = new Map();
+  for (const i of model.instances) {
+    const where = i.kind.replace("KIND_", "") + (i.gpu === null ? "" : " " + i.gpu);
+    const key = [i.version, i.group, where, i.reason].join("\u0000");
+    const line = lines.get(key) || { i, where, count: 0 };
+    line.count++;
+    lines.set(key, line);
+  }
+  for (const { i, where, count } of lines.values()) {
+    const line = el("div", null, "placement kind-" + i.kind);
+    line.append(el("span", (versions.size > 1 ? `v${i.version} ` : "") +
+      `${i.group}: ${count} × ${where}`, "where"));
+    if (i.reason) line.append(el("div", "CPU fallback: " + i.reason, "reason fallback"));
+    cell.append(line);
+  }
+  if (!model.instances.length) {
+    const groups = model.instance_groups.map((g) => `${g.count} × ${g.kind.replace("KIND_", "")}`);
+    cell.textContent = groups.join(", ") || "–";
   }
   return cell;
 }
@@ -119,8 +150,6 @@ function renderModels(data) {
     const tr = el("tr");
     tr.dataset.model = m.name;
     const live = m.live;
-    const groups = m.instance_groups.map((g) =>
-      `${g.count} × ${g.kind.replace("KIND_", "")}` + (g.gpus.length ? ` (GPU ${g.gpus})` : ""));
     const batching = m.max_batch_size
       ? `max ${m.max_batch_size}` + (m.dynamic_batching
         ? `, dynamic (delay ${m.max_queue_delay_us} µs` +
@@ -131,7 +160,7 @@ function renderModels(data) {
       el("td", m.name + (m.platform ? ` (${m.platform})` : "")),
       el("td", m.state || "not loaded", "state-" + m.state),
       versionsCell(m),
-      el("td", groups.join(", ") || "–"),
+      instancesCell(m),
       el("td", batching),
       el("td", num(live.requests_per_s, 1), "num rate-value"),
       el("td", num(live.p50_ms, 2), "num"),
@@ -148,6 +177,59 @@ function renderModels(data) {
   body.replaceChildren(...rows);
 }
 
+function rate(bytesPerS) {
+  return bytesPerS === null || bytesPerS === undefined ? "–" : bytes(bytesPerS) + "/s";
+}
+
+function downloadItem(d) {
+  const item = el("div", null, "download");
+  item.dataset.model = d.model;
+  const bar = el("progress");
+  bar.max = Math.max(1, d.total_bytes);
+  bar.value = d.done_bytes;
+  const share = d.total_bytes ? Math.floor((100 * d.done_bytes) / d.total_bytes) : 100;
+  item.append(el("span", `downloading model '${d.model}' version ${d.version} `), bar,
+    el("span", ` ${bytes(d.done_bytes)} of ${bytes(d.total_bytes)} (${share} %), ` +
+      rate(d.rate_bytes_s), "download-numbers"));
+  return item;
+}
+
+function versionList(versions) {
+  return versions.length ? versions.map((v) => "v" + v).join(", ") : "none";
+}
+
+function switchText(s) {
+  if (!s) return "none since start";
+  const what = !s.from_versions.length ? `loaded ${versionList(s.to_versions)}`
+    : !s.to_versions.length ? `${versionList(s.from_versions)} stopped serving`
+      : `${versionList(s.from_versions)} → ${versionList(s.to_versions)}`;
+  return `${what} at ${when(s.time_s)}`;
+}
+
+function renderModelUpdates(u) {
+  const body = document.querySelector("#model-updates tbody");
+  body.replaceChildren(...u.models.map((m) => {
+    const tr = el("tr");
+    tr.dataset.model = m.name;
+    const held = el("td");
+    if (m.rollback) {
+      held.append(el("div", `v${m.rollback.version} rolled back` +
+        (m.rollback.time_s ? ` at ${when(m.rollback.time_s)}` : "") + ": " + m.rollback.reason,
+      "reason rollback"));
+    }
+    for (const f of m.failures) {
+      if (f.stage === "probation") continue;
+      held.append(el("div", `v${f.version} held back (${f.stage}): ${f.reason}`, "reason"));
+    }
+    if (!held.childNodes.length) held.textContent = "–";
+    tr.append(el("td", m.name), el("td", versionList(m.serving)),
+      el("td", switchText(m.last_switch), "switch"),
+      el("td", m.last_good === null ? "–" : "v" + m.last_good),
+      el("td", m.pinned === null ? "–" : "v" + m.pinned), held);
+    return tr;
+  }));
+}
+
 function renderUpdates(data) {
   const u = data.updates;
   fillList(document.getElementById("updates"), [
@@ -161,10 +243,12 @@ function renderUpdates(data) {
     const reach = s.reachable === null ? "not synced yet" : s.reachable ? "reachable" : "unreachable";
     const item = el("li", `${s.url}: ${reach}, last sync ` +
       `${when(s.last_sync_s)}, ${bytes(s.downloaded_bytes)} downloaded`);
+    if (s.download) item.append(downloadItem(s.download));
     if (s.last_error) item.append(el("div", s.last_error, "reason"));
     for (const p of s.pending) item.append(el("div", "pending: " + p, "note"));
     return item;
   }));
+  renderModelUpdates(u);
 }
 
 function renderProblems(data) {
