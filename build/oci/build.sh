@@ -138,6 +138,8 @@ if ! "${build[@]}" "${args[@]}" "$ctx" >"$log" 2>&1; then
   ((ci)) && { echo "FAIL  OCI image build (output above)"; exit 1; }
   exit 1
 fi
+# The image this tag named before, now untagged: gone (the label keeps other images safe).
+"$tool" image prune -f --filter label=org.opencontainers.image.title=edge-appliance >/dev/null 2>&1 || true
 if [[ -n $save ]]; then
   rm -f "$save"
   if [[ $tool == podman ]]; then podman save -q --format docker-archive -o "$save" "$tag"
