@@ -35,7 +35,7 @@ What the bases give, and who overrides it here:
 - `ModelInstance.wants_requests`: False, the server calls `execute` with the batch's tensors
   (True for Python models, which hand each request, with its id, sequence id, flags,
   parameters and timeout, to the model: the server calls `execute_requests`).
-- `ModelInstance.execute_requests`: `execute`.
+- `ModelInstance.execute_requests`: `execute`, its outputs split into each request's rows.
 - `ModelInstance.execute_decoupled`: raises BackendError (Python models can stream).
 - `ModelInstance.set_cancel_check`: ignored (Python models show it as request.is_cancelled()).
 - `ModelInstance.interrupt`: cannot (a Python model's process can be killed).
@@ -284,9 +284,10 @@ class ModelInstance(Protocol):
 
     def execute_requests(
         self, inputs: Arrays, output_names: Sequence[str], requests: Sequence[RequestInfo]
-    ) -> Outputs:
-        """`execute`, told which requests make the batch (in order, each `batch_size` rows of
-        every input and output)."""
+    ) -> Sequence[Outputs | BackendError]:
+        """Run one batch told which requests make it (in order, each `batch_size` rows of
+        every input): each request's outputs, or the error its own response carries (the
+        other requests still succeed). Raise when the whole batch failed."""
         ...
 
     def execute_decoupled(
@@ -335,8 +336,17 @@ class InstanceBase(ModelInstance):
 
     def execute_requests(
         self, inputs: Arrays, output_names: Sequence[str], requests: Sequence[RequestInfo]
-    ) -> Outputs:
-        return self.execute(inputs, output_names)
+    ) -> Sequence[Outputs | BackendError]:
+        outputs = self.execute(inputs, output_names)
+        if len(requests) <= 1:
+            return [outputs]
+        parts: list[Outputs | BackendError] = []
+        start = 0
+        for request in requests:
+            end = start + request.batch_size
+            parts.append({name: array[start:end] for name, array in outputs.items()})
+            start = end
+        return parts
 
     def execute_decoupled(
         self,

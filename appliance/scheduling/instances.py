@@ -280,6 +280,8 @@ class InstanceWorker:
                 names.extend(n for n in job.output_names if n not in names)
             t1 = time.monotonic_ns()
             self._running = jobs
+            answers: list[dict[str, Array] | BaseException] | None = None  # one per job
+            outputs: dict[str, Array] = {}
             try:
                 if jobs[0].emit is not None:  # decoupled: one request, responses streamed out
                     emit = self._progress(jobs[0].emit)
@@ -287,17 +289,22 @@ class InstanceWorker:
                     jobs[0].completion = self._instance.execute_decoupled(
                         inputs, names, emit, info
                     )
-                    outputs = {}
-                elif self._wants_requests:
+                elif self._wants_requests:  # each request answered on its own
                     infos = [request_info(job) for job in jobs]
-                    outputs = self._instance.execute_requests(inputs, names, infos)
+                    answers = list(self._instance.execute_requests(inputs, names, infos))
+                    if len(answers) != len(jobs):
+                        raise BackendError(
+                            f"{len(answers)} responses for a batch of {len(jobs)} requests"
+                        )
                 else:
                     outputs = self._instance.execute(inputs, names)
             finally:
                 self._running = ()
             t2 = time.monotonic_ns()
             total = sum(j.batch_size for j in jobs)
-            result.outcomes = list(_split_outputs(jobs, outputs, self._batching, total))
+            if answers is None:
+                answers = list(_split_outputs(jobs, outputs, self._batching, total))
+            result.outcomes = answers
             t3 = time.monotonic_ns()
             result.input_ns, result.infer_ns, result.output_ns = t1 - t0, t2 - t1, t3 - t2
             result.started_ns = t0

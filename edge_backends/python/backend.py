@@ -35,6 +35,7 @@ from typing import Any
 from edge_backends.api import (
     Arrays,
     BackendBase,
+    BackendError,
     CancelCheck,
     CustomMetricFamily,
     Emit,
@@ -293,17 +294,29 @@ class PythonInstance(InstanceBase):
                 self._metrics.release_family(name)
 
     def execute(self, inputs: Arrays, output_names: Sequence[str]) -> Outputs:
-        return self.execute_requests(inputs, output_names, ())
+        (answer,) = self.execute_requests(inputs, output_names, ())
+        if isinstance(answer, BackendError):
+            raise answer
+        return answer
 
     def execute_requests(
         self, inputs: Arrays, output_names: Sequence[str], requests: Sequence[RequestInfo]
-    ) -> Outputs:
-        """The batch's requests reach execute() as a list, each with its own rows."""
+    ) -> list[Outputs | BackendError]:
+        """The batch's requests reach execute() as a list, each with its own rows; each
+        response comes back on its own (its outputs' names are prefixed with its index)."""
         kind, payload = self._exchange(inputs, output_names, list(requests), None)
         if kind == "failed":
             raise _failure(payload)
-        arena, out_metas = payload
-        return self._reader.read(arena, out_metas, copy=True)
+        arena, out_metas, errors = payload
+        answers: list[Outputs | BackendError] = [{} for _ in range(max(1, len(requests)))]
+        for key, array in self._reader.read(arena, out_metas, copy=True).items():
+            index, name = key.split(":", 1)
+            answer = answers[int(index)]
+            assert isinstance(answer, dict)
+            answer[name] = array
+        for index, message, code in errors:
+            answers[index] = ExecutionError(message, code=code)
+        return answers
 
     def execute_decoupled(
         self,

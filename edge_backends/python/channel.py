@@ -8,12 +8,14 @@ hands each reply to the caller waiting for that id, and everything else (execute
 to the process's main loop through `commands`.
 
 Messages, model process -> server: ("ready", None) | ("error", text) after initialize;
-("result", arena, metas) | ("failed", text[, code]) for an execution, or for a decoupled
-request `tag`: ("returned", tag) once execute() returned, then ("stream_response", tag,
-outputs)... and ("stream_done", tag) | ("stream_failed", tag, text, code) whenever they come;
-("call", id, operation, arguments). Server -> model process: ("execute", arena, metas,
-outputs, tag or None, request infos) | ("finalize",) | ("cancel", tag); ("reply", id, ok,
-payload) ends call `id`; ("item", id, outputs) is one response of a streamed call.
+("result", arena, metas, errors) | ("failed", text[, code]) for an execution (each request's
+outputs named "<index>:<name>", `errors` the (index, text, code) of requests whose response
+is an error), or for a decoupled request `tag`: ("returned", tag) once execute() returned,
+then ("stream_response", tag, outputs)... and ("stream_done", tag) | ("stream_failed", tag,
+text, code) whenever they come; ("call", id, operation, arguments). Server -> model process:
+("execute", arena, metas, outputs, tag or None, request infos) | ("finalize",) |
+("cancel", tag); ("reply", id, ok, payload) ends call `id`; ("item", id, outputs) is one
+response of a streamed call.
 """
 
 from __future__ import annotations

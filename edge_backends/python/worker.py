@@ -182,9 +182,10 @@ class Runner:
         inputs: dict[str, np.ndarray[Any, Any]],
         outputs: list[str],
         infos: list[RequestInfo],
-    ) -> dict[str, np.ndarray[Any, Any]]:
+    ) -> list[dict[str, np.ndarray[Any, Any]] | Reported]:
         """A model that answers once per request: from execute()'s list, or its response
-        senders. The requests of a batch come as a list; their outputs are joined again."""
+        senders. The requests of a batch come as a list; each response (its outputs, or its
+        error) goes back on its own."""
         infos = infos or [RequestInfo(output_names=tuple(outputs))]
         parts = _split(inputs, infos)
         sent: list[list[pb_utils.InferenceResponse]] = [[] for _ in infos]
@@ -231,7 +232,7 @@ class Runner:
                     f"and InferenceResponse(s) size is:{len(result)}"
                 )
             responses = result
-        produced = []
+        answers: list[dict[str, np.ndarray[Any, Any]] | Reported] = []
         for response in responses:
             if not isinstance(response, pb_utils.InferenceResponse):
                 raise pb_utils.TritonModelException(
@@ -239,13 +240,8 @@ class Runner:
                     f"list, found type '{type(response)}'."
                 )
             error = response.error()
-            if error is not None:
-                raise Reported(error)
-            produced.append(_outputs(response))
-        if len(produced) == 1:
-            return produced[0]
-        names = [name for name in produced[0] if all(name in p for p in produced)]
-        return {name: np.concatenate([p[name] for p in produced]) for name in names}
+            answers.append(_outputs(response) if error is None else Reported(error))
+        return answers
 
     def execute_decoupled(
         self,
@@ -342,9 +338,15 @@ def main(
                     inputs = {k: np.array(v, copy=True) for k, v in inputs.items()}
                     runner.execute_decoupled(inputs, outputs, infos[0], tag)
                     continue
-                produced = runner.execute(inputs, outputs, infos)
-                out_metas = arena.write(produced)
-                channel.send("result", arena.name, out_metas)
+                merged: dict[str, np.ndarray[Any, Any]] = {}
+                errors = []
+                for index, answer in enumerate(runner.execute(inputs, outputs, infos)):
+                    if isinstance(answer, Reported):
+                        errors.append((index, str(answer), answer.code))
+                    else:
+                        merged.update({f"{index}:{k}": v for k, v in answer.items()})
+                out_metas = arena.write(merged)
+                channel.send("result", arena.name, out_metas, errors)
             except Reported as exc:
                 channel.send("failed", str(exc), exc.code)
             except BaseException as exc:  # user code: report, keep serving

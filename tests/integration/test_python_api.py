@@ -355,6 +355,11 @@ class TritonPythonModel:
         out = []
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            if json.loads(request.parameters()).get("refuse"):
+                error = pb_utils.TritonError("refused: " + request.request_id(),
+                                             pb_utils.TritonError.INVALID_ARG)
+                out.append(pb_utils.InferenceResponse(error=error))
+                continue
             info = {
                 "id": request.request_id(),
                 "correlation_id": request.correlation_id(),
@@ -748,3 +753,26 @@ def test_a_decoupled_request_whose_client_goes_away_is_cancelled(
     while "stream request gone-1 cancelled" not in api_server.log():
         assert time.monotonic() < deadline, "the model never saw its request cancelled"
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient])
+def test_one_requests_error_in_a_batch_fails_that_request_alone(
+    api_server: ServerProcess, module: Any
+) -> None:
+    def call(rid: str, rows: int) -> Any:
+        tensor = module.InferInput("X", [rows, 1], "INT32")
+        tensor.set_data_from_numpy(np.full((rows, 1), rows, dtype=np.int32))
+        try:
+            return _client(module, api_server).infer(
+                "py_batch_info", [tensor], request_id=rid, parameters={"refuse": rid == "bad"}
+            )
+        except InferenceServerException as exc:
+            return exc
+
+    with ThreadPoolExecutor(2) as pool:
+        bad, good = pool.map(call, ["bad", "good"], [1, 3])
+    assert isinstance(bad, InferenceServerException)
+    assert "refused: bad" in bad.message()
+    assert bad.status() == ("400" if module is httpclient else "StatusCode.INVALID_ARGUMENT")
+    assert not isinstance(good, InferenceServerException), good
+    assert [(i["id"], i["requests"]) for i in _info(good)] == [("good", 2)] * 3
