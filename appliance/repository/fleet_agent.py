@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from appliance import __version__
-from appliance.repository.ledger import Failure, ModelLedger, listing_id, record_rollout
+from appliance.repository.ledger import LedgerEntry, ModelLedger, listing_id, record_rollout
 from appliance.repository.manifest import ManifestError, verify_signature
 from appliance.repository.rollout import (
     FAILED,
@@ -127,6 +127,10 @@ class FleetAgent:
         self._dirty = True
         self._failing = ""  # the write error being logged once
         self._verdicts_failing = ""
+        # (model, target, revision) -> when its verdicts were last listed (monotonic)
+        self._verdicts_listed_s: dict[tuple[str, int, int], float] = {}
+        # How often a device settled on a completed rollout's target looks for a halt.
+        self.settled_s = report_interval_s or 300.0
         self._wake = asyncio.Event()
         source.fleet = self
 
@@ -150,7 +154,7 @@ class FleetAgent:
                     switch.add(name)
                 continue
             self._seen_rollout = True
-            state = await self._decide(name, document, model, entry.rollout, entry.failed)
+            state = await self._decide(name, document, model, entry)
             previous = self.states.get(name)
             self.states[name] = state
             fetch[name] = frozenset({state.chosen})
@@ -177,18 +181,17 @@ class FleetAgent:
         name: str,
         document: RolloutDocument,
         model: RemoteModel,
-        recorded: int | None,
-        failures: dict[int, Failure],
+        entry: LedgerEntry,
     ) -> RolloutState:
         target = document.target
-        failure = failures.get(target)
+        failure = entry.failed.get(target)
         failed_here = ""
         if failure is not None:  # of the content the bucket holds now (or of one now gone)
             files = model.versions.get(target)
             held = {rel: [obj.etag, obj.size] for rel, obj in (files or {}).items()}
             if files is None or failure.content == listing_id(held):
                 failed_here = failure.reason
-        on_target = recorded == target
+        on_target = entry.rollout == target
         in_stage = membership(document, self.identity.device_id, self.identity.labels)
         previous = self.states.get(name)
         is_halted = document.halted or (
@@ -198,7 +201,16 @@ class FleetAgent:
             and previous.document.revision == document.revision
         )
         reason = ""
-        if needs_verdicts(document, in_stage, bool(failed_here), on_target):
+        # A device that took the target and served it well at the last stage (the rollout is
+        # complete) looks for a halt at the report interval, not every poll: at 10,000 devices
+        # a listing per poll would double the fleet's idle S3 cost for good.
+        settled = (
+            on_target and entry.last_good == target and document.stage == len(document.stages) - 1
+        )
+        listed_s = self._verdicts_listed_s.get((name, target, document.revision))
+        due = not settled or listed_s is None or time.monotonic() - listed_s >= self.settled_s
+        if due and needs_verdicts(document, in_stage, bool(failed_here), on_target):
+            self._verdicts_listed_s[(name, target, document.revision)] = time.monotonic()
             listed = verdict_prefix(self.source.location.prefix, name, target)
             try:
                 counts = count_verdicts(listed, await self.source.list_keys(listed))
@@ -409,7 +421,7 @@ class FleetAgent:
         )
 
     async def _write_report(self) -> None:
-        names = set(self.states) | self.source_models()
+        names = set(self.states) | await asyncio.to_thread(self.source_models)
         models = {name: self.model_report(name) for name in sorted(names)}
         source = self.source
         body = report_body(

@@ -26,7 +26,14 @@ from appliance.repository.rollout import (
 )
 from tests.integration.s3device import Device
 from tests.integration.test_poll_mode import _failing_model
-from tests.integration.test_s3_repository import CONFIG, Bucket, _added, _manifest, _wait_for
+from tests.integration.test_s3_repository import (
+    CONFIG,
+    Bucket,
+    _added,
+    _manifest,
+    _metric,
+    _wait_for,
+)
 from tests.s3servers import S3Server, moto_server
 from tests.serverproc import ServerProcess
 
@@ -192,6 +199,18 @@ def test_a_device_in_the_stage_switches_and_one_outside_keeps_its_version(fleet:
     fleet.publish(_document(revision=2, stage=0))
     time.sleep(1.5)  # several polls
     assert _serves(keeper, 2.0)
+
+    # The rollout is complete (last stage) and the taker passed: it looks for a halt at the
+    # report interval, not every poll, so an idle poll is one listing (two without that).
+    syncs = set()  # each poll's sync time, sampled far more often than polls come
+    before = _metric(taker, "edge_repository_requests")
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        syncs.add(_metric(taker, "edge_repository_last_sync_timestamp_seconds"))
+        time.sleep(0.05)
+    requests = _metric(taker, "edge_repository_requests") - before
+    assert len(syncs) >= 4
+    assert requests <= len(syncs) + 1
 
 
 def test_a_target_failing_its_probation_rolls_back_and_is_not_taken_again(
