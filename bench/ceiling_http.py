@@ -26,6 +26,7 @@ from bench.ceiling_models import Arrays, CeilingModel, load_models
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 MODELS = web.AppKey("models", dict)
+MAX_BODY_BYTES = 2**30  # a JSON SqueezeNet request is ~3 MB; aiohttp's default allows 1 MiB
 
 
 def error(status: int, message: str) -> web.Response:
@@ -150,7 +151,7 @@ async def model_stats(request: web.Request) -> web.Response:
 
 
 def build_app(models: dict[str, CeilingModel]) -> web.Application:
-    app = web.Application()
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[MODELS] = models
     app.router.add_get("/v2/health/live", ok)
     app.router.add_get("/v2/health/ready", ok)

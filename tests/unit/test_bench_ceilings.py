@@ -75,12 +75,16 @@ def test_aiohttp_ceiling_answers_tritonclient_http(start: StartCeiling, binary: 
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
 
 
-def test_aiohttp_ceiling_runs_the_image_model(start: StartCeiling, repository: Path) -> None:
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_aiohttp_ceiling_runs_the_image_model(
+    start: StartCeiling, repository: Path, binary: bool
+) -> None:
+    """Also as JSON: ~3 MB, past aiohttp's default 1 MiB body limit."""
     ceiling = start("aiohttp")
     client = httpclient.InferenceServerClient(ceiling.http_url)
     data = image()
     tensor = httpclient.InferInput("data_0", list(data.shape), "FP32")
-    tensor.set_data_from_numpy(data, binary_data=True)
+    tensor.set_data_from_numpy(data, binary_data=binary)
     result = client.infer("squeezenet_onnx", [tensor])
     np.testing.assert_allclose(
         result.as_numpy("softmaxout_1"), raw_scores(repository, data), rtol=1e-5, atol=1e-6
