@@ -5,7 +5,9 @@ decoupled step, after which the later steps run once per response and the ensemb
 
 from __future__ import annotations
 
+import json
 import queue
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -429,3 +431,16 @@ def test_a_step_fed_by_two_decoupled_origins_is_refused(ens_server: ServerProces
         "in ensemble ens_mixed_origins, step of model 'py_add2' receives inputs originated "
         "from different decoupled models"
     ) in entry["reason"]
+
+
+def test_a_decoupled_ensemble_streams_over_http_generate_stream(ens_server: ServerProcess) -> None:
+    """HTTP's way to a decoupled model (Triton's generate_stream): one event per response."""
+    request = urllib.request.Request(
+        f"http://{ens_server.http_url}/v2/models/ens_decoupled/generate_stream",
+        data=json.dumps({"IN": [3, 1, 2, 5]}).encode(),
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        body = response.read()
+    events = [json.loads(line[6:]) for line in body.split(b"\n") if line.startswith(b"data: ")]
+    assert [event["OUT"] for event in events] == [[3 * i, i, 2 * i, 5 * i] for i in (1, 2, 3)]
