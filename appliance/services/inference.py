@@ -353,10 +353,12 @@ class InferenceService:
     ) -> InferResponse:
         batching = served.max_batch_size > 0
         wanted = request.outputs
-        class_counts = {o.name: o.class_count for o in wanted} if wanted else {}
-        names = [o.name for o in wanted] if wanted is not None else list(served.outputs)
+        if wanted is None:
+            requested: list[tuple[str, int]] = [(name, 0) for name in served.outputs]
+        else:
+            requested = [(o.name, o.class_count) for o in wanted]
         tensors = []
-        for out_name in names:
+        for out_name, k in requested:
             rule = served.outputs[out_name]
             array = outputs.get(out_name)
             if array is None:  # not produced (an optional output): left out, as Triton does
@@ -364,7 +366,6 @@ class InferenceService:
             if rule.model_dims is not None and rule.dims.count(-1) <= 1:  # to the config's dims
                 lead = (array.shape[0],) if batching else ()
                 array = array.reshape(lead + rule.dims)
-            k = class_counts.get(out_name, 0)
             if k:
                 array = classify(array, k, self._labels(served, out_name), batching)
                 tensors.append(OutputTensor(out_name, "BYTES", array.shape, array))

@@ -104,9 +104,7 @@ def validate(served: ServedVersion, request: InferRequest, limits: RequestLimits
         batch_size=batch if batching else 1,
         shape_key=tuple(keys),
         output_names=(
-            served.all_outputs
-            if request.outputs is None
-            else _output_names(served, request)
+            served.all_outputs if request.outputs is None else _output_names(served, request)
         ),
         future=asyncio.get_running_loop().create_future(),
         nbytes=nbytes,
@@ -116,6 +114,7 @@ def validate(served: ServedVersion, request: InferRequest, limits: RequestLimits
     if served.sequence:
         _sequence_parameters(request, name, job)
     return job
+
 
 def _output_names(served: ServedVersion, request: InferRequest) -> tuple[str, ...]:
     assert request.outputs is not None
@@ -136,6 +135,8 @@ def _output_names(served: ServedVersion, request: InferRequest) -> tuple[str, ..
 
 def _scheduling_parameters(request: InferRequest, model: str) -> tuple[int, int]:
     """The `priority` and `timeout` (microseconds) request parameters, 0 when absent."""
+    if not request.parameters:  # most requests carry none
+        return 0, 0
     values = []
     for key in ("priority", "timeout"):
         value = request.parameters.get(key, 0)

@@ -78,18 +78,17 @@ def decode_request(
     """`limits` are checked on each input's declared shape before its data is decoded."""
     model = msg.model_name
     raw = msg.raw_input_contents
+    tensors = list(msg.inputs)  # one wrapper per input: each access to msg.inputs[i] makes one
     # Inputs in shared memory have no raw_input_contents entry (as tritonclient sends them).
-    targets = [
-        _target(tensor, shm, f"model '{model}' input '{tensor.name}'") for tensor in msg.inputs
-    ]
+    targets = [_target(tensor, shm, model, "input") for tensor in tensors]
     if raw:
-        for tensor in msg.inputs:
+        for tensor in tensors:
             if tensor.HasField("contents"):
                 raise InvalidInput(
                     "contents field must not be specified when using raw_input_contents for "
                     f"'{tensor.name}' for model '{model}'"
                 )
-    in_band = sum(1 for target in targets if target is None)
+    in_band = targets.count(None)
     if raw and len(raw) != in_band:
         raise InvalidInput(
             f"model '{model}': {in_band} inputs not in shared memory but {len(raw)} "
@@ -97,44 +96,51 @@ def decode_request(
         )
     inputs = []
     raw_index = 0
-    for tensor, target in zip(msg.inputs, targets, strict=True):
-        where = f"model '{model}' input '{tensor.name}'"
+    for tensor, target in zip(tensors, targets, strict=True):
+        name = tensor.name
+        datatype_name = tensor.datatype
+        where = f"model '{model}' input '{name}'"
         shape = tuple(tensor.shape)
         if target is not None:
             assert shm is not None
-            data = read_input(shm, target, tensor.datatype, shape, where, limits)
+            data = read_input(shm, target, datatype_name, shape, where, limits)
         elif raw:
-            data = from_raw(raw[raw_index], tensor.datatype, shape, where, limits)
+            data = from_raw(raw[raw_index], datatype_name, shape, where, limits)
             raw_index += 1
         else:
             data = _from_contents(tensor, shape, where, limits)
-        inputs.append(InputTensor(tensor.name, tensor.datatype, shape, data))
+        inputs.append(InputTensor(name, datatype_name, shape, data))
+    parameters = msg.parameters
     request = InferRequest(
         model_name=model,
         model_version=msg.model_version,
         id=msg.id,
         inputs=inputs,
-        parameters={k: parameter_value(v) for k, v in msg.parameters.items()},
+        parameters={k: parameter_value(v) for k, v in parameters.items()} if parameters else {},
     )
     if msg.outputs:
         outputs = []
         for out in msg.outputs:
+            out_params = out.parameters
             count = (
-                out.parameters["classification"].int64_param
-                if ("classification" in out.parameters)
+                out_params["classification"].int64_param
+                if out_params and "classification" in out_params
                 else 0
             )
-            where = f"model '{model}' output '{out.name}'"
-            outputs.append(RequestedOutput(out.name, int(count), _target(out, shm, where)))
+            target = _target(out, shm, model, "output") if out_params else None
+            outputs.append(RequestedOutput(out.name, int(count), target))
         request.outputs = outputs
     return request
 
 
-def _target(tensor: Any, shm: SharedMemoryRegistry | None, where: str) -> ShmTarget | None:
+def _target(
+    tensor: Any, shm: SharedMemoryRegistry | None, model: str, kind: str
+) -> ShmTarget | None:
+    """The shared memory window a tensor's parameters name (`kind`: input or output)."""
     if shm is None or "shared_memory_region" not in tensor.parameters:
         return None
     params = {k: parameter_value(v) for k, v in tensor.parameters.items()}
-    return shm_target(params, where)
+    return shm_target(params, f"model '{model}' {kind} '{tensor.name}'")
 
 
 def encode_response(

@@ -159,7 +159,8 @@ def decode_request(
         params = item.get("parameters")
         size = target = None
         if params is not None:
-            params = _object(params, f"{where} parameters")
+            if type(params) is not dict:
+                raise InvalidInput(f"{where} parameters must be a JSON object")
             size = params.get("binary_data_size")
             if shm is not None and "shared_memory_region" in params:
                 target = shm_target(params, where)
@@ -169,13 +170,14 @@ def decode_request(
         elif size is not None:
             if type(size) is not int or size < 0:
                 raise InvalidInput(f"{where}: binary_data_size must be a non-negative integer")
-            if offset + size > binary_len:
+            end = offset + size
+            if end > binary_len:
                 raise InvalidInput(
                     f"{where}: binary_data_size {size} exceeds the {binary_len - offset} bytes "
                     "of binary data left in the request body"
                 )
-            data = from_raw(binary[offset : offset + size], dtype_name, shape, where, limits)
-            offset += size
+            data = from_raw(binary[offset:end], dtype_name, shape, where, limits)
+            offset = end
         elif "data" in item:
             data = from_list(item["data"], dtype_name, shape, where, limits)
         else:
@@ -213,17 +215,24 @@ def _requested_outputs(
         raise InvalidInput("'outputs' must be a list")
     requested = []
     for i, item in enumerate(outputs_json):
-        item = _object(item, f"outputs[{i}]")
+        if type(item) is not dict:
+            item = _object(item, f"outputs[{i}]")  # None is {}; anything else is refused
         name = item.get("name")
         if type(name) is not str:
             raise InvalidInput(f"model '{model}': outputs[{i}] has no 'name'")
-        oparams = _object(item.get("parameters"), f"output '{name}' parameters")
-        count = oparams.get("classification", 0)
-        if type(count) is not int:
-            raise InvalidInput(f"output '{name}': classification must be an integer")
-        if "binary_data" in oparams:
-            binary_outputs[name] = bool(oparams["binary_data"])
-        target = shm_target(oparams, f"model '{model}' output '{name}'") if shm else None
+        oparams = item.get("parameters")
+        count = 0
+        target = None
+        if oparams is not None:
+            if type(oparams) is not dict:
+                raise InvalidInput(f"output '{name}' parameters must be a JSON object")
+            count = oparams.get("classification", 0)
+            if type(count) is not int:
+                raise InvalidInput(f"output '{name}': classification must be an integer")
+            if "binary_data" in oparams:
+                binary_outputs[name] = bool(oparams["binary_data"])
+            if shm and "shared_memory_region" in oparams:
+                target = shm_target(oparams, f"model '{model}' output '{name}'")
         requested.append(RequestedOutput(name, count, target))
     return requested
 
