@@ -64,9 +64,9 @@ def podman(
 
 
 def _run_options() -> list[str]:
-    """runc where it is installed (this machine's crun refuses its cgroups), and limits no higher
-    than this process's own: podman's default open-file limit is above the hard limit here, and
-    runc then fails to set it."""
+    """runc where it is installed (issue 22 reports crun failing on these machines), and limits
+    no higher than this process's own: podman's default open-file limit is above the hard limit
+    here, and runc then fails to set it ("error setting rlimit type 7")."""
     options = ["--runtime", "runc"] if shutil.which("runc") else []
     for name, limit, cap in (
         ("nofile", resource.RLIMIT_NOFILE, 65536),
