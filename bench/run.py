@@ -3,7 +3,7 @@
     python -m bench.run [--models simple,squeezenet_onnx,densenet_onnx]
                         [--protocols http-json,http-binary,grpc[,grpc-stream]]
                         [--concurrency 1,8,32] [--ceilings aiohttp,grpc-aio,grpc-sync|none]
-                        [--seconds N] [--quick] [--output FILE.md]
+                        [--seconds N] [--repeat N] [--quick] [--output FILE.md]
 
 1. Writes the example model repository (configs.generate) into a temporary folder.
 2. Raw ORT on each model file, batch 1, 1 thread, no spinning, pinned to the server core, in a
@@ -14,7 +14,8 @@
    bench.loadgen for http-json (perf_analyzer has no JSON mode), or bench.loadgen for everything
    when perf_analyzer cannot be set up (or with --load-generator builtin). Each point is measured
    on the server and then, right after, on each ceiling that speaks its protocol (interleaved,
-   so the machine's other load hits both alike).
+   so the machine's other load hits both alike); --repeat N does that N times and keeps each
+   one's median.
 5. Prints the table, whose last columns are each point's ratio to raw ORT and to its ceiling
    (HTTP: aiohttp; gRPC: the better of grpc.aio and synchronous grpc), and the goals of issue 20
    (and writes it as Markdown with --output).
@@ -71,6 +72,7 @@ class Plan:
     server_core: int
     client_core: int
     ceilings: tuple[str, ...] = ()
+    repeat: int = 1
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default all; {','.join(QUICK_CEILINGS)} with --quick)",
     )
     p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="measure each point N times, server and ceilings alternating, and keep the median",
+    )
+    p.add_argument(
         "--quick", action="store_true", help="concurrency 8 only, short points, two ceilings"
     )
     p.add_argument("--output", type=Path, help="also write the results as Markdown here")
@@ -154,6 +162,8 @@ def make_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Plan
         ceilings = QUICK_CEILINGS if args.quick else CEILINGS
     elif ceilings == ("none",):
         ceilings = ()
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     unknown = [c for c in ceilings if c not in CEILINGS]
     if unknown:
         parser.error(f"unknown ceiling(s) {unknown}; choose from {', '.join(CEILINGS)} or none")
@@ -165,6 +175,7 @@ def make_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Plan
         server_core=args.server_core,
         client_core=args.client_core,
         ceilings=tuple(ceilings),
+        repeat=args.repeat,
     )
 
 
@@ -282,10 +293,31 @@ def measure_server(ctx: Context) -> list[Row]:
     for model in ctx.plan.models:
         for protocol in ctx.plan.protocols:
             for concurrency in ctx.plan.concurrency:
-                for target in ctx.targets(protocol):
-                    row = measure_target(ctx, target, model, protocol, concurrency)
-                    rows.append(row)
+                point: list[Row] = []
+                for _ in range(ctx.plan.repeat):
+                    for target in ctx.targets(protocol):
+                        point.append(measure_target(ctx, target, model, protocol, concurrency))
+                rows += medians(point, ctx.plan.repeat)
     return rows
+
+
+def medians(point: list[Row], repeat: int) -> list[Row]:
+    """Per server, the measurement with the median throughput (all of them when repeat is 1)."""
+    if repeat == 1:
+        return point
+    chosen = []
+    for server in dict.fromkeys(r.server for r in point):
+        mine = [r for r in point if r.server == server]
+        ok = sorted(
+            (r for r in mine if r.stats), key=lambda r: r.stats.infer_per_s if r.stats else 0
+        )
+        if not ok:
+            chosen.append(mine[0])
+            continue
+        median = ok[len(ok) // 2]
+        rates = "/".join(f"{r.stats.infer_per_s:,.0f}" for r in mine if r.stats)
+        chosen.append(replace(median, client=f"{median.client}, median of {rates}"))
+    return chosen
 
 
 def measure_target(
@@ -334,12 +366,13 @@ def header_lines(
     else:
         load = f"perf_analyzer ({pa.version}) for http-binary and grpc, {BUILTIN} for http-json"
     ceilings = ", ".join(plan.ceilings) or "none"
+    repeat = f", {plan.repeat} times alternating (the median kept)" if plan.repeat > 1 else ""
     return [
         f"command: python -m bench.run {shlex.join(argv)}".rstrip(),
         f"date: {now}; machine: {os.cpu_count()} CPUs, {cpu_model()}; "
         f"Python {platform.python_version()}, onnxruntime {metadata.version('onnxruntime')}",
         f"server on core {plan.server_core}, load from core {plan.client_core}; "
-        f"{plan.seconds:g} s per point; load generator: {load}",
+        f"{plan.seconds:g} s per point{repeat}; load generator: {load}",
         f"ceilings (bench.ceilings, on the server core, each point right after the server's): "
         f"{ceilings}",
     ]
