@@ -68,6 +68,7 @@ def build_scheduler(
         queue_policies=policies,
         rate_limiter=rate_limiter,
         max_queue_wait_ns=settings.max_queue_wait_ms * 1_000_000,
+        queue_wait_executions=settings.max_queue_wait_executions,
     )
 
 

@@ -29,6 +29,7 @@ from appliance.scheduling.policy import (
     admission_wait_ns,
     next_batch,
     overdue_after_ns,
+    queue_wait_bound_ns,
 )
 from appliance.scheduling.precise_timer import LOOP_TIMER_MIN_NS, TIMERS
 from appliance.scheduling.queues import QueuePolicy, RequestQueue
@@ -64,12 +65,18 @@ class Scheduler(SchedulerBase):
         queue_policies: dict[int, QueuePolicy] | None = None,
         rate_limiter: RateLimiter | None = None,
         max_queue_wait_ns: int = 0,
+        queue_wait_executions: int = 0,
     ) -> None:
         super().__init__(label, workers, stats, rate_limiter)
         # Admission: refuse a request when the work queued ahead of it would take longer than
-        # this (0: no limit), so overload is answered at once and admitted latency stays bounded.
+        # the bound (0: no limit), so overload is answered at once and admitted latency stays
+        # bounded. With `queue_wait_executions` (the default settings) the bound is the longer
+        # of max_queue_wait_ns and that many executions (policy.queue_wait_bound_ns).
         self._max_queue_wait_ns = max_queue_wait_ns
+        self._wait_executions = queue_wait_executions
+        self._bound_ns = max_queue_wait_ns  # the bound in force, from what has been measured
         self._request_ns = 0.0  # moving average of execution wall time per request
+        self._execution_ns = 0.0  # moving average of one execution's cycle (a whole batch)
         # Requests admitted by their front end (`admit`) whose job is not queued yet: their
         # bodies are still being read. They count as work ahead of the next admission.
         self._arriving = 0
@@ -102,17 +109,21 @@ class Scheduler(SchedulerBase):
         now = time.monotonic_ns()
         overdue_at = 0
         if self._max_queue_wait_ns and self._request_ns:
-            arrival_ns = job.arrival_ns or now
+            # A bound the operator set counts from the request's arrival (reading and decoding
+            # its body included); the default one bounds the queue alone: a body that took
+            # long to arrive (a slow client, a busy machine) says nothing about the queue, and
+            # refusing it now saves its client nothing.
+            since_ns = now if self._wait_executions else job.arrival_ns or now
             if self._may_refuse(0):
                 executing, done_ns = self._executing(now)
                 ahead = len(self._queue) + executing
-                self._refuse_if_over(ahead, done_ns, now - arrival_ns)
+                self._refuse_if_over(ahead, done_ns, now - since_ns)
             else:  # few ahead: admitted whatever they cost (policy.admission_wait_ns)
                 ahead, done_ns = len(self._queue) + len(self._running), 0.0
             overdue_ns = overdue_after_ns(
-                ahead, len(self._workers), self._request_ns, self._max_queue_wait_ns, done_ns
+                ahead, len(self._workers), self._request_ns, self._bound_ns, done_ns
             )
-            overdue_at = arrival_ns + overdue_ns
+            overdue_at = since_ns + overdue_ns
         self._queue.push(job, job.priority, job.timeout_us, now, overdue_at)
         self._dispatch()
         try:
@@ -161,7 +172,7 @@ class Scheduler(SchedulerBase):
             ahead,
             len(self._workers),
             self._request_ns,
-            self._max_queue_wait_ns,
+            self._bound_ns,
             waited_ns,
             done_ns,
         )
@@ -169,9 +180,19 @@ class Scheduler(SchedulerBase):
             arriving = f", {waited_ns / 1e6:.0f} ms of it arriving" if waited_ns >= 1e6 else ""
             raise QueueFull(
                 f"{self._label}: overloaded: {ahead} requests ahead, about "
-                f"{wait_ns / 1e6:.0f} ms of waiting{arriving} (--max-queue-wait-ms "
-                f"{self._max_queue_wait_ns / 1e6:.0f}); retry later"
+                f"{wait_ns / 1e6:.0f} ms of waiting{arriving} ({self._bound_text()}); "
+                "retry later"
             )
+
+    def _bound_text(self) -> str:
+        """The bound in force, for refusals: the flag, or how the default grew."""
+        if not self._wait_executions:
+            return f"--max-queue-wait-ms {self._max_queue_wait_ns / 1e6:.0f}"
+        return (
+            f"bound {self._bound_ns / 1e6:.0f} ms: the longer of "
+            f"{self._max_queue_wait_ns / 1e6:.0f} ms and {self._wait_executions} executions "
+            f"of about {self._execution_ns / 1e6:.0f} ms; --max-queue-wait-ms sets a fixed one"
+        )
 
     def _dispatch(self) -> None:
         """Hand batches to idle instances while the policy says to run."""
@@ -182,12 +203,12 @@ class Scheduler(SchedulerBase):
                 QueueTimeout(f"{self._label}: request timeout expired while queued")
             )
         for late in queue.overdue(now):  # the model slowed down after they were admitted
-            waited_ms = (now - (late.arrival_ns or late.enqueue_ns)) / 1e6
+            since_ns = late.enqueue_ns if self._wait_executions else late.arrival_ns
+            waited_ms = (now - (since_ns or late.enqueue_ns)) / 1e6
             late.future.set_exception(
                 QueueFull(
                     f"{self._label}: overloaded: waited {waited_ms:.0f} ms for an instance, "
-                    f"more than --max-queue-wait-ms {self._max_queue_wait_ns / 1e6:.0f} "
-                    "allows; retry later"
+                    f"more than the queue-wait bound allows ({self._bound_text()}); retry later"
                 )
             )
         wait_ns = 0
@@ -243,13 +264,19 @@ class Scheduler(SchedulerBase):
         dispatched = result.jobs[0].dispatch_ns
         cycle_ns = time.monotonic_ns() - dispatched if dispatched else wall_ns
         per_request = min(max(cycle_ns, wall_ns), 2 * wall_ns) / len(result.jobs)
+        per_execution = per_request * len(result.jobs)
         self._measured += 1
         if self._measured == 1:
             self._cost_per_byte_ns = per_byte
             self._request_ns = per_request
+            self._execution_ns = per_execution
         else:
             self._cost_per_byte_ns += (per_byte - self._cost_per_byte_ns) * 0.1
             self._request_ns += (per_request - self._request_ns) * 0.1
+            self._execution_ns += (per_execution - self._execution_ns) * 0.1
+        self._bound_ns = queue_wait_bound_ns(
+            self._max_queue_wait_ns, self._wait_executions, self._execution_ns
+        )
 
     def _arm_timer(self, now: int, wait_ns: int) -> None:
         """One timer for the batching window and the earliest queue timeout."""

@@ -125,3 +125,18 @@ def overdue_after_ns(
         return 0
     predicted = predicted_wait_ns(ahead, instances, request_ns, done_ns)
     return int(max(max_wait_ns, predicted) + max(request_ns, max_wait_ns / 4))
+
+
+def queue_wait_bound_ns(max_wait_ns: int, executions: int, execution_ns: float) -> int:
+    """Pure: the queue-wait bound admission applies (0: none).
+
+    `max_wait_ns` alone when `executions` is 0 (a bound the operator set). Otherwise (the
+    default) the longer of `max_wait_ns` and `executions` of the model's measured executions
+    (`execution_ns`: one batch, from the hand-over to its instance to the result back), so
+    that the bound grows with the model: any queue that the instances drain within that many
+    executions of their own is served, as tritonserver would serve it (a burst of concurrent
+    slow requests, a closed loop of clients), and only a queue longer than that, which only an
+    overload builds, is refused."""
+    if not max_wait_ns or not executions:
+        return max_wait_ns
+    return max(max_wait_ns, int(executions * execution_ns))
