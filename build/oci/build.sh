@@ -8,7 +8,8 @@
 #     --save FILE   also write the image as a docker-archive tarball (k3s: `k3s ctr images
 #                   import FILE`; another machine: `podman load -i FILE`)
 #     --ci          (.ci/run) install podman and runc with apt-get when missing; where this
-#                   machine cannot build, say why on one SKIP line and exit 0
+#                   machine cannot build, say why on one SKIP line and exit 0; the tag is
+#                   localhost/edge-appliance:ci unless --tag says otherwise
 #
 # The binary: $EDGE_OCI_DIST (default dist/edge-appliance; built with build/build.sh when
 # missing). The image holds it in /opt/edge-appliance/, plus what it takes from the build
@@ -126,6 +127,8 @@ commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 [[ -n $(git status --porcelain --untracked-files=no 2>/dev/null) ]] && commit="$commit-dirty"
 # awk reads all of it: with `head -1`, ldd could die of SIGPIPE and pipefail end the script.
 glibc=$(ldd --version 2>/dev/null | awk 'NR == 1 {print $NF}')
+# CI builds under one tag, so that its runs on a kept machine replace one image, not pile up.
+((ci)) && tag=${tag:-localhost/edge-appliance:ci}
 tag=${tag:-localhost/edge-appliance:$version-$commit}
 args=(--format docker --layers=false -f "$ctx/Containerfile" -t "$tag"
   --build-arg "VERSION=$version" --build-arg "REVISION=$commit" --build-arg "GLIBC=$glibc"
