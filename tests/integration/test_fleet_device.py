@@ -413,3 +413,25 @@ async def test_listings_skip_the_fleet_area(
     # a one-key page finds it at once: 1 key, then the models after it.
     assert counts == [2, 3, 3]  # '-early' sorts before the area: the probe pages on to it
     assert source.requests - before == 2
+
+
+def test_a_target_that_does_not_load_is_a_failed_verdict(fleet: Fleet) -> None:
+    document = _document(revision=2)
+    (inside,) = _ids(document, True)
+    fleet.publish(_document(revision=1, stage=-1))
+    fleet.bucket.put_version(2, None)  # a corrupt model file (its manifest matches it)
+    proc = fleet.device(inside)
+    fleet.publish(document)
+    failed = verdict_key(PREFIX, "m", 2, "failed", inside)
+    _wait_for(lambda: fleet.get(failed) is not None)
+    marker = fleet.get(failed)
+    assert marker is not None
+    assert "onnxruntime cannot load" in marker["reason"]
+    assert _serves(proc, 1.0)
+    _wait_for(
+        lambda: (
+            (fleet.report(inside) or {}).get("models", {}).get("m", {}).get("probation") == "failed"
+        )
+    )
+    time.sleep(1.0)  # several polls: not loaded again
+    assert proc.log().count("version 2 failed to load:") == 1
