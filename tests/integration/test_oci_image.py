@@ -130,7 +130,12 @@ def container(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         "--name",
         name,
         *_run_options(),
+        # As the manifests in deploy/ run it: read-only root, no capability, no new privileges.
         "--read-only",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
         "--publish",
         f"127.0.0.1:{box.http_port}:8000",
         "--publish",
@@ -241,3 +246,44 @@ def test_stops_cleanly_on_sigterm(container: Container) -> None:
     assert took_s < EXIT_TIMEOUT_S + 2, f"stopped after {took_s:.1f} s:\n{logs}"
     assert "SIGTERM: shutting down" in logs
     assert "shutdown complete" in logs
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a root-owned folder")
+def test_the_daemonsets_init_container_hands_the_state_to_the_image_user(
+    image: str, tmp_path: Path
+) -> None:
+    """deploy/k3s/daemonset.yaml's init container, run as the manifest says (root with CHOWN
+    alone, read-only root) on a root-owned folder as the kubelet makes it, twice."""
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed (the dev extra)")
+
+    docs = list(yaml.safe_load_all((ROOT / "deploy" / "k3s" / "daemonset.yaml").read_text()))
+    daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
+    init = daemonset["spec"]["template"]["spec"]["initContainers"][0]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    for _ in range(2):  # the second time, the folder is already handed over
+        done = podman(
+            "run",
+            "--rm",
+            *_run_options(),
+            "--read-only",
+            "--user",
+            str(init["securityContext"]["runAsUser"]),
+            "--cap-drop",
+            "ALL",
+            "--cap-add",
+            "CHOWN",
+            "--security-opt",
+            "no-new-privileges",
+            "--volume",
+            f"{state}:/var/lib/edge-appliance",
+            "--entrypoint",
+            init["command"][0],
+            image,
+            *init["command"][1:],
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        info = state.stat()
+        assert (info.st_uid, info.st_gid, info.st_mode & 0o777) == (int(UID), int(UID), 0o700)
