@@ -228,6 +228,8 @@ class FleetAgent:
                     )
         if document.halted:
             reason = f"halted by the operator: {document.reason}".rstrip(": ")
+        elif is_halted and not reason and previous is not None:
+            reason = previous.reason  # not listed this poll: the halt seen before
         chosen = choose_version(document, in_stage, is_halted, bool(failed_here), on_target)
         if failed_here:
             reason = f"version {target} failed here: {failed_here}"
@@ -410,9 +412,12 @@ class FleetAgent:
             verdict_key(prefix, marker.model, marker.version, marker.verdict, device), body
         )
         other = PASSED if marker.verdict == FAILED else FAILED
-        await self.source.delete_object(
-            verdict_key(prefix, marker.model, marker.version, other, device)
-        )
+        try:  # a device keeps only its latest verdict; counting treats both as failed anyway
+            await self.source.delete_object(
+                verdict_key(prefix, marker.model, marker.version, other, device)
+            )
+        except SourceError as exc:
+            log.warning("model '%s': cannot delete the earlier verdict: %s", marker.model, exc)
         log.info(
             "model '%s' version %d: verdict '%s' written for the fleet",
             marker.model,
