@@ -3,6 +3,7 @@ and their restricted-API group."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,7 +100,15 @@ def test_root_redirects_and_the_page_is_served(status_server: ServerProcess) -> 
         code, headers, body = get(f"{base}/status/{name}")
         assert code == 200
         assert headers["Content-Type"].startswith(kind)
+        assert "Content-Encoding" not in headers
         assert body == read_asset(name)
+        # A browser accepts gzip: the copy gzipped once at start-up, a third of the bytes.
+        code, headers, body = get(f"{base}/status/{name}", {"Accept-Encoding": "gzip, br"})
+        assert code == 200
+        assert headers["Content-Encoding"] == "gzip"
+        assert headers["Vary"] == "Accept-Encoding"
+        assert gzip.decompress(body) == read_asset(name)
+        assert len(body) < len(read_asset(name)) / 2
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,8 @@
 redirect to the page), `/status/<asset>` (its script and style) and `/openapi.json` (the
 HTTP API this server serves).
 
-The files are package data (`frontends/http/static/`), read once: no CDN, works offline. Only
+The files are package data (`frontends/http/static/`), read once and gzipped once (sent so to a
+browser that accepts gzip: 5 KB instead of 15 KB): no CDN, works offline. Only
 the fixed names below are served, so no request can name a file. The page writes the data with
 `textContent` only and is sent with a Content-Security-Policy that allows its own script and
 nothing inline, so nothing in a model name or a log line can run in the browser.
@@ -10,6 +11,7 @@ nothing inline, so nothing in a model name or a log line can run in the browser.
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Awaitable, Callable
 from importlib import resources
 
@@ -50,6 +52,7 @@ class StatusPage:
     def __init__(self, status: StatusService) -> None:
         self.status = status
         self._assets = {name: read_asset(name) for name in ASSETS}
+        self._gzipped = {n: gzip.compress(data, 9, mtime=0) for n, data in self._assets.items()}
 
     def routes(self) -> list[tuple[str, str, Handler, str]]:
         return [
@@ -60,23 +63,28 @@ class StatusPage:
             ("GET", "/openapi.json", self.openapi, API),
         ]
 
-    def _file(self, name: str) -> web.Response:
-        return web.Response(body=self._assets[name], content_type=ASSETS[name], headers=_HEADERS)
+    def _file(self, request: web.Request, name: str) -> web.Response:
+        headers = {**_HEADERS, "Vary": "Accept-Encoding"}
+        if "gzip" in request.headers.get("Accept-Encoding", ""):
+            body, headers["Content-Encoding"] = self._gzipped[name], "gzip"
+        else:
+            body = self._assets[name]
+        return web.Response(body=body, content_type=ASSETS[name], headers=headers)
 
     async def root(self, request: web.Request) -> web.StreamResponse:
         return web.Response(status=302, headers={"Location": "/status"})
 
     async def page(self, request: web.Request) -> web.StreamResponse:
-        return self._file("status.html")
+        return self._file(request, "status.html")
 
     async def asset(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["asset"]
         if name not in ("status.js", "status.css"):
             raise web.HTTPNotFound(reason=f"no such file: /status/{name}")
-        return self._file(name)
+        return self._file(request, name)
 
     async def openapi(self, request: web.Request) -> web.StreamResponse:
-        return self._file("openapi.json")
+        return self._file(request, "openapi.json")
 
     async def data(self, request: web.Request) -> web.StreamResponse:
         # orjson writes the report's frozen dataclasses with their field names.
