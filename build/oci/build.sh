@@ -64,9 +64,11 @@ SECONDS=0
 ctx=$(mktemp -d "${TMPDIR:-/tmp}/edge-oci.XXXXXX")
 trap 'rm -rf "$ctx"' EXIT
 root=$ctx/rootfs
-mkdir -p "$root"/{opt,etc/ssl/certs,usr/bin,tmp,models} "$ctx/state"
+# /var/lib comes with rootfs/, owned by root; state/edge-appliance (0700) is copied into it
+# owned by the service user (COPY --chown would hand it the parents it creates, too).
+mkdir -p "$root"/{opt,etc/ssl/certs,usr/bin,tmp,models,var/lib} "$ctx/state/edge-appliance"
 chmod 1777 "$root/tmp"
-chmod 0700 "$ctx/state"
+chmod 0700 "$ctx/state/edge-appliance"
 
 # --- the binary and the libraries it takes from this machine -------------------------------
 cp -a "$dist" "$root/opt/edge-appliance"

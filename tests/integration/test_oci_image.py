@@ -228,6 +228,10 @@ def test_healthy_and_confined(container: Container) -> None:
     denied = container.exec("touch", "/opt/edge-appliance/probe")
     assert denied.returncode != 0
     assert "Read-only file system" in denied.stdout + denied.stderr
+    # The state volume is the service user's alone (as StateDirectoryMode=0700); its parents
+    # stay root's.
+    owners = container.exec("stat", "-c", "%u %a", "/var/lib/edge-appliance", "/var/lib")
+    assert owners.stdout.split("\n")[:2] == [f"{UID} 700", "0 755"], owners.stdout
     assert container.exec("touch", "/var/lib/edge-appliance/probe").returncode == 0
     assert container.exec("touch", "/tmp/probe").returncode == 0
     # The health check's command fails on a 4xx, which is what a server not ready answers.
