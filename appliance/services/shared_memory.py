@@ -15,17 +15,25 @@ a shrink that races with it shows up as a short count (refused too), never as a 
 input is thus one copy out of the object, two to four times a memcpy's time (0.9 ms for 8 MiB;
 docs/benchmarks.md, `python -m bench.shm_copy`).
 
-Unregistering while requests use a region is safe: the registry forgets it, and the descriptor
-stays open for as long as a request still copies through it, then closes. Every offset and size
-is checked against the window on every request.
+Unregistering a region that requests use waits for them, as tritonserver does: a request holds
+the regions it names from its decoding until its response is written (`request_scope`, entered
+by the front end around each request), and unregistering a held region succeeds at once but
+takes effect when the last request holding it is done; until then the region is still listed,
+still usable, and its name still taken. Outside a request scope nothing is held: a region
+unregistered before a request's output is written fails that request with tritonserver's
+"Unable to find shared memory region". Every offset and size is checked against the window on
+every request, with tritonserver's texts first.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import threading
 import weakref
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,6 +50,26 @@ SHM_ROOT = "/dev/shm"
 
 class RegionExists(ApplianceError):
     code = ErrorCode.ALREADY_EXISTS
+
+
+class RegionNotFound(InvalidInput):
+    """A request names a region that is not registered: NOT_FOUND, as tritonserver answers."""
+
+    code = ErrorCode.NOT_FOUND
+
+
+@dataclass
+class _Holds:
+    """The regions one request holds (name -> times held), until its response is written."""
+
+    registry: SharedMemoryRegistry
+    names: dict[str, int] = field(default_factory=dict)
+
+
+# The request being decoded or answered on this task (SharedMemoryRegistry.request_scope).
+_current: contextvars.ContextVar[_Holds | None] = contextvars.ContextVar(
+    "shared_memory_request", default=None
+)
 
 
 class _Descriptor:
@@ -118,24 +146,37 @@ class Region:
             ) from None
 
 
-def _open(key: str, offset: int, byte_size: int) -> _Descriptor:
-    """Open the shared memory object `key` read-write; its window must lie inside it."""
-    name = key.lstrip("/")
-    if not name or "/" in name:
-        raise InvalidInput(f"shared memory key '{key}' is not a POSIX shared memory name")
-    path = os.path.join(SHM_ROOT, name)
+# Keys of the Python backend's own regions, which no client may register (as tritonserver).
+RESERVED_KEY_PREFIX = "triton_python_backend_shm_region_"
+
+
+def _open(name: str, key: str, offset: int, byte_size: int) -> _Descriptor:
+    """Open the shared memory object `key` read-write; its window must lie inside it.
+    tritonserver's texts first, then what was found."""
+    object_name = key.lstrip("/")
+    if not object_name:
+        raise InvalidInput(
+            f"cannot register shared memory region '{name}' - invalid shm key '{key}'"
+        )
+    if object_name.startswith(RESERVED_KEY_PREFIX):
+        raise InvalidInput(
+            f"cannot register shared memory region '{name}' with key '{key}' as the key "
+            f"contains the reserved prefix '{RESERVED_KEY_PREFIX}'"
+        )
     try:
-        fd = os.open(path, os.O_RDWR)
+        if "/" in object_name:  # shm_open refuses it too
+            raise FileNotFoundError(2, "not a POSIX shared memory name")
+        fd = os.open(os.path.join(SHM_ROOT, object_name), os.O_RDWR)
     except OSError as exc:
         raise InvalidInput(
-            f"unable to open shared memory region key '{key}': {exc.strerror}"
+            f"Unable to open shared memory region: '{key}' ({exc.strerror})"
         ) from None
     descriptor = _Descriptor(fd)
     size = os.fstat(fd).st_size
     if offset + byte_size > size:
         raise InvalidInput(
-            f"shared memory key '{key}' is {size} bytes; offset {offset} + byte_size "
-            f"{byte_size} lies beyond its end"
+            f"failed to register shared memory region '{name}': invalid args (key '{key}' is "
+            f"{size} bytes; offset {offset} + byte_size {byte_size} lies beyond its end)"
         )
     return descriptor
 
@@ -148,6 +189,67 @@ class SharedMemoryRegistry:
         self._regions: dict[str, Region | CudaRegion] = {}
         self._lock = threading.Lock()
         self._cuda = cuda or CudaMemoryAccess()
+        self._holders: dict[str, int] = {}  # region name -> requests holding it
+        self._retiring: set[str] = set()  # unregistered while held: removed once released
+
+    # ---- requests hold the regions they use ----------------------------------------------------
+
+    @contextlib.contextmanager
+    def request_scope(self) -> Iterator[None]:
+        """Around one request, from its decoding until its response is written: every region
+        it reads or names for an output is held, so that unregistering one meanwhile takes
+        effect only after this request (tritonserver's behaviour)."""
+        holds = _Holds(self)
+        token = _current.set(holds)
+        try:
+            yield
+        finally:
+            _current.reset(token)
+            self._release(holds)
+
+    def _hold(self, name: str) -> None:
+        """Hold `name` for the request in scope, if any (the caller checked it exists)."""
+        holds = _current.get()
+        if holds is None or holds.registry is not self or name in holds.names:
+            return
+        with self._lock:
+            if name in self._regions:
+                holds.names[name] = 1
+                self._holders[name] = self._holders.get(name, 0) + 1
+
+    def _release(self, holds: _Holds) -> None:
+        closed: list[CudaRegion] = []
+        with self._lock:
+            for name in holds.names:
+                left = self._holders.get(name, 0) - 1
+                if left > 0:
+                    self._holders[name] = left
+                    continue
+                self._holders.pop(name, None)
+                if name in self._retiring:
+                    self._retiring.discard(name)
+                    region = self._regions.pop(name, None)
+                    if isinstance(region, CudaRegion):
+                        closed.append(region)
+        for region in closed:
+            self._cuda.close(region)
+        holds.names.clear()
+
+    def _forget(self, names: list[str]) -> list[Region | CudaRegion]:
+        """Under the lock: remove the regions no request holds, mark the others to go when
+        released; the removed ones."""
+        removed = []
+        for name in names:
+            if self._holders.get(name):
+                self._retiring.add(name)
+            else:
+                removed.append(self._regions.pop(name))
+        return removed
+
+    def hold(self, target: ShmTarget, where: str) -> None:
+        """At decoding: check a tensor's window now (as tritonserver does, before the model
+        runs) and hold its region for the request in scope."""
+        self._region(target.region, target.offset, target.byte_size, where)
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         if not name:
@@ -164,12 +266,13 @@ class SharedMemoryRegistry:
         raise RegionExists(f"shared memory region '{name}' already in manager")
 
     def unregister_cuda(self, name: str = "") -> None:
+        """Unregister one CUDA region ('': all); one a request holds goes when it is done."""
         with self._lock:
             names = [name] if name else list(self._regions)
-            gone = [r for n in names if isinstance(r := self._regions.get(n), CudaRegion)]
-            for region in gone:
-                del self._regions[region.name]
-        for region in gone:
+            gone = [n for n in names if isinstance(self._regions.get(n), CudaRegion)]
+            removed = self._forget(gone)
+        for region in removed:
+            assert isinstance(region, CudaRegion)
             self._cuda.close(region)
 
     def cuda_status(self, name: str = "") -> list[dict[str, Any]]:
@@ -177,6 +280,11 @@ class SharedMemoryRegistry:
             found = [r for n, r in sorted(self._regions.items())
                      if isinstance(r, CudaRegion) and (not name or n == name)]
         if name and not found:
+            if isinstance(self._regions.get(name), Region):
+                raise ModelNotFound(
+                    f"The region named '{name}' is registered as system shared memory, not "
+                    "CUDA shared memory"
+                )
             raise ModelNotFound(f"Unable to find cuda shared memory region: '{name}'")
         return [r.status() for r in found]
 
@@ -194,24 +302,29 @@ class SharedMemoryRegistry:
         with self._lock:
             if name in self._regions:
                 raise RegionExists(f"shared memory region '{name}' already in manager")
-        descriptor = _open(key, offset, byte_size)
+        descriptor = _open(name, key, offset, byte_size)
         with self._lock:
             if name in self._regions:
                 raise RegionExists(f"shared memory region '{name}' already in manager")
             self._regions[name] = Region(name, key, offset, byte_size, descriptor)
 
     def unregister(self, name: str = "") -> None:
-        """Forget one region ('' : all). Requests still copying through it finish."""
+        """Unregister one system region ('': all). One a request holds stays registered until
+        that request is done (tritonserver's behaviour); a copy under way always finishes."""
         with self._lock:
-            for key in [name] if name else list(self._regions):
-                if isinstance(self._regions.get(key), Region):
-                    del self._regions[key]
+            names = [name] if name else list(self._regions)
+            self._forget([n for n in names if isinstance(self._regions.get(n), Region)])
 
     def status(self, name: str = "") -> list[dict[str, Any]]:
         with self._lock:
             if name:
                 region = self._regions.get(name)
-                if not isinstance(region, Region):
+                if isinstance(region, CudaRegion):
+                    raise ModelNotFound(
+                        f"The region named '{name}' is registered as CUDA shared memory, not "
+                        "system shared memory"
+                    )
+                if region is None:
                     raise ModelNotFound(
                         f"Unable to find system shared memory region: '{name}'"
                     )
@@ -221,15 +334,23 @@ class SharedMemoryRegistry:
     def _region(
         self, name: str, offset: int, byte_size: int, where: str
     ) -> Region | CudaRegion:
-        """A registered region whose window holds `byte_size` bytes at `offset`."""
+        """A registered region whose window holds `byte_size` bytes at `offset`, held for the
+        request in scope. tritonserver's texts first (its order of checks), then where."""
         region = self._regions.get(name)
-        if region is None:  # tritonserver's text first, then where
-            raise InvalidInput(f"Unable to find shared memory region: '{name}' ({where})")
-        if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
+        context = f" ({where})" if where else ""
+        if region is None:
+            raise RegionNotFound(f"Unable to find shared memory region: '{name}'{context}")
+        if offset < 0 or offset >= region.byte_size:
             raise InvalidInput(
-                f"Invalid offset + byte size for shared memory region: '{name}' ({where}: "
-                f"{offset} + {byte_size} > its {region.byte_size} bytes)"
+                f"Invalid offset for shared memory region: '{name}'"
+                f"{_detail(where, f'offset {offset}, its window is {region.byte_size} bytes')}"
             )
+        if byte_size < 0 or offset + byte_size > region.byte_size:
+            raise InvalidInput(
+                f"Invalid offset + byte size for shared memory region: '{name}'"
+                f"{_detail(where, f'{offset} + {byte_size} > its {region.byte_size} bytes')}"
+            )
+        self._hold(name)
         return region
 
     def read(self, name: str, offset: int, byte_size: int, where: str) -> np.ndarray[Any, Any]:
@@ -248,6 +369,10 @@ class SharedMemoryRegistry:
             region.write(offset, data, where)
 
 
+def _detail(where: str, what: str) -> str:
+    return f" ({where}: {what})" if where else f" ({what})"
+
+
 def _int_parameter(params: dict[str, Any], key: str, where: str, default: int | None) -> int:
     value = params.get(key, default)
     if type(value) is not int:
@@ -264,7 +389,11 @@ def shm_target(params: dict[str, Any], where: str) -> ShmTarget | None:
         raise InvalidInput(f"{where}: 'shared_memory_region' must be a string")
     byte_size = _int_parameter(params, "shared_memory_byte_size", where, None)
     offset = _int_parameter(params, "shared_memory_offset", where, 0)
-    return ShmTarget(region, offset, byte_size)
+    target = ShmTarget(region, offset, byte_size)
+    holds = _current.get()
+    if holds is not None:  # in a request scope: checked and held from now on
+        holds.registry.hold(target, where)
+    return target
 
 
 def shm_targets(outputs: list[RequestedOutput] | None) -> dict[str, ShmTarget]:

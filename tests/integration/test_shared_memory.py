@@ -150,13 +150,25 @@ def test_bad_windows_get_precise_errors(
         with pytest.raises(InferenceServerException, match="more than shared_memory_byte_size"):
             client.infer("simple", inputs, outputs=outputs)
         inputs, outputs = _io(module, "no-such-region", out)
-        with pytest.raises(InferenceServerException, match="'no-such-region'"):
+        with pytest.raises(
+            InferenceServerException, match="Unable to find shared memory region: 'no-such-region'"
+        ) as err:
             client.infer("simple", inputs, outputs=outputs)
+        assert err.value.status() in ("404", "StatusCode.NOT_FOUND")  # as tritonserver
+        inputs, outputs = _io(module, inp, out)
+        outputs[1].set_shared_memory(out, BYTES, offset=BYTES * 2)  # starts past the region
+        with pytest.raises(
+            InferenceServerException, match=f"Invalid offset for shared memory region: '{out}'"
+        ) as err:
+            client.infer("simple", inputs, outputs=outputs)
+        assert err.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
         with pytest.raises(InferenceServerException, match="already in manager"):
             client.register_system_shared_memory(inp, f"/edge_in_{regions['tag']}", BYTES)
-        with pytest.raises(InferenceServerException, match="unable to open"):
+        with pytest.raises(InferenceServerException, match="Unable to open shared memory region"):
             client.register_system_shared_memory("ghost", "/edge_no_such_key", BYTES)
-        with pytest.raises(InferenceServerException, match="beyond its end"):
+        with pytest.raises(
+            InferenceServerException, match="failed to register shared memory region 'big': inv"
+        ):
             client.register_system_shared_memory("big", f"/edge_in_{regions['tag']}", BYTES * 4)
         # And the server still serves everything else.
         inputs, outputs = _io(module, inp, out)
@@ -227,3 +239,68 @@ def test_unregister_while_a_request_reads_the_region_is_safe(server: ServerProce
     assert isinstance(outcome[0], np.ndarray), outcome[0]
     assert outcome[0].shape == (1, 1024)
     assert client.is_server_live()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_unregistering_an_output_region_while_a_request_runs(
+    server: ServerProcess, protocol: str
+) -> None:
+    """A slow request names an output region; the region is unregistered while the request
+    waits behind others. As tritonserver, the request's output is written to the region and the
+    region goes when the request is done; where the front end does not hold regions for the
+    request, the request fails cleanly with tritonserver's "Unable to find" (404 / NOT_FOUND).
+    Either way the region is gone afterwards and the server serves on."""
+    module: Any = httpclient if protocol == "http" else grpcclient
+    url = server.http_url if protocol == "http" else server.grpc_url
+    tag = uuid.uuid4().hex[:8]
+    size = 1024 * 4
+    region = shm.create_shared_memory_region(f"late-{tag}", f"/edge_late_{tag}", size)
+    client = module.InferenceServerClient(url)
+    client.register_system_shared_memory(f"late-{tag}", f"/edge_late_{tag}", size)
+    data = np.arange(1024, dtype=np.float32).reshape(1, 1024)
+    outcome: list[Any] = []
+
+    def request(shm_output: bool) -> None:
+        own = module.InferenceServerClient(url)
+        inp = module.InferInput("INPUT0", [1, 1024], "FP32")
+        inp.set_data_from_numpy(data)
+        out = module.InferRequestedOutput("OUTPUT0")
+        if shm_output:
+            out.set_shared_memory(f"late-{tag}", size)
+        try:
+            own.infer("slow", [inp], outputs=[out])
+            if shm_output:
+                outcome.append("ok")
+        except InferenceServerException as exc:
+            if shm_output:
+                outcome.append(exc)
+
+    # Keep the model's instance busy so that the request waits in the queue.
+    busy = [threading.Thread(target=request, args=(False,)) for _ in range(6)]
+    for thread in busy:
+        thread.start()
+    threading.Event().wait(0.05)
+    ours = threading.Thread(target=request, args=(True,))
+    ours.start()
+    threading.Event().wait(0.05)
+    client.unregister_system_shared_memory(f"late-{tag}")
+    for thread in [*busy, ours]:
+        thread.join(60)
+    try:
+        assert len(outcome) == 1
+        if outcome[0] == "ok":  # tritonserver's behaviour: the request was waited for
+            written = shm.get_contents_as_numpy(region, np.float32, [1, 1024])
+            inp = module.InferInput("INPUT0", [1, 1024], "FP32")
+            inp.set_data_from_numpy(data)
+            expected = client.infer("slow", [inp]).as_numpy("OUTPUT0")
+            np.testing.assert_allclose(written, expected, rtol=1e-6)
+        else:
+            error = outcome[0]
+            assert f"Unable to find shared memory region: 'late-{tag}'" in error.message()
+            assert error.status() in ("404", "StatusCode.NOT_FOUND")
+        status = client.get_system_shared_memory_status()
+        names = [r["name"] for r in status] if protocol == "http" else list(status.regions)
+        assert f"late-{tag}" not in names
+        assert client.is_server_live()
+    finally:
+        shm.destroy_shared_memory_region(region)
