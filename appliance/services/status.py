@@ -211,13 +211,14 @@ class StatusService:
         ledger = self.control.manager.history.ledger
         return self.device_reader.read(), _read_ledger(ledger, ledgered)
 
-    def report(self) -> StatusReport:
-        """The whole page's data, from what is kept; no I/O."""
+    def report(self, since_s: float = 0.0) -> StatusReport:
+        """The whole page's data, from what is kept; no I/O. `since_s`: the charts' points
+        after this time only (the page asks for what it has not drawn yet)."""
         return StatusReport(
             generated_s=time.time(),
             server=self._server(),
             device=self._device or unread(self.device_reader.store_path),
-            models=self._models(),
+            models=self._models(since_s),
             updates=self._updates(),
             recent_problems=tuple(self.control.logs.problems.recent()),
         )
@@ -236,7 +237,7 @@ class StatusService:
             notes=readiness.notes,
         )
 
-    def _models(self) -> tuple[ModelStatus, ...]:
+    def _models(self, since_s: float = 0.0) -> tuple[ModelStatus, ...]:
         """Every model the server loaded or tried to, and versions still to be fetched. Not
         the repository's never-loaded folders (explicit mode): listing them is disk I/O on
         the loop, and logs a warning per skipped folder, at every refresh of every page."""
@@ -244,16 +245,18 @@ class StatusService:
         rows: dict[str, list[VersionStatus]] = {}
         for row in index_rows(runtime.registry.records(), runtime.pending()):
             rows.setdefault(row.name, []).append(VersionStatus(row.version, row.state, row.reason))
-        return tuple(self._model(name, versions) for name, versions in sorted(rows.items()))
+        return tuple(
+            self._model(name, versions, since_s) for name, versions in sorted(rows.items())
+        )
 
-    def _model(self, name: str, versions: list[VersionStatus]) -> ModelStatus:
+    def _model(self, name: str, versions: list[VersionStatus], since_s: float) -> ModelStatus:
         states = {v.state for v in versions}
         state = "READY" if "READY" in states else next(iter(sorted(states - {""})), "")
         config: mc.ModelConfig | None = None
         if state == "READY":
             with contextlib.suppress(ApplianceError):  # unloaded since the index was read
                 config = self.control.model_config(name)
-        live = self.live.numbers(name, self.interval_s)
+        live = self.live.numbers(name, self.interval_s, since_s)
         if config is None:
             return ModelStatus(name, state, "", tuple(versions), 0, False, (), 0, (), (), live)
         batching = config.dynamic_batching if config.HasField("dynamic_batching") else None

@@ -32,7 +32,8 @@ class LiveNumbers:
     p50_ms: float | None  # None: no successful request in the window
     p99_ms: float | None
     error_rate: float  # failed / all requests over the window; 0 with no requests
-    points: tuple[RatePoint, ...]  # oldest first, for the charts
+    ring_points: int  # the points the server holds for the charts (the window)
+    points: tuple[RatePoint, ...]  # oldest first; with ?since=T only those after T
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 import logging
 import math
 import os
@@ -174,25 +175,35 @@ class LiveStats:
                     deque(maxlen=self._points), deque(maxlen=self._points)
                 )
             mean_ms = delta.success_ns / delta.successes / 1e6 if delta.successes else None
+            # Rounded once here: the page shows 3 digits, and each poll sends every point.
             point = RatePoint(
-                now_s, delta.requests / elapsed_s, delta.failures / elapsed_s, mean_ms
+                round(now_s, 3),
+                round(delta.requests / elapsed_s, 2),
+                round(delta.failures / elapsed_s, 2),
+                None if mean_ms is None else round(mean_ms, 4),
             )
             ring.add(point, delta.latencies)
 
-    def numbers(self, name: str, interval_s: float) -> LiveNumbers:
+    def numbers(self, name: str, interval_s: float, since_s: float = 0.0) -> LiveNumbers:
+        """A model's numbers over the window; the chart's points after `since_s` only (a page
+        that has the older ones asks for what is new: a poll stays small)."""
         ring = self._rings.get(name)
         if ring is None or not ring.points:
-            return LiveNumbers(0.0, 0.0, None, None, 0.0, ())
-        points = tuple(ring.points)
+            return LiveNumbers(0.0, 0.0, None, None, 0.0, 0, ())
+        points = ring.points
         requests = sum(p.requests_per_s for p in points)
         errors = sum(p.errors_per_s for p in points)
+        new = len(points)
+        while new and points[new - 1].time_s > since_s:
+            new -= 1
         return LiveNumbers(
             window_s=len(points) * interval_s,
             requests_per_s=points[-1].requests_per_s,
             p50_ms=ring.p50_ms,
             p99_ms=ring.p99_ms,
             error_rate=errors / requests if requests else 0.0,
-            points=points,
+            ring_points=len(points),
+            points=tuple(itertools.islice(points, new, None)),
         )
 
 

@@ -112,7 +112,13 @@ def test_root_redirects_and_the_page_is_served(status_server: ServerProcess) -> 
 
 
 @pytest.mark.parametrize(
-    "path", ["/status/openapi.json", "/status/..%2Fserver.py", "/status/status.html.bak"]
+    "path",
+    [
+        "/status/openapi.json",
+        "/status/..%2Fserver.py",
+        "/status/status.html.bak",
+        "/status/a%0D%0Ab",  # quoted in the answer's reason: escaped, not a 500
+    ],
 )
 def test_only_the_pages_own_files_are_served(status_server: ServerProcess, path: str) -> None:
     code, _, body = get(f"http://{status_server.http_url}{path}")
@@ -156,3 +162,28 @@ def test_status_json_follows_its_documented_schema(status_server: ServerProcess)
     components = openapi["components"]
     schema = {**components["schemas"]["StatusReport"], "components": components}
     validator.validate(status_json(status_server.http_url), schema, cls=validator.OAS30Validator)
+
+
+def test_a_poll_since_a_time_gets_only_the_newer_points(status_server: ServerProcess) -> None:
+    url = status_server.http_url
+    infer_simple(url, 5)
+
+    def two_points() -> dict[str, Any] | None:
+        live: dict[str, Any] = _model(status_json(url), "simple")["live"]
+        return live if len(live["points"]) >= 2 else None
+
+    live = wait_for(two_points, 15, "two rate points")
+    last = live["points"][-1]["time_s"]
+    code, _, body = get(f"http://{url}/status.json?since={live['points'][-2]['time_s']}")
+    assert code == 200
+    newer = _model(json.loads(body), "simple")["live"]
+    assert newer["points"][0]["time_s"] == last  # the older ones are not sent again
+    assert newer["ring_points"] >= live["ring_points"]
+    assert newer["p50_ms"] is not None  # the window's numbers all the same
+
+
+@pytest.mark.parametrize("since", ["abc", "nan", "inf", "1e999", "%0A"])
+def test_a_bad_since_is_a_400(status_server: ServerProcess, since: str) -> None:
+    code, _, body = get(f"http://{status_server.http_url}/status.json?since={since}")
+    assert code == 400
+    assert "since: expected seconds since the epoch" in json.loads(body)["error"]

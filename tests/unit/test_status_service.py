@@ -313,3 +313,34 @@ def test_a_tensorrt_model_served_from_onnx_says_why_for_every_instance() -> None
     )
     places = where_instances_run(config, [_Instance(), _Instance()], [note])  # type: ignore[list-item]
     assert [p.reason for p in places] == [note, note]
+
+
+def test_a_poll_since_a_time_gets_the_newer_points_and_the_whole_windows_numbers() -> None:
+    live = LiveStats()
+    m = Version("m", 1)
+    live.sample([m], 0.0)
+    for t in (2.0, 4.0, 6.0):
+        live.sample([m.serve(10, 1.0 if t < 6 else 9.0)], t)
+    everything = live.numbers("m", 2.0)
+    assert [p.time_s for p in everything.points] == [2.0, 4.0, 6.0]
+    newer = live.numbers("m", 2.0, since_s=4.0)
+    assert [p.time_s for p in newer.points] == [6.0]
+    assert newer.ring_points == everything.ring_points == 3
+    assert (newer.p50_ms, newer.p99_ms, newer.window_s) == (
+        everything.p50_ms,
+        everything.p99_ms,
+        everything.window_s,
+    )
+    assert live.numbers("m", 2.0, since_s=6.0).points == ()
+    assert live.numbers("gone", 2.0).ring_points == 0
+
+
+def test_points_are_rounded_once_when_sampled() -> None:
+    live = LiveStats()
+    m = Version("m", 1)
+    live.sample([m], 1.0 / 3)
+    live.sample([m.serve(1, 1.0 / 3)], 1.0)
+    (point,) = live.numbers("m", 2.0).points
+    assert point.time_s == 1.0
+    assert point.requests_per_s == 1.5  # 1 request in 2/3 s, to 2 decimals
+    assert point.mean_ms == 0.3333

@@ -1,4 +1,5 @@
-"""The status page over HTTP: `GET /status` (the page), `/status.json` (its data), `/` (a
+"""The status page over HTTP: `GET /status` (the page), `/status.json` (its data; with
+`?since=T` the charts' points after T only, as the page asks once it has the older ones), `/` (a
 redirect to the page), `/status/<asset>` (its script and style) and `/openapi.json` (the
 HTTP API this server serves).
 
@@ -12,6 +13,7 @@ nothing inline, so nothing in a model name or a log line can run in the browser.
 from __future__ import annotations
 
 import gzip
+import math
 from collections.abc import Awaitable, Callable
 from importlib import resources
 
@@ -39,6 +41,11 @@ _HEADERS = {
     "Cache-Control": "no-cache",
     "Referrer-Policy": "no-referrer",
 }
+
+
+def _shown(text: str) -> str:
+    """A client's text, quoted in an answer: escaped (a reason has no line breaks), short."""
+    return text[:60].encode("unicode_escape").decode("ascii")
 
 
 def read_asset(name: str) -> bytes:
@@ -80,13 +87,22 @@ class StatusPage:
     async def asset(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["asset"]
         if name not in ("status.js", "status.css"):
-            raise web.HTTPNotFound(reason=f"no such file: /status/{name}")
+            raise web.HTTPNotFound(reason=f"no such file: /status/{_shown(name)}")
         return self._file(request, name)
 
     async def openapi(self, request: web.Request) -> web.StreamResponse:
         return self._file(request, "openapi.json")
 
     async def data(self, request: web.Request) -> web.StreamResponse:
+        since = request.query.get("since", "0")
+        try:
+            since_s = float(since)
+        except ValueError:
+            since_s = math.nan
+        if not math.isfinite(since_s):
+            raise web.HTTPBadRequest(
+                reason=f"since: expected seconds since the epoch, got '{_shown(since)}'"
+            )
         # orjson writes the report's frozen dataclasses with their field names.
-        body = orjson.dumps(self.status.report())
+        body = orjson.dumps(self.status.report(since_s))
         return web.Response(body=body, content_type="application/json", headers=_HEADERS)

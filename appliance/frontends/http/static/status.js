@@ -168,9 +168,10 @@ function renderModels(data) {
       el("td", num(live.error_rate * 100, 1) + " %", "num"),
     );
     const rate = el("td");
-    rate.append(chart("rate", live.points.map((p) => p.requests_per_s), "requests/s"));
+    const points = chartPoints(m.name, live);
+    rate.append(chart("rate", points.map((p) => p.requests_per_s), "requests/s"));
     const latency = el("td");
-    latency.append(chart("latency", live.points.map((p) => p.mean_ms), "mean latency, ms"));
+    latency.append(chart("latency", points.map((p) => p.mean_ms), "mean latency, ms"));
     tr.append(rate, latency);
     return tr;
   });
@@ -269,16 +270,50 @@ function renderProblems(data) {
   body.replaceChildren(...rows);
 }
 
+// The charts' points by model: each poll asks only for the points after the newest one drawn
+// (?since=), and the server says how many it holds (ring_points), so a model whose ring started
+// again (it stopped serving) or a restarted server never leaves old points here.
+const drawn = new Map();
+let since = 0;
+let serverStarted = null;
+
+function chartPoints(name, live) {
+  const kept = (drawn.get(name) || []).concat(live.points);
+  const points = live.ring_points ? kept.slice(-live.ring_points) : [];
+  drawn.set(name, points);
+  return points;
+}
+
+function forget(data) {
+  if (data.server.started_s !== serverStarted) {  // another server process: start afresh
+    serverStarted = data.server.started_s;
+    drawn.clear();
+    return true;
+  }
+  const names = new Set(data.models.map((m) => m.name));
+  for (const name of drawn.keys()) if (!names.has(name)) drawn.delete(name);
+  return false;
+}
+
 async function refresh() {
   const updated = document.getElementById("updated");
   try {
-    const response = await fetch("/status.json", { cache: "no-store" });
+    const response = await fetch("/status.json?since=" + since, { cache: "no-store" });
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
-    const data = await response.json();
+    let data = await response.json();
+    if (forget(data) && since) {  // the points before `since` came from another process
+      since = 0;
+      data = await (await fetch("/status.json", { cache: "no-store" })).json();
+      serverStarted = data.server.started_s;
+    }
     renderDevice(data);
     renderModels(data);
     renderUpdates(data);
     renderProblems(data);
+    for (const m of data.models) {
+      const last = m.live.points[m.live.points.length - 1];
+      if (last && last.time_s > since) since = last.time_s;
+    }
     updated.textContent = "updated " + new Date(data.generated_s * 1000).toLocaleTimeString();
   } catch (err) {
     updated.textContent = "cannot reach the server: " + err.message;
