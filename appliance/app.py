@@ -109,6 +109,7 @@ class Appliance:
                 manifest=manifest,
                 rollback_error_rate=settings.rollback_error_rate,
                 rollback_window=settings.rollback_window,
+                rollback_latency_ratio=settings.rollback_latency_ratio,
                 scheduling=settings.scheduling,
                 cache_dir=settings.model_store_dir,
             ),
@@ -197,7 +198,7 @@ class Appliance:
             settings.fleet_report_interval_secs,
             report_always=settings.device_id is not None,
             serving=functools.partial(serving_view, self.manager),
-            flag_probation=settings.rollback_error_rate > 0,
+            flag_probation=settings.rollback_error_rate > 0 or settings.rollback_latency_ratio > 0,
         )
         self.manager.probation_rule = self.remote.probation_rule
         self.manager.on_verdict = self.remote.verdict

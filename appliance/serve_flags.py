@@ -208,6 +208,14 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         f"(default {_D.rollback_window})",
     )
     p.add_argument(
+        "--model-rollback-latency-ratio",
+        type=float,
+        default=_D.rollback_latency_ratio,
+        metavar="RATIO",
+        help="also roll a newly switched-in version back when its median latency over those "
+        "requests exceeds RATIO (at least 1) times the version it replaced (default 0: off)",
+    )
+    p.add_argument(
         "--manifest-public-key",
         type=Path,
         default=None,
@@ -624,6 +632,12 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     remote = tuple(r for r in args.model_repository if is_remote(r))
     if not args.repository_timeout_secs > 0:
         raise SystemExit("edge-appliance: --repository-timeout-secs must be above 0")
+    ratio = args.model_rollback_latency_ratio
+    if not (ratio == 0 or 1 <= ratio < float("inf")):
+        raise SystemExit(
+            f"edge-appliance: --model-rollback-latency-ratio must be 0 (off) or at least 1, "
+            f"got {ratio:g}"
+        )
     for location in remote:
         try:
             check_location(location)
@@ -642,6 +656,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         repository_timeout_secs=args.repository_timeout_secs,
         rollback_error_rate=args.model_rollback_error_rate,
         rollback_window=args.model_rollback_window,
+        rollback_latency_ratio=ratio,
         **_fleet(args),
         http_address=args.http_address,
         http_port=args.http_port,

@@ -137,6 +137,7 @@ class ServerSettings:
     model_store_reserve_bytes: int | None = None
     rollback_error_rate: float = 0.0  # 0: no automatic rollback
     rollback_window: int = 100
+    rollback_latency_ratio: float = 0.0  # 0: latency does not roll a version back
     download_rate_bytes_s: float = 0.0  # cap on model download bandwidth; 0: none
     # Remote repositories sync after the cached models serve; readiness waits for the first
     # successful sync (and the loads it brings) at most this long. 0: ready on the cache.

@@ -72,10 +72,15 @@ class Stage:
 
 @dataclass(frozen=True)
 class ProbationRule:
-    """The thresholds of a device's probation of the target (override the device's flags)."""
+    """The thresholds of a device's probation of the target (override the device's flags).
+
+    `max_latency_ratio`: the target fails when its median latency over the window exceeds
+    this many times the median of the version it replaced, measured before the switch (None:
+    latency is not judged)."""
 
     window_requests: int
     max_error_rate: float
+    max_latency_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,9 @@ class RolloutDocument:
                 "window_requests": self.probation.window_requests,
                 "max_error_rate": _number(self.probation.max_error_rate),
             }
+            if self.probation.max_latency_ratio is not None:
+                ratio = _number(self.probation.max_latency_ratio)
+                body["probation"]["max_latency_ratio"] = ratio
         if self.halt is not None:
             body["halt"] = {
                 "max_failed_share": _number(self.halt.max_failed_share),
@@ -176,6 +184,16 @@ def _fraction(raw: Mapping[str, Any], key: str, what: str, high: float = 1.0) ->
         raise RolloutError(f"{_where(what)} must be a number, got {json.dumps(value)}")
     if not 0 <= value <= high:
         raise RolloutError(f"{_where(what)} must be between 0 and {high:g}, got {value}")
+    return float(value)
+
+
+def _ratio(raw: Mapping[str, Any], key: str, what: str) -> float:
+    """A ratio of latencies: at least 1 (a target as fast as the version it replaces passes)."""
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RolloutError(f"{_where(what)} must be a number, got {json.dumps(value)}")
+    if value < 1:
+        raise RolloutError(f"{_where(what)} must be at least 1, got {value}")
     return float(value)
 
 
@@ -250,10 +268,18 @@ def from_mapping(raw: Any) -> RolloutDocument:
         raise RolloutError(f"{_where('stages')} must be a non-empty list")
     probation = None
     if raw.get("probation") is not None:
-        rule = _object(raw["probation"], "probation", ("window_requests", "max_error_rate"))
+        rule = _object(
+            raw["probation"],
+            "probation",
+            ("window_requests", "max_error_rate"),
+            ("max_latency_ratio",),
+        )
         probation = ProbationRule(
             _int(rule, "window_requests", "probation.window_requests", 1),
             _fraction(rule, "max_error_rate", "probation.max_error_rate"),
+            _ratio(rule, "max_latency_ratio", "probation.max_latency_ratio")
+            if rule.get("max_latency_ratio") is not None
+            else None,
         )
     halt = None
     if raw.get("halt") is not None:
@@ -297,6 +323,9 @@ def validate(document: RolloutDocument) -> None:
         raise RolloutError(f"{ROLLOUT}: 'target' and 'baseline' are both version {document.target}")
     if not document.stages:
         raise RolloutError(f"{_where('stages')} must be a non-empty list")
+    ratio = document.probation.max_latency_ratio if document.probation is not None else None
+    if ratio is not None and not (math.isfinite(ratio) and ratio >= 1):
+        raise RolloutError(f"{_where('probation.max_latency_ratio')} must be at least 1")
     if not -1 <= document.stage < len(document.stages):
         raise RolloutError(
             f"{_where('stage')} is {document.stage}; with {len(document.stages)} stage(s) it "

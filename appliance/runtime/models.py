@@ -107,6 +107,7 @@ class ModelRuntime:
             self._count_load,
             self._verdict,
             self._probation_thresholds,
+            settings.rollback_latency_ratio,
         )
         # What failed, the last good versions and pins, kept across restarts (memory only
         # without a state directory: check, tune).
@@ -278,9 +279,8 @@ class ModelRuntime:
             chosen = kept[-1]
         return dataclasses.replace(plan, pin=chosen), True
 
-    def _probation_thresholds(self, name: str, version: int) -> tuple[float, int] | None:
-        rule = self.probation_rule(name, version)
-        return None if rule is None else (rule.max_error_rate, rule.window_requests)
+    def _probation_thresholds(self, name: str, version: int) -> ProbationRule | None:
+        return self.probation_rule(name, version)  # set after the guard is built
 
     def on_probation(self, name: str) -> int | None:
         """The version of a model on probation now, if any."""

@@ -29,6 +29,8 @@ class RuntimeSettings:
     rollback_window: int
     cache_dir: Path | None  # derived files of models (engines, conversions) go under it
     load_concurrency: int = 2
+    # ... or whose median latency over the window exceeds this many times the replaced one's.
+    rollback_latency_ratio: float = 0.0  # 0: off
 
     @classmethod
     def from_server(
@@ -49,6 +51,7 @@ class RuntimeSettings:
             rollback_error_rate=settings.rollback_error_rate,
             rollback_window=settings.rollback_window,
             cache_dir=settings.model_store_dir,
+            rollback_latency_ratio=settings.rollback_latency_ratio,
         )
 
 

@@ -81,6 +81,13 @@ class ModelStats:
         if self.watcher is not None:
             self.watcher(False)
 
+    def recent_latencies_ns(self, last: int = RECENT_LATENCIES) -> list[int]:
+        """The latencies (ns) of the last `last` successful requests, newest first: as many
+        as succeeded, at most RECENT_LATENCIES (read off the ring; nothing else is kept)."""
+        count, ring = self.success.count, self.recent_ns
+        taken = max(0, min(last, count, RECENT_LATENCIES))
+        return [ring[(count - back) & _RECENT_MASK] for back in range(taken)]
+
     def record_failure(self, reason: str, ns: int) -> None:
         self.fail.add(ns)
         self.failures[reason] = self.failures.get(reason, 0) + 1

@@ -80,6 +80,25 @@ def test_the_contract_example_parses_and_round_trips_to_stable_bytes() -> None:
     assert json.loads(data) == _raw()  # every field written back as given
 
 
+def test_probation_may_judge_latency() -> None:
+    probation = {"window_requests": 50, "max_error_rate": 0.05, "max_latency_ratio": 2}
+    document = _doc(probation=probation)
+    assert document.probation == ProbationRule(50, 0.05, max_latency_ratio=2.0)
+    data = document.to_json()
+    assert json.loads(data)["probation"] == probation  # written back as given
+    assert RolloutDocument.parse(data) == document
+    assert RolloutDocument.parse(data).to_json() == data
+    fraction = _doc(probation={**probation, "max_latency_ratio": 1.5}).probation
+    assert fraction == ProbationRule(50, 0.05, 1.5)
+    # Without it (or null), latency is not judged and nothing is written.
+    assert _doc().probation == ProbationRule(50, 0.05, None)
+    assert "max_latency_ratio" not in _doc().to_json().decode()
+    null = _doc(probation={**probation, "max_latency_ratio": None}).probation
+    assert null == ProbationRule(50, 0.05, None)
+    with pytest.raises(RolloutError, match=r"'probation\.max_latency_ratio' must be at least 1"):
+        dataclasses.replace(document, probation=ProbationRule(50, 0.05, 0.5))
+
+
 def test_optional_fields_default() -> None:
     document = _doc(probation=_DROP, halt=_DROP, halted=_DROP, reason=_DROP, stage=_DROP)
     assert (document.probation, document.halt, document.halted, document.stage) == (
@@ -116,6 +135,18 @@ def test_optional_fields_default() -> None:
         ({"probation": {"window_requests": 5}}, "field 'probation' lacks 'max_error_rate'"),
         ({"probation": {"window_requests": 5, "max_error_rate": 1.5}}, "between 0 and 1"),
         ({"probation": [1]}, "field 'probation' must be a JSON object"),
+        (
+            {"probation": {"window_requests": 5, "max_error_rate": 0.1, "max_latency_ratio": 0.9}},
+            "field 'probation.max_latency_ratio' must be at least 1, got 0.9",
+        ),
+        (
+            {"probation": {"window_requests": 5, "max_error_rate": 0.1, "max_latency_ratio": "2"}},
+            "field 'probation.max_latency_ratio' must be a number, got \"2\"",
+        ),
+        (
+            {"probation": {"window_requests": 5, "max_error_rate": 0.1, "max_latency": 2}},
+            "field 'probation' has unknown key(s) 'max_latency'",
+        ),
         ({"halt": {"max_failed_share": 0.2, "rollbak": True}}, "unknown key(s) 'rollbak'"),
         ({"halt": {"max_failed_share": 0.2, "rollback": "yes"}}, "'halt.rollback' must be true"),
         ({"halt": {"max_failed_share": float("nan")}}, "must be a number"),
@@ -427,14 +458,11 @@ def test_verdict_body() -> None:
     }
 
 
-def test_latency_percentiles_from_the_histogram() -> None:
+def test_report_latency_percentiles_are_nearest_ranks() -> None:
     from appliance.runtime.rollout_view import percentile_ms
-    from appliance.scheduling.stats import LATENCY_BUCKETS_MS
 
-    counts = [0] * (len(LATENCY_BUCKETS_MS) + 1)
-    assert percentile_ms(counts, 0.5) is None
-    counts[LATENCY_BUCKETS_MS.index(5)] = 100  # 100 requests in (2.5, 5] ms
-    assert percentile_ms(counts, 0.5) == 3.75
-    assert percentile_ms(counts, 0.99) == pytest.approx(4.975)
-    counts[-1] = 100  # and 100 over the last bound
-    assert percentile_ms(counts, 0.99) == LATENCY_BUCKETS_MS[-1]
+    assert percentile_ms([], 0.5) is None
+    ordered = [n * 1_000_000 for n in range(1, 101)]  # 1 .. 100 ms
+    assert percentile_ms(ordered, 0.5) == 50.0
+    assert percentile_ms(ordered, 0.99) == 99.0
+    assert percentile_ms([1_234_567], 0.99) == 1.235  # ms, to the microsecond
