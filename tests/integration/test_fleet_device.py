@@ -24,6 +24,7 @@ from appliance.repository.rollout import (
     report_key,
     verdict_key,
 )
+from tests.integration.models import PY_FP32_CONFIG
 from tests.integration.s3device import Device
 from tests.integration.test_poll_mode import _failing_model
 from tests.integration.test_s3_repository import (
@@ -63,6 +64,24 @@ def _document(**changes: Any) -> RolloutDocument:
     return RolloutDocument.parse(json.dumps(raw).encode())
 
 
+_SLEEPING_MODEL = """\
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep({sleep_s})
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            out = pb_utils.Tensor("OUTPUT0", (x + {value}).astype(x.dtype))
+            responses.append(pb_utils.InferenceResponse([out]))
+        return responses
+"""
+
+
 def _ids(document: RolloutDocument, inside: bool, count: int = 1) -> list[str]:
     """Device ids the document's current stage holds (or leaves out), by its own hash."""
     found = (f"dev-{n}" for n in itertools.count())
@@ -84,9 +103,18 @@ class Fleet:
         self.bucket.put("m/rollout.json", document.to_json())
 
     def put_failing(self, version: int) -> None:
-        files = {"model.onnx": _failing_model().SerializeToString()}
+        self.put_files(version, {"model.onnx": _failing_model().SerializeToString()})
+
+    def put_files(self, version: int, files: dict[str, bytes]) -> None:
         for name, data in {**files, "SHA256SUMS": _manifest(files)}.items():
             self.bucket.put(f"m/{version}/{name}", data)
+
+    def put_python(self, version: int, value: int, sleep_s: float) -> None:
+        """Model m as a Python model (its config too) adding `value` after `sleep_s`."""
+        self.bucket.put("m/config.pbtxt", PY_FP32_CONFIG.replace("{name}", "m").encode())
+        self.bucket.delete(f"m/{version}/model.onnx")
+        source = _SLEEPING_MODEL.format(value=value, sleep_s=sleep_s)
+        self.put_files(version, {"model.py": source.encode()})
 
     def device(self, device_id: str, *flags: str, url: str | None = None) -> ServerProcess:
         proc: ServerProcess = self._start(
@@ -435,3 +463,76 @@ def test_a_target_that_does_not_load_is_a_failed_verdict(fleet: Fleet) -> None:
     )
     time.sleep(1.0)  # several polls: not loaded again
     assert proc.log().count("version 2 failed to load:") == 1
+
+
+def _model_report(fleet: Fleet, device_id: str) -> dict[str, Any]:
+    model: dict[str, Any] = (fleet.report(device_id) or {}).get("models", {}).get("m", {})
+    return model
+
+
+def test_a_much_slower_target_fails_probation_on_latency_and_rolls_back(fleet: Fleet) -> None:
+    probation = {"window_requests": 4, "max_error_rate": 0.25, "max_latency_ratio": 3}
+    document = _document(revision=2, halt=None, probation=probation)
+    (inside,) = _ids(document, True)
+    fleet.put_python(1, 1, sleep_s=0)  # the baseline answers at once
+    fleet.put_python(2, 2, sleep_s=0.25)  # the target answers right, 250 ms later
+    fleet.publish(_document(revision=1, stage=-1, halt=None, probation=probation))
+    proc = fleet.device(inside)
+    for _ in range(10):  # the baseline's recent latencies, read at the switch
+        assert _serves(proc, 1.0)
+    fleet.publish(document)
+    _wait_for(lambda: _serves(proc, 2.0))
+    answers: list[float] = []
+    deadline = time.monotonic() + 30
+    while not answers or answers[-1] != 1.0:
+        assert time.monotonic() < deadline
+        answers.append(_added(proc.http_url))  # none fails: only latency can roll it back
+    assert answers == [2.0, 2.0, 2.0, 1.0]  # 3 + the one above: rolled back after its window
+
+    failed = verdict_key(PREFIX, "m", 2, "failed", inside)
+    _wait_for(lambda: fleet.get(failed) is not None)
+    marker = fleet.get(failed)
+    assert marker is not None
+    reason = marker["reason"]
+    assert reason.startswith("rolled back: its median latency over its first 4 requests was ")
+    assert "times the" in reason
+    assert "ms of version 1 before the switch" in reason
+    assert reason.endswith("(the rollout's probation.max_latency_ratio 3)")
+    median_ms = float(reason.split(" was ", 1)[1].split(" ms", 1)[0])
+    assert median_ms >= 250
+    assert fleet.get(verdict_key(PREFIX, "m", 2, "passed", inside)) is None
+    _wait_for(lambda: _model_report(fleet, inside).get("probation") == "failed")
+    model = _model_report(fleet, inside)
+    assert model["serving"] == [1]
+    assert "median latency" in model["reason"]
+    # Reports carry latency percentiles without --metrics-config histogram_latencies=true.
+    assert isinstance(model["p50_ms"], float)
+    assert isinstance(model["p99_ms"], float)
+    assert 0 < model["p50_ms"] <= model["p99_ms"]
+
+    time.sleep(1.5)  # several polls: the slow target is not taken again
+    for _ in range(5):
+        assert _serves(proc, 1.0)
+    assert proc.log().count("version 2 rolled back: its median latency") == 1  # once
+
+
+def test_a_target_that_fails_its_warm_up_is_a_failed_verdict(fleet: Fleet) -> None:
+    warmup = (
+        'model_warmup [ { name: "zeros", batch_size: 1, inputs { key: "INPUT0" '
+        "value: { data_type: TYPE_FP32, dims: [ 4 ], zero_data: true } } } ]\n"
+    )
+    fleet.bucket.put("m/config.pbtxt", (CONFIG + warmup).encode())
+    document = _document(revision=2)
+    (inside,) = _ids(document, True)
+    fleet.publish(_document(revision=1, stage=-1))
+    fleet.put_failing(2)  # loads, fails every request: its warm-up fails
+    proc = fleet.device(inside)
+    assert _serves(proc, 1.0)
+    fleet.publish(document)
+    failed = verdict_key(PREFIX, "m", 2, "failed", inside)
+    _wait_for(lambda: fleet.get(failed) is not None)
+    marker = fleet.get(failed)
+    assert marker is not None
+    assert "warm-up sample 'zeros' failed" in marker["reason"]
+    assert _serves(proc, 1.0)  # it never served
+    _wait_for(lambda: _model_report(fleet, inside).get("probation") == "failed")
