@@ -1,5 +1,6 @@
 """The fleet, tested as one (issue 22): SeaweedFS with SigV4 and 22 real appliance processes with
-their own ids, labels, stores and links to the bucket, driven by `edge-appliance fleet`.
+their own ids, labels, stores and links to the bucket, driven by `edge-appliance fleet`; every
+manifest and rollout document is signed, and every device checks the signatures.
 
 v2 at 10%: the devices the hash picks, and only they, switch; advanced to 100%, every device
 takes it (the time it takes is measured). v3 fails probation where it lands: the rollout halts
@@ -167,7 +168,7 @@ class CountingLink(TcpProxy):
 
 
 class Device:
-    def __init__(self, index: int, s3: Any, bucket: Bucket, tmp_path: Path) -> None:
+    def __init__(self, index: int, s3: Any, bucket: Bucket, tmp_path: Path, *flags: str) -> None:
         self.id = f"dev-{index:02d}"
         self.site = SITES[index % 2]
         self.link = CountingLink(s3.host_port)
@@ -186,6 +187,7 @@ class Device:
             f"--device-id={self.id}",
             f"--device-label=site={self.site}",
             "--device-label=hw=tiny",
+            *flags,
             log_path=folder / "server.log",
             env=s3.env(),
         )
@@ -222,6 +224,28 @@ def broken_model() -> bytes:
     model.ir_version = IR_VERSION
     onnx.checker.check_model(model)
     return bytes(model.SerializeToString())
+
+
+def release_keys(folder: Path) -> tuple[Path, Path]:
+    """An Ed25519 key pair as PEM files: (private, public)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private, public = folder / "release.pem", folder / "release.pub"
+    private.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return private, public
 
 
 def wait_for(what: str, predicate: Callable[[], bool], timeout_s: float = 120.0) -> float:
@@ -294,7 +318,11 @@ def test_a_fleet_rolls_out_by_stage_halts_a_bad_version_and_rides_out_a_lost_lin
         bucket = Bucket(s3)
         url = bucket.url
 
-        def fleet(*argv: Any) -> str:
+        private, public = release_keys(tmp_path)
+
+        def fleet(*argv: Any) -> str:  # every write signed; the devices check the signatures
+            if argv[0] != "status":
+                argv = (*argv, "--sign-key", private)
             code = cli.main(["fleet", *[str(a) for a in argv]])
             out, err = capsys.readouterr()
             assert code == 0, err
@@ -303,7 +331,8 @@ def test_a_fleet_rolls_out_by_stage_halts_a_bad_version_and_rides_out_a_lost_lin
         bucket.put("m/config.pbtxt", CONFIG.encode())
         fleet("publish", url, "m", version_folder(tmp_path, 1, _model_bytes(1)), "--version", 1)
         started = time.monotonic()
-        devices = [Device(i, s3, bucket, tmp_path) for i in range(DEVICES)]
+        key_flag = f"--manifest-public-key={public}"
+        devices = [Device(i, s3, bucket, tmp_path, key_flag) for i in range(DEVICES)]
         by_id = {d.id: d for d in devices}
         cut = by_id[CUT]
         try:

@@ -353,3 +353,23 @@ def test_the_entry_point_runs_fleet_status(bucket: Bucket, seaweed: S3Server) ->
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["models"][0]["model"] == "m"
+
+
+def test_a_large_file_goes_up_in_parts_and_appears_whole(
+    bucket: Bucket, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    from appliance.fleet import bucket as fleet_bucket
+
+    monkeypatch.setattr(fleet_bucket, "PART_BYTES", 5 << 20)  # S3's smallest part
+    bucket.put_version(1, 1)
+    folder = version_dir(tmp_path, 2)
+    weights = os.urandom((11 << 20) + 123)  # three parts, the last one short
+    (folder / "weights.bin").write_bytes(weights)
+    code, _, err = fleet(capsys, "publish", bucket.url, "m", folder, "--version", 2)
+    assert code == 0, err
+    assert get(bucket, "m/2/weights.bin") == weights
+    head = bucket.client.head_object(Bucket=bucket.name, Key="models/m/2/weights.bin")
+    assert head["ETag"].strip('"').endswith("-3")  # a multipart object's ETag: its part count
+    uploads = bucket.client.list_multipart_uploads(Bucket=bucket.name)
+    assert not uploads.get("Uploads")
