@@ -26,7 +26,7 @@ HEADERS = (
 NUMERIC = {3, 4, 5, 6, 7, 9, 10, 12}
 SERVER = "edge-appliance"
 RAW = "onnxruntime"
-RAW_PROTOCOLS = ("raw ORT (before)", "raw ORT (after)")
+RAW_ORT = "raw ORT"  # the protocol column of raw ONNX Runtime's rows
 IMAGE_MODELS = ("squeezenet_onnx", "densenet_onnx")
 # Issue 20's goals: the server's throughput over raw ONNX Runtime (in-process, same core) ...
 OF_RAW_TARGETS = {
@@ -53,7 +53,7 @@ class Row:
 
     @property
     def is_raw(self) -> bool:
-        return self.protocol in RAW_PROTOCOLS
+        return self.protocol == RAW_ORT
 
     @property
     def is_server(self) -> bool:
@@ -61,7 +61,8 @@ class Row:
 
 
 def raw_ceiling(rows: Sequence[Row], model: str) -> float | None:
-    """The best raw ORT throughput measured for the model (before or after the server runs)."""
+    """Raw ORT's throughput on the model's file, measured in the same run (the best, if the
+    rows hold several)."""
     values = [r.stats.infer_per_s for r in rows if r.is_raw and r.model == model and r.stats]
     return max(values) if values else None
 

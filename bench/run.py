@@ -6,17 +6,16 @@
                         [--seconds N] [--repeat N] [--quick] [--output FILE.md]
 
 1. Writes the example model repository (configs.generate) into a temporary folder.
-2. Raw ORT on each model file, batch 1, 1 thread, no spinning, pinned to the server core, in a
-   subprocess (bench.raw); measured again after the server stops, to show drift.
-3. Starts the server and the ceilings (bench.ceilings: minimal aiohttp, grpc.aio and synchronous
+2. Starts the server and the ceilings (bench.ceilings: minimal aiohttp, grpc.aio and synchronous
    grpc servers for the same models), all pinned to the server core (taskset), and waits for them.
-4. Drives load from the client core: Triton's perf_analyzer for http-binary and grpc, the built-in
-   bench.loadgen for http-json (perf_analyzer has no JSON mode), or bench.loadgen for everything
-   when perf_analyzer cannot be set up (or with --load-generator builtin). Each point is measured
-   on the server and then, right after, on each ceiling that speaks its protocol (interleaved,
-   so the machine's other load hits both alike); --repeat N does that N times and keeps each
-   one's median.
-5. Prints the table, whose last columns are each point's ratio to raw ORT and to its ceiling
+3. Per model: raw ORT on its model file, batch 1, 1 thread, no spinning, pinned to the server
+   core, in a subprocess (bench.raw), while the servers idle; then load from the client core:
+   Triton's perf_analyzer for http-binary and grpc, the built-in bench.loadgen for http-json
+   (perf_analyzer has no JSON mode), or bench.loadgen for everything when perf_analyzer cannot
+   be set up (or with --load-generator builtin). Each point is measured on the server and then,
+   right after, on each ceiling that speaks its protocol (interleaved, so the machine's other
+   load hits both alike); --repeat N does all of step 3 N times and keeps each point's median.
+4. Prints the table, whose last columns are each point's ratio to raw ORT and to its ceiling
    (HTTP: aiohttp; gRPC: the better of grpc.aio and synchronous grpc), and the goals of issue 20
    (and writes it as Markdown with --output).
 """
@@ -43,7 +42,16 @@ from bench.ceilings import CEILINGS, for_protocol, start_ceiling, wait_listening
 from bench.common import ROOT, Stats, last_json_line
 from bench.loadgen import PROTOCOLS
 from bench.perf import PerfAnalyzer
-from bench.report import RAW, SERVER, Row, errors, markdown_table, target_checks, text_table
+from bench.report import (
+    RAW,
+    RAW_ORT,
+    SERVER,
+    Row,
+    errors,
+    markdown_table,
+    target_checks,
+    text_table,
+)
 from bench.server import Server, start_server, stop_server, wait_ready
 
 DEFAULT_MODELS = ("simple", "squeezenet_onnx", "densenet_onnx")
@@ -82,6 +90,7 @@ class Context:
     pa: PerfAnalyzer | None
     workdir: Path
     ceilings: dict[str, Server]
+    repo: Path
 
     def targets(self, protocol: str) -> list[tuple[str, Server]]:
         """The server, then the ceilings that speak the protocol: measured back to back."""
@@ -289,34 +298,40 @@ def measure_point(
 
 
 def measure_server(ctx: Context) -> list[Row]:
+    """Per model and round: raw ORT, then every point on the server and, right after, on its
+    ceilings; with --repeat, each point's median over the rounds."""
     rows: list[Row] = []
     for model in ctx.plan.models:
-        for protocol in ctx.plan.protocols:
-            for concurrency in ctx.plan.concurrency:
-                point: list[Row] = []
-                for _ in range(ctx.plan.repeat):
+        rounds: list[Row] = []
+        for _ in range(ctx.plan.repeat):
+            rounds.append(raw_row(ctx.repo, model, ctx.plan, ctx.pids()))
+            for protocol in ctx.plan.protocols:
+                for concurrency in ctx.plan.concurrency:
                     for target in ctx.targets(protocol):
-                        point.append(measure_target(ctx, target, model, protocol, concurrency))
-                rows += medians(point, ctx.plan.repeat)
+                        rounds.append(measure_target(ctx, target, model, protocol, concurrency))
+        rows += medians(rounds) if ctx.plan.repeat > 1 else rounds
     return rows
 
 
-def medians(point: list[Row], repeat: int) -> list[Row]:
-    """Per server, the measurement with the median throughput (all of them when repeat is 1)."""
-    if repeat == 1:
-        return point
+def medians(rounds: list[Row]) -> list[Row]:
+    """Per point and server, the round with the median throughput; failed rounds are named in
+    its error."""
     chosen = []
-    for server in dict.fromkeys(r.server for r in point):
-        mine = [r for r in point if r.server == server]
+    for key in dict.fromkeys((r.protocol, r.concurrency, r.server) for r in rounds):
+        mine = [r for r in rounds if (r.protocol, r.concurrency, r.server) == key]
         ok = sorted(
             (r for r in mine if r.stats), key=lambda r: r.stats.infer_per_s if r.stats else 0
         )
+        failed = [r.error for r in mine if r.error]
         if not ok:
             chosen.append(mine[0])
             continue
         median = ok[len(ok) // 2]
-        rates = "/".join(f"{r.stats.infer_per_s:,.0f}" for r in mine if r.stats)
-        chosen.append(replace(median, client=f"{median.client}, median of {rates}"))
+        rates = "/".join(f"{r.stats.infer_per_s:,.0f}" for r in ok if r.stats)
+        error = (
+            f"{len(failed)} of {len(mine)} rounds failed; first: {failed[0]}" if failed else None
+        )
+        chosen.append(replace(median, client=f"{median.client}, median of {rates}", error=error))
     return chosen
 
 
@@ -388,9 +403,9 @@ def server_log_findings(server: Server, name: str = "server") -> list[str]:
     return [f"{name} log: {len(bad)} warning/error lines, e.g. {bad[0][:300]}"]
 
 
-def raw_row(repo: Path, model: str, plan: Plan, label: str) -> Row:
-    row = with_other_cpu(lambda: measure_raw(repo, model, plan, label))
-    print(f"  {model} {label}: " + describe(row), flush=True)
+def raw_row(repo: Path, model: str, plan: Plan, server_pids: Sequence[int] = ()) -> Row:
+    row = with_other_cpu(lambda: measure_raw(repo, model, plan, RAW_ORT), server_pids)
+    print(f"  {model} {RAW_ORT}: " + describe(row), flush=True)
     return row
 
 
@@ -398,8 +413,6 @@ def run_all(plan: Plan, pa: PerfAnalyzer | None, workdir: Path, log_path: Path) 
     from configs.generate import write_repository
 
     repo = write_repository(workdir / "models")
-    print(f"raw ONNX Runtime on core {plan.server_core} ...", flush=True)
-    before = [raw_row(repo, m, plan, "raw ORT (before)") for m in plan.models]
     server = start_server(repo, plan.server_core, log_path)
     ceilings: dict[str, Server] = {}
     try:
@@ -410,7 +423,7 @@ def run_all(plan: Plan, pa: PerfAnalyzer | None, workdir: Path, log_path: Path) 
         for kind, ceiling in ceilings.items():
             print(f"ceiling {kind} listening in {wait_listening(ceiling):.1f}s", flush=True)
         print("measuring ...", flush=True)
-        rows = measure_server(Context(plan, server, pa, workdir, ceilings))
+        rows = measure_server(Context(plan, server, pa, workdir, ceilings, repo))
     finally:
         stopped = {kind: stop_server(ceiling) for kind, ceiling in ceilings.items()}
         code = stop_server(server)
@@ -423,12 +436,11 @@ def run_all(plan: Plan, pa: PerfAnalyzer | None, workdir: Path, log_path: Path) 
             findings.append(f"ceiling {kind} exit code {stopped[kind]}: {ceiling.log_tail(5)}")
     for line in findings:
         print(line)
-    after = [raw_row(repo, m, plan, "raw ORT (after)") for m in plan.models]
-    return order(plan, before + after + rows)
+    return order(plan, rows)
 
 
 def order(plan: Plan, rows: list[Row]) -> list[Row]:
-    kinds = ("raw ORT (before)", "raw ORT (after)", *plan.protocols)
+    kinds = (RAW_ORT, *plan.protocols)
     servers = (RAW, SERVER, *CEILINGS)
     return sorted(
         rows,

@@ -13,7 +13,9 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 
 from bench.ceilings import CEILINGS, for_protocol, start_ceiling, wait_listening
+from bench.common import Stats
 from bench.raw import open_session
+from bench.report import RAW, RAW_ORT, Row, best_ceiling, of_ceiling, pct_of_raw
 from bench.server import Server, stop_server
 from configs.generate import write_repository
 
@@ -140,3 +142,24 @@ def test_grpc_ceiling_applies_the_configs_reshape(start: StartCeiling, repositor
     assert scores.shape == (1000,)
     expected = raw_scores(repository, data, "densenet_onnx").reshape(1000)
     np.testing.assert_allclose(scores, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_report_divides_by_the_best_ceiling_of_the_same_point() -> None:
+    def row(protocol: str, server: str, rate: float, concurrency: int = 8) -> Row:
+        return Row("m", protocol, concurrency, Stats(rate, 1.0, 2.0, 100), "pa", server=server)
+
+    server = row("grpc", "edge-appliance", 50.0)
+    rows = [
+        row(RAW_ORT, RAW, 100.0, 1),
+        server,
+        row("grpc", "grpc-aio", 80.0),
+        row("grpc", "grpc-sync", 125.0),
+        row("grpc", "grpc-sync", 500.0, concurrency=1),  # another point
+        row("http-binary", "aiohttp", 1000.0),  # another protocol
+    ]
+    ceiling = best_ceiling(rows, server)
+    assert ceiling is not None
+    assert ceiling.server == "grpc-sync"
+    assert of_ceiling(rows, server) == pytest.approx(0.4)
+    assert pct_of_raw(rows, server) == pytest.approx(50.0)
+    assert best_ceiling(rows, rows[2]) is None  # a ceiling has no ceiling
