@@ -34,6 +34,7 @@ from appliance.repository.rollout import RolloutDocument, RolloutError
 
 DEFAULT_STAGES = ("1", "10", "50", "100")
 _VERSION_KEY = re.compile(r"^(\d+)/")
+NO_VERDICTS = rollout.VerdictCount(0, 0)
 
 
 @dataclass(frozen=True)
@@ -102,9 +103,13 @@ def remote_versions(bucket: FleetBucket, model: str) -> set[int]:
 
 
 def choose_baseline(
-    plan: Plan, current: RolloutDocument | None, versions: set[int]
+    plan: Plan,
+    current: RolloutDocument | None,
+    versions: set[int],
+    verdicts: rollout.VerdictCount = NO_VERDICTS,
 ) -> tuple[int | None, str]:
-    """The version devices outside the stage serve, and why it was chosen."""
+    """The version devices outside the stage serve, and why it was chosen. `verdicts`: the
+    current target's; a rollout they halted is not completed, even at its last stage."""
     if plan.baseline is not None:
         if plan.baseline not in versions:
             raise FleetError(f"--baseline {plan.baseline}: no such version in the bucket")
@@ -112,12 +117,12 @@ def choose_baseline(
     if current is not None:
         if current.target == plan.version:
             return current.baseline, "the current document's baseline"
-        completed = current.stage == len(current.stages) - 1 and not current.halted
-        if completed:
+        halted = rollout.halted(current, verdicts.passed, verdicts.failed)
+        if current.stage == len(current.stages) - 1 and not halted:
             return current.target, f"version {current.target}'s rollout completed"
         return current.baseline, (
             f"version {current.target}'s rollout was "
-            f"{'halted' if current.halted else 'not completed'}, so its baseline stays"
+            f"{'halted' if halted else 'not completed'}, so its baseline stays"
         )
     others = sorted(v for v in versions if v != plan.version)
     if others:
@@ -170,7 +175,10 @@ def publish(bucket: FleetBucket, plan: Plan, key: Any) -> list[str]:
     current = control.read(bucket, plan.model)
     control.require_key(plan.model, current, key)
     versions = remote_versions(bucket, plan.model)
-    baseline, why = choose_baseline(plan, current.document, versions)
+    verdicts = NO_VERDICTS
+    if current.document is not None and current.document.target != plan.version:
+        verdicts = control.verdicts(bucket, plan.model, current.document.target)
+    baseline, why = choose_baseline(plan, current.document, versions, verdicts)
     lines = []
     if baseline is None:
         count = upload(bucket, plan, key, plan.version in versions)

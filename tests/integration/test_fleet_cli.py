@@ -218,6 +218,18 @@ def test_halt_rollback_and_resume_write_new_revisions(
     assert get(bucket, ".fleet/verdicts/m/2/failed/dev-a.json") is None
     assert fleet(capsys, "advance", bucket.url, "m")[0] == 0
 
+    # at its last stage, halted by new failures: v3's baseline stays 1, never the bad 2
+    assert fleet(capsys, "advance", bucket.url, "m", "--to", 3)[0] == 0
+    assert document(bucket).stage == len(document(bucket).stages) - 1
+    for device in ("dev-c", "dev-d"):
+        key = rollout.verdict_key("models", "m", 2, rollout.FAILED, device)
+        bucket.client.put_object(Bucket=bucket.name, Key=key, Body=b"{}")
+    code, out, _ = fleet(
+        capsys, "publish", bucket.url, "m", version_dir(tmp_path, 3), "--version", 3
+    )
+    assert code == 0
+    assert "baseline 1 (version 2's rollout was halted, so its baseline stays)" in out
+
 
 def test_publish_refuses_other_content_under_a_published_version_and_resumes_the_same(
     bucket: Bucket, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -85,6 +85,14 @@ def test_the_baseline_a_publish_picks(
     assert why in reason
 
 
+def test_a_rollout_the_verdicts_halted_at_its_last_stage_never_becomes_the_baseline() -> None:
+    failed = rollout.VerdictCount(passed=1, failed=2)
+    got, why = publish.choose_baseline(plan(), doc(), {1, 2}, failed)
+    assert (got, why) == (1, "version 2's rollout was halted, so its baseline stays")
+    fine = rollout.VerdictCount(passed=9, failed=1)  # under the halt rule's limit
+    assert publish.choose_baseline(plan(), doc(), {1, 2}, fine)[0] == 2
+
+
 def test_an_explicit_baseline_must_exist() -> None:
     assert publish.choose_baseline(plan(baseline=1), doc(), {1, 2})[0] == 1
     with pytest.raises(FleetError, match="--baseline 7: no such version in the bucket"):
