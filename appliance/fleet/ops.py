@@ -90,6 +90,13 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="error rate that fails a device's probation (default 0.05)",
     )
     pub.add_argument(
+        "--probation-max-latency-ratio",
+        type=float,
+        metavar="RATIO",
+        help="fail a device's probation when the version's median latency over the window is "
+        "over RATIO times the replaced version's (at least 1; default: latency not judged)",
+    )
+    pub.add_argument(
         "--halt-max-failed-share",
         type=float,
         default=0.2,
@@ -168,7 +175,11 @@ def run(args: argparse.Namespace) -> list[str]:
             stages=getattr(args, "stage_specs", None) or publish.DEFAULT_STAGES,
             start=args.start,
             baseline=args.baseline,
-            probation=(args.probation_window, args.probation_max_error_rate)
+            probation=(
+                args.probation_window,
+                args.probation_max_error_rate,
+                args.probation_max_latency_ratio,
+            )
             if args.probation_window > 0
             else None,
             halt=(args.halt_max_failed_share, args.halt_min_verdicts, not args.no_halt_rollback),

@@ -47,7 +47,8 @@ class Plan:
     stages: Sequence[str]  # "10" (percent) or "site=berlin|munich,hw=orin" (labels)
     start: bool
     baseline: int | None = None
-    probation: tuple[int, float] | None = (50, 0.05)  # window_requests, max_error_rate
+    # window_requests, max_error_rate, max_latency_ratio (None: latency not judged)
+    probation: tuple[int, float, float | None] | None = (50, 0.05, None)
     halt: tuple[float, int, bool] = (0.2, 2, True)  # max_failed_share, min_verdicts, rollback
 
 
@@ -83,8 +84,10 @@ def document_for(plan: Plan, revision: int, baseline: int, stage: int) -> Rollou
         "reason": "",
     }
     if plan.probation is not None:
-        window, rate = plan.probation
+        window, rate, ratio = plan.probation
         raw["probation"] = {"window_requests": window, "max_error_rate": rate}
+        if ratio is not None:
+            raw["probation"]["max_latency_ratio"] = ratio
     try:
         return rollout.from_mapping(raw)
     except RolloutError as exc:

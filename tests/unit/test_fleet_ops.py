@@ -60,6 +60,10 @@ def test_a_document_from_flags_is_checked_by_the_devices_own_rules() -> None:
         {"percent": 100},
     ]
     assert built.probation == rollout.ProbationRule(50, 0.05)
+    judged = publish.document_for(plan(probation=(20, 0.1, 1.5)), 1, 2, -1)
+    assert judged.probation == rollout.ProbationRule(20, 0.1, 1.5)
+    with pytest.raises(FleetError, match="max_latency_ratio' must be at least 1"):
+        publish.document_for(plan(probation=(20, 0.1, 0.5)), 1, 2, -1)
     with pytest.raises(FleetError, match=r"stages\[0\].percent' must be between 0 and 100"):
         publish.document_for(plan(stages=("150",)), 1, 2, -1)
     with pytest.raises(FleetError, match="'target' and 'baseline' are both version 3"):
