@@ -426,8 +426,14 @@ class FleetAgent:
         )
 
     async def _write_report(self) -> None:
-        names = set(self.states) | await asyncio.to_thread(self.source_models)
-        models = {name: self.model_report(name) for name in sorted(names)}
+        names = set(self.states) | await asyncio.to_thread(self.source_folders)
+        # One view per model (it sorts each served version's recent latencies for p50 / p99).
+        views = {name: self.serving(name) for name in sorted(names)}
+        models = {
+            name: self.model_report(name, view)
+            for name, view in views.items()
+            if view is not None or name in self.states
+        }
         source = self.source
         body = report_body(
             self.identity,
@@ -439,17 +445,17 @@ class FleetAgent:
         )
         await source.write_object(report_key(source.location.prefix, self.identity.device_id), body)
 
-    def source_models(self) -> set[str]:
-        """The models in this source's store folder that the runtime serves."""
+    def source_folders(self) -> set[str]:
+        """The model folders in this source's store (blocking)."""
         root = self.source.store.root
         try:
-            names = {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")}
+            return {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")}
         except OSError:
             return set()
-        return {n for n in names if self.serving(n) is not None}
 
-    def model_report(self, name: str) -> ModelReport:
-        served = self.serving(name) or ServingView(())
+    def model_report(self, name: str, view: ServingView | None = None) -> ModelReport:
+        """A model's part of the report (`view`: what serves, if already read)."""
+        served = view or self.serving(name) or ServingView(())
         state = self.states.get(name)
         report = ModelReport(
             served.versions,
