@@ -149,7 +149,8 @@ class RollbackGuard:
     @staticmethod
     def _baseline(probe: Probation, before: list[ServedVersion]) -> None:
         """The latency the new version is held to: the median of the recent latencies of the
-        versions served before the switch, read now (they get no traffic while it serves)."""
+        versions served before the switch, read now (the replaced ones get no traffic while
+        it serves, so their rings keep the numbers from before)."""
         latencies = [ns for s in before for ns in s.stats.recent_latencies_ns()]
         probe.baseline_versions = tuple(sorted(s.version for s in before))
         if len(latencies) >= MIN_BASELINE_LATENCIES:
