@@ -146,6 +146,8 @@ class Region:
             ) from None
 
 
+_SIZE_MAX = 2**64 - 1
+
 # Keys of the Python backend's own regions, which no client may register (as tritonserver).
 RESERVED_KEY_PREFIX = "triton_python_backend_shm_region_"
 
@@ -345,6 +347,11 @@ class SharedMemoryRegistry:
                 f"Invalid offset for shared memory region: '{name}'"
                 f"{_detail(where, f'offset {offset}, its window is {region.byte_size} bytes')}"
             )
+        if byte_size > _SIZE_MAX - offset:  # tritonserver's size_t check, and its text
+            raise InvalidInput(
+                f"Integer overflow detected: byte_size ({byte_size}) + offset ({offset}) "
+                f"exceeds maximum value ({_SIZE_MAX}) for region '{name}'"
+            )
         if byte_size < 0 or offset + byte_size > region.byte_size:
             raise InvalidInput(
                 f"Invalid offset + byte size for shared memory region: '{name}'"
@@ -442,6 +449,7 @@ def write_output(
     else:
         wanted = np.ascontiguousarray(array, dtype=datatype(datatype_name, where).numpy)
         data, size = wanted, wanted.nbytes
+    registry.hold(target, where)  # the window the request declared, as tritonserver checks it
     if size > target.byte_size:
         raise InvalidInput(
             f"{where}: the output is {size} bytes, more than shared_memory_byte_size "

@@ -131,6 +131,13 @@ def test_bad_windows_get_tritonservers_texts(
     assert err.value.code is ErrorCode.INVALID_ARG
 
 
+def test_a_byte_size_past_2_to_the_64_is_tritonservers_overflow(key: str) -> None:
+    registry = SharedMemoryRegistry()
+    registry.register("w", key, 0, SIZE)
+    with pytest.raises(InvalidInput, match=r"^Integer overflow detected: byte_size \("):
+        registry.read("w", 32, 2**64 - 32, "model 'm' output 'Y'")
+
+
 def test_an_unknown_region_is_not_found_as_tritonserver_answers() -> None:
     registry = SharedMemoryRegistry()
     with pytest.raises(RegionNotFound, match=r"^Unable to find shared memory region: 'x' ") as err:
