@@ -49,13 +49,20 @@ def _key_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _command(sub: Any, name: str, text: str) -> argparse.ArgumentParser:
+    command: argparse.ArgumentParser = sub.add_parser(
+        name, help=text, description=text[0].upper() + text[1:] + " (docs/fleet.md)."
+    )
+    return command
+
+
 def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.description = (
         "Staged model rollouts from the bucket the devices poll: publish a version, advance, "
         "halt, roll back or resume its rollout, and see which device serves what."
     )
     sub = p.add_subparsers(dest="fleet_command", required=True, metavar="COMMAND")
-    pub = sub.add_parser("publish", help="upload a version and write its rollout document")
+    pub = _command(sub, "publish", "upload a version and write its rollout document")
     _common(pub)
     pub.add_argument("folder", type=Path, metavar="DIR", help="the version's folder")
     pub.add_argument("--version", type=int, required=True, metavar="N")
@@ -115,7 +122,7 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         action="store_true",
         help="on a halt, devices on the version keep it (default: they go back)",
     )
-    adv = sub.add_parser("advance", help="move the rollout to the next stage (or --to INDEX)")
+    adv = _command(sub, "advance", "move the rollout to the next stage (or --to INDEX)")
     _common(adv)
     adv.add_argument("--to", type=int, metavar="INDEX")
     adv.add_argument(
@@ -128,11 +135,11 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         ("halt", "stop the rollout: no device takes the version; devices on it keep it"),
         ("rollback", "stop the rollout and take the devices on the version back to the baseline"),
     ):
-        cmd = sub.add_parser(name, help=text)
+        cmd = _command(sub, name, text)
         _common(cmd)
         cmd.add_argument("--reason", default="", help="said in the document and `fleet status`")
         _key_flag(cmd)
-    res = sub.add_parser("resume", help="undo a halt or rollback: the rollout goes on")
+    res = _command(sub, "resume", "undo a halt or rollback: the rollout goes on")
     _common(res)
     res.add_argument(
         "--clear-verdicts",
@@ -141,7 +148,7 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     res.add_argument("--no-halt-rollback", action="store_true", help="as for publish")
     _key_flag(res)
-    st = sub.add_parser("status", help="versions x devices, per label, from the reports")
+    st = _command(sub, "status", "versions x devices, per label, from the reports")
     _common(st, model=False)
     st.add_argument("--model", help="only this model")
     st.add_argument("--by", default="", metavar="LABEL", help="one row group per value, e.g. site")
