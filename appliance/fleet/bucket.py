@@ -29,6 +29,10 @@ class FleetError(Exception):
     """The bucket refused or could not be reached, or the fleet's state forbids the change."""
 
 
+class Conflict(FleetError):
+    """A conditional write found the object changed since it was read (another writer)."""
+
+
 @dataclass(frozen=True)
 class Listed:
     key: str  # the full key
@@ -48,6 +52,10 @@ class FleetBucket:
         self.url = url
         self.prefix = self.location.prefix
         self.requests = 0  # S3 calls made (the cost of a command)
+        # Conditional writes (If-Match / If-None-Match on PUT: AWS S3 since 2024, MinIO,
+        # SeaweedFS, moto); off once the store says it has none, then the read-back after a
+        # write is the only check.
+        self.conditional = True
         self._client = client if client is not None else _client(self.location, timeout_s)
 
     def key(self, rel: str) -> str:
@@ -55,22 +63,41 @@ class FleetBucket:
 
     def get(self, rel: str) -> bytes | None:
         """The object's bytes, None when there is none."""
+        entry = self.read(rel)
+        return entry[0] if entry is not None else None
+
+    def read(self, rel: str) -> tuple[bytes, str] | None:
+        """The object's bytes and ETag, None when there is none."""
         self.requests += 1
         try:
             response = self._client.get_object(Bucket=self.location.bucket, Key=self.key(rel))
             with contextlib.closing(response["Body"]) as body:
-                return bytes(body.read())
+                return bytes(body.read()), str(response.get("ETag", "")).strip('"')
         except Exception as exc:
             if _status(exc) == 404 or _code(exc) in ("NoSuchKey", "NotFound"):
                 return None
             raise FleetError(self._explain(exc, f"reading '{self.key(rel)}'")) from exc
 
-    def put(self, rel: str, data: bytes) -> None:
+    def put(self, rel: str, data: bytes, expect: str | None = None) -> str:
+        """Write an object; its ETag. `expect`: None writes whatever is there; '' only where
+        there is no object; an ETag only over the object with that ETag (else Conflict)."""
+        kwargs: dict[str, str] = {}
+        if expect is not None and self.conditional:
+            kwargs = {"IfMatch": f'"{expect}"'} if expect else {"IfNoneMatch": "*"}
         self.requests += 1
         try:
-            self._client.put_object(Bucket=self.location.bucket, Key=self.key(rel), Body=data)
+            answer = self._client.put_object(
+                Bucket=self.location.bucket, Key=self.key(rel), Body=data, **kwargs
+            )
         except Exception as exc:
+            code, status = _code(exc), _status(exc)
+            if kwargs and (status in (409, 412) or code == "PreconditionFailed"):
+                raise Conflict(f"'{self.key(rel)}' changed since it was read") from exc
+            if kwargs and (status == 501 or code == "NotImplemented"):
+                self.conditional = False  # a store without conditional writes
+                return self.put(rel, data)
             raise FleetError(self._explain(exc, f"writing '{self.key(rel)}'")) from exc
+        return str(answer.get("ETag", "")).strip('"')
 
     def put_file(self, rel: str, path: Path) -> None:
         """Upload a file; in parts when it is large. The object appears only once complete."""

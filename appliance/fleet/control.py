@@ -1,9 +1,11 @@
 """Changing a running rollout: advance, halt, roll back, resume (one new revision each).
 
-Every change reads the model's rollout.json, writes the next revision (its signature first,
-then the document: the document is what devices act on, so a device never acts on a document
-whose signature is still to come), and reads it back: a document with another revision or other
-bytes there means another operator wrote at the same moment, and the command says so.
+Every change reads the model's rollout.json (and its signature) with their ETags and writes the
+next revision as a compare-and-swap: the signature first, only over the one read, then the
+document, only over the one read. The signature's condition is the lock: of two operators who
+read the same revision, the second to write fails before touching anything, and a device never
+acts on a document whose signature is still to come. The document is read back at the end (the
+only check on a store without conditional writes).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from appliance.fleet.bucket import FleetBucket, FleetError
+from appliance.fleet.bucket import Conflict, FleetBucket, FleetError
 from appliance.repository import rollout
 from appliance.repository.rollout import HaltRule, RolloutDocument, RolloutError
 
@@ -25,6 +27,8 @@ class Current:
 
     document: RolloutDocument | None
     signed: bool
+    etag: str = ""  # the document's ("" : none)
+    signature_etag: str = ""  # its signature's ("" : none)
 
 
 def rollout_rel(model: str) -> str:
@@ -36,28 +40,40 @@ def signature_rel(model: str) -> str:
 
 
 def read(bucket: FleetBucket, model: str) -> Current:
-    raw = bucket.get(rollout_rel(model))
-    if raw is None:
-        return Current(None, False)
+    entry = bucket.read(rollout_rel(model))
+    signature = bucket.read(signature_rel(model))
+    signature_etag = signature[1] if signature is not None else ""
+    if entry is None:
+        return Current(None, False, "", signature_etag)
     try:
-        document = RolloutDocument.parse(raw, model)
+        document = RolloutDocument.parse(entry[0], model)
     except RolloutError as exc:
         raise FleetError(f"{bucket.url}: {model}/{rollout.ROLLOUT}: {exc}") from None
-    return Current(document, bucket.get(signature_rel(model)) is not None)
+    return Current(document, signature is not None, entry[1], signature_etag)
 
 
-def write(bucket: FleetBucket, document: RolloutDocument, key: Any, current: Current) -> None:
-    """Write a revision (signed with the Ed25519 private key `key`, or unsigned) and check it."""
+def write(bucket: FleetBucket, document: RolloutDocument, key: Any, current: Current) -> Current:
+    """Write a revision over `current` (signed with the Ed25519 private key `key`, or unsigned);
+    what the bucket holds then. FleetError when another writer came first."""
     require_key(document.model, current, key)
     data = document.to_json()
-    if key is not None:
-        bucket.put(signature_rel(document.model), key.sign(data))
-    bucket.put(rollout_rel(document.model), data)
+    raced = (
+        f"model '{document.model}': {rollout.ROLLOUT} changed since revision "
+        f"{current.document.revision if current.document else 0} was read (another operator?); "
+        "run `fleet status` and retry"
+    )
+    signature_etag = current.signature_etag
+    try:
+        if key is not None:
+            signature_etag = bucket.put(
+                signature_rel(document.model), key.sign(data), current.signature_etag
+            )
+        etag = bucket.put(rollout_rel(document.model), data, current.etag)
+    except Conflict:
+        raise FleetError(raced) from None
     if bucket.get(rollout_rel(document.model)) != data:
-        raise FleetError(
-            f"model '{document.model}': {rollout.ROLLOUT} changed while revision "
-            f"{document.revision} was written (another operator?); run `fleet status` and retry"
-        )
+        raise FleetError(raced)
+    return Current(document, key is not None or current.signed, etag, signature_etag)
 
 
 def require_key(model: str, current: Current, key: Any) -> None:

@@ -195,8 +195,7 @@ def publish(bucket: FleetBucket, plan: Plan, key: Any) -> list[str]:
     if current.document is not None and current.document == repeated(document, current):
         document = current.document  # the same publish again: resume the upload
     else:
-        control.write(bucket, document, key, current)
-        current = control.Current(document, key is not None)
+        current = control.write(bucket, document, key, current)
     count = upload(bucket, plan, key, plan.version in versions)
     lines.append(
         f"model '{plan.model}' version {plan.version}: {count} files uploaded; baseline "

@@ -385,3 +385,34 @@ def test_a_large_file_goes_up_in_parts_and_appears_whole(
     assert head["ETag"].strip('"').endswith("-3")  # a multipart object's ETag: its part count
     uploads = bucket.client.list_multipart_uploads(Bucket=bucket.name)
     assert not uploads.get("Uploads")
+
+
+def test_of_two_operators_on_one_revision_the_second_fails_and_changes_nothing(
+    bucket: Bucket, keys: Keys, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from appliance.fleet import control
+    from appliance.fleet.bucket import FleetBucket, FleetError
+    from appliance.repository.manifest import load_private_key
+
+    private = load_private_key(keys.private)
+    for model, key in (("m", keys.private), ("n", None)):  # signed, then unsigned
+        bucket.put_version(1, 1, model=model)
+        signing = ("--sign-key", key) if key else ()
+        folder = version_dir(tmp_path, 2)
+        assert fleet(capsys, "publish", bucket.url, model, folder, "--version", 2, *signing)[0] == 0
+        late = FleetBucket(bucket.url)
+        seen = control.read(late, model)  # operator A reads revision 1 ...
+        assert fleet(capsys, "advance", bucket.url, model, *signing)[0] == 0  # ... B writes 2
+        written = get(bucket, f"{model}/rollout.json")
+        signature = get(bucket, f"{model}/rollout.json.sig")
+        assert seen.document is not None
+        with pytest.raises(FleetError, match="changed since revision 1 was read"):
+            control.write(
+                late, control.change(seen.document, halted=True), private if key else None, seen
+            )
+        assert get(bucket, f"{model}/rollout.json") == written  # B's revision stands, whole
+        assert get(bucket, f"{model}/rollout.json.sig") == signature
+        assert written is not None
+        assert rollout.RolloutDocument.parse(written, model).revision == 2
+        if key:
+            keys.public.verify(signature, written)
