@@ -1,16 +1,17 @@
-"""What the status page costs inference: `simple`'s throughput with the page open in a real
-headless Chromium (polling /status.json every 2 s, redrawing its tables and charts) and with it
-closed, interleaved A/B, and the server's CPU time per inference (robust where the shared
-machine's load moves the throughput); the server's CPU use with the page open and no traffic;
-the page's transfer size; one poll's time; the latency ring's per-request store.
+"""What the status page costs inference: `simple`'s throughput, and the server's CPU time per
+inference (robust where the shared machine's load moves the throughput), with the page closed,
+with only its polls (no browser), and open in a real headless Chromium (polling /status.json
+every 2 s, redrawing its tables and charts), interleaved; the server's CPU use with the page
+open and no traffic; the page's transfer size; one poll's time and CPU; the latency ring's
+per-request store.
 
-    .venv/bin/python -m bench.status_page [--rounds 4] [--seconds 9] [--concurrency 8] \
+    .venv/bin/python -m bench.status_page [--rounds 6] [--seconds 9] [--concurrency 8] \
         [--protocol http-binary|grpc] [--load-generator builtin|perf_analyzer]
 
 The server runs pinned to core 0; the load generator and the browser to core 1 (on a device the
 browser is on the technician's laptop: only the server's side of the page is the device's).
-Rounds alternate which state goes first (closed-open, open-closed, ...) so a drift of the
-shared machine's load does not favour one. Prints markdown.
+Rounds rotate which state goes first so a drift of the shared machine's load does not favour
+one. Prints markdown.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import timeit
 import urllib.request
@@ -52,10 +54,14 @@ def _get(url: str, encoding: str) -> tuple[int, str, float]:
 
 
 def transfer_sizes(http_url: str) -> list[tuple[str, int, str, int]]:
-    """Each file the page loads, and one poll: (path, bytes as served to a browser, encoding,
+    """Each file the page loads, its first poll and a poll as it polls from then on (the
+    points after the last one it has: one): (path, bytes as served to a browser, encoding,
     bytes if gzip -6 compressed)."""
+    with urllib.request.urlopen(f"http://{http_url}/status.json", timeout=10) as resp:
+        points = json.loads(resp.read())["models"][0]["live"]["points"]
+    since = points[-2]["time_s"] if len(points) > 1 else 0
     rows = []
-    for path in (*PAGE_FILES, "/status.json"):
+    for path in (*PAGE_FILES, "/status.json", f"/status.json?since={since}"):
         size, encoding, _ = _get(f"http://{http_url}{path}", "gzip, deflate, br")
         with urllib.request.urlopen(f"http://{http_url}{path}", timeout=10) as resp:
             raw = resp.read()
@@ -63,10 +69,54 @@ def transfer_sizes(http_url: str) -> list[tuple[str, int, str, int]]:
     return rows
 
 
-def poll_time_ms(http_url: str, count: int = 200) -> float:
-    """Median time of one /status.json request, sequential, the server otherwise idle."""
-    times = [_get(f"http://{http_url}/status.json", "identity")[2] for _ in range(count)]
+def poll_time_ms(http_url: str, count: int = 200, since: bool = False) -> float:
+    """Median time of one /status.json request (`since`: as the page polls, for the points
+    after the newest), sequential."""
+    query = ""
+    if since:
+        with urllib.request.urlopen(f"http://{http_url}/status.json", timeout=10) as resp:
+            points = json.loads(resp.read())["models"][0]["live"]["points"]
+        query = f"?since={points[-1]['time_s'] if points else 0}"
+    times = [_get(f"http://{http_url}/status.json{query}", "identity")[2] for _ in range(count)]
     return statistics.median(times) * 1000
+
+
+@contextmanager
+def polled(http_url: str, interval_s: float = 2.0) -> Iterator[None]:
+    """What the open page asks the server for, without a browser: /status.json?since= every
+    `interval_s`, from a thread of this process (the client core)."""
+    stop = threading.Event()
+
+    def poll() -> None:
+        since = 0.0
+        while not stop.wait(interval_s):
+            url = f"http://{http_url}/status.json?since={since}"
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                doc = json.loads(resp.read())
+            for model in doc["models"]:
+                if model["live"]["points"]:
+                    since = max(since, model["live"]["points"][-1]["time_s"])
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(15)
+
+
+@contextmanager
+def viewer(state: str, http_url: str) -> Iterator[None]:
+    """closed: nothing; polled: the page's requests alone; open: the page in Chromium."""
+    if state == "open":
+        with page_open(http_url):
+            yield
+    elif state == "polled":
+        with polled(http_url):
+            yield
+    else:
+        yield
 
 
 def ring_store_ns() -> tuple[float, float]:
@@ -177,7 +227,7 @@ def machine_busy() -> tuple[int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=9.0)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--idle-seconds", type=float, default=20.0)
@@ -212,13 +262,12 @@ def main() -> None:
                 "(% of 2 cores) |\n|---|---|---|---|---|"
             )
             pid = server.proc.pid
-            results: dict[str, list[tuple[float, float]]] = {"closed": [], "open": []}
+            states = ("closed", "polled", "open")
+            results: dict[str, list[tuple[float, float]]] = {state: [] for state in states}
             for round_ in range(args.rounds):
-                order = ("closed", "open") if round_ % 2 == 0 else ("open", "closed")
-                for state in order:
+                for state in states[round_ % 3 :] + states[: round_ % 3]:  # each goes first
                     with contextlib.ExitStack() as stack:
-                        if state == "open":
-                            stack.enter_context(page_open(server.http_url))
+                        stack.enter_context(viewer(state, server.http_url))
                         busy0, cpu0, count0 = machine_busy(), cpu_s(pid), served(server.http_url)
                         rate = measure(pa, server.http_url, server.grpc_url, args)
                         busy1, cpu1, count1 = machine_busy(), cpu_s(pid), served(server.http_url)
@@ -231,24 +280,30 @@ def main() -> None:
                     )
             for i, what in ((0, "infer/s"), (1, "server CPU µs / inference")):
                 closed = [r[i] for r in results["closed"]]
-                opened = [r[i] for r in results["open"]]
-                ratios = [o / c for o, c in zip(opened, closed, strict=True)]
-                print(
-                    f"\n{what}, median: closed {statistics.median(closed):.0f}, open "
-                    f"{statistics.median(opened):.0f}; open / closed per round: "
-                    + ", ".join(f"{r:.3f}" for r in ratios)
-                    + f" (median {statistics.median(ratios):.3f})"
-                )
+                for state in ("polled", "open"):
+                    other = [r[i] for r in results[state]]
+                    ratios = [o / c for o, c in zip(other, closed, strict=True)]
+                    print(
+                        f"\n{what}, median: closed {statistics.median(closed):.0f}, {state} "
+                        f"{statistics.median(other):.0f}; {state} / closed per round: "
+                        + ", ".join(f"{r:.3f}" for r in ratios)
+                        + f" (median {statistics.median(ratios):.3f})"
+                    )
             print(f"\n| idle {args.idle_seconds:g} s | server CPU ms / s |\n|---|---|")
             for round_ in range(args.rounds // 2):
                 for state in ("closed", "open") if round_ % 2 == 0 else ("open", "closed"):
-                    with contextlib.ExitStack() as stack:
-                        if state == "open":
-                            stack.enter_context(page_open(server.http_url))
+                    with viewer(state, server.http_url):
                         cpu0 = cpu_s(pid)
                         time.sleep(args.idle_seconds)
                         cpu1 = cpu_s(pid)
                     print(f"| {state} | {(cpu1 - cpu0) * 1000 / args.idle_seconds:.2f} |")
+            cpu0 = cpu_s(pid)
+            poll_ms = poll_time_ms(server.http_url, 500, since=True)
+            poll_cpu_ms = (cpu_s(pid) - cpu0) * 1000 / 500
+            print(
+                f"\none /status.json?since= (the page's poll), 500 sequential, server otherwise "
+                f"idle: {poll_ms:.2f} ms median, {poll_cpu_ms:.2f} ms of server CPU each"
+            )
             print("\n| file | bytes as served | Content-Encoding | bytes gzip -6 |")
             print("|---|---|---|---|")
             for path, size, encoding, zipped in transfer_sizes(server.http_url):
@@ -256,8 +311,6 @@ def main() -> None:
             with urllib.request.urlopen(f"http://{server.http_url}/status.json") as resp:
                 points = [len(m["live"]["points"]) for m in json.loads(resp.read())["models"]]
             print(f"\n(status.json with {len(points)} model(s), {points} chart points)")
-            poll_ms = poll_time_ms(server.http_url)
-            print(f"\none /status.json, sequential, server idle: {poll_ms:.2f} ms")
         finally:
             stop_server(server)
     with_ring, plain = ring_store_ns()

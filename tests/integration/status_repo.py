@@ -40,6 +40,12 @@ SIMPLE_GPU_CONFIG = SIMPLE_CONFIG.replace('"simple"', '"simple_gpu"') + (
 )
 
 
+def add_simple(root: Path, name: str) -> None:
+    """A copy of `simple` named `name`."""
+    save(simple_model(), root / name / "1" / "model.onnx")
+    (root / name / "config.pbtxt").write_text(SIMPLE_CONFIG.replace('"simple"', f'"{name}"'))
+
+
 def build_ready(root: Path) -> Path:
     """`simple` and `simple_gpu`: every model loads."""
     save(simple_model(), root / "simple" / "1" / "model.onnx")

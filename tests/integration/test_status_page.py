@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from appliance.frontends.http.status_page import read_asset
+from appliance.frontends.http.status_page import GZIP_JSON_BYTES, read_asset
 from tests.integration import status_repo
 from tests.integration.status_repo import get, infer_simple, status_json, wait_for
 from tests.serverproc import ServerProcess
@@ -187,3 +188,33 @@ def test_a_bad_since_is_a_400(status_server: ServerProcess, since: str) -> None:
     code, _, body = get(f"http://{status_server.http_url}/status.json?since={since}")
     assert code == 400
     assert "since: expected seconds since the epoch" in json.loads(body)["error"]
+
+
+def test_a_big_status_json_goes_gzipped(start_server: Any, tmp_path: Path) -> None:
+    """12 models: a first poll well over GZIP_JSON_BYTES goes gzipped to a client that takes
+    gzip; the page's later polls (?since=) of the 2-model server stay plain."""
+    root = tmp_path / "models"
+    for i in range(12):
+        status_repo.add_simple(root, f"simple_{i}")
+    proc = start_server(root)
+    url = f"http://{proc.http_url}/status.json"
+    code, headers, plain = get(url)
+    assert code == 200
+    assert "Content-Encoding" not in headers
+    assert len(plain) >= GZIP_JSON_BYTES
+    code, headers, body = get(url, {"Accept-Encoding": "gzip, deflate"})
+    assert code == 200
+    assert headers["Content-Encoding"] == "gzip"
+    assert headers["Vary"] == "Accept-Encoding"
+    doc = json.loads(gzip.decompress(body))
+    assert [m["name"] for m in doc["models"]] == sorted(f"simple_{i}" for i in range(12))
+    assert len(body) < len(plain) / 3
+
+
+def test_the_pages_later_polls_stay_plain(status_server: ServerProcess) -> None:
+    url = f"http://{status_server.http_url}/status.json?since={time.time() + 60}"
+    code, headers, body = get(url, {"Accept-Encoding": "gzip"})
+    assert code == 200
+    assert len(body) < GZIP_JSON_BYTES
+    assert "Content-Encoding" not in headers
+    assert json.loads(body)["models"]

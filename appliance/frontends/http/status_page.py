@@ -23,6 +23,10 @@ from aiohttp import web
 from appliance.services.status import StatusService
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# A status.json this big goes gzipped (level 1) to a client that accepts it: a page's first poll
+# (every chart point of the window: 14 KB a model, 2.7 KB gzipped) and big repositories; a
+# later poll (?since=: 1.7 KB for one model) goes as it is, not worth the CPU.
+GZIP_JSON_BYTES = 4096
 API = "status"  # the restricted-API group (appliance/access.py)
 
 # name -> content type; the page's own files (static/).
@@ -105,4 +109,7 @@ class StatusPage:
             )
         # orjson writes the report's frozen dataclasses with their field names.
         body = orjson.dumps(self.status.report(since_s))
-        return web.Response(body=body, content_type="application/json", headers=_HEADERS)
+        headers = {**_HEADERS, "Vary": "Accept-Encoding"}
+        if len(body) >= GZIP_JSON_BYTES and "gzip" in request.headers.get("Accept-Encoding", ""):
+            body, headers["Content-Encoding"] = gzip.compress(body, 1, mtime=0), "gzip"
+        return web.Response(body=body, content_type="application/json", headers=headers)
