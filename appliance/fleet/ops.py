@@ -160,6 +160,11 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="a device is silent when its report is older "
         f"(default {view.DEFAULT_SILENT_AFTER_S:g})",
     )
+    st.add_argument(
+        "--devices",
+        action="store_true",
+        help="also one line per device and model: what it serves, its probation and why",
+    )
     st.add_argument("--json", action="store_true", help="print it as one JSON object")
     return p
 
@@ -200,7 +205,9 @@ def run(args: argparse.Namespace) -> list[str]:
         rollback = not args.no_halt_rollback
         return [control.resume(bucket, args.model, key, args.clear_verdicts, rollback)]
     fleet = view.summarize(view.gather(bucket, args.model), args.by, args.silent_after)
-    return [json.dumps(view.as_json(fleet), indent=2) if args.json else view.render(fleet)]
+    if args.json:
+        return [json.dumps(view.as_json(fleet), indent=2)]
+    return [view.render(fleet), *(["", view.render_devices(fleet)] if args.devices else [])]
 
 
 def main(argv: Sequence[str]) -> int:

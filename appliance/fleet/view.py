@@ -85,6 +85,7 @@ class FleetView:
     unreachable: list[str]  # devices whose last poll failed
     unreadable: list[str]
     models: list[ModelView]
+    reports: list[DeviceReport] = field(default_factory=list)  # by device id
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -232,6 +233,7 @@ def summarize(snapshot: Snapshot, by: str = "", silent_after_s: float = 900.0) -
         unreachable=sorted(r.device for r in snapshot.reports if r.last_poll_ok is False),
         unreadable=snapshot.unreadable,
         models=views,
+        reports=sorted(snapshot.reports, key=lambda r: r.device),
     )
 
 
@@ -312,6 +314,21 @@ def render(view: FleetView) -> str:
     return "\n".join(lines)
 
 
+def render_devices(view: FleetView) -> str:
+    """One line per device and model: what it serves, its probation and its own reason."""
+    rows = []
+    for report in view.reports:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(report.labels.items())) or "-"
+        age = f"{max(0.0, view.now_s - report.modified_s):.0f}"
+        poll = {True: "ok", False: "failed", None: "-"}[report.last_poll_ok]
+        for model, entry in sorted(report.models.items()):
+            serving = ",".join(str(v) for v in _served(entry)) or "-"
+            probation, reason = str(entry.get("probation", "-")), str(entry.get("reason", ""))
+            rows.append([report.device, labels, age, poll, model, serving, probation, reason])
+    header = ["device", "labels", "age_s", "poll", "model", "serving", "probation", "reason"]
+    return "\n".join(_table(header, rows))
+
+
 def as_json(view: FleetView) -> dict[str, Any]:
     models = []
     for model in view.models:
@@ -339,4 +356,16 @@ def as_json(view: FleetView) -> dict[str, Any]:
         "last_poll_failed": view.unreachable,
         "unreadable": view.unreadable,
         "models": models,
+        "reports": [
+            {
+                "device": r.device,
+                "labels": r.labels,
+                "age_s": round(max(0.0, view.now_s - r.modified_s), 1),
+                "silent": r.device in view.silent,
+                "last_poll_ok": r.last_poll_ok,
+                "server_version": r.server_version,
+                "models": r.models,
+            }
+            for r in view.reports
+        ],
     }

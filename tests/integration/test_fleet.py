@@ -453,7 +453,7 @@ def test_a_fleet_rolls_out_by_stage_halts_a_bad_version_and_rides_out_a_lost_lin
             for report in reports(bucket).values():
                 assert report["models"]["m"]["serving"] == [2], report
             asked = time.monotonic()
-            status = fleet("status", url, "--by", "site")
+            status = fleet("status", url, "--by", "site", "--devices")
             numbers["status_s"] = round(time.monotonic() - asked, 2)
             assert "HALTED by the fleet: 2 of 2 verdicts failed" in status
             assert "devices on version 3 go back to version 2" in status

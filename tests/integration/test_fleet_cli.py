@@ -293,8 +293,10 @@ def test_status_counts_versions_per_label_from_reports_and_verdicts(
         bucket.put(f".fleet/verdicts/m/2/{verdict}/{device}.json", b"{}")
     bucket.put(".fleet/verdicts/m/2/maybe/odd.json", b"{}")  # another shape: ignored
 
-    code, out, err = fleet(capsys, "status", bucket.url, "--by", "site")
+    code, out, err = fleet(capsys, "status", bucket.url, "--by", "site", "--devices")
     assert code == 0, err
+    b1 = [line.split() for line in out.splitlines() if line.startswith("  b1 ")]
+    assert [b1[0][i] for i in (1, 3, 4, 5, 6)] == ["site=berlin", "ok", "m", "2", "running"]
     assert "5 devices reporting, 0 silent for over 900 s, 1 whose last poll failed" in out
     assert "last poll failed: m2" in out
     assert "unreadable: " in out

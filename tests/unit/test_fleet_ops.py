@@ -144,6 +144,17 @@ def test_status_rows_count_devices_probation_verdicts_and_silence_per_label() ->
     as_json = view.as_json(fleet)
     assert as_json["models"][0]["rollout"]["target"] == 2
     assert as_json["models"][0]["halted_by"] == "verdicts"
+    assert [(r["device"], r["silent"], r["age_s"]) for r in as_json["reports"]] == [
+        ("b1", False, 10.0),
+        ("b2", True, 5000.0),
+        ("x1", False, 10.0),
+    ]
+    lines = view.render_devices(fleet).splitlines()
+    assert lines[0].split() == [
+        "device", "labels", "age_s", "poll", "model", "serving", "probation", "reason"
+    ]  # fmt: skip
+    assert lines[1].split() == ["b1", "site=berlin", "10", "-", "m", "2", "running"]
+    assert lines[3].split()[:6] == ["x1", "-", "10", "-", "m", "2"]
 
 
 def test_an_operator_halt_and_a_model_without_a_document() -> None:
