@@ -146,22 +146,26 @@ def check_folder(plan: Plan) -> None:
         raise FleetError(f"--version must be a positive integer, got {plan.version}")
 
 
-def upload(bucket: FleetBucket, plan: Plan, key: Any, already: bool) -> int:
-    """Write the manifest (and signature) into the folder, then upload it: the manifest last.
-    `already`: the bucket holds this version; its manifest must be ours (a resumed upload)."""
+def prepare(bucket: FleetBucket, plan: Plan, key: Any, already: bool) -> None:
+    """Write the manifest (and signature) into the folder. `already`: the bucket holds this
+    version; its manifest must be ours (a resumed upload), checked before anything is written."""
     try:
         manifest = write_manifest(plan.folder, key)
     except ManifestError as exc:
         raise FleetError(str(exc)) from None
-    prefix = f"{plan.model}/{plan.version}/"
     if already:
-        theirs = bucket.get(prefix + MANIFEST)
+        theirs = bucket.get(f"{plan.model}/{plan.version}/{MANIFEST}")
         if theirs is not None and theirs != manifest.read_bytes():
             raise FleetError(
                 f"model '{plan.model}' version {plan.version} is already in the bucket with "
                 "other content; publish it under a new version number (devices keep "
                 "verdicts per version)"
             )
+
+
+def upload(bucket: FleetBucket, plan: Plan, key: Any) -> int:
+    """Upload the prepared folder, the manifest last; how many files."""
+    prefix = f"{plan.model}/{plan.version}/"
     names = [f for f in files_in(plan.folder) if f not in (MANIFEST, SIGNATURE)]
     if key is not None:
         names.append(SIGNATURE)
@@ -182,9 +186,10 @@ def publish(bucket: FleetBucket, plan: Plan, key: Any) -> list[str]:
     if current.document is not None and current.document.target != plan.version:
         verdicts = control.verdicts(bucket, plan.model, current.document.target)
     baseline, why = choose_baseline(plan, current.document, versions, verdicts)
+    prepare(bucket, plan, key, plan.version in versions)
     lines = []
     if baseline is None:
-        count = upload(bucket, plan, key, plan.version in versions)
+        count = upload(bucket, plan, key)
         lines.append(
             f"model '{plan.model}' version {plan.version}: {count} files uploaded; the model's "
             "first version, so no rollout document: every device takes it"
@@ -196,7 +201,7 @@ def publish(bucket: FleetBucket, plan: Plan, key: Any) -> list[str]:
         document = current.document  # the same publish again: resume the upload
     else:
         current = control.write(bucket, document, key, current)
-    count = upload(bucket, plan, key, plan.version in versions)
+    count = upload(bucket, plan, key)
     lines.append(
         f"model '{plan.model}' version {plan.version}: {count} files uploaded; baseline "
         f"{baseline} ({why})"

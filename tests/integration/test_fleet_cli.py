@@ -249,6 +249,16 @@ def test_publish_refuses_other_content_under_a_published_version_and_resumes_the
     )
     assert code == 1
     assert "version 2 is already in the bucket with other content" in err
+    assert document(bucket).revision == revision
+    assert get(bucket, "m/2/model.onnx") == _model_bytes(2)
+    bucket.put_version(4, 4)  # uploaded by hand, not the current target
+    code, _, err = fleet(
+        capsys, "publish", bucket.url, "m", version_dir(tmp_path, 8), "--version", 4
+    )
+    assert code == 1
+    assert "version 4 is already in the bucket with other content" in err
+    assert document(bucket).revision == revision  # refused before the document was written
+    assert document(bucket).target == 2
     # an unfinished rollout is superseded: its baseline stays
     code, out, _ = fleet(
         capsys, "publish", bucket.url, "m", version_dir(tmp_path, 3), "--version", 3
