@@ -164,14 +164,85 @@ class CountingLink(TcpProxy):
                 dst.shutdown(socket.SHUT_WR)
 
 
+_DENIED = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n'
+    b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+)
+
+
+class ReadOnlyLink(CountingLink):
+    """A link with credentials that may read and not write: the link itself answers every PUT,
+    POST and DELETE with 403 AccessDenied, as S3 does to a key outside the device's policy.
+    (Bodies with a Content-Length only: what the SDK sends for a report or a verdict.)"""
+
+    def __init__(self, target: str) -> None:
+        self.refused = 0
+        super().__init__(target)
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:  # type: ignore[override]
+        try:
+            upstream = dst.getpeername()[1] == self._target_port
+        except OSError:
+            upstream = False
+        if not upstream:
+            super()._pipe(src, dst)
+            return
+        buffer = b""
+        try:
+            while data := src.recv(65536):
+                buffer += data
+                while (end := buffer.find(b"\r\n\r\n")) >= 0:
+                    head = buffer[:end].decode("latin-1").split("\r\n")
+                    headers = {}
+                    for line in head[1:]:
+                        name, _, value = line.partition(":")
+                        headers[name.strip().lower()] = value.strip()
+                    method, target = head[0].split(" ")[:2]
+                    length = int(headers.get("content-length", "0") or 0)
+                    write = method in ("PUT", "POST", "DELETE")
+                    # "Expect: 100-continue": the body comes only after a 100; a 403 instead
+                    # answers the headers alone.
+                    waits = write and headers.get("expect", "").lower() == "100-continue"
+                    size = end + 4 + (0 if waits else length)
+                    if len(buffer) < size:
+                        break
+                    request, buffer = buffer[:size], buffer[size:]
+                    self._record(method, target, length)
+                    if not write:
+                        dst.sendall(request)
+                        continue
+                    self.refused += 1
+                    src.sendall(
+                        b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\n"
+                        + f"Content-Length: {len(_DENIED)}\r\n".encode()
+                        + (b"Connection: close\r\n\r\n" if waits else b"\r\n")
+                        + _DENIED
+                    )
+                    if waits:  # the connection's byte stream is not followed further
+                        return
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+
 # -- the devices ---------------------------------------------------------------------------------
 
 
 class Device:
-    def __init__(self, index: int, s3: Any, bucket: Bucket, tmp_path: Path, *flags: str) -> None:
+    def __init__(
+        self,
+        index: int,
+        s3: Any,
+        bucket: Bucket,
+        tmp_path: Path,
+        *flags: str,
+        link: type[CountingLink] = CountingLink,
+    ) -> None:
         self.id = f"dev-{index:02d}"
         self.site = SITES[index % 2]
-        self.link = CountingLink(s3.host_port)
+        self.link = link(s3.host_port)
         folder = tmp_path / self.id
         folder.mkdir()
         url = f"s3://{self.link.address}/{bucket.name}/models"
@@ -556,3 +627,55 @@ def test_a_big_fleet_area_costs_an_idle_poll_two_small_listings(
             device.proc.stop()
             device.link.stop()
     keep_numbers("big-area", numbers)
+
+
+@pytest.mark.timeout(240)
+def test_a_device_that_may_not_write_follows_the_rollout_and_keeps_serving(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read-only credentials (every write refused with AccessDenied): the device takes the
+    rollout and serves as its neighbour does, logs the refusal once, and is simply absent from
+    the reports and verdicts."""
+    with seaweed_server(tmp_path) as s3:
+        for name, value in s3.env().items():
+            monkeypatch.setenv(name, value)
+        bucket = Bucket(s3)
+        url = bucket.url
+
+        def fleet(*argv: Any) -> str:
+            code = cli.main(["fleet", *[str(a) for a in argv]])
+            out, err = capsys.readouterr()
+            assert code == 0, err
+            return out
+
+        bucket.put("m/config.pbtxt", CONFIG.encode())
+        fleet("publish", url, "m", version_folder(tmp_path, 1, _model_bytes(1)), "--version", 1)
+        writer = Device(0, s3, bucket, tmp_path)
+        reader = Device(1, s3, bucket, tmp_path, link=ReadOnlyLink)
+        assert isinstance(reader.link, ReadOnlyLink)
+        try:
+            for device in (writer, reader):
+                device.proc.wait_ready(timeout_s=120)
+            wait_for("the writer reports", lambda: set(reports(bucket)) == {writer.id})
+            fleet(
+                "publish", url, "m", version_folder(tmp_path, 2, _model_bytes(2)), "--version", 2,
+                "--stages", "100", "--start", *PROBATION,
+            )  # fmt: skip
+            for device in (writer, reader):
+                wait_for(f"{device.id} serves v2", lambda d=device: d.serves(2.0))
+                for _ in range(3):  # its probation passes
+                    assert device.value() == 2.0
+            wait_for("the writer's verdict", lambda: verdicts(bucket, 2) == {writer.id: "passed"})
+            time.sleep(3 * POLL_S)  # the reader's writes were due by now, and refused
+            assert reader.link.refused >= 2  # its report and its verdict, at least
+            assert set(reports(bucket)) == {writer.id}
+            assert verdicts(bucket, 2) == {writer.id: rollout.PASSED}
+            assert reader.proc.log().count("cannot write to the bucket") == 1  # once an outage
+            assert reader.value() == 2.0
+            view = json.loads(fleet("status", url, "--json"))
+            assert view["devices"] == 1
+            assert view["models"][0]["in_stage_on_target"] == 1
+        finally:
+            for device in (writer, reader):
+                device.proc.stop()
+                device.link.stop()
