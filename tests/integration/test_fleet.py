@@ -9,7 +9,11 @@ says so. One device loses its link to the bucket for a while: it keeps serving, 
 and reports again once the link is back. Every device's S3 requests are counted by kind on its
 link (an HTTP-parsing proxy), for the numbers in docs/benchmarks.md ("Fleet").
 
-Bounded for CI on 2 cores: tiny ONNX models, no gRPC or metrics listener, a 1 s poll.
+Beside it: a fleet area bigger than one listing page (1,101 reports) keeps an idle poll at two
+small listings, and a device whose writes are all refused still follows the rollout.
+
+Bounded for CI on 2 cores: tiny ONNX models, no gRPC or metrics listener, a 1 s poll. Measured
+on this shared 2-core machine: 107-156 s, 45-56 s and about 20 s.
 """
 
 from __future__ import annotations
