@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,3 +113,31 @@ def test_watch_refreshes_and_ctrl_c_exits_0(status_server: ServerProcess) -> Non
     assert proc.returncode == 0, err
     assert out.count("\x1b[2J") >= 2, out  # cleared and printed again
     assert out.count("simple") >= 2
+
+
+def test_status_shows_fallbacks_and_switches(start_server: Any, tmp_path: Path) -> None:
+    root = status_repo.build_ready(tmp_path / "models")
+    proc = start_server(root, "--model-control-mode=poll", "--repository-poll-secs=0.5")
+
+    def updates(name: str) -> dict[str, Any]:
+        doc = status_repo.status_json(proc.http_url)
+        return next(m for m in doc["updates"]["models"] if m["name"] == name)
+
+    # A switch is seen between two samples of the sampler (every 2 s): version 1 first.
+    status_repo.wait_for(lambda: updates("simple")["last_switch"], 20, "version 1 seen")
+    staging = tmp_path / "staging-2"
+    shutil.copytree(root / "simple" / "1", staging)
+    staging.rename(root / "simple" / "2")
+    status_repo.wait_for(
+        lambda: (updates("simple")["last_switch"] or {}).get("to_versions") == [2],
+        20,
+        "the switch to version 2",
+    )
+    result = _cli("--url", f"http://{proc.http_url}")
+    assert result.returncode == 0, result.stderr
+    assert "simple: v1 -> v2 at " in result.stdout
+    doc = status_repo.status_json(proc.http_url)
+    gpu_model = next(m for m in doc["models"] if m["name"] == "simple_gpu")
+    reasons = {i["reason"] for i in gpu_model["instances"]} - {""}
+    for reason in reasons:  # on a machine without a usable GPU: why they run on CPU
+        assert f"2 instance(s) on CPU: {reason}" in result.stdout
