@@ -242,8 +242,9 @@ class StatusService:
         the repository's never-loaded folders (explicit mode): listing them is disk I/O on
         the loop, and logs a warning per skipped folder, at every refresh of every page."""
         runtime = self.control.manager
+        pending = {**runtime.pending(), **self._downloading()}
         rows: dict[str, list[VersionStatus]] = {}
-        for row in index_rows(runtime.registry.records(), runtime.pending()):
+        for row in index_rows(runtime.registry.records(), pending):
             rows.setdefault(row.name, []).append(VersionStatus(row.version, row.state, row.reason))
         return tuple(
             self._model(name, versions, since_s) for name, versions in sorted(rows.items())
@@ -305,7 +306,9 @@ class StatusService:
                     downloaded_bytes=source.downloaded_bytes,
                     pending=tuple(
                         f"model '{m}' version {v}: {why}"
-                        for (m, v), why in sorted(source.pending.items())
+                        for (m, v), why in sorted(
+                            {**source.pending, **self._downloading([source])}.items()
+                        )
                     ),
                     download=self._download(source.download, rate),
                 )
@@ -320,6 +323,20 @@ class StatusService:
                 for r in self.control.manager.registry.records()
             ),
         )
+
+    def _downloading(
+        self, sources: Sequence[UpdateSource] | None = None
+    ) -> dict[tuple[str, int], str]:
+        """The versions being fetched now: what they wait for is the download (a reason from
+        an earlier poll, such as an upload still settling, stays until the fetch ends)."""
+        found: dict[tuple[str, int], str] = {}
+        for source in self._sources if sources is None else sources:
+            progress = source.download
+            if progress is not None:
+                found[(progress.model, progress.version)] = (
+                    f"downloading: {progress.done_bytes} of {progress.total_bytes} bytes"
+                )
+        return found
 
     @staticmethod
     def _download(progress: DownloadProgress | None, rate: float | None) -> DownloadStatus | None:

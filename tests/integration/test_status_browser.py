@@ -349,6 +349,13 @@ def test_a_download_in_progress_shows_its_progress(
         first = wait_for(progress, 20, "a download's progress bar")
         assert first[1] > 6_000_000  # the version's size
         assert "version 2" in _read(browser, "#sources .download")
+        # What version 2 waits for is its download (not an earlier poll's reason).
+        wait_for(
+            lambda: "v2 UNAVAILABLE\nnot fetched: downloading: "
+            in (_cells(browser, "models", "m") or ["", "", ""])[2],
+            10,
+            "version 2 shown downloading",
+        )
         wait_for(lambda: (progress() or (0.0, 0.0))[0] > first[0], 10, "the bar to move")
 
         def rate() -> bool:

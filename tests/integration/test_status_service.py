@@ -140,6 +140,11 @@ async def test_a_download_and_a_switch_are_shown(parts: Parts) -> None:
     assert (download.done_bytes, download.total_bytes) == (100_000, 4_000_000)
     assert download.rate_bytes_s is not None
     assert download.rate_bytes_s > 0
+    # What version 3 waits for now is its download, not the earlier poll's reason.
+    why = "downloading: 100000 of 4000000 bytes"
+    assert status.report().updates.sources[0].pending == (f"model 'resnet' version 3: {why}",)
+    resnet = {m.name: m for m in status.report().models}["resnet"]
+    assert resnet.versions == (VersionStatus(3, "UNAVAILABLE", f"not fetched: {why}"),)
     switch = {m.name: m for m in status.report().updates.models}["simple"].last_switch
     assert switch is not None
     assert (switch.from_versions, switch.to_versions) == ((1,), ())
