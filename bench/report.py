@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -50,6 +51,9 @@ class Row:
     error: str | None = None
     other_cpu_pct: float | None = None  # other people's processes, % of one core
     server: str = SERVER  # edge-appliance, a ceiling (bench.ceilings.CEILINGS) or onnxruntime
+    # With --repeat: the medians of the rounds' own ratios (None: from the rows of the table).
+    x_raw: float | None = None
+    x_ceiling: float | None = None
 
     @property
     def is_raw(self) -> bool:
@@ -68,6 +72,8 @@ def raw_ceiling(rows: Sequence[Row], model: str) -> float | None:
 
 
 def pct_of_raw(rows: Sequence[Row], row: Row) -> float | None:
+    if row.x_raw is not None:
+        return 100.0 * row.x_raw
     ceiling = raw_ceiling(rows, row.model)
     if row.stats is None or not ceiling:
         return None
@@ -92,12 +98,38 @@ def best_ceiling(rows: Sequence[Row], row: Row) -> Row | None:
 
 def of_ceiling(rows: Sequence[Row], row: Row) -> float | None:
     """The row's throughput as a fraction of its best ceiling's."""
+    if row.x_ceiling is not None:
+        return row.x_ceiling
     ceiling = best_ceiling(rows, row)
     if row.stats is None or ceiling is None or ceiling.stats is None:
         return None
     if not ceiling.stats.infer_per_s:
         return None
     return row.stats.infer_per_s / ceiling.stats.infer_per_s
+
+
+def paired_ratios(
+    rounds: Sequence[Sequence[Row]], point: tuple[str, int, str]
+) -> tuple[float | None, float | None]:
+    """x raw and x ceiling of a point (protocol, concurrency, server) over repeated rounds: the
+    median of each round's ratio to that round's own raw ORT and ceilings, measured next to it,
+    so load that comes and goes between rounds cancels out."""
+    raws: list[float] = []
+    ceilings: list[float] = []
+    for rows in rounds:
+        for row in rows:
+            if (row.protocol, row.concurrency, row.server) != point:
+                continue
+            pct = pct_of_raw(rows, row)
+            if pct is not None:
+                raws.append(pct / 100.0)
+            ratio = of_ceiling(rows, row)
+            if ratio is not None:
+                ceilings.append(ratio)
+    return (
+        statistics.median(raws) if raws else None,
+        statistics.median(ceilings) if ceilings else None,
+    )
 
 
 def fmt_rate(value: float) -> str:

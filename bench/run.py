@@ -14,7 +14,9 @@
    (perf_analyzer has no JSON mode), or bench.loadgen for everything when perf_analyzer cannot
    be set up (or with --load-generator builtin). Each point is measured on the server and then,
    right after, on each ceiling that speaks its protocol (interleaved, so the machine's other
-   load hits both alike); --repeat N does all of step 3 N times and keeps each point's median.
+   load hits both alike); --repeat N does all of step 3 N times and keeps each point's median,
+   and as its ratios the medians of each round's ratios (each against that round's raw ORT and
+   ceilings).
 4. Prints the table, whose last columns are each point's ratio to raw ORT and to its ceiling
    (HTTP: aiohttp; gRPC: the better of grpc.aio and synchronous grpc), and the goals of issue 20
    (and writes it as Markdown with --output).
@@ -49,6 +51,7 @@ from bench.report import (
     Row,
     errors,
     markdown_table,
+    paired_ratios,
     target_checks,
     text_table,
 )
@@ -302,23 +305,25 @@ def measure_server(ctx: Context) -> list[Row]:
     ceilings; with --repeat, each point's median over the rounds."""
     rows: list[Row] = []
     for model in ctx.plan.models:
-        rounds: list[Row] = []
+        rounds: list[list[Row]] = []
         for _ in range(ctx.plan.repeat):
-            rounds.append(raw_row(ctx.repo, model, ctx.plan, ctx.pids()))
+            one = [raw_row(ctx.repo, model, ctx.plan, ctx.pids())]
             for protocol in ctx.plan.protocols:
                 for concurrency in ctx.plan.concurrency:
                     for target in ctx.targets(protocol):
-                        rounds.append(measure_target(ctx, target, model, protocol, concurrency))
-        rows += medians(rounds) if ctx.plan.repeat > 1 else rounds
+                        one.append(measure_target(ctx, target, model, protocol, concurrency))
+            rounds.append(one)
+        rows += medians(rounds) if ctx.plan.repeat > 1 else rounds[0]
     return rows
 
 
-def medians(rounds: list[Row]) -> list[Row]:
+def medians(rounds: list[list[Row]]) -> list[Row]:
     """Per point and server, the round with the median throughput; failed rounds are named in
-    its error."""
+    its error. The server's ratios are the medians of each round's own (paired) ratios."""
+    flat = [row for one in rounds for row in one]
     chosen = []
-    for key in dict.fromkeys((r.protocol, r.concurrency, r.server) for r in rounds):
-        mine = [r for r in rounds if (r.protocol, r.concurrency, r.server) == key]
+    for key in dict.fromkeys((r.protocol, r.concurrency, r.server) for r in flat):
+        mine = [r for r in flat if (r.protocol, r.concurrency, r.server) == key]
         ok = sorted(
             (r for r in mine if r.stats), key=lambda r: r.stats.infer_per_s if r.stats else 0
         )
@@ -331,7 +336,16 @@ def medians(rounds: list[Row]) -> list[Row]:
         error = (
             f"{len(failed)} of {len(mine)} rounds failed; first: {failed[0]}" if failed else None
         )
-        chosen.append(replace(median, client=f"{median.client}, median of {rates}", error=error))
+        x_raw, x_ceiling = paired_ratios(rounds, key) if median.is_server else (None, None)
+        chosen.append(
+            replace(
+                median,
+                client=f"{median.client}, median of {rates}",
+                error=error,
+                x_raw=x_raw,
+                x_ceiling=x_ceiling,
+            )
+        )
     return chosen
 
 

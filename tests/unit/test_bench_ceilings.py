@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 from bench.ceilings import CEILINGS, for_protocol, start_ceiling, wait_listening
 from bench.common import Stats
 from bench.raw import open_session
-from bench.report import RAW, RAW_ORT, Row, best_ceiling, of_ceiling, pct_of_raw
+from bench.report import RAW, RAW_ORT, Row, best_ceiling, of_ceiling, paired_ratios, pct_of_raw
 from bench.server import Server, stop_server
 from configs.generate import write_repository
 
@@ -163,3 +163,25 @@ def test_report_divides_by_the_best_ceiling_of_the_same_point() -> None:
     assert of_ceiling(rows, server) == pytest.approx(0.4)
     assert pct_of_raw(rows, server) == pytest.approx(50.0)
     assert best_ceiling(rows, rows[2]) is None  # a ceiling has no ceiling
+
+
+def test_repeated_rounds_pair_each_point_with_its_own_round() -> None:
+    """A busy round (everything at half speed) does not skew the ratio: each round is divided
+    by its own ceiling and raw ORT, then the median is taken."""
+
+    def round_rows(scale: float, server_rate: float) -> list[Row]:
+        def row(protocol: str, server: str, rate: float, concurrency: int = 8) -> Row:
+            stats = Stats(rate * scale, 1.0, 2.0, 100)
+            return Row("m", protocol, concurrency, stats, "pa", server=server)
+
+        return [
+            row(RAW_ORT, RAW, 100.0, 1),
+            row("grpc", "edge-appliance", server_rate),
+            row("grpc", "grpc-sync", 100.0),
+        ]
+
+    rounds = [round_rows(1.0, 60.0), round_rows(0.5, 70.0), round_rows(1.0, 90.0)]
+    x_raw, x_ceiling = paired_ratios(rounds, ("grpc", 8, "edge-appliance"))
+    assert x_raw == pytest.approx(0.7)
+    assert x_ceiling == pytest.approx(0.7)
+    assert paired_ratios(rounds, ("http-binary", 8, "edge-appliance")) == (None, None)
