@@ -3,7 +3,7 @@ inference (robust where the shared machine's load moves the throughput), with th
 with only its polls (no browser), and open in a real headless Chromium (polling /status.json
 every 2 s, redrawing its tables and charts), interleaved; the server's CPU use with the page
 open and no traffic; the page's transfer size; one poll's time and CPU; the latency ring's
-per-request store.
+per-request store; the sampler's tick on the loop.
 
     .venv/bin/python -m bench.status_page [--rounds 6] [--seconds 9] [--concurrency 8] \
         [--protocol http-binary|grpc] [--load-generator builtin|perf_analyzer]
@@ -144,6 +144,34 @@ def ring_store_ns() -> tuple[float, float]:
         for i, timer in enumerate(timers):
             best[i] = min(best[i], timer.timeit(number=n) / n * 1e9)
     return best[0], best[1]
+
+
+def sampler_tick_ms(models: int = 10, per_interval: int = 600, ticks: int = 300) -> float:
+    """Median time of one sampler tick on the loop (LiveStats.sample) for `models` busy
+    models, each with `per_interval` new successes (log-normal latencies around 0.7 ms) a
+    tick, over `ticks` ticks (the 150-point window full for the second half)."""
+    import random
+    from dataclasses import dataclass, field
+
+    from appliance.scheduling.stats import ModelStats
+    from appliance.services.status_samples import LiveStats
+
+    @dataclass
+    class Version:
+        name: str
+        version: int = 1
+        stats: ModelStats = field(default_factory=ModelStats)
+
+    versions = [Version(f"m{i}") for i in range(models)]
+    live, times = LiveStats(), []
+    for tick in range(ticks):
+        for served in versions:
+            for _ in range(per_interval):
+                served.stats.record_success(int(random.lognormvariate(13.5, 0.6)))
+        started = time.perf_counter()
+        live.sample(versions, 2.0 * tick)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times[ticks // 2 :]) * 1000
 
 
 @contextmanager
@@ -315,6 +343,8 @@ def main() -> None:
             stop_server(server)
     with_ring, plain = ring_store_ns()
     print(f"record_success: {with_ring:.1f} ns with the latency ring, {plain:.1f} ns without")
+    tick_ms = sampler_tick_ms()
+    print(f"sampler tick, 10 busy models (600 requests each an interval): {tick_ms:.2f} ms")
 
 
 if __name__ == "__main__":
