@@ -2,8 +2,9 @@
 
     python -m bench.raw --model MODEL.onnx [--seconds 4] [--core 0]
 
-Prints one JSON line (bench.common.Stats). The session matches what the server is asked to do on
-one core: intra-op 1 thread, inter-op 1 thread, no spinning, all graph optimizations.
+Prints one JSON line: bench.common.Stats and cpu_us, the process's CPU per inference. The session
+matches what the server is asked to do on one core: intra-op 1 thread, inter-op 1 thread, no
+spinning, all graph optimizations.
 """
 
 from __future__ import annotations
@@ -60,13 +61,15 @@ def batch1_feed(session: Any, seed: int = 0) -> dict[str, np.ndarray]:
     return feed
 
 
-def measure(session: Any, feed: dict[str, np.ndarray], seconds: float) -> Stats:
+def measure(session: Any, feed: dict[str, np.ndarray], seconds: float) -> tuple[Stats, float]:
+    """Stats and the process's CPU per inference (us)."""
     warm_until = time.perf_counter() + WARMUP_S
     runs = 0
     while runs < WARMUP_RUNS or time.perf_counter() < warm_until:
         session.run(None, feed)
         runs += 1
     latencies: list[float] = []
+    cpu0 = time.process_time()
     start = time.perf_counter()
     end = start
     while end - start < seconds:
@@ -74,7 +77,8 @@ def measure(session: Any, feed: dict[str, np.ndarray], seconds: float) -> Stats:
         session.run(None, feed)
         end = time.perf_counter()
         latencies.append(end - t0)
-    return summarize(latencies, end - start)
+    cpu_us = 1e6 * (time.process_time() - cpu0) / max(1, len(latencies))
+    return summarize(latencies, end - start), cpu_us
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -85,7 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     pin_to_core(args.core)
     session = open_session(args.model)
-    print(json.dumps(measure(session, batch1_feed(session), args.seconds).as_dict()))
+    stats, cpu_us = measure(session, batch1_feed(session), args.seconds)
+    print(json.dumps({**stats.as_dict(), "cpu_us": cpu_us}))
     return 0
 
 

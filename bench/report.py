@@ -17,6 +17,7 @@ HEADERS = (
     "infer/s",
     "p50 ms",
     "p99 ms",
+    "CPU us",
     "other CPU",
     "client",
     "raw ORT",
@@ -24,7 +25,7 @@ HEADERS = (
     "ceiling",
     "x ceiling",
 )
-NUMERIC = {3, 4, 5, 6, 7, 9, 10, 12}
+NUMERIC = {3, 4, 5, 6, 7, 8, 10, 11, 13}
 SERVER = "edge-appliance"
 RAW = "onnxruntime"
 RAW_ORT = "raw ORT"  # the protocol column of raw ONNX Runtime's rows
@@ -54,6 +55,8 @@ class Row:
     # With --repeat: the medians of the rounds' own ratios (None: from the rows of the table).
     x_raw: float | None = None
     x_ceiling: float | None = None
+    # CPU the server (ceiling, raw ORT) process used per inference, in microseconds.
+    cpu_us: float | None = None
 
     @property
     def is_raw(self) -> bool:
@@ -150,31 +153,47 @@ def fmt_ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def cpu_ratio(reference: Row | None, row: Row) -> float | None:
+    """The reference's CPU per inference over the row's: the throughput ratio the row would
+    have on a core of its own (both CPU-bound on it), whatever else shares the core."""
+    if reference is None or reference.cpu_us is None or not row.cpu_us:
+        return None
+    return reference.cpu_us / row.cpu_us
+
+
+def with_cpu(ratio: float | None, by_cpu: float | None) -> str:
+    return fmt_ratio(ratio) + ("" if by_cpu is None else f" ({by_cpu:.2f})")
+
+
 def ratio_cells(rows: Sequence[Row], row: Row) -> list[str]:
-    """raw ORT, x raw, ceiling, x ceiling: the references measured in the same run."""
+    """raw ORT, x raw, ceiling, x ceiling: the references measured in the same run; the ratios
+    of CPU per inference in brackets."""
     raw = raw_ceiling(rows, row.model)
     if row.is_raw or raw is None:
         raw_cells = ["-", "-"]
     else:
         pct = pct_of_raw(rows, row)
-        raw_cells = [fmt_rate(raw), fmt_ratio(None if pct is None else pct / 100.0)]
+        raw_row = next((r for r in rows if r.is_raw and r.model == row.model and r.cpu_us), None)
+        ratio = None if pct is None else pct / 100.0
+        raw_cells = [fmt_rate(raw), with_cpu(ratio, cpu_ratio(raw_row, row))]
     ceiling = best_ceiling(rows, row)
     if ceiling is None or ceiling.stats is None:
         return [*raw_cells, "-", "-"]
     name = f"{ceiling.server} {fmt_rate(ceiling.stats.infer_per_s)}"
-    return [*raw_cells, name, fmt_ratio(of_ceiling(rows, row))]
+    return [*raw_cells, name, with_cpu(of_ceiling(rows, row), cpu_ratio(ceiling, row))]
 
 
 def cells(rows: Sequence[Row], row: Row) -> list[str]:
     head = [row.model, row.protocol, row.server, str(row.concurrency)]
     other = fmt_pct(row.other_cpu_pct)
     if row.stats is None:
-        return [*head, "error", "-", "-", other, row.client, "-", "-", "-", "-"]
+        return [*head, "error", "-", "-", "-", other, row.client, "-", "-", "-", "-"]
     return [
         *head,
         fmt_rate(row.stats.infer_per_s),
         fmt_ms(row.stats.p50_ms),
         fmt_ms(row.stats.p99_ms),
+        "-" if row.cpu_us is None else f"{row.cpu_us:,.0f}",
         other,
         row.client,
         *ratio_cells(rows, row),

@@ -227,8 +227,8 @@ def measure_raw(repo: Path, model: str, plan: Plan, label: str) -> Row:
     proc = run_child(cmd, plan.seconds + CHILD_SLACK_S)
     if proc.returncode != 0:
         return Row(model, label, 1, None, RAW, child_error(proc), server=RAW)
-    stats = Stats.from_dict(json.loads(last_json_line(proc.stdout)))
-    return Row(model, label, 1, stats, RAW, server=RAW)
+    data = json.loads(last_json_line(proc.stdout))
+    return Row(model, label, 1, Stats.from_dict(data), RAW, server=RAW, cpu_us=data["cpu_us"])
 
 
 # ---- load against the server ----------------------------------------------------------------
@@ -357,7 +357,11 @@ def measure_target(
         dead = f"{name} exited with {server.proc.returncode}"
         return Row(model, protocol, concurrency, None, "-", dead, server=name)
     point = partial(measure_point, ctx, target, model, protocol, concurrency)
-    row = replace(with_other_cpu(point, ctx.pids()), server=name)
+    with cpu.CpuSampler(server.proc.pid) as sampler:
+        row = replace(with_other_cpu(point, ctx.pids()), server=name)
+    rate = sampler.busy_rate()
+    if row.stats is not None and rate is not None and row.stats.infer_per_s > 0:
+        row = replace(row, cpu_us=1e6 * rate / row.stats.infer_per_s)
     print(f"  {model} {protocol} {name} c={concurrency}: " + describe(row), flush=True)
     return row
 
