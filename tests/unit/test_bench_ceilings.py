@@ -14,6 +14,7 @@ import tritonclient.http as httpclient
 
 from bench.ceilings import CEILINGS, for_protocol, start_ceiling, wait_listening
 from bench.common import Stats
+from bench.cpu import CpuSampler
 from bench.raw import open_session
 from bench.report import RAW, RAW_ORT, Row, best_ceiling, of_ceiling, paired_ratios, pct_of_raw
 from bench.server import Server, stop_server
@@ -185,3 +186,15 @@ def test_repeated_rounds_pair_each_point_with_its_own_round() -> None:
     assert x_raw == pytest.approx(0.7)
     assert x_ceiling == pytest.approx(0.7)
     assert paired_ratios(rounds, ("http-binary", 8, "edge-appliance")) == (None, None)
+
+
+def test_cpu_sampler_rates_the_busy_middle_of_a_point() -> None:
+    """Idle start-up and teardown around the load are left out of CPU per request."""
+    sampler = CpuSampler(pid=0)
+    idle_before = [(t / 10, 0.0) for t in range(10)]  # 1 s idle
+    busy = [(1 + t / 10, 0.05 * t) for t in range(41)]  # 4 s at half a core
+    idle_after = [(5.1 + t / 10, 2.0) for t in range(10)]
+    sampler.samples = idle_before + busy + idle_after
+    assert sampler.busy_rate() == pytest.approx(0.5)
+    sampler.samples = idle_before
+    assert sampler.busy_rate() is None
