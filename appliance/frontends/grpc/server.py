@@ -245,11 +245,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
         shm = self.shared_memory
-        # Admission before decoding: an overloaded model's refusal costs no decode or validation.
-        with self.core.admit(request.model_name, request.model_version) as admission:
-            decoded = decode_request(request, shm, self.limits)
-            response = await self.core.infer(decoded, admission)
-        return encode_response(response, shm_targets(decoded.outputs), shm)
+        # The regions the request names are held until its response is encoded (unregistering
+        # one meanwhile waits for it). Admission before decoding: an overloaded model's refusal
+        # costs no decode or validation.
+        with shm.request_scope():
+            with self.core.admit(request.model_name, request.model_version) as admission:
+                decoded = decode_request(request, shm, self.limits)
+                response = await self.core.infer(decoded, admission)
+            return encode_response(response, shm_targets(decoded.outputs), shm)
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[Any], context: Any
@@ -281,25 +284,27 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 request.parameters["triton_enable_empty_final_response"].bool_param
             )
             try:
-                decoupled = final_flag and self.core.is_decoupled(
-                    request.model_name, request.model_version
-                )
-                shm = self.shared_memory
-                decoded = decode_request(request, shm, self.limits)
-                targets = shm_targets(decoded.outputs)
-                async for response in self.core.infer_stream(decoded):
-                    result = encode_response(response, targets, shm)
-                    if final_flag:  # the only response of a non-decoupled model is the final one
-                        result.parameters["triton_final_response"].bool_param = not decoupled
-                    await responses.put(pb.ModelStreamInferResponse(infer_response=result))
-                if final_flag and decoupled:  # an empty response closes the request
-                    final = pb.ModelInferResponse(
-                        model_name=request.model_name,
-                        model_version=request.model_version,
-                        id=request.id,
+                # This request's shared memory regions are held until it is answered.
+                with self.shared_memory.request_scope():
+                    decoupled = final_flag and self.core.is_decoupled(
+                        request.model_name, request.model_version
                     )
-                    final.parameters["triton_final_response"].bool_param = True
-                    await responses.put(pb.ModelStreamInferResponse(infer_response=final))
+                    shm = self.shared_memory
+                    decoded = decode_request(request, shm, self.limits)
+                    targets = shm_targets(decoded.outputs)
+                    async for response in self.core.infer_stream(decoded):
+                        result = encode_response(response, targets, shm)
+                        if final_flag:  # a non-decoupled model's only response is the final one
+                            result.parameters["triton_final_response"].bool_param = not decoupled
+                        await responses.put(pb.ModelStreamInferResponse(infer_response=result))
+                    if final_flag and decoupled:  # an empty response closes the request
+                        final = pb.ModelInferResponse(
+                            model_name=request.model_name,
+                            model_version=request.model_version,
+                            id=request.id,
+                        )
+                        final.parameters["triton_final_response"].bool_param = True
+                        await responses.put(pb.ModelStreamInferResponse(infer_response=final))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

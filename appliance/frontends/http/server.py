@@ -237,21 +237,24 @@ class HttpFrontend:
         except ApplianceError as exc:
             refusal = error_response(HTTP_STATUS[exc.code], exc.message)
             return await self.refused.refuse(request, refusal)
-        with admission:
-            body = await read_body(request, self.max_body_bytes)
-            shm = self.shared_memory
-            header_length = request.headers.get(HEADER_LENGTH)
-            wire = decode_request(
-                body,
-                header_length,
-                model,
-                version,
-                shm,
-                self.limits,
-                lambda: self.control.model_config(model, version),  # a raw binary request's
-            )
-            response = await self.core.infer(wire.request, admission)
-        chunks, json_length = encode_response(response, wire, shm)
+        shm = self.shared_memory
+        # The shared memory regions the request names are held until its response is written:
+        # unregistering one meanwhile waits for it (services/shared_memory.py).
+        with shm.request_scope():
+            with admission:
+                body = await read_body(request, self.max_body_bytes)
+                header_length = request.headers.get(HEADER_LENGTH)
+                wire = decode_request(
+                    body,
+                    header_length,
+                    model,
+                    version,
+                    shm,
+                    self.limits,
+                    lambda: self.control.model_config(model, version),  # a raw binary request's
+                )
+                response = await self.core.infer(wire.request, admission)
+            chunks, json_length = encode_response(response, wire, shm)
         if json_length is None:
             resp = web.Response(body=chunks[0], content_type=_JSON)
         else:
