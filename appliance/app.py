@@ -30,6 +30,7 @@ from appliance.listeners import (
     serve_http,
 )
 from appliance.logs import LogSettings
+from appliance.memory import HeapTrimmer
 from appliance.metrics import build_registry, metrics_app
 from appliance.notify import (
     Notifier,
@@ -38,7 +39,6 @@ from appliance.notify import (
     status_text,
     watchdog_interval_s,
 )
-from appliance.protocol import service_pb2_grpc
 from appliance.repository.ledger import ModelLedger
 from appliance.repository.manifest import ManifestError, ManifestPolicy, load_public_key
 from appliance.repository.poller import RepositoryPoller
@@ -159,6 +159,13 @@ class Appliance:
             # First in, last out: the watchdog is fed while models load and while they drain.
             await stack.enter_async_context(self.supervisor.running())
             stack.push_async_callback(asyncio.to_thread, self.tracer.close)
+            # Request bodies and messages, the tensors decoded from them and the responses are
+            # the largest transient allocations, over HTTP as over gRPC: without a trim, a
+            # burst leaves its memory with glibc (appliance/memory.py). Stops after the
+            # listeners (last in, first out).
+            trimmer = HeapTrimmer()
+            trimmer.start()
+            stack.push_async_callback(trimmer.stop)
             if self.settings.allow_http:  # the status page's sampler
                 await stack.enter_async_context(self.status_service.running())
             await stack.enter_async_context(self.remote.opened())
@@ -396,8 +403,8 @@ class Appliance:
             shared_memory=self.control.shared_memory,
             limits=self.settings.request_limits,
             max_concurrent_rpcs=self.settings.grpc_max_concurrent_rpcs,
-        ).guarded()
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+        )
+        servicer.add_to_server(server)
         settings = self.settings
         unix_path = settings.grpc_unix_socket
         listener, self.grpc_port = await serve_grpc(

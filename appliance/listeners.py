@@ -21,7 +21,6 @@ import grpc
 from aiohttp import web
 
 from appliance.frontends.http.connections import GuardedAppRunner, GuardedRequestHandler
-from appliance.memory import HeapTrimmer
 from appliance.settings import HttpConnectionLimits, TlsSettings
 from appliance.shutdown import FORCE_AFTER_S, Deadline
 from appliance.tls import TlsFileError, certificates, key_pair
@@ -139,25 +138,19 @@ async def serve_http(
 
 
 class GrpcListener:
-    """A started grpc.aio server, and the trimmer that gives the memory a burst of calls leaves
-    behind back to the system (appliance/memory.py)."""
+    """A started grpc.aio server."""
 
     what = "gRPC"
 
-    def __init__(
-        self, server: grpc.aio.Server, unix_path: str = "", trimmer: HeapTrimmer | None = None
-    ) -> None:
+    def __init__(self, server: grpc.aio.Server, unix_path: str = "") -> None:
         self._server = server
         self.unix_path = unix_path
-        self._trimmer = trimmer
 
     async def stop(self, deadline: Deadline) -> list[str]:
         """Refuse new calls at once; calls still running at the cut-off are cancelled."""
         try:
             await self._server.stop(grace=deadline.until_cut_s(time.monotonic()))
         finally:
-            if self._trimmer is not None:
-                await self._trimmer.stop()
             if self.unix_path:
                 with contextlib.suppress(OSError):
                     os.unlink(self.unix_path)
@@ -201,11 +194,7 @@ async def serve_grpc(
     await server.start()
     if unix_path:
         os.chmod(unix_path, unix_mode)
-    # gRPC's receive buffers and the requests decoded from them are the server's largest
-    # transient allocations: without a trim, a burst leaves its memory with glibc.
-    trimmer = HeapTrimmer()
-    trimmer.start()
-    return GrpcListener(server, unix_path, trimmer), ports[0] if port >= 0 else None
+    return GrpcListener(server, unix_path), ports[0] if port >= 0 else None
 
 
 def grpc_credentials(tls: TlsSettings) -> grpc.ServerCredentials | None:

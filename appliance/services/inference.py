@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator
 from types import TracebackType
@@ -176,11 +177,14 @@ class InferenceService:
             return
         start = time.monotonic_ns()
         loop = asyncio.get_running_loop()
-        responses: asyncio.Queue[dict[str, Array]] = asyncio.Queue()
+        responses: asyncio.Queue[tuple[dict[str, Array], int]] = asyncio.Queue()
+        room = _ResponseRoom(threading.get_ident())
         job = validate(served, request, self.limits)
 
         def emit(outputs: dict[str, Array]) -> None:  # called from the instance's thread
-            loop.call_soon_threadsafe(responses.put_nowait, outputs)
+            size = room.wait_for_room(outputs)
+            if size >= 0:
+                loop.call_soon_threadsafe(responses.put_nowait, (outputs, size))
 
         job.emit = emit
         execution = asyncio.ensure_future(_decoupled(served, job))
@@ -191,14 +195,19 @@ class InferenceService:
                 if not getter.done():
                     getter.cancel()
                     break
-                yield self._response(served, request, getter.result())
+                outputs, size = getter.result()
+                room.taken(size)
+                yield self._response(served, request, outputs)
             while not responses.empty():  # posted before the execution finished
-                yield self._response(served, request, responses.get_nowait())
+                outputs, size = responses.get_nowait()
+                room.taken(size)
+                yield self._response(served, request, outputs)
             await execution  # raises the model's error, if any
         except ApplianceError as exc:
             served.stats.record_failure(_failure_reason(exc), time.monotonic_ns() - start)
             raise
         finally:
+            room.close()  # a model held back in emit goes on (its responses are dropped)
             execution.cancel()
         served.stats.record_success(time.monotonic_ns() - start)
 
@@ -377,6 +386,64 @@ class InferenceService:
             id=request.id,
             outputs=tensors,
         )
+
+
+# A decoupled request's responses the model has made and its reader has not taken yet: past
+# either bound, the model's next response waits in its sender until the reader takes one (the
+# reader: a ModelStreamInfer stream, held back in turn by its client's reading). Triton's
+# --grpc-max-response-pool-size holds a model back the same way. One response is let through
+# whatever its size, so a response larger than the byte bound still goes out.
+DECOUPLED_MAX_RESPONSES = 16
+DECOUPLED_MAX_BYTES = 32 << 20
+
+
+class _ResponseRoom:
+    """The bounds on one decoupled request's responses waiting for its reader.
+
+    `wait_for_room` runs in the model's thread (for a Python model, the thread reading its
+    process's messages, so its process blocks in send() once the pipe is full). On the event
+    loop's own thread (a decoupled ensemble step's responses) it never waits, which would
+    stop the loop: the loop's reader takes them as they come.
+    """
+
+    __slots__ = ("_bytes", "_closed", "_cond", "_count", "_loop_thread")
+
+    def __init__(self, loop_thread: int) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._count = 0
+        self._bytes = 0
+        self._closed = False
+        self._loop_thread = loop_thread
+
+    def wait_for_room(self, outputs: dict[str, Array]) -> int:
+        """Wait until the response fits, and count it; its size, or -1 when the reader is
+        gone (the response is dropped)."""
+        size = sum(int(getattr(array, "nbytes", 0)) for array in outputs.values())
+        with self._cond:
+            if threading.get_ident() != self._loop_thread:
+                while not self._closed and self._full(size):
+                    self._cond.wait()
+            if self._closed:
+                return -1
+            self._count += 1
+            self._bytes += size
+        return size
+
+    def _full(self, size: int) -> bool:
+        if not self._count:
+            return False
+        return self._count >= DECOUPLED_MAX_RESPONSES or self._bytes + size > DECOUPLED_MAX_BYTES
+
+    def taken(self, size: int) -> None:
+        with self._cond:
+            self._count -= 1
+            self._bytes -= size
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
 
 async def _decoupled(served: ServedVersion, job: Job) -> None:

@@ -27,6 +27,7 @@ from appliance.services.shared_memory import SharedMemoryRegistry, shm_targets
 log = logging.getLogger(__name__)
 
 _STREAMING = {"ModelStreamInfer"}
+SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 
 # Requests of one ModelStreamInfer stream in flight (read and not yet answered), and responses
 # waiting for the client to read them. At the bound the stream reads no further request until
@@ -77,13 +78,15 @@ def check_access(restrictions: Restrictions | None, name: str, context: Any) -> 
 def _guard_unary(
     method: Callable[..., Any],
     name: str,
+    parse: Callable[[bytes], Any],
     restrictions: Restrictions | None = None,
     bound: CallBound | None = None,
 ) -> Callable[..., Any]:
-    """The call bound, the access restriction and the one error mapping around a unary RPC."""
+    """The call bound, the access restriction, the request's parsing and the one error mapping
+    around a unary RPC, which grpc.aio hands its message's bytes (see `add_to_server`)."""
     slots = bound if bound is not None and bound.counts(name) else None
 
-    async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def guarded(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("gRPC call: %s", name)
         taken = False
@@ -92,9 +95,11 @@ def _guard_unary(
                 slots.take()
                 taken = True
             check_access(restrictions, name, context)
-            return await method(request, context)
+            return await method(parse(raw), context)
         except asyncio.CancelledError:
             raise
+        except DecodeError as exc:  # the client's bytes: no traceback, no log line
+            code, message = grpc.StatusCode.INVALID_ARGUMENT, _unparsable(name, exc)
         except Exception as exc:
             code, message = _status_of(exc)
         finally:
@@ -103,6 +108,10 @@ def _guard_unary(
         await context.abort(code, message)
 
     return guarded
+
+
+def _unparsable(name: str, exc: DecodeError) -> str:
+    return f"{name}: failed to parse the request message: {exc}"
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]  # generated base is untyped
@@ -130,16 +139,42 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         # Calls in flight, all connections together, past which a call is refused at once.
         self.bound = CallBound(max_concurrent_rpcs)
 
-    def guarded(self) -> InferenceServicer:
-        """Wrap every unary RPC with the call bound, the access check and the one error
-        mapping (done once, at registration)."""
-        for name in dir(service_pb2_grpc.GRPCInferenceServiceServicer):
-            if name.startswith("_") or name in _STREAMING:
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        """Serve every RPC on `server`, each unary one wrapped once with the call bound, the
+        access check, its request's parsing and the one error mapping.
+
+        Unary methods are registered without a request deserializer, so that their wrapper
+        parses the bytes: grpc.aio's own deserializing turns a message that does not parse
+        into UNKNOWN "Unexpected DecodeError" and logs a traceback per call; parsing in the
+        wrapper makes it INVALID_ARGUMENT, unlogged, for the same work on a good message.
+        ModelStreamInfer's messages come from grpc.aio's request iterator, whose DecodeError
+        the stream answers itself.
+        """
+        handlers: dict[str, grpc.RpcMethodHandler] = {}
+        for method in SERVICE.methods:
+            name = method.name
+            request = getattr(pb, method.input_type.name)
+            response = getattr(pb, method.output_type.name)
+            if name in _STREAMING:
+                handlers[name] = grpc.stream_stream_rpc_method_handler(
+                    getattr(self, name),
+                    request_deserializer=request.FromString,
+                    response_serializer=response.SerializeToString,
+                )
                 continue
-            method = getattr(self, name)
-            if asyncio.iscoroutinefunction(method):
-                setattr(self, name, _guard_unary(method, name, self.restrictions, self.bound))
-        return self
+            guarded = _guard_unary(
+                getattr(self, name), name, request.FromString, self.restrictions, self.bound
+            )
+            handlers[name] = grpc.unary_unary_rpc_method_handler(
+                guarded, response_serializer=response.SerializeToString
+            )
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),)
+        )
+        # grpcio >= 1.62: looked up by method name without the generic handler's search.
+        add_registered = getattr(server, "add_registered_method_handlers", None)
+        if add_registered is not None:
+            add_registered(SERVICE.full_name, handlers)
 
     # ---- health and metadata -----------------------------------------------------------------
 
