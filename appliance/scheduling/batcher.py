@@ -9,7 +9,9 @@ Inline execution: handing a batch to a worker thread and back costs two thread w
 60 us of CPU on a small core, more than a tiny model (an add, a small MLP, a tree) takes to run.
 After a warm-up on the worker thread, a batch whose predicted cost (the version's learned CPU
 time per input byte, times the batch's input bytes) is within `inline_budget_ns` runs on the
-event loop itself. Everything else runs on worker threads.
+event loop itself, and is settled before `_dispatch` returns: a caller that submitted it
+finds its future done and goes on without another round of the loop. Everything else runs on
+worker threads.
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ class Scheduler(SchedulerBase):
         self._refuse_if_closing()
         now = time.monotonic_ns()
         overdue_at = 0
+        later = False  # the overload deadline is set only if the job is still queued below
         if self._max_queue_wait_ns and self._request_ns:
             # The bound counts from the request's arrival, reading and decoding its body
             # included: measured at 4x the sustainable rate on a busy 2-core machine, counting
@@ -120,12 +123,17 @@ class Scheduler(SchedulerBase):
                 self._refuse_if_over(ahead, done_ns, now - since_ns)
             else:  # few ahead: admitted whatever they cost (policy.admission_wait_ns)
                 ahead, done_ns = len(self._queue) + len(self._running), 0.0
-            overdue_ns = overdue_after_ns(
-                ahead, len(self._workers), self._request_ns, self._bound_ns, done_ns
-            )
-            overdue_at = since_ns + overdue_ns
+            # The deadline is at least the bound after arrival (overdue_after_ns): a request
+            # that arrived within the bound cannot be overdue in the dispatch below, so its
+            # deadline waits until that dispatch has left it queued (most run at once).
+            later = now - since_ns < self._max_queue_wait_ns
+            if not later:
+                overdue_at = since_ns + self._overdue_ns(ahead, done_ns)
         self._queue.push(job, job.priority, job.timeout_us, now, overdue_at)
         self._dispatch()
+        if later and job.queued:
+            self._queue.set_overdue(job, since_ns + self._overdue_ns(ahead, done_ns))
+            self._arm_timer(now, 0)
         try:
             return await job.future
         except asyncio.CancelledError:
@@ -133,6 +141,11 @@ class Scheduler(SchedulerBase):
                 self._queue.discard(job)
                 self._stats.cancelled += 1
             raise
+
+    def _overdue_ns(self, ahead: int, done_ns: float) -> int:
+        return overdue_after_ns(
+            ahead, len(self._workers), self._request_ns, self._bound_ns, done_ns
+        )
 
     def admit(self) -> None:
         """Before the request's body is read: QueueFull at once when what is queued, executing
@@ -195,8 +208,20 @@ class Scheduler(SchedulerBase):
         )
 
     def _dispatch(self) -> None:
-        """Hand batches to idle instances while the policy says to run."""
+        """Hand batches to idle instances while the policy says to run; a batch run inline is
+        settled here (its callers' futures done before this returns: a caller awaiting it
+        goes on without a round of the loop) and the queue looked at again."""
         queue = self._queue
+        while len(queue):  # nothing queued: no timeout, deadline or batch to look at
+            finished = self._dispatch_queued(queue)
+            if not finished:
+                return
+            for worker, result in finished:
+                self._batch_done(worker, result)
+            self._notify_if_drained()
+
+    def _dispatch_queued(self, queue: RequestQueue) -> list[tuple[InstanceWorker, BatchResult]]:
+        """One pass of `_dispatch`: the batches it ran inline, with their results."""
         now = time.monotonic_ns()
         for expired in queue.expire(now):
             expired.future.set_exception(
@@ -211,11 +236,12 @@ class Scheduler(SchedulerBase):
                 )
             )
         wait_ns = 0
+        finished: list[tuple[InstanceWorker, BatchResult]] = []
         while len(queue) and self._idle and not self._awaiting_resources:
-            head = list(islice(queue.live(), self._head_limit))
-            if not head:
-                break
             if self._batching:
+                head = list(islice(queue.live(), self._head_limit))
+                if not head:
+                    break
                 decision = next_batch(
                     [(j.batch_size, j.shape_key) for j in head],
                     now - head[0].enqueue_ns,
@@ -226,7 +252,10 @@ class Scheduler(SchedulerBase):
                     break
                 live = head[: decision.run]
             else:  # one request per execution: no decision to make
-                live = head[:1]
+                first = next(queue.live(), None)
+                if first is None:
+                    break
+                live = [first]
             worker = self._free_worker()
             if worker is None:  # the rate limiter holds every idle instance back
                 break
@@ -236,8 +265,13 @@ class Scheduler(SchedulerBase):
                 self._stats.queue.add(now - job.enqueue_ns)
             if self._preserve_ordering:
                 self._ordered.append(BatchResult(jobs=live))
-            self._run(worker, live, inline=worker.inline_ok and self._runs_inline(live))
+            self._running[worker] = live
+            if worker.inline_ok and self._runs_inline(live):
+                finished.append((worker, worker.run(live)))
+            else:
+                worker.submit(live, self._on_batch_done)
         self._arm_timer(now, wait_ns)
+        return finished
 
     def _runs_inline(self, jobs: list[Job]) -> bool:
         """Inline when the learned CPU cost per input byte predicts a run within budget."""
@@ -250,7 +284,8 @@ class Scheduler(SchedulerBase):
         waiting for the GIL or a preempted VM would otherwise look slow)."""
         if not result.batch_size:
             return
-        per_byte = result.cpu_ns / max(1, _input_bytes(result.jobs))
+        timed = result.cpu_ns >= 0  # -1: not sampled (InstanceWorker.run)
+        per_byte = result.cpu_ns / max(1, _input_bytes(result.jobs)) if timed else 0.0
         # Admission's time per request: from the hand-over to the instance to the result back
         # on the loop (when the next batch can go), spread over a batch's requests. That is the
         # execution plus the loop's own delays, which grow with the loop's load: measured at 4x
@@ -270,7 +305,8 @@ class Scheduler(SchedulerBase):
             self._request_ns = per_request
             self._execution_ns = per_execution
         else:
-            self._cost_per_byte_ns += (per_byte - self._cost_per_byte_ns) * 0.1
+            if timed:
+                self._cost_per_byte_ns += (per_byte - self._cost_per_byte_ns) * 0.1
             self._request_ns += (per_request - self._request_ns) * 0.1
             self._execution_ns += (per_execution - self._execution_ns) * 0.1
         self._bound_ns = queue_wait_bound_ns(
@@ -300,6 +336,12 @@ class Scheduler(SchedulerBase):
         self._dispatch()
 
     def _on_batch_done(self, worker: InstanceWorker, result: BatchResult) -> None:
+        """A batch back from an instance's thread."""
+        self._batch_done(worker, result)
+        self._dispatch()
+        self._notify_if_drained()
+
+    def _batch_done(self, worker: InstanceWorker, result: BatchResult) -> None:
         self._instance_done(worker, result)
         self._learn_cost(result)
         if self._preserve_ordering:
@@ -313,8 +355,6 @@ class Scheduler(SchedulerBase):
                 self._complete(self._ordered.popleft())
         else:
             self._complete(result)
-        self._dispatch()
-        self._notify_if_drained()
 
     def _complete(self, result: BatchResult) -> None:
         stats = self._stats

@@ -97,8 +97,12 @@ class RequestQueue:
             self._seq += 1
             heapq.heappush(self._deadlines, (job.deadline_ns, self._seq, job))
         if overdue_at:
-            self._seq += 1
-            heapq.heappush(self._overdue, (overdue_at, self._seq, job))
+            self.set_overdue(job, overdue_at)
+
+    def set_overdue(self, job: Job, overdue_at: int) -> None:
+        """Give a queued job its overload deadline (monotonic ns): see `overdue`."""
+        self._seq += 1
+        heapq.heappush(self._overdue, (overdue_at, self._seq, job))
 
     def expire(self, now: int) -> list[Job]:
         """Apply timeouts due by `now`: returns the jobs to reject; DELAY jobs move back."""

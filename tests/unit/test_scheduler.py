@@ -14,7 +14,13 @@ import pytest
 
 from appliance.errors import InferenceFailed, InvalidInput, QueueFull
 from appliance.scheduling.batcher import QueueTimeout, Scheduler
-from appliance.scheduling.instances import InstanceWorker, Job
+from appliance.scheduling.instances import (
+    CPU_SAMPLE_EVERY,
+    CPU_WARMUP_RUNS,
+    BatchResult,
+    InstanceWorker,
+    Job,
+)
 from appliance.scheduling.policy import BatchPolicy
 from appliance.scheduling.queues import QueuePolicy
 from appliance.scheduling.stats import ModelStats
@@ -425,5 +431,121 @@ async def test_an_admitted_request_still_waiting_one_execution_past_the_bound_is
     assert 0.05 <= time.monotonic() - started < 1.0
     model.gate.set()
     await busy
+    await scheduler.stop(1, "was unloaded")
+    scheduler.release(1)
+
+
+async def _warmed_inline() -> tuple[Scheduler, ModelStats, ThreadRecorder]:
+    """A scheduler whose tiny batches run on the loop (past the warm-up on the thread)."""
+    model = ThreadRecorder()
+    stats = ModelStats()
+    worker = InstanceWorker("w", model, batching=True)
+    scheduler = Scheduler(
+        "m", [worker], BatchPolicy(max_batch_size=8), stats, max_queue_size=10,
+        inline_budget_ns=10_000_000,
+    )  # fmt: skip
+    scheduler.start()
+    for i in range(20):
+        await scheduler.submit(job(i))
+    assert model.threads[-1] == threading.get_ident()
+    return scheduler, stats, model
+
+
+async def test_an_inline_batch_is_settled_before_submit_would_wait() -> None:
+    """The caller of an inline batch gets its outputs without a round of the loop: its
+    future is done when the dispatch returns, so awaiting it does not suspend."""
+    scheduler, stats, _ = await _warmed_inline()
+    before = (stats.execution_count, stats.inference_count, stats.queue.count)
+    coroutine = scheduler.submit(job(7))
+    with pytest.raises(StopIteration) as finished:
+        coroutine.send(None)
+    np.testing.assert_array_equal(finished.value.value["y"], np.full((1, 2), 14))
+    after = (stats.execution_count, stats.inference_count, stats.queue.count)
+    assert after == (before[0] + 1, before[1] + 1, before[2] + 1)
+    assert stats.by_batch_size[1].compute_infer.count == before[0] + 1
+    assert not scheduler.busy
+    # A rejected input is settled the same way, as the request's own error.
+    with pytest.raises(InvalidInput, match="negative input"):
+        scheduler.submit(job(-1)).send(None)
+    await scheduler.stop(1, "was unloaded")
+    scheduler.release(1)
+
+
+async def test_an_inline_batch_that_ends_the_drain_lets_stop_return() -> None:
+    """An inline batch dispatched by the batching timer during a stop is settled there and
+    the drain completes (nothing is left waiting for a loop hop)."""
+    model = Doubler()
+    stats = ModelStats()
+    worker = InstanceWorker("w", model, batching=True)
+    policy = BatchPolicy(max_batch_size=8, dynamic=True, max_queue_delay_ns=20_000_000)
+    scheduler = Scheduler(
+        "m", [worker], policy, stats, max_queue_size=10, inline_budget_ns=10_000_000
+    )
+    scheduler.start()
+    for i in range(20):
+        await scheduler.submit(job(i))
+    waiting = [asyncio.ensure_future(scheduler.submit(job(i))) for i in range(3)]
+    await asyncio.sleep(0)
+    assert scheduler.pending == 3  # in the batching window
+    assert await scheduler.stop(2, "was unloaded") == 0
+    assert [w.result()["y"][0, 0] for w in waiting] == [0, 2, 4]
+    assert model.batches[-1] == 3
+    scheduler.release(1)
+
+
+def test_a_batch_of_one_is_timed_and_answered_like_any_batch() -> None:
+    seen: list[Sequence[str]] = []
+
+    class Recorder(Doubler):
+        def execute(self, inputs: Any, output_names: Sequence[str]) -> dict[str, np.ndarray]:
+            seen.append(list(output_names))
+            return super().execute(inputs, output_names)
+
+    async def main() -> None:
+        worker = InstanceWorker("w", Recorder(), batching=True)
+        one = job(3)
+        one.output_names = ("y", "y")
+        result = worker.run([one])
+        assert seen[-1] == ["y"]  # duplicates asked for once, as for a batch
+        outputs = result.outcomes[0]
+        assert isinstance(outputs, dict)
+        np.testing.assert_array_equal(outputs["y"], np.full((1, 2), 6))
+        assert result.batch_size == 1
+        assert result.started_ns > 0
+        assert result.infer_ns > 0
+        assert min(result.input_ns, result.output_ns) >= 0
+        assert result.cpu_ns > 0
+        rejected = worker.run([job(-1)])
+        assert isinstance(rejected.outcomes[0], InputRejected)
+        assert rejected.batch_size == 0
+        crashed = worker.run([job(99)])
+        assert isinstance(crashed.outcomes[0], ExecutionError)
+        assert crashed.batch_size == 0
+
+    asyncio.run(main())
+
+
+def test_the_cpu_clock_is_sampled_after_the_warm_up() -> None:
+    async def main() -> list[int]:
+        worker = InstanceWorker("w", Doubler(), batching=True)
+        return [worker.run([job(1)]).cpu_ns for _ in range(CPU_WARMUP_RUNS + 2 * CPU_SAMPLE_EVERY)]
+
+    cpu = asyncio.run(main())
+    assert all(ns > 0 for ns in cpu[:CPU_WARMUP_RUNS])
+    sampled = [i + 1 for i, ns in enumerate(cpu) if ns >= 0 and i >= CPU_WARMUP_RUNS]
+    assert sampled == [CPU_WARMUP_RUNS + CPU_SAMPLE_EVERY, CPU_WARMUP_RUNS + 2 * CPU_SAMPLE_EVERY]
+    unsampled = [ns for i, ns in enumerate(cpu) if i >= CPU_WARMUP_RUNS and i + 1 not in sampled]
+    assert set(unsampled) == {-1}
+
+
+async def test_an_unsampled_batch_leaves_the_learned_cost_per_byte() -> None:
+    scheduler, _, _ = await _warmed_inline()
+    cost = scheduler._cost_per_byte_ns
+    result = BatchResult(jobs=[job(1)], outcomes=[{}], batch_size=1, infer_ns=1000, cpu_ns=-1)
+    scheduler._learn_cost(result)
+    assert scheduler._cost_per_byte_ns == cost
+    result.cpu_ns = int(cost * 8 * 100)  # 8 input bytes at 100x the cost
+    scheduler._learn_cost(result)
+    assert scheduler._cost_per_byte_ns > cost
     await scheduler.stop(1, "was unloaded")
     scheduler.release(1)
