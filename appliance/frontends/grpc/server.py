@@ -34,6 +34,10 @@ SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 # one is answered: a client that sends without reading is held back by HTTP/2 flow control
 # instead of growing the server (issue 17: 115 -> 473 MB over 250k requests, unbounded).
 STREAM_MAX_IN_FLIGHT = 64
+# Tensor bytes of the responses waiting for the stream's client, past which a request's next
+# response waits for the client to read (one always goes in): 64 large responses alone could
+# hold gigabytes. A decoupled model is held back in turn (services/inference.py).
+STREAM_MAX_WAITING_BYTES = 32 << 20
 
 
 def _status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
@@ -307,9 +311,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 raise
         except ApplianceError as exc:
             await context.abort(GRPC_STATUS[exc.code], exc.message)
-        responses: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue(
-            STREAM_MAX_IN_FLIGHT
-        )
+        responses = _Outbox()
         slots = asyncio.Semaphore(STREAM_MAX_IN_FLIGHT)  # one per request read, until answered
         pending: set[asyncio.Task[None]] = set()
         malformed: list[str] = []  # why a request message did not parse: the stream ends
@@ -331,7 +333,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                         result = encode_response(response, targets, shm)
                         if final_flag:  # a non-decoupled model's only response is the final one
                             result.parameters["triton_final_response"].bool_param = not decoupled
-                        await responses.put(pb.ModelStreamInferResponse(infer_response=result))
+                        size = sum(tensor.data.nbytes for tensor in response.outputs)
+                        del response  # its arrays: the message holds their bytes
+                        await responses.put(
+                            pb.ModelStreamInferResponse(infer_response=result), size
+                        )
                     if final_flag and decoupled:  # an empty response closes the request
                         final = pb.ModelInferResponse(
                             model_name=request.model_name,
@@ -396,6 +402,34 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             for task in list(pending):
                 task.cancel()
             await asyncio.gather(reader, *pending, return_exceptions=True)
+
+
+class _Outbox:
+    """A stream's responses waiting for its client: at most STREAM_MAX_IN_FLIGHT of them, and
+    STREAM_MAX_WAITING_BYTES of tensor data unless one alone is larger; `put` waits for room."""
+
+    __slots__ = ("_bytes", "_queue", "_room")
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[tuple[pb.ModelStreamInferResponse | None, int]] = asyncio.Queue(
+            STREAM_MAX_IN_FLIGHT
+        )
+        self._bytes = 0
+        self._room = asyncio.Event()
+
+    async def put(self, item: pb.ModelStreamInferResponse | None, size: int = 0) -> None:
+        while size and self._bytes and self._bytes + size > STREAM_MAX_WAITING_BYTES:
+            self._room.clear()
+            await self._room.wait()
+        self._bytes += size
+        await self._queue.put((item, size))
+
+    async def get(self) -> pb.ModelStreamInferResponse | None:
+        item, size = await self._queue.get()
+        if size:
+            self._bytes -= size
+            self._room.set()
+        return item
 
 
 def _setting_value(value: Any) -> Any:
