@@ -192,9 +192,14 @@ def make_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Plan
 
 
 def run_child(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, check=False
-    )
+    """The child's result; one that hangs is killed and becomes a failed point, not the end of
+    the run."""
+    try:
+        return subprocess.run(
+            cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(cmd, -9, "", f"no result within {timeout_s:.0f} s")
 
 
 def child_error(proc: subprocess.CompletedProcess[str]) -> str:

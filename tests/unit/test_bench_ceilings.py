@@ -3,8 +3,10 @@ tritonclient inferences, so `python -m bench.run` never divides by a broken refe
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -198,3 +200,31 @@ def test_cpu_sampler_rates_the_busy_middle_of_a_point() -> None:
     assert sampler.busy_rate() == pytest.approx(0.5)
     sampler.samples = idle_before
     assert sampler.busy_rate() is None
+
+
+@pytest.mark.parametrize("kind", GRPC_CEILINGS)
+def test_grpc_ceiling_streams_beside_unary_calls(start: StartCeiling, kind: str) -> None:
+    """Nine open streams (one per perf_analyzer context) leave room for unary calls: a sync pool
+    of eight threads hung perf_analyzer --streaming."""
+    ceiling = start(kind, ["simple"])
+    replies: queue.Queue[Any] = queue.Queue()
+    clients = [grpcclient.InferenceServerClient(ceiling.grpc_url) for _ in range(9)]
+    a, b = simple_inputs()
+    inputs = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    try:
+        for client in clients:
+            client.start_stream(callback=lambda result, error: replies.put(error or result))
+            client.async_stream_infer("simple", inputs)
+        for _ in clients:
+            reply = replies.get(timeout=10)
+            np.testing.assert_array_equal(reply.as_numpy("OUTPUT0"), a + b)
+        unary = grpcclient.InferenceServerClient(ceiling.grpc_url)
+        stats = unary.get_inference_statistics("simple", client_timeout=10)
+        assert stats.model_stats[0].name == "simple"
+        result = unary.infer("simple", inputs, client_timeout=10)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    finally:
+        for client in clients:
+            client.stop_stream()
