@@ -25,7 +25,7 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from bench.ceiling_models import CeilingModel, load_models
+from bench.ceiling_models import BadRequest, CeilingModel, load_models
 
 MODES = ("aio", "sync")
 # A stream holds a pool thread for its life: 8 threads hung perf_analyzer --streaming at c=8
@@ -53,6 +53,12 @@ class Answers:
 
     def infer(self, request: Any) -> Any:
         model = self.model(request.model_name)
+        try:
+            return self._infer(model, request)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BadRequest(f"bad request: {exc!r}") from exc
+
+    def _infer(self, model: CeilingModel, request: Any) -> Any:
         inputs = {
             t.name: np.frombuffer(raw, model.inputs[t.name].dtype).reshape(tuple(t.shape))
             for t, raw in zip(request.inputs, request.raw_input_contents, strict=True)
@@ -107,6 +113,8 @@ class SyncServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: igno
             return method(request)
         except UnknownModel as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except BadRequest as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     def ServerLive(self, request: Any, context: Any) -> Any:
         return service_pb2.ServerLiveResponse(live=True)
@@ -136,7 +144,7 @@ class SyncServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: igno
         for request in requests:
             try:
                 reply = self.answers.infer(request)
-            except UnknownModel as exc:
+            except (UnknownModel, BadRequest) as exc:
                 yield service_pb2.ModelStreamInferResponse(error_message=str(exc))
             else:
                 yield service_pb2.ModelStreamInferResponse(infer_response=reply)
@@ -153,6 +161,8 @@ class AioServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
             return method(request)
         except UnknownModel as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except BadRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return service_pb2.ServerLiveResponse(live=True)
@@ -182,7 +192,7 @@ class AioServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
         async for request in requests:
             try:
                 reply = self.answers.infer(request)
-            except UnknownModel as exc:
+            except (UnknownModel, BadRequest) as exc:
                 yield service_pb2.ModelStreamInferResponse(error_message=str(exc))
             else:
                 yield service_pb2.ModelStreamInferResponse(infer_response=reply)

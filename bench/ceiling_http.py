@@ -22,7 +22,7 @@ import numpy as np
 import orjson
 from aiohttp import web
 
-from bench.ceiling_models import Arrays, CeilingModel, load_models
+from bench.ceiling_models import Arrays, BadRequest, CeilingModel, load_models
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 MODELS = web.AppKey("models", dict)
@@ -110,9 +110,9 @@ async def infer(request: web.Request) -> web.Response:
             split = int(length)
             header, binary = orjson.loads(body[:split]), memoryview(body)[split:]
         inputs = decode_inputs(model, header, binary)
-    except (ValueError, KeyError, TypeError) as exc:
+        reply, head_length = encode(model, header, model.compute(inputs))
+    except (ValueError, KeyError, TypeError, BadRequest) as exc:
         return error(400, f"bad request: {exc}")
-    reply, head_length = encode(model, header, model.compute(inputs))
     if head_length is None:
         return web.Response(body=reply, content_type="application/json")
     return web.Response(

@@ -24,6 +24,10 @@ from edge_backends.datatypes import BY_CONFIG
 Arrays = dict[str, np.ndarray]
 
 
+class BadRequest(Exception):
+    """Inputs the model cannot take (the ceilings answer 400 / INVALID_ARGUMENT)."""
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
@@ -103,7 +107,7 @@ def _reshaped(compute: Callable[[Arrays], Arrays], config: Any) -> Callable[[Arr
     return run
 
 
-def _one_at_a_time(compute: Callable[[Arrays], Arrays]) -> Callable[[Arrays], Arrays]:
+def _one_at_a_time(name: str, compute: Callable[[Arrays], Arrays]) -> Callable[[Arrays], Arrays]:
     """One execution at a time, as the server's one instance per model: the synchronous gRPC
     ceiling's pool threads would otherwise time-slice eight ORT runs on one core (each request
     then takes eight runs' time; DenseNet at c=8 finished no request in a 1.3 s window)."""
@@ -111,7 +115,10 @@ def _one_at_a_time(compute: Callable[[Arrays], Arrays]) -> Callable[[Arrays], Ar
 
     def run(inputs: Arrays) -> Arrays:
         with lock:
-            return compute(inputs)
+            try:
+                return compute(inputs)
+            except Exception as exc:  # ORT's own errors have no common base but Exception
+                raise BadRequest(f"model '{name}': {exc}") from exc
 
     return run
 
@@ -128,7 +135,7 @@ def load_model(repository: Path, name: str) -> CeilingModel:
         _add_sub if name == "simple" else _ort_compute(folder / "1" / "model.onnx")
     )
     platform = config.platform or config.backend
-    compute = _one_at_a_time(_reshaped(compute, config))
+    compute = _one_at_a_time(name, _reshaped(compute, config))
     return CeilingModel(name, platform, config, inputs, outputs, compute)
 
 

@@ -13,6 +13,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from bench.ceilings import CEILINGS, for_protocol, start_ceiling, wait_listening
 from bench.common import Stats
@@ -228,3 +229,24 @@ def test_grpc_ceiling_streams_beside_unary_calls(start: StartCeiling, kind: str)
     finally:
         for client in clients:
             client.stop_stream()
+
+
+@pytest.mark.parametrize("kind", CEILINGS)
+def test_ceilings_refuse_inputs_the_model_cannot_take(start: StartCeiling, kind: str) -> None:
+    """A 400 / INVALID_ARGUMENT, never a 500 or a dropped connection."""
+    ceiling = start(kind, ["simple"])
+    module = httpclient if kind == "aiohttp" else grpcclient
+    client = module.InferenceServerClient(ceiling.http_url)
+    a = np.zeros((1, 16), dtype=np.int32)
+    b = np.zeros((1, 8), dtype=np.int32)  # add/sub cannot broadcast [1,16] with [1,8]
+    inputs = [
+        module.InferInput("INPUT0", [1, 16], "INT32"),
+        module.InferInput("INPUT1", [1, 8], "INT32"),
+    ]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("simple", inputs)
+    assert "model 'simple'" in caught.value.message()
+    expected = "400" if kind == "aiohttp" else "StatusCode.INVALID_ARGUMENT"
+    assert caught.value.status() == expected
