@@ -33,18 +33,22 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_repository(tmp_path_factory.mktemp("ceilings") / "models")
 
 
-@pytest.fixture
-def start(repository: Path, tmp_path: Path) -> Iterator[StartCeiling]:
-    started: list[Server] = []
+@pytest.fixture(scope="module")
+def start(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartCeiling]:
+    """Each ceiling (with a set of models) starts once for the module and stops after it."""
+    started: dict[tuple[str, tuple[str, ...]], Server] = {}
+    logs = tmp_path_factory.mktemp("ceiling-logs")
 
     def run(kind: str, models: list[str] = MODELS) -> Server:
-        ceiling = start_ceiling(kind, repository, models, None, tmp_path / f"{kind}.log")
-        started.append(ceiling)
-        wait_listening(ceiling, timeout_s=60)
-        return ceiling
+        key = (kind, tuple(models))
+        if key not in started or not started[key].alive():
+            log = logs / f"{kind}-{len(started)}.log"
+            started[key] = start_ceiling(kind, repository, models, None, log)
+            wait_listening(started[key], timeout_s=60)
+        return started[key]
 
     yield run
-    for ceiling in started:
+    for ceiling in started.values():
         stop_server(ceiling)
 
 
@@ -207,7 +211,7 @@ def test_cpu_sampler_rates_the_busy_middle_of_a_point() -> None:
 def test_grpc_ceiling_streams_beside_unary_calls(start: StartCeiling, kind: str) -> None:
     """Nine open streams (one per perf_analyzer context) leave room for unary calls: a sync pool
     of eight threads hung perf_analyzer --streaming."""
-    ceiling = start(kind, ["simple"])
+    ceiling = start(kind)
     replies: queue.Queue[Any] = queue.Queue()
     clients = [grpcclient.InferenceServerClient(ceiling.grpc_url) for _ in range(9)]
     a, b = simple_inputs()
@@ -234,7 +238,7 @@ def test_grpc_ceiling_streams_beside_unary_calls(start: StartCeiling, kind: str)
 @pytest.mark.parametrize("kind", CEILINGS)
 def test_ceilings_refuse_inputs_the_model_cannot_take(start: StartCeiling, kind: str) -> None:
     """A 400 / INVALID_ARGUMENT, never a 500 or a dropped connection."""
-    ceiling = start(kind, ["simple"])
+    ceiling = start(kind)
     module = httpclient if kind == "aiohttp" else grpcclient
     client = module.InferenceServerClient(ceiling.http_url)
     a = np.zeros((1, 16), dtype=np.int32)
