@@ -4,7 +4,8 @@
 
 - simple: Triton's quick-start model (INT32 INPUT0 + INPUT1 -> OUTPUT0 sum, OUTPUT1 difference)
 - densenet_onnx / squeezenet_onnx: the real architectures shipped in the onnx wheel, with the
-  batch dimension made dynamic, served with dynamic batching
+  batch dimension made dynamic; densenet_onnx as Triton's own example config, squeezenet_onnx
+  batching (max_batch_size 8) without dynamic batching (SQUEEZENET_BATCHING says why)
 - simple_string: Triton's string quick-start model (BYTES numbers in, their sum and difference
   as BYTES out)
 - simple_identity, simple_int8: the other models Triton's string and int8 examples call
@@ -58,6 +59,16 @@ output [
 {batching}
 instance_group [ {{ count: 1, kind: KIND_CPU }} ]
 """
+
+# squeezenet_onnx runs each request alone (Triton's default scheduler), as a client's batch of
+# up to 8 if it sends one. Dynamic batching costs a CPU image model on a single-thread instance
+# throughput and gains it nothing: per image, one ONNX Runtime thread is no faster at batch 4-8
+# than at batch 1 (about 8% slower here), and a batch answers all its clients at once, so the
+# queue runs dry while they send their next requests and the instance waits for them; run one
+# at a time, the requests queued behind the running one hide those round trips. Measured in
+# docs/benchmarks.md ("Hot path (issue 20)"). A GPU instance, or a model whose cost per item
+# falls with the batch, is where `dynamic_batching { }` belongs.
+SQUEEZENET_BATCHING = ""
 
 # Triton's own example config of densenet_onnx (server repository, docs/examples/
 # model_repository): no batching, the batch dimension of 1 added and removed by reshape. Its
@@ -427,9 +438,7 @@ def write_repository(root: Path) -> Path:
         (root / model_name / "config.pbtxt").write_text(
             DENSENET_CONFIG
             if model_name == "densenet_onnx"
-            else IMAGE_CONFIG.format(
-                name=model_name, output=output, batching="dynamic_batching { }"
-            )
+            else IMAGE_CONFIG.format(name=model_name, output=output, batching=SQUEEZENET_BATCHING)
         )
         # The onnx wheel's models carry no class names; number the 1000 ImageNet classes.
         (root / model_name / "labels.txt").write_text(
