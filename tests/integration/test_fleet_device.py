@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from appliance.repository.rollout import (
@@ -252,6 +253,9 @@ def test_a_target_failing_its_probation_rolls_back_and_is_not_taken_again(
     assert _serves(proc, 1.0)
     fleet.publish(document)
     _wait_for(lambda: fleet.stored(inside, 2))
+    # Once version 2 serves (a busy machine can take a while to load it), its probation runs.
+    client = httpclient.InferenceServerClient(proc.http_url)
+    _wait_for(lambda: client.is_model_ready("m", "2"))
     failures = _infer_until(proc, 1.0)
     assert failures == 2  # rolled back once more than 25 % of its first 4 requests failed
     assert "the rollout's probation.max_error_rate 0.25" in proc.log()
