@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
@@ -14,6 +16,7 @@ import numpy as np
 from appliance.cache import ResponseCache, cache_key
 from appliance.errors import (
     ApplianceError,
+    ErrorCode,
     InferenceFailed,
     InvalidInput,
     QueueFull,
@@ -188,6 +191,7 @@ class InferenceService:
 
         job.emit = emit
         execution = asyncio.ensure_future(_decoupled(served, job))
+        room.on_stall = functools.partial(_cancel_soon, loop, execution)
         try:
             while True:
                 getter = asyncio.ensure_future(responses.get())
@@ -198,6 +202,13 @@ class InferenceService:
                 outputs, size = getter.result()
                 room.taken(size)
                 yield self._response(served, request, outputs)
+            if room.stalled:  # the model was cancelled, after what it had made was yielded
+                raise ResponsesNotRead(
+                    f"model '{served.name}' version {served.version}: the stream's client read "
+                    f"none of this request's responses for {DECOUPLED_READER_WAIT_S:g} s while "
+                    f"the model waited to send more ({room.stalled} waiting); the request is "
+                    "cancelled"
+                )
             while not responses.empty():  # posted before the execution finished
                 outputs, size = responses.get_nowait()
                 room.taken(size)
@@ -395,6 +406,18 @@ class InferenceService:
 # whatever its size, so a response larger than the byte bound still goes out.
 DECOUPLED_MAX_RESPONSES = 16
 DECOUPLED_MAX_BYTES = 32 << 20
+# How long a model waits so for a reader that takes nothing; then the request fails with
+# ResponsesNotRead and is cancelled. A model held in its sender longer would hold its instance
+# for a client that may never read, and count as stuck for the systemd watchdog
+# (appliance/notify.py: every instance in one execution longer than WatchdogSec, 30 s in the
+# shipped unit), which would restart the server for one client.
+DECOUPLED_READER_WAIT_S = 10.0
+
+
+class ResponsesNotRead(ApplianceError):
+    """A decoupled request's reader took none of its responses for DECOUPLED_READER_WAIT_S."""
+
+    code = ErrorCode.RESOURCE_EXHAUSTED
 
 
 class _ResponseRoom:
@@ -403,10 +426,21 @@ class _ResponseRoom:
     `wait_for_room` runs in the model's thread (for a Python model, the thread reading its
     process's messages, so its process blocks in send() once the pipe is full). On the event
     loop's own thread (a decoupled ensemble step's responses) it never waits, which would
-    stop the loop: the loop's reader takes them as they come.
+    stop the loop: the loop's reader takes them as they come. `on_stall` runs (in the model's
+    thread) when the reader took nothing for DECOUPLED_READER_WAIT_S; `stalled` then says what
+    was waiting.
     """
 
-    __slots__ = ("_bytes", "_closed", "_cond", "_count", "_loop_thread")
+    __slots__ = (
+        "_bytes",
+        "_closed",
+        "_cond",
+        "_count",
+        "_loop_thread",
+        "_taken_at",
+        "on_stall",
+        "stalled",
+    )
 
     def __init__(self, loop_thread: int) -> None:
         self._cond = threading.Condition(threading.Lock())
@@ -414,19 +448,33 @@ class _ResponseRoom:
         self._bytes = 0
         self._closed = False
         self._loop_thread = loop_thread
+        self._taken_at = 0.0
+        self.stalled = ""  # what was waiting when the reader stalled
+        self.on_stall: Callable[[], None] | None = None
 
     def wait_for_room(self, outputs: dict[str, Array]) -> int:
         """Wait until the response fits, and count it; its size, or -1 when the reader is
-        gone (the response is dropped)."""
+        gone or stalled (the response is dropped)."""
         size = sum(int(getattr(array, "nbytes", 0)) for array in outputs.values())
+        stalled = False
         with self._cond:
             if threading.get_ident() != self._loop_thread:
+                started = time.monotonic()
                 while not self._closed and self._full(size):
-                    self._cond.wait()
+                    since = max(started, self._taken_at)
+                    left = since + DECOUPLED_READER_WAIT_S - time.monotonic()
+                    if left <= 0:
+                        self.stalled = f"{self._count} responses, {self._bytes / 2**20:.1f} MiB"
+                        stalled = self._closed = True
+                        break
+                    self._cond.wait(left)
             if self._closed:
-                return -1
-            self._count += 1
-            self._bytes += size
+                size = -1
+            else:
+                self._count += 1
+                self._bytes += size
+        if stalled and self.on_stall is not None:
+            self.on_stall()
         return size
 
     def _full(self, size: int) -> bool:
@@ -438,6 +486,7 @@ class _ResponseRoom:
         with self._cond:
             self._count -= 1
             self._bytes -= size
+            self._taken_at = time.monotonic()
             self._cond.notify()
 
     def close(self) -> None:
@@ -457,6 +506,12 @@ async def _decoupled(served: ServedVersion, job: Job) -> None:
             raise
         except Exception as exc:  # the model's error, as the scheduler would map it
             raise client_error(served.label, exc) from exc
+
+
+def _cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Future[None]) -> None:
+    """Cancel `task` from another thread (nothing when the loop is closed)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(task.cancel)
 
 
 def _failure_reason(exc: ApplianceError) -> str:

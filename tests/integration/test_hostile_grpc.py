@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from appliance.services.inference import DECOUPLED_READER_WAIT_S
 from configs.generate import SIMPLE_CONFIG, save, simple_model
 from tests.serverproc import ServerProcess
 
@@ -236,3 +237,35 @@ def test_a_held_back_model_goes_on_once_its_client_goes_away(
         stream.close()
     assert [m.error_message for m in messages] == [""] * 4
     assert messages[-1].infer_response.parameters["triton_final_response"].bool_param
+
+
+def test_a_client_that_reads_nothing_for_long_fails_its_request(
+    server: ServerProcess, channel: grpc.Channel
+) -> None:
+    """A model held back longer than DECOUPLED_READER_WAIT_S (10 s) by a client that reads
+    nothing: the request is cancelled (its instance is not held, nor counted stuck by the
+    watchdog); reading on, the client gets what had been made, then the reason."""
+    stream = _Stream(channel, _flood_request(400, MIB))
+    try:
+        assert not next(stream.responses).error_message
+        time.sleep(DECOUPLED_READER_WAIT_S + 2)
+        messages = []
+        for message in stream.responses:
+            messages.append(message)
+            if message.error_message:
+                break
+    finally:
+        stream.close()
+    error = messages[-1].error_message
+    assert error.startswith(
+        "model 'flood' version 1: the stream's client read none of this request's responses "
+        f"for {DECOUPLED_READER_WAIT_S:g} s while the model waited to send more ("
+    ), error
+    assert error.endswith(" waiting); the request is cancelled"), error
+    assert 1 < len(messages) < 400
+    assert all(not m.error_message for m in messages[:-1])
+    stream = _Stream(channel, _flood_request(2, 16))  # the instance serves the next one
+    try:
+        assert [next(stream.responses).error_message for _ in range(3)] == [""] * 3
+    finally:
+        stream.close()
