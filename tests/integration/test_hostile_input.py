@@ -12,7 +12,7 @@ import json
 import socket
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +157,12 @@ def test_an_unknown_content_encoding_is_a_415(server, encoding: str) -> None:  #
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "identity"])
 def test_supported_encodings_still_work(server, encoding: str) -> None:  # type: ignore[no-untyped-def]
     body = _infer_body([1, 16], list(range(16)))
-    compressed = {"gzip": gzip.compress, "deflate": zlib.compress}.get(encoding, bytes)(body)
+    compressors: dict[str, Callable[[bytes], bytes]] = {
+        "gzip": gzip.compress,
+        "deflate": zlib.compress,
+    }
+    compress = compressors.get(encoding, bytes)
+    compressed = compress(body)
     status, _ = _post(server, "/v2/models/simple/infer", compressed, {"Content-Encoding": encoding})
     assert status == 400  # INPUT1 is missing: the body was read and decoded
     client = httpclient.InferenceServerClient(server.http_url)
