@@ -92,7 +92,14 @@ class Answers:
 
     def statistics(self, request: Any) -> Any:
         names = [request.name] if request.name else list(self.models)
-        stats = [service_pb2.ModelStatistics(name=self.model(n).name, version="1") for n in names]
+        stats = []
+        for name in names:
+            count = self.model(name).inference_count
+            stats.append(
+                service_pb2.ModelStatistics(
+                    name=name, version="1", inference_count=count, execution_count=count
+                )
+            )
         return service_pb2.ModelStatisticsResponse(model_stats=stats)
 
     def server_metadata(self) -> Any:

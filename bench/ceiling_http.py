@@ -147,7 +147,9 @@ async def model_stats(request: web.Request) -> web.Response:
     model = model_of(request)
     if model is None:
         return error(404, "unknown model")
-    return json_response({"model_stats": [{"name": model.name, "version": "1"}]})
+    count = model.inference_count
+    stats = {"name": model.name, "version": "1", "inference_count": count, "execution_count": count}
+    return json_response({"model_stats": [stats]})
 
 
 def build_app(models: dict[str, CeilingModel]) -> web.Application:

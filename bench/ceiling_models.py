@@ -48,7 +48,11 @@ class CeilingModel:
     config: Any  # model_config_pb2.ModelConfig
     inputs: dict[str, TensorSpec]
     outputs: dict[str, TensorSpec]
-    compute: Callable[[Arrays], Arrays]
+    compute: Instance
+
+    @property
+    def inference_count(self) -> int:
+        return self.compute.count
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -107,20 +111,31 @@ def _reshaped(compute: Callable[[Arrays], Arrays], config: Any) -> Callable[[Arr
     return run
 
 
-def _one_at_a_time(name: str, compute: Callable[[Arrays], Arrays]) -> Callable[[Arrays], Arrays]:
-    """One execution at a time, as the server's one instance per model: the synchronous gRPC
-    ceiling's pool threads would otherwise time-slice eight ORT runs on one core (each request
-    then takes eight runs' time; DenseNet at c=8 finished no request in a 1.3 s window)."""
-    lock = threading.Lock()
+class Instance:
+    """The model's one instance: one execution at a time, counted.
 
-    def run(inputs: Arrays) -> Arrays:
-        with lock:
+    One at a time as the server's one instance per model: the synchronous gRPC ceiling's pool
+    threads would otherwise time-slice eight ORT runs on one core (each request then takes eight
+    runs' time; DenseNet at c=8 finished no request in a 1.3 s window). The count (inferences,
+    batch elements included) is what the ceilings report as inference_count, so bench.run can
+    divide the process's CPU by it as it does for the server."""
+
+    def __init__(self, name: str, compute: Callable[[Arrays], Arrays], batched: bool) -> None:
+        self.name = name
+        self.count = 0
+        self._compute = compute
+        self._batched = batched
+        self._lock = threading.Lock()
+
+    def __call__(self, inputs: Arrays) -> Arrays:
+        with self._lock:
             try:
-                return compute(inputs)
+                outputs = self._compute(inputs)
             except Exception as exc:  # ORT's own errors have no common base but Exception
-                raise BadRequest(f"model '{name}': {exc}") from exc
-
-    return run
+                raise BadRequest(f"model '{self.name}': {exc}") from exc
+            first = next(iter(inputs.values()), None)
+            self.count += int(first.shape[0]) if self._batched and first is not None else 1
+            return outputs
 
 
 def load_model(repository: Path, name: str) -> CeilingModel:
@@ -135,8 +150,8 @@ def load_model(repository: Path, name: str) -> CeilingModel:
         _add_sub if name == "simple" else _ort_compute(folder / "1" / "model.onnx")
     )
     platform = config.platform or config.backend
-    compute = _one_at_a_time(name, _reshaped(compute, config))
-    return CeilingModel(name, platform, config, inputs, outputs, compute)
+    instance = Instance(name, _reshaped(compute, config), batched)
+    return CeilingModel(name, platform, config, inputs, outputs, instance)
 
 
 def load_models(repository: Path, names: list[str]) -> dict[str, CeilingModel]:

@@ -8,12 +8,17 @@ pinned like the server under test, and say which ceiling stands for which protoc
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+
+import grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from bench.common import ROOT, free_port
 from bench.server import READY_TIMEOUT_S, Server
@@ -90,3 +95,24 @@ def wait_listening(server: Server, timeout_s: float = READY_TIMEOUT_S) -> float:
             return time.monotonic() - started
         time.sleep(0.1)
     raise TimeoutError(f"ceiling not listening within {timeout_s:.0f}s:\n{server.log_tail()}")
+
+
+def inference_count(kind: str, server: Server, model: str) -> int | None:
+    """The model's inference_count from the server's (or a ceiling's) statistics: over gRPC for
+    the gRPC ceilings, over HTTP for the others; None when it cannot be read."""
+    try:
+        if kind in ("grpc-aio", "grpc-sync"):
+            return _grpc_count(server.grpc_url, model)
+        url = f"http://{server.http_url}/v2/models/{model}/stats"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            rows = json.loads(resp.read())["model_stats"]
+        return sum(int(row.get("inference_count", 0)) for row in rows)
+    except (OSError, ValueError, KeyError, grpc.RpcError):
+        return None
+
+
+def _grpc_count(url: str, model: str) -> int:
+    with grpc.insecure_channel(url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        reply = stub.ModelStatistics(service_pb2.ModelStatisticsRequest(name=model), timeout=10)
+    return sum(int(row.inference_count) for row in reply.model_stats)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import resource
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,52 +52,6 @@ def own_cpu_s(server_pids: tuple[int | None, ...]) -> float:
 def snapshot(*server_pids: int | None) -> CpuSnapshot:
     """Now; `server_pids`: the live servers this benchmark started (the server, the ceilings)."""
     return CpuSnapshot(time.monotonic(), machine_busy_s(), own_cpu_s(server_pids))
-
-
-class CpuSampler:
-    """One process's CPU time, sampled on a thread while a point runs (`with CpuSampler(pid)`).
-
-    busy_rate() is the CPU it used per second of wall time over the middle half of the span in
-    which it was busy (so the load generator's start, warm-up and teardown are left out). Divided
-    by the throughput it gives CPU per request, which holds up far better than throughput when
-    other processes share the core (they take time from it, not CPU per request)."""
-
-    INTERVAL_S = 0.05
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.samples: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
-
-    def __enter__(self) -> CpuSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            self.samples.append((time.monotonic(), process_cpu_s(self.pid)))
-            if self._stop.wait(self.INTERVAL_S):
-                return
-
-    def busy_rate(self) -> float | None:
-        samples = self.samples
-        busy = [
-            t
-            for (t, cpu), (_, before) in zip(samples[1:], samples[:-1], strict=True)
-            if cpu > before
-        ]
-        if len(busy) < 4:
-            return None
-        quarter = (busy[-1] - busy[0]) / 4
-        inside = [(t, cpu) for t, cpu in samples if busy[0] + quarter <= t <= busy[-1] - quarter]
-        if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
-            return None
-        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
 
 
 def other_cpu_pct(before: CpuSnapshot, after: CpuSnapshot) -> float:

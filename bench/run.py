@@ -40,7 +40,13 @@ from importlib import metadata
 from pathlib import Path
 
 from bench import cpu, perf
-from bench.ceilings import CEILINGS, for_protocol, start_ceiling, wait_listening
+from bench.ceilings import (
+    CEILINGS,
+    for_protocol,
+    inference_count,
+    start_ceiling,
+    wait_listening,
+)
 from bench.common import ROOT, Stats, last_json_line
 from bench.loadgen import PROTOCOLS
 from bench.perf import PerfAnalyzer
@@ -362,11 +368,12 @@ def measure_target(
         dead = f"{name} exited with {server.proc.returncode}"
         return Row(model, protocol, concurrency, None, "-", dead, server=name)
     point = partial(measure_point, ctx, target, model, protocol, concurrency)
-    with cpu.CpuSampler(server.proc.pid) as sampler:
-        row = replace(with_other_cpu(point, ctx.pids()), server=name)
-    rate = sampler.busy_rate()
-    if row.stats is not None and rate is not None and row.stats.infer_per_s > 0:
-        row = replace(row, cpu_us=1e6 * rate / row.stats.infer_per_s)
+    count0, cpu0 = inference_count(name, server, model), cpu.process_cpu_s(server.proc.pid)
+    row = replace(with_other_cpu(point, ctx.pids()), server=name)
+    count1, cpu1 = inference_count(name, server, model), cpu.process_cpu_s(server.proc.pid)
+    if count0 is not None and count1 is not None and count1 > count0:
+        # All the process's CPU over all the inferences it ran for the point (warm-up too).
+        row = replace(row, cpu_us=1e6 * (cpu1 - cpu0) / (count1 - count0))
     print(f"  {model} {protocol} {name} c={concurrency}: " + describe(row), flush=True)
     return row
 

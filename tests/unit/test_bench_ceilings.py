@@ -15,9 +15,14 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from bench.ceilings import CEILINGS, for_protocol, start_ceiling, wait_listening
+from bench.ceilings import (
+    CEILINGS,
+    for_protocol,
+    inference_count,
+    start_ceiling,
+    wait_listening,
+)
 from bench.common import Stats
-from bench.cpu import CpuSampler
 from bench.raw import open_session
 from bench.report import RAW, RAW_ORT, Row, best_ceiling, of_ceiling, paired_ratios, pct_of_raw
 from bench.server import Server, stop_server
@@ -80,9 +85,12 @@ def test_aiohttp_ceiling_answers_tritonclient_http(start: StartCeiling, binary: 
     outputs = [
         httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("OUTPUT0", "OUTPUT1")
     ]
+    before = inference_count("aiohttp", ceiling, "simple")
     result = client.infer("simple", inputs, outputs=outputs)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    assert before is not None
+    assert inference_count("aiohttp", ceiling, "simple") == before + 1  # bench.run's CPU us
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
@@ -111,9 +119,12 @@ def test_grpc_ceiling_answers_tritonclient_grpc(start: StartCeiling, kind: str) 
     inputs = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(b)
+    before = inference_count(kind, ceiling, "simple")
     result = client.infer("simple", inputs)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    assert before is not None
+    assert inference_count(kind, ceiling, "simple") == before + 1  # bench.run's CPU us
     with pytest.raises(Exception, match="unknown model 'nope'"):
         client.get_model_metadata("nope")
 
@@ -193,18 +204,6 @@ def test_repeated_rounds_pair_each_point_with_its_own_round() -> None:
     assert x_raw == pytest.approx(0.7)
     assert x_ceiling == pytest.approx(0.7)
     assert paired_ratios(rounds, ("http-binary", 8, "edge-appliance")) == (None, None)
-
-
-def test_cpu_sampler_rates_the_busy_middle_of_a_point() -> None:
-    """Idle start-up and teardown around the load are left out of CPU per request."""
-    sampler = CpuSampler(pid=0)
-    idle_before = [(t / 10, 0.0) for t in range(10)]  # 1 s idle
-    busy = [(1 + t / 10, 0.05 * t) for t in range(41)]  # 4 s at half a core
-    idle_after = [(5.1 + t / 10, 2.0) for t in range(10)]
-    sampler.samples = idle_before + busy + idle_after
-    assert sampler.busy_rate() == pytest.approx(0.5)
-    sampler.samples = idle_before
-    assert sampler.busy_rate() is None
 
 
 @pytest.mark.parametrize("kind", GRPC_CEILINGS)
