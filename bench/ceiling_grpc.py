@@ -8,8 +8,8 @@ but the protocol, as a grpc.aio servicer on uvloop (as the server runs) or as th
 ModelInfer and ModelStreamInfer take raw_input_contents and answer raw_output_contents, computed
 by bench.ceiling_models (numpy add/sub for `simple`, raw ONNX Runtime in the handler for the ONNX
 models); ServerLive/Ready, ModelReady, ServerMetadata, ModelMetadata, ModelConfig and
-(empty) ModelStatistics answer what perf_analyzer and tritonclient read. No validation beyond
-decoding, no limits, no scheduling.
+ModelStatistics (inference_count only) answer what perf_analyzer and tritonclient read. No
+validation beyond decoding, no limits, no scheduling.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@
 Answers POST /v2/models/<m>[/versions/<v>]/infer with JSON tensors or Triton's binary tensor
 extension, computed by bench.ceiling_models (numpy add/sub for `simple`, raw ONNX Runtime inline
 on the loop for the ONNX models), plus the routes perf_analyzer and tritonclient read: health,
-server metadata, model metadata, config, readiness and (empty) statistics. No validation beyond
-what decoding needs, no limits, no scheduling, no access log: the least an aiohttp server can do
-per request, so the server's throughput over this one's is its own cost.
+server metadata, model metadata, config, readiness and statistics (inference_count only). No
+validation beyond what decoding needs, no limits, no scheduling, no access log: the least an
+aiohttp server can do per request, so the server's throughput over this one's is its own cost.
 """
 
 from __future__ import annotations
