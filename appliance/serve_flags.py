@@ -356,7 +356,10 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="append the log here instead of stderr",
     )
     p.add_argument(
-        "--model-control-mode", choices=("none", "poll", "explicit"), default=_D.model_control_mode
+        "--model-control-mode",
+        type=str.lower,  # tritonserver lowercases it: EXPLICIT and Poll are accepted
+        choices=("none", "poll", "explicit"),
+        default=_D.model_control_mode,
     )
     p.add_argument("--load-model", action="append", default=[], metavar="NAME")
     p.add_argument(
@@ -405,6 +408,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--rate-limit",
         default="off",
+        type=str.lower,  # as tritonserver: OFF, EXECUTION_COUNT are accepted
         choices=("off", "execution_count"),
         help="execution_count: instances run only when their rate_limiter resources are free",
     )

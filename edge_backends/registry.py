@@ -15,6 +15,7 @@ _BACKENDS: dict[str, tuple[str, str]] = {
     "fil": ("edge_backends.fil", "FilBackend"),
     "openvino": ("edge_backends.openvino_backend", "OpenVinoBackend"),
     "pytorch": ("edge_backends.torch_backend", "TorchBackend"),
+    "identity": ("edge_backends.identity", "IdentityBackend"),
 }
 PLATFORM_TO_BACKEND: dict[str, str] = {
     "onnxruntime_onnx": "onnxruntime",

@@ -471,8 +471,13 @@ class PythonBackend(BackendBase):
         return PythonInstance(spec, self.metrics)
 
     def auto_complete(self, model_path: Path, config: dict[str, Any]) -> dict[str, Any] | None:
-        """Run the model's static auto_complete_config (in a short-lived process)."""
-        if "auto_complete_config" not in model_path.read_text(encoding="utf-8", errors="replace"):
+        """Run the model's static auto_complete_config (in a short-lived process).
+
+        Skipped when model.py never names it and the config already lists tensors; a config
+        without any runs it anyway, as the hook may come from a module model.py imports."""
+        text = model_path.read_text(encoding="utf-8", errors="replace")
+        lists_tensors = bool(config.get("input") or config.get("output"))
+        if "auto_complete_config" not in text and lists_tensors:
             return None
         from edge_backends.python import worker
 
