@@ -133,7 +133,7 @@ class Scheduler(SchedulerBase):
         self._dispatch()
         if later and job.queued:
             self._queue.set_overdue(job, since_ns + self._overdue_ns(ahead, done_ns))
-            self._arm_timer(now, 0)
+            self._arm_timer(time.monotonic_ns(), 0)
         try:
             return await job.future
         except asyncio.CancelledError:
