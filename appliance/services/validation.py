@@ -80,7 +80,7 @@ def validate(served: ServedVersion, request: InferRequest, limits: RequestLimits
             limits.check_elements(data.size, shape, f"model '{name}' input '{tensor.name}'")
         if nbytes > max_bytes >= 0:
             limits.check_bytes(nbytes, name, tensor.name)
-        keys.append(item_shape)
+        keys.append((tensor.name, item_shape))
     if len(arrays) < len(rules):
         missing = [n for n, r in rules.items() if n not in arrays and not r.optional]
         if missing:
@@ -102,7 +102,9 @@ def validate(served: ServedVersion, request: InferRequest, limits: RequestLimits
         priority=priority,
         timeout_us=timeout_us,
         batch_size=batch if batching else 1,
-        shape_key=tuple(keys),
+        # The inputs' names and non-batch shapes, in a fixed order: requests batch only with
+        # requests that give the same inputs (an optional one left out is another batch).
+        shape_key=tuple(keys) if len(keys) < 2 else tuple(sorted(keys)),
         output_names=(
             served.all_outputs if request.outputs is None else _output_names(served, request)
         ),

