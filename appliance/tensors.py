@@ -26,7 +26,8 @@ def datatype(name: str, where: str) -> DataType:
 MAX_DIMS = 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 32
 # numpy refuses a shape whose dimensions other than 0 multiply, times the item size (8 at most,
 # BYTES object pointers included), past its index range, even when another dimension is 0.
-MAX_SHAPE_PRODUCT = (2**63 - 1) // 8
+INT64_MAX = 2**63 - 1
+MAX_SHAPE_PRODUCT = INT64_MAX // 8
 
 
 def element_count(shape: tuple[int, ...], where: str, limits: RequestLimits | None = None) -> int:
@@ -50,11 +51,19 @@ def element_count(shape: tuple[int, ...], where: str, limits: RequestLimits | No
         else:
             raise InvalidInput(f"{where}: shape {list(shape)} has a negative dimension")
     count = 0 if empty else product
+    # A shape whose element count overflows is a bad request (400, Triton's words), not one
+    # over this server's size limits (413): checked before them.
+    if count > INT64_MAX:
+        raise InvalidInput(
+            f"{where}: invalid shape {list(shape)}: it causes total element count to exceed "
+            f"maximum size of {INT64_MAX}"
+        )
     if limits is not None:
         limits.check_elements(count, shape, where)
     if product > MAX_SHAPE_PRODUCT:
+        overflow = "" if empty else "byte size overflow for input: "  # Triton's words
         raise InvalidInput(
-            f"{where}: shape {list(shape)} is out of range: its dimensions other than 0 "
+            f"{where}: {overflow}shape {list(shape)} is out of range: its dimensions other than 0 "
             f"multiply to {product}, more than {MAX_SHAPE_PRODUCT}"
         )
     return count

@@ -218,3 +218,32 @@ def test_model_control_mode_is_case_insensitive(qa_server: ServerProcess) -> Non
     assert not client.is_model_ready("identity_bytes")
     client.load_model("identity_bytes")
     assert client.is_model_ready("identity_bytes")
+
+
+def test_a_shape_whose_element_count_overflows_is_a_400_in_tritons_words(
+    qa_server: ServerProcess,
+) -> None:
+    """Triton's http_test.py test_buffer_size_overflow: 400 and its words, not a 413."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    shape = [4, 2**62]
+    body = {"inputs": [{"name": "INPUT0", "shape": shape, "datatype": "FP32", "data": [1.0]}]}
+    request = urllib.request.Request(
+        f"http://{qa_server.http_url}/v2/models/identity_fp32/infer",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=10)
+    assert caught.value.code == 400
+    error = json.loads(caught.value.read())["error"]
+    assert "causes total element count to exceed maximum size of 9223372036854775807" in error
+
+    grpc_input = grpcclient.InferInput("INPUT0", shape, "FP32")
+    grpc_input._raw_content = b"\x00" * 4  # the data does not matter: the shape is refused
+    with pytest.raises(InferenceServerException) as refused:
+        _client(grpcclient, qa_server).infer("identity_fp32", [grpc_input])
+    assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "causes total element count to exceed maximum size of" in str(refused.value)

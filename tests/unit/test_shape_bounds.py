@@ -38,10 +38,23 @@ def test_zero_elements_within_range_are_a_valid_empty_tensor() -> None:
 
 
 def test_an_element_limit_still_answers_first_for_tensors_with_elements() -> None:
+    # A count a tensor cannot hold but int64 can: the element limit first (413).
     with pytest.raises(RequestTooLarge):
-        element_count((HUGE, HUGE), WHERE, RequestLimits())
-    with pytest.raises(InvalidInput, match="is out of range"):
-        element_count((HUGE, HUGE), WHERE, NO_LIMITS)
+        element_count((4, 2**60 + 2), WHERE, RequestLimits())
+    with pytest.raises(InvalidInput, match=r"byte size overflow for input: .* is out of range"):
+        element_count((4, 2**60 + 2), WHERE, NO_LIMITS)
+
+
+def test_an_element_count_past_int64_is_a_bad_request_in_tritons_words() -> None:
+    """tritonserver: 400 `... causes total element count to exceed maximum size of ...`,
+    whatever the size limits (the shape is invalid, not too large)."""
+    for limits in (RequestLimits(), NO_LIMITS):
+        with pytest.raises(InvalidInput) as info:
+            element_count((HUGE, HUGE), WHERE, limits)
+        assert info.value.message == (
+            f"{WHERE}: invalid shape [{HUGE}, {HUGE}]: it causes total element count to "
+            f"exceed maximum size of {2**63 - 1}"
+        )
 
 
 def test_more_dimensions_than_numpy_holds() -> None:
