@@ -241,25 +241,40 @@ def _verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
+DISAGREE = 0.2  # throughput and CPU ratios further apart than this: the point was disturbed
+
+
+def _cpu_note(ratio: float, by_cpu: float | None) -> str:
+    if by_cpu is None:
+        return ""
+    note = f"; by CPU per inference {by_cpu:.2f}"
+    if abs(ratio - by_cpu) > DISAGREE * by_cpu:
+        note += " (they disagree: other load disturbed the point; re-run or read the CPU ratio)"
+    return note
+
+
 def target_checks(rows: Sequence[Row]) -> list[str]:
     """The project's targets, for the points that were measured."""
     checks = []
     for (model, protocol), goal in OF_RAW_TARGETS.items():
         row = _find(rows, model, protocol)
         pct = pct_of_raw(rows, row) if row else None
-        if pct is not None:
+        if row is not None and pct is not None:
+            raw_row = next((r for r in rows if r.is_raw and r.model == model and r.cpu_us), None)
+            by_cpu = cpu_ratio(raw_row, row)
             checks.append(
                 f"{_verdict(pct / 100.0 >= goal)} {model} {protocol} c={TARGET_CONCURRENCY}: "
-                f"{pct / 100.0:.2f} of raw ORT (goal >= {goal:.2f})"
+                f"{pct / 100.0:.2f} of raw ORT (goal >= {goal:.2f})" + _cpu_note(pct / 100, by_cpu)
             )
     for (model, protocol), goal in OF_CEILING_TARGETS.items():
         row = _find(rows, model, protocol)
         ratio = of_ceiling(rows, row) if row else None
         ceiling = best_ceiling(rows, row) if row else None
-        if ratio is not None and ceiling is not None:
+        if row is not None and ratio is not None and ceiling is not None:
             checks.append(
                 f"{_verdict(ratio >= goal)} {model} {protocol} c={TARGET_CONCURRENCY}: "
                 f"{ratio:.2f} of the {ceiling.server} ceiling (goal >= {goal:.2f})"
+                + _cpu_note(ratio, cpu_ratio(ceiling, row))
             )
     for protocol, target in SIMPLE_TARGETS.items():
         row = _find(rows, "simple", protocol)
