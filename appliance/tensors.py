@@ -51,21 +51,21 @@ def element_count(shape: tuple[int, ...], where: str, limits: RequestLimits | No
         else:
             raise InvalidInput(f"{where}: shape {list(shape)} has a negative dimension")
     count = 0 if empty else product
-    # A shape whose element count overflows is a bad request (400, Triton's words), not one
-    # over this server's size limits (413): checked before them.
+    # A shape no tensor can have is a bad request (400, in Triton's words), not one over this
+    # server's size limits (413): checked before them.
     if count > INT64_MAX:
         raise InvalidInput(
             f"{where}: invalid shape {list(shape)}: it causes total element count to exceed "
             f"maximum size of {INT64_MAX}"
         )
-    if limits is not None:
-        limits.check_elements(count, shape, where)
     if product > MAX_SHAPE_PRODUCT:
         overflow = "" if empty else "byte size overflow for input: "  # Triton's words
         raise InvalidInput(
             f"{where}: {overflow}shape {list(shape)} is out of range: its dimensions other than 0 "
             f"multiply to {product}, more than {MAX_SHAPE_PRODUCT}"
         )
+    if limits is not None:
+        limits.check_elements(count, shape, where)
     return count
 
 

@@ -38,11 +38,15 @@ def test_zero_elements_within_range_are_a_valid_empty_tensor() -> None:
 
 
 def test_an_element_limit_still_answers_first_for_tensors_with_elements() -> None:
-    # A count a tensor cannot hold but int64 can: the element limit first (413).
+    # A shape a tensor can have: the element limit answers (413).
     with pytest.raises(RequestTooLarge):
-        element_count((4, 2**60 + 2), WHERE, RequestLimits())
-    with pytest.raises(InvalidInput, match=r"byte size overflow for input: .* is out of range"):
-        element_count((4, 2**60 + 2), WHERE, NO_LIMITS)
+        element_count((2**10, 2**40), WHERE, RequestLimits())
+    assert element_count((2**10, 2**40), WHERE, NO_LIMITS) == 2**50
+    # One whose byte size overflows (tritonserver: 400 'byte size overflow for input'): a bad
+    # request, whatever the limits.
+    for limits in (RequestLimits(), NO_LIMITS):
+        with pytest.raises(InvalidInput, match=r"byte size overflow for input: .* out of range"):
+            element_count((4, 2**60 + 2), WHERE, limits)
 
 
 def test_an_element_count_past_int64_is_a_bad_request_in_tritons_words() -> None:
