@@ -76,7 +76,13 @@ class Scheduler(SchedulerBase):
         # of max_queue_wait_ns and that many executions (policy.queue_wait_bound_ns).
         self._max_queue_wait_ns = max_queue_wait_ns
         self._wait_executions = queue_wait_executions
-        self._bound_ns = max_queue_wait_ns  # the bound in force, from what has been measured
+        # The default bound adds the batcher's configured delay: waiting for a batch to fill
+        # is waiting as configured, not overload.
+        self._delay_ns = policy.max_queue_delay_ns if policy.dynamic else 0
+        # The bound in force, from what has been measured.
+        self._bound_ns = queue_wait_bound_ns(
+            max_queue_wait_ns, queue_wait_executions, 0.0, self._delay_ns
+        )
         self._request_ns = 0.0  # moving average of execution wall time per request
         self._execution_ns = 0.0  # moving average of one execution's cycle (a whole batch)
         # Requests admitted by their front end (`admit`) whose job is not queued yet: their
@@ -147,6 +153,13 @@ class Scheduler(SchedulerBase):
             ahead, len(self._workers), self._request_ns, self._bound_ns, done_ns
         )
 
+    def _still_within_bound(self, job: Job) -> int:
+        """A later overload deadline for a queued job whose deadline came due, from the bound
+        in force now (0: none): a deadline set when the bound was shorter (the model's
+        executions measured longer since) never refuses a job that has waited less than the
+        bound now allows."""
+        return (job.arrival_ns or job.enqueue_ns) + self._overdue_ns(0, 0.0)
+
     def admit(self) -> None:
         """Before the request's body is read: QueueFull at once when what is queued, executing
         and already admitted but still arriving would keep it past the bound."""
@@ -201,10 +214,16 @@ class Scheduler(SchedulerBase):
         """The bound in force, for refusals: the flag, or how the default grew."""
         if not self._wait_executions:
             return f"--max-queue-wait-ms {self._max_queue_wait_ns / 1e6:.0f}"
+        delay = (
+            f", plus the model's max_queue_delay_microseconds ({self._delay_ns / 1e6:.0f} ms)"
+            if self._delay_ns
+            else ""
+        )
         return (
             f"bound {self._bound_ns / 1e6:.0f} ms: the longer of "
             f"{self._max_queue_wait_ns / 1e6:.0f} ms and {self._wait_executions} executions "
-            f"of about {self._execution_ns / 1e6:.0f} ms; --max-queue-wait-ms sets a fixed one"
+            f"of about {self._execution_ns / 1e6:.0f} ms{delay}; --max-queue-wait-ms sets a "
+            "fixed one"
         )
 
     def _dispatch(self) -> None:
@@ -227,7 +246,8 @@ class Scheduler(SchedulerBase):
             expired.future.set_exception(
                 QueueTimeout(f"{self._label}: request timeout expired while queued")
             )
-        for late in queue.overdue(now):  # the model slowed down after they were admitted
+        # The model slowed down after they were admitted.
+        for late in queue.overdue(now, self._still_within_bound):
             waited_ms = (now - (late.arrival_ns or late.enqueue_ns)) / 1e6
             late.future.set_exception(
                 QueueFull(
@@ -310,7 +330,7 @@ class Scheduler(SchedulerBase):
             self._request_ns += (per_request - self._request_ns) * 0.1
             self._execution_ns += (per_execution - self._execution_ns) * 0.1
         self._bound_ns = queue_wait_bound_ns(
-            self._max_queue_wait_ns, self._wait_executions, self._execution_ns
+            self._max_queue_wait_ns, self._wait_executions, self._execution_ns, self._delay_ns
         )
 
     def _arm_timer(self, now: int, wait_ns: int) -> None:

@@ -127,7 +127,9 @@ def overdue_after_ns(
     return int(max(max_wait_ns, predicted) + max(request_ns, max_wait_ns / 4))
 
 
-def queue_wait_bound_ns(max_wait_ns: int, executions: int, execution_ns: float) -> int:
+def queue_wait_bound_ns(
+    max_wait_ns: int, executions: int, execution_ns: float, delay_ns: int = 0
+) -> int:
     """Pure: the queue-wait bound admission applies (0: none).
 
     `max_wait_ns` alone when `executions` is 0 (a bound the operator set). Otherwise (the
@@ -136,7 +138,9 @@ def queue_wait_bound_ns(max_wait_ns: int, executions: int, execution_ns: float) 
     that the bound grows with the model: any queue that the instances drain within that many
     executions of their own is served, as tritonserver would serve it (a burst of concurrent
     slow requests, a closed loop of clients), and only a queue longer than that, which only an
-    overload builds, is refused."""
+    overload builds, is refused. The default adds `delay_ns`, the model's configured
+    `max_queue_delay_microseconds`: a request the batcher holds for a batch that does not fill
+    is waiting as configured, not overloaded (Triton's L0_optional_input waits 5 s so)."""
     if not max_wait_ns or not executions:
         return max_wait_ns
-    return max(max_wait_ns, int(executions * execution_ns))
+    return max(max_wait_ns, int(executions * execution_ns)) + max(0, delay_ns)

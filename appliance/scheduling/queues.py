@@ -1,6 +1,8 @@
 """Priority levels and queue policies of the dynamic batcher, as Triton defines them.
 
-Priority 1 is the highest; a request without a priority gets `default_priority_level`. Each
+Priority 1 is the highest; a request without a priority gets `default_priority_level`. As in
+Triton, `priority_levels` may be any uint64: a level's queues exist only while it holds jobs
+(a dict keyed by level, with the levels in use kept sorted), so the count sizes nothing. Each
 level has a policy: `max_queue_size` (a full level refuses at once), a default timeout that a
 request may shorten when `allow_timeout_override` is set, and what happens at the timeout:
 REJECT fails the request, DELAY moves it behind every request that is still within its time.
@@ -12,9 +14,10 @@ numbers.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from appliance.errors import InvalidInput, QueueFull
@@ -29,6 +32,12 @@ class QueuePolicy:
     allow_timeout_override: bool = False
 
 
+# Triton's words for a request refused because its level's queue is full (UNAVAILABLE).
+QUEUE_FULL_TEXT = "Exceeds maximum queue size"
+# The key of `RequestQueue`'s policies that holds the policy of every level not listed.
+DEFAULT_POLICY_KEY = 0
+
+
 class RequestQueue:
     """Jobs waiting for an instance, by priority level, with deadlines."""
 
@@ -40,14 +49,19 @@ class RequestQueue:
         policies: dict[int, QueuePolicy],
         server_cap: int,
     ) -> None:
+        """`policies`: by level; `DEFAULT_POLICY_KEY` (0) for the levels not listed."""
         self._label = label
         self._levels = max(1, levels)
         self._priorities_enabled = levels > 0
         self._default_level = default_level if levels > 0 else 1
         self._policies = policies
+        self._default_policy = policies.get(DEFAULT_POLICY_KEY, QueuePolicy())
         self._cap = server_cap
-        self._waiting: list[deque[Job]] = [deque() for _ in range(self._levels)]
-        self._delayed: list[deque[Job]] = [deque() for _ in range(self._levels)]
+        # Levels in use, made by their first job and dropped when both queues are empty; the
+        # default level stays (most requests use it: no queues made per request).
+        self._order: list[int] = [self._default_level]  # sorted: highest priority (1) first
+        self._waiting: dict[int, deque[Job]] = {self._default_level: deque()}
+        self._delayed: dict[int, deque[Job]] = {self._default_level: deque()}
         self._deadlines: list[tuple[int, int, Job]] = []  # heap: (deadline, seq, job)
         self._overdue: list[tuple[int, int, Job]] = []  # heap: (overload deadline, seq, job)
         self._seq = 0
@@ -57,7 +71,7 @@ class RequestQueue:
         return self._count
 
     def policy(self, level: int) -> QueuePolicy:
-        return self._policies.get(level, QueuePolicy())
+        return self._policies.get(level, self._default_policy)
 
     def level_of(self, priority: int) -> int:
         """The level a request's `priority` parameter puts it in (0: the default level)."""
@@ -74,15 +88,22 @@ class RequestQueue:
         """Queue a job or raise QueueFull at once; `overdue_at` (0: none): see `overdue`."""
         level = self.level_of(priority)
         policy = self.policy(level)
-        waiting = self._waiting[level - 1]
-        level_size = len(waiting) + len(self._delayed[level - 1])
+        waiting = self._waiting.get(level)
+        level_size = len(waiting) + len(self._delayed[level]) if waiting is not None else 0
         if policy.max_queue_size and level_size >= policy.max_queue_size:
             raise QueueFull(
-                f"{self._label}: queue for priority level {level} is full "
+                f"{QUEUE_FULL_TEXT}: {self._label}: queue for priority level {level} is full "
                 f"(max_queue_size {policy.max_queue_size}); retry later"
             )
         if self._count >= self._cap:
-            raise QueueFull(f"{self._label}: queue is full ({self._cap} requests waiting)")
+            raise QueueFull(
+                f"{QUEUE_FULL_TEXT}: {self._label}: queue is full ({self._cap} requests "
+                "waiting)"
+            )
+        if waiting is None:
+            waiting = self._waiting[level] = deque()
+            self._delayed[level] = deque()
+            bisect.insort(self._order, level)
         timeout_ns = policy.default_timeout_ns
         if timeout_us > 0 and policy.allow_timeout_override:
             requested = timeout_us * 1000
@@ -113,19 +134,24 @@ class RequestQueue:
                 continue
             if self.policy(job.level).delay_on_timeout:
                 job.delayed = True
-                self._delayed[job.level - 1].append(job)
+                self._delayed[job.level].append(job)
             else:
                 job.queued = False
                 self._count -= 1
                 rejected.append(job)
         return rejected
 
-    def overdue(self, now: int) -> list[Job]:
-        """Remove and return the jobs whose overload deadline is due by `now`."""
+    def overdue(self, now: int, extend: Callable[[Job], int] | None = None) -> list[Job]:
+        """Remove and return the jobs whose overload deadline is due by `now`; a job for which
+        `extend` gives a later deadline (the bound has grown since) stays queued until then."""
         late: list[Job] = []
         while self._overdue and self._overdue[0][0] <= now:
             _, _, job = heapq.heappop(self._overdue)
             if job.queued and not job.future.done():
+                later = extend(job) if extend is not None else 0
+                if later > now:
+                    self.set_overdue(job, later)
+                    continue
                 job.queued = False
                 self._count -= 1
                 late.append(job)
@@ -145,12 +171,12 @@ class RequestQueue:
 
     def live(self) -> Iterator[Job]:
         """Queued jobs in dispatch order: by level, on-time jobs before delayed ones."""
-        for waiting in self._waiting:
-            for job in waiting:
+        for level in self._order:
+            for job in self._waiting[level]:
                 if job.queued and not job.delayed and not job.future.done():
                     yield job
-        for delayed in self._delayed:
-            for job in delayed:
+        for level in self._order:
+            for job in self._delayed[level]:
                 if job.queued and not job.future.done():
                     yield job
 
@@ -176,9 +202,16 @@ class RequestQueue:
     def _compact(self) -> None:
         # Finished entries leave from the fronts; ones further back go when they get there
         # (the queue bound keeps that bounded). A delayed job's old entry counts as finished.
-        for waiting in self._waiting:
+        # A level whose queues are both empty is dropped, but for the default one.
+        empty: list[int] = []
+        for level in self._order:
+            waiting, delayed = self._waiting[level], self._delayed[level]
             while waiting and (not waiting[0].queued or waiting[0].delayed):
                 waiting.popleft()
-        for delayed in self._delayed:
             while delayed and not delayed[0].queued:
                 delayed.popleft()
+            if not waiting and not delayed and level != self._default_level:
+                empty.append(level)
+        for level in empty:
+            del self._waiting[level], self._delayed[level]
+            self._order.remove(level)

@@ -5,7 +5,9 @@ never refused as overload, and Triton's texts for refused requests."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from appliance.scheduling.instances import Job
+from appliance.scheduling.policy import queue_wait_bound_ns
+from appliance.scheduling.queues import RequestQueue
 from tests.serverproc import ServerProcess
 
 # Both inputs optional; requests wait up to 200 ms for others to batch with.
@@ -173,3 +178,50 @@ def test_requests_with_different_optional_inputs_are_not_batched_together(
 def _executions(server: ServerProcess, model: str) -> tuple[int, int]:
     stats = _client(httpclient, server).get_inference_statistics(model)["model_stats"][0]
     return int(stats["execution_count"]), int(stats["inference_count"])
+
+
+@pytest.mark.parametrize("module", MODULES, ids=IDS)
+def test_a_request_waiting_for_the_configured_batch_delay_is_not_overloaded(
+    server: ServerProcess, module: Any
+) -> None:
+    """L0_optional_input's 5 s max_queue_delay: a lone request waits the whole delay for a
+    batch that never fills. Before, once the model had executed, the default bound (1 s)
+    refused it: 503 `overloaded: waited 1252 ms`."""
+    client = _client(module, server)
+    # A full preferred batch runs at once and teaches the scheduler the model's time.
+    full = np.arange(4, dtype=np.float32).reshape(4, 1)
+    started = time.monotonic()
+    np.testing.assert_array_equal(
+        client.infer("long_delay", [_input(module, "INPUT0", full)]).as_numpy("OUTPUT0"), full
+    )
+    assert time.monotonic() - started < 2.5
+    alone = np.array([[7.0]], dtype=np.float32)
+    started = time.monotonic()
+    result = client.infer("long_delay", [_input(module, "INPUT0", alone)])
+    waited = time.monotonic() - started
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), alone)
+    assert 2.9 <= waited < 10, waited
+
+
+def test_the_default_bound_adds_the_batch_delay_and_a_grown_bound_extends_deadlines() -> None:
+    """The rules behind the test above, with numbers (pure functions and the queue)."""
+    second = 1_000_000_000
+    assert queue_wait_bound_ns(second, 16, 20e6, 3 * second) == 4 * second
+    assert queue_wait_bound_ns(second, 16, 250e6, 3 * second) == 7 * second
+    assert queue_wait_bound_ns(second, 0, 250e6, 3 * second) == second  # a fixed bound
+    # A deadline set under a shorter bound: the queue asks again and keeps the job queued
+    # until the later deadline the scheduler gives from the bound in force now.
+    queue = RequestQueue("m", 0, 0, {}, 10)
+    queued = Job(
+        inputs={},
+        batch_size=1,
+        shape_key=(),
+        output_names=(),
+        future=asyncio.Future(loop=asyncio.new_event_loop()),
+    )
+    queue.push(queued, 0, 0, now=0, overdue_at=36 * second)
+    assert queue.overdue(40 * second, lambda job: 80 * second) == []
+    assert len(queue) == 1
+    assert queue.overdue(79 * second) == []
+    assert queue.overdue(80 * second, lambda job: 0) == [queued]
+    assert len(queue) == 0
