@@ -127,6 +127,8 @@ def _output_names(served: ServedVersion, request: InferRequest) -> tuple[str, ..
                 f"unexpected inference output '{out.name}' for model '{served.name}'; "
                 f"it has {sorted(served.outputs)}"
             )
+        if out.name in names:
+            raise InvalidInput(f"output '{out.name}' already exists in request")
         if out.class_count < 0:
             raise InvalidInput(
                 f"output '{out.name}': classification count must be >= 0, got {out.class_count}"

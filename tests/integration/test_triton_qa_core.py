@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from appliance.scheduling.instances import Job
 from appliance.scheduling.policy import queue_wait_bound_ns
@@ -225,3 +226,20 @@ def test_the_default_bound_adds_the_batch_delay_and_a_grown_bound_extends_deadli
     assert queue.overdue(79 * second) == []
     assert queue.overdue(80 * second, lambda job: 0) == [queued]
     assert len(queue) == 0
+
+
+@pytest.mark.parametrize("module", MODULES, ids=IDS)
+def test_an_output_requested_twice_is_refused(server: ServerProcess, module: Any) -> None:
+    """L0_http test_duplicate_output_names (and L0_grpc's): before, 200."""
+    client = _client(module, server)
+    inputs = [_input(module, "INPUT0", np.ones(3, dtype=np.float32))]
+    outputs = [module.InferRequestedOutput("OUTPUT0"), module.InferRequestedOutput("OUTPUT0")]
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("vector", inputs, outputs=outputs)
+    assert "output 'OUTPUT0' already exists in request" in str(caught.value)
+    assert caught.value.status() == (
+        "400" if module is httpclient else "StatusCode.INVALID_ARGUMENT"
+    )
+    # Once is fine.
+    result = client.infer("vector", inputs, outputs=outputs[:1])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.ones(3, dtype=np.float32))
