@@ -24,6 +24,11 @@ def _fmt(dims: tuple[int, ...]) -> str:
     return "[" + ",".join(str(d) for d in dims) + "]"
 
 
+def _names(names: list[str]) -> str:
+    """A list of names as Triton writes it: ['A','B'] (no space after the comma)."""
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"
+
+
 def validate(served: ServedVersion, request: InferRequest, limits: RequestLimits) -> Job:
     """Check every input against the config once; error text is built only on failure."""
     name = served.name
@@ -84,10 +89,16 @@ def validate(served: ServedVersion, request: InferRequest, limits: RequestLimits
     if len(arrays) < len(rules):
         missing = [n for n, r in rules.items() if n not in arrays and not r.optional]
         if missing:
+            required = sum(1 for r in rules.values() if not r.optional)
+            count = (
+                f"{len(rules)} inputs"
+                if required == len(rules)
+                else f"number of inputs between {required} and {len(rules)}"
+            )
             raise InvalidInput(
-                f"expected {len(rules)} inputs but got {len(arrays)} inputs for model "
-                f"'{name}'. Got input(s) {sorted(arrays)}, but missing required input(s) "
-                f"{missing}. Please provide all required input(s)."
+                f"expected {count} but got {len(arrays)} inputs for model '{name}'. Got "
+                f"input(s) {_names(sorted(arrays))}, but missing required input(s) "
+                f"{_names(missing)}. Please provide all required input(s)."
             )
     if batching and not 0 < batch <= served.max_batch_size:
         raise InvalidInput(

@@ -243,3 +243,43 @@ def test_an_output_requested_twice_is_refused(server: ServerProcess, module: Any
     # Once is fine.
     result = client.infer("vector", inputs, outputs=outputs[:1])
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.ones(3, dtype=np.float32))
+
+
+@pytest.mark.parametrize("module", MODULES, ids=IDS)
+@pytest.mark.parametrize(
+    ("model", "given", "expected"),
+    [
+        (
+            "all_required",
+            ["INPUT0"],
+            "expected 3 inputs but got 1 inputs for model 'all_required'. Got input(s) "
+            "['INPUT0'], but missing required input(s) ['INPUT1','INPUT2']. Please provide "
+            "all required input(s).",
+        ),
+        (
+            "some_optional",
+            [],
+            "expected number of inputs between 2 and 3 but got 0 inputs for model "
+            "'some_optional'. Got input(s) [], but missing required input(s) "
+            "['INPUT0','INPUT1']. Please provide all required input(s).",
+        ),
+        (
+            "some_optional",
+            ["INPUT2", "INPUT0"],
+            "expected number of inputs between 2 and 3 but got 2 inputs for model "
+            "'some_optional'. Got input(s) ['INPUT0','INPUT2'], but missing required input(s) "
+            "['INPUT1']. Please provide all required input(s).",
+        ),
+    ],
+)
+def test_missing_inputs_in_tritons_words(
+    server: ServerProcess, module: Any, model: str, given: list[str], expected: str
+) -> None:
+    """L0_input_validation InputValTest: the count names the optional inputs' range, and the
+    lists are written as Triton writes them (before: `expected 3 inputs`, `['INPUT1', ...]`)."""
+    client = _client(module, server)
+    inputs = [_input(module, name, np.ones(1, dtype=np.float32)) for name in given]
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer(model, inputs)
+    assert expected in str(caught.value)
+    assert caught.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
