@@ -37,16 +37,15 @@ DEFAULT_MAX_BATCH_SIZE = 4
 @dataclass(frozen=True)
 class ConfigBounds:
     """The most a config may ask of each number that sizes memory or threads. Protobuf lets a
-    config (or a client's load override) say `priority_levels: 18446744073709551615`, which
-    built queues until the kernel killed the server; beyond a bound the config is refused
-    with the field, its value and the bound, so the schedulers (runtime/specs.py) never see
-    an unbounded value. Only the instance count is a flag (--max-instances-per-model)."""
+    config (or a client's load override) say `max_batch_size: 2147483647`, and warm-up samples
+    are made that big; beyond a bound the config is refused with the field, its value and the
+    bound, so the schedulers (runtime/specs.py) never see an unbounded value. Only the
+    instance count is a flag (--max-instances-per-model). `priority_levels` has no bound: as
+    in Triton any uint64 is accepted, and the queues keep only the levels in use."""
 
     # Instances of one version, all groups and GPUs together: one thread each (Python
     # models: one process each).
     max_instances: int = SchedulingSettings.max_instances_per_model
-    # Two queues per level, made when the version loads.
-    max_priority_levels: int = 256
     # Requests one queue may hold (16x the server-wide default of 4096 per version).
     max_queue_size: int = 65_536
     # Requests in one execution; warm-up samples are made this big.
@@ -318,13 +317,6 @@ def check_bounds(config: ModelConfig, where: str, bounds: ConfigBounds = DEFAULT
             f"the {bounds.max_instances} per model allowed (--max-instances-per-model)"
         )
     dyn = config.dynamic_batching
-    if dyn.priority_levels > bounds.max_priority_levels:
-        raise _over(
-            where,
-            "dynamic_batching.priority_levels",
-            dyn.priority_levels,
-            bounds.max_priority_levels,
-        )
     policies = [("dynamic_batching.default_queue_policy", dyn.default_queue_policy)]
     policies += [
         (f"dynamic_batching.priority_queue_policy[{level}]", policy)

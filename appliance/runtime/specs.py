@@ -25,7 +25,7 @@ from appliance.scheduling.ensemble import (
 )
 from appliance.scheduling.instances import InstanceWorker
 from appliance.scheduling.policy import BatchPolicy
-from appliance.scheduling.queues import QueuePolicy
+from appliance.scheduling.queues import DEFAULT_POLICY_KEY, QueuePolicy
 from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.sequence import Control, SequenceScheduler, SequenceSpec, StateSpec
 from appliance.scheduling.stats import ModelStats
@@ -49,6 +49,7 @@ def build_scheduler(
         configured = config.dynamic_batching.default_queue_policy.max_queue_size
         queue_size = configured if configured > 0 else queue_size
     if ensemble is not None:
+        stats.ensemble = True  # its failed requests are OTHER, as tritonserver counts them
         return EnsembleScheduler(label, ensemble, run_step)
     if config.HasField("sequence_batching"):
         return SequenceScheduler(
@@ -97,13 +98,14 @@ def _queue_policy(policy: Any) -> QueuePolicy:
 
 
 def queue_settings(config: ModelConfig) -> tuple[int, int, dict[int, QueuePolicy]]:
-    """Priority levels, the default level and each level's queue policy from the config."""
+    """Priority levels, the default level and the queue policies from the config: the levels
+    `priority_queue_policy` lists, and `DEFAULT_POLICY_KEY` for every other one (the count
+    may be any uint64, as in Triton: nothing is made per level here)."""
     if not config.HasField("dynamic_batching"):
         return 0, 0, {}
     dyn = config.dynamic_batching
     levels = int(dyn.priority_levels)
-    default = _queue_policy(dyn.default_queue_policy)
-    policies = dict.fromkeys(range(1, max(1, levels) + 1), default)
+    policies = {DEFAULT_POLICY_KEY: _queue_policy(dyn.default_queue_policy)}
     for level, policy in dyn.priority_queue_policy.items():
         policies[int(level)] = _queue_policy(policy)
     return levels, int(dyn.default_priority_level), policies

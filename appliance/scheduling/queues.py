@@ -97,8 +97,7 @@ class RequestQueue:
             )
         if self._count >= self._cap:
             raise QueueFull(
-                f"{QUEUE_FULL_TEXT}: {self._label}: queue is full ({self._cap} requests "
-                "waiting)"
+                f"{QUEUE_FULL_TEXT}: {self._label}: queue is full ({self._cap} requests waiting)"
             )
         if waiting is None:
             waiting = self._waiting[level] = deque()

@@ -72,6 +72,7 @@ class ModelStats:
     # Told of each request's outcome (True: failed in the model) while a new version is on
     # probation for automatic rollback; None otherwise.
     watcher: Callable[[bool], None] | None = None
+    ensemble: bool = False  # an ensemble's: failures are counted as tritonserver counts them
 
     def record_success(self, ns: int) -> None:
         self.success.add(ns)
@@ -90,7 +91,10 @@ class ModelStats:
 
     def record_failure(self, reason: str, ns: int) -> None:
         self.fail.add(ns)
-        self.failures[reason] = self.failures.get(reason, 0) + 1
+        # As tritonserver: an ensemble's failed request is OTHER whatever failed its step (the
+        # step's model counts its own reason); a cancelled one stays CANCELED.
+        counted = "OTHER" if self.ensemble and reason != "CANCELED" else reason
+        self.failures[counted] = self.failures.get(counted, 0) + 1
         if self.watcher is not None and reason in ("BACKEND", "OTHER"):
             self.watcher(reason == "BACKEND")
 

@@ -50,7 +50,10 @@ def _repository(root: Path) -> Path:
     (root / "simple" / "config.pbtxt").write_text(SIMPLE_CONFIG)
     for name, extra in (
         ("too_many", "instance_group [ { count: 65, kind: KIND_CPU } ]\n"),
-        ("huge_priorities", f"dynamic_batching {{ priority_levels: {U64_MAX} }}\n"),
+        (
+            "huge_priorities",
+            f"dynamic_batching {{ priority_levels: {U64_MAX} default_priority_level: 1 }}\n",
+        ),
     ):
         save(simple_model(), root / name / "1" / "model.onnx")
         (root / name / "config.pbtxt").write_text(
@@ -313,7 +316,10 @@ def test_refused_loads_leave_no_files(server, temp_dir) -> None:  # type: ignore
     ).encode()
     assert _post(server, "/v2/repository/models/fresh/load", body)[0] == 400
     refused = [
-        ({**FRESH, "dynamic_batching": {"priority_levels": str(U64_MAX)}}, {"file:1/x": big}),
+        (
+            {**FRESH, "dynamic_batching": {"default_queue_policy": {"max_queue_size": "65537"}}},
+            {"file:1/x": big},
+        ),
         (FRESH, {"file:1/model.onnx": big}),  # not an ONNX model: the version fails
         ({**FRESH, "instance_group": [{"count": 65}]}, {"file:1/model.onnx": MODEL}),
     ]
@@ -417,13 +423,10 @@ def test_a_config_pbtxt_over_the_instance_cap_is_unavailable_with_the_reason(ser
     )
 
 
-def test_a_config_pbtxt_with_huge_priority_levels_is_unavailable_with_the_reason(server) -> None:  # type: ignore[no-untyped-def]
+def test_a_config_pbtxt_with_huge_priority_levels_is_served(server) -> None:  # type: ignore[no-untyped-def]
+    """Any uint64 is accepted, as in Triton: the queues keep only the levels in use."""
     state, reason = _index_reason(server, "huge_priorities")
-    assert state == "UNAVAILABLE"
-    assert reason.endswith(
-        f"(model 'huge_priorities'): dynamic_batching.priority_levels is {U64_MAX}, more than "
-        "the 256 allowed"
-    )
+    assert state == "READY", reason
 
 
 @pytest.mark.parametrize("module", [httpclient, grpcclient])
@@ -445,7 +448,9 @@ def test_a_load_over_the_instance_cap_is_refused_without_making_threads(server, 
 
 
 @pytest.mark.parametrize("module", [httpclient, grpcclient])
-def test_a_load_with_huge_priority_levels_is_refused_without_growing(server, module) -> None:  # type: ignore[no-untyped-def]
+def test_a_load_with_huge_priority_levels_serves_without_growing(server, module) -> None:  # type: ignore[no-untyped-def]
+    """Queues were once made per level (23.8 GB for UINT64_MAX levels), then the count was
+    bounded at 256; now any uint64 loads, as in Triton, and nothing is made per level."""
     client = module.InferenceServerClient(
         server.http_url if module is httpclient else server.grpc_url
     )
@@ -454,15 +459,12 @@ def test_a_load_with_huge_priority_levels_is_refused_without_growing(server, mod
         **SIMPLE_JSON,
         "dynamic_batching": {"priority_levels": str(U64_MAX), "default_priority_level": "1"},
     }
-    with pytest.raises(InferenceServerException) as info:
+    try:
         client.load_model("simple", config=json.dumps(config))
-    assert info.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
-    assert (
-        f"dynamic_batching.priority_levels is {U64_MAX}, more than the 256 allowed"
-        in info.value.message()
-    )
-    assert _status_file(server, "VmRSS") < rss_kb + 64 * 1024  # 23.8 GB before the fix
-    assert client.is_model_ready("simple")
+        assert _status_file(server, "VmRSS") < rss_kb + 64 * 1024
+        assert client.is_model_ready("simple")
+    finally:
+        client.load_model("simple")  # the repository's config again
 
 
 def test_the_instance_cap_follows_its_flag(start_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
