@@ -523,6 +523,10 @@ def _failure_reason(exc: ApplianceError) -> str:
     return "OTHER"
 
 
+# Triton refuses a classification of an output larger than this (elements).
+_CLASSIFY_MAX_ELEMENTS = 1_000_000
+
+
 def classify(array: Array, k: int, labels: list[str] | None, batching: bool) -> Array:
     """Triton's classification extension: top-k 'value:index[:label]' strings per batch item."""
     if array.dtype.kind not in "iuf" or (array.dtype.kind == "f" and array.dtype.itemsize < 4):
@@ -530,6 +534,8 @@ def classify(array: Array, k: int, labels: list[str] | None, batching: bool) -> 
         raise InvalidInput(
             f"class result not available for output due to unsupported type '{name}'"
         )
+    if array.size > _CLASSIFY_MAX_ELEMENTS:  # Triton's bound on the sort's work
+        raise InvalidInput("classification output tensor too large")
     rows = array.reshape(array.shape[0], -1) if batching else array.reshape(1, -1)
     k = min(k, rows.shape[1])
     result = np.empty((rows.shape[0], k), dtype=np.object_)

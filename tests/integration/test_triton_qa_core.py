@@ -283,3 +283,23 @@ def test_missing_inputs_in_tritons_words(
         client.infer(model, inputs)
     assert expected in str(caught.value)
     assert caught.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+
+
+@pytest.mark.parametrize("module", MODULES, ids=IDS)
+def test_classification_of_a_huge_output_is_refused(server: ServerProcess, module: Any) -> None:
+    """L0_parameters class_count_test test_classification_output_tensor_too_large: more than
+    1,000,000 elements asked for as a classification: 400 (before: sorted and answered)."""
+    client = _client(module, server)
+    huge = [_input(module, "INPUT0", np.ones(1_000_001, dtype=np.float32))]
+    top = [module.InferRequestedOutput("OUTPUT0", class_count=2)]
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("vector", huge, outputs=top)
+    assert "classification output tensor too large" in str(caught.value)
+    assert caught.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+    # At the limit it is classified.
+    limit = np.zeros(1_000_000, dtype=np.float32)
+    limit[7] = 5.0
+    result = client.infer("vector", [_input(module, "INPUT0", limit)], outputs=top).as_numpy(
+        "OUTPUT0"
+    )
+    assert result[0] == b"5.000000:7"
