@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from appliance.repository.s3 import S3Location
+from appliance.repository.s3 import S3Location, client_options
 
 _REQUEST_ATTEMPTS = 3
 # A file above this goes up in parts of this size (a single PUT stops at 5 GiB).
@@ -217,28 +216,13 @@ def _status(exc: Exception) -> int:
 
 
 def _client(location: S3Location, timeout_s: float) -> Any:
-    """A botocore S3 client with the server's settings (appliance/repository/s3.py, `opened`):
-    the same region lookup, timeouts and path-style addressing for an endpoint."""
+    """A botocore S3 client with the server's settings (`s3.client_options`)."""
     try:
         import botocore.session
-        from botocore.config import Config
     except ImportError as exc:
         raise FleetError(
             "the fleet commands need botocore (pip install 'edge-appliance[s3]')"
         ) from exc
     session = botocore.session.get_session()
-    region = (
-        os.environ.get("AWS_REGION")
-        or os.environ.get("AWS_DEFAULT_REGION")
-        or session.get_config_variable("region")
-        or "us-east-1"
-    )
-    config = Config(
-        connect_timeout=timeout_s,
-        read_timeout=timeout_s,
-        retries={"max_attempts": _REQUEST_ATTEMPTS, "mode": "standard"},
-        s3={"addressing_style": "path"} if location.endpoint else {},
-    )
-    return session.create_client(
-        "s3", endpoint_url=location.endpoint, region_name=region, config=config
-    )
+    options = client_options(location, session, timeout_s, _REQUEST_ATTEMPTS)
+    return session.create_client("s3", **options)

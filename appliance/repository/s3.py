@@ -204,6 +204,30 @@ class DownloadProgress:
     started_s: float  # wall clock
 
 
+
+def client_options(
+    location: S3Location, session: Any, timeout_s: float, attempts: int
+) -> dict[str, Any]:
+    """`create_client("s3", **options)` for a location, the same for the server's sync and the
+    fleet commands: the region from the environment or the AWS configuration (us-east-1 when
+    neither says), the timeouts, `attempts` tries a request, path-style addressing for an
+    endpoint (S3-compatible stores)."""
+    from botocore.config import Config
+
+    region = (
+        os.environ.get("AWS_REGION")
+        or os.environ.get("AWS_DEFAULT_REGION")
+        or session.get_config_variable("region")
+        or "us-east-1"
+    )
+    config = Config(
+        connect_timeout=timeout_s,
+        read_timeout=timeout_s,
+        retries={"max_attempts": attempts, "mode": "standard"},
+        s3={"addressing_style": "path"} if location.endpoint else {},
+    )
+    return {"endpoint_url": location.endpoint, "region_name": region, "config": config}
+
 class S3Source:
     """One s3:// repository, synced into its folder of the model store."""
 
@@ -266,28 +290,14 @@ class S3Source:
     async def opened(self) -> AsyncIterator[S3Source]:
         try:
             from aiobotocore.session import get_session
-            from botocore.config import Config
         except ImportError as exc:
             raise SourceError(
                 f"{self.url}: S3 repositories need aiobotocore (pip install 'edge-appliance[s3]')"
             ) from exc
         await asyncio.to_thread(self.store.open)
         session = get_session()
-        region = (
-            os.environ.get("AWS_REGION")
-            or os.environ.get("AWS_DEFAULT_REGION")
-            or session.get_config_variable("region")
-            or "us-east-1"
-        )
-        config = Config(
-            connect_timeout=self.timeout_s,
-            read_timeout=self.timeout_s,
-            retries={"max_attempts": _REQUEST_ATTEMPTS, "mode": "standard"},
-            s3={"addressing_style": "path"} if self.location.endpoint else {},
-        )
-        async with session.create_client(
-            "s3", endpoint_url=self.location.endpoint, region_name=region, config=config
-        ) as client:
+        options = client_options(self.location, session, self.timeout_s, _REQUEST_ATTEMPTS)
+        async with session.create_client("s3", **options) as client:
             self._client = client
             try:
                 yield self
