@@ -63,7 +63,7 @@ def s3() -> Iterator[S3Server]:
 
 
 def _readiness(proc: ServerProcess) -> tuple[int, dict[str, Any]]:
-    url = f"http://{proc.http_url}/v2/health/ready"
+    url = f"http://{proc.http_url}/v2/health/ready?verbose=true"
     try:
         with urllib.request.urlopen(url, timeout=5) as resp:
             return resp.status, json.loads(resp.read() or b"{}")

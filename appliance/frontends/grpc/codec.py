@@ -44,6 +44,30 @@ def parameter_value(param: Any) -> Any:
     return getattr(param, which) if which else None
 
 
+# The one `triton_` key a client may send (tritonclient's streams do); the frontend reads it.
+EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
+
+
+def _request_parameters(parameters: Any) -> dict[str, Any]:
+    """The request's parameters for the model; tritonserver's refusals of `triton_` keys."""
+    values = {}
+    for key, param in parameters.items():
+        if key.startswith("triton_"):
+            if key != EMPTY_FINAL_RESPONSE:
+                raise InvalidInput(
+                    "parameter keys starting with 'triton_' are reserved for Triton usage. "
+                    f"Only the following keys starting with 'triton_' are allowed: "
+                    f"{EMPTY_FINAL_RESPONSE}"
+                )
+            if param.WhichOneof("parameter_choice") != "bool_param":
+                raise InvalidInput(
+                    f"invalid value type for '{key}' parameter, expected bool_param."
+                )
+            continue  # a frontend setting, not the model's (as tritonserver)
+        values[key] = parameter_value(param)
+    return values
+
+
 def _from_contents(
     tensor: Any, shape: tuple[int, ...], where: str, limits: RequestLimits | None
 ) -> np.ndarray[Any, Any]:
@@ -116,7 +140,7 @@ def decode_request(
         model_version=msg.model_version,
         id=msg.id,
         inputs=inputs,
-        parameters={k: parameter_value(v) for k, v in parameters.items()} if parameters else {},
+        parameters=_request_parameters(parameters) if parameters else {},
     )
     if msg.outputs:
         outputs = []

@@ -11,7 +11,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from appliance.access import Restrictions
-from appliance.errors import ApplianceError
+from appliance.errors import ApplianceError, Unsupported
 from appliance.frontends.grpc import convert
 from appliance.frontends.grpc.admission import CallBound
 from appliance.frontends.grpc.codec import decode_request, encode_response, parameter_value
@@ -34,6 +34,8 @@ SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 # one is answered: a client that sends without reading is held back by HTTP/2 flow control
 # instead of growing the server (issue 17: 115 -> 473 MB over 250k requests, unbounded).
 STREAM_MAX_IN_FLIGHT = 64
+# tritonserver's refusal of a decoupled model on ModelInfer (our explanation follows it).
+DECOUPLED_REFUSAL = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 # Tensor bytes of the responses waiting for the stream's client, past which a request's next
 # response waits for the client to read (one always goes in): 64 large responses alone could
 # hold gigabytes. A decoupled model is held back in turn (services/inference.py).
@@ -290,7 +292,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         with shm.request_scope():
             with self.core.admit(request.model_name, request.model_version) as admission:
                 decoded = decode_request(request, shm, self.limits)
-                response = await self.core.infer(decoded, admission)
+                try:
+                    response = await self.core.infer(decoded, admission)
+                except Unsupported as exc:
+                    if self.core.is_decoupled(request.model_name, request.model_version):
+                        # tritonserver's words first
+                        raise Unsupported(f"{DECOUPLED_REFUSAL}: {exc.message}") from None
+                    raise
             return encode_response(response, shm_targets(decoded.outputs), shm)
 
     async def ModelStreamInfer(

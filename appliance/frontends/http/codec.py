@@ -189,6 +189,13 @@ def decode_request(
             "data that no input claims"
         )
     params = _object(doc.get("parameters"), "request parameters")
+    if params:
+        for key in params:
+            if key.startswith("triton_"):
+                raise InvalidInput(
+                    "parameter keys starting with 'triton_' are reserved for Triton usage and "
+                    "should not be specified."
+                )
     request_id = doc.get("id", "")
     wire = HttpInferRequest(
         request=InferRequest(
@@ -237,6 +244,25 @@ def _requested_outputs(
     return requested
 
 
+def _utf8_list(array: Any, model: str, name: str) -> list[str]:
+    """A BYTES output as JSON strings; bytes that are not UTF-8 are refused, never replaced
+    (tritonserver writes them into the JSON as they are, which its clients cannot parse)."""
+    values = []
+    for i, value in enumerate(array.ravel()):
+        if isinstance(value, bytes):
+            try:
+                values.append(value.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise InvalidInput(
+                    f"model '{model}' output '{name}' element {i} holds BYTES that are not "
+                    "valid UTF-8, which JSON cannot carry; request the output with "
+                    '"binary_data": true'
+                ) from None
+        else:
+            values.append(str(value))
+    return values
+
+
 def encode_response(
     response: InferResponse, wire: HttpInferRequest, shm: SharedMemoryRegistry | None = None
 ) -> tuple[list[bytes | memoryview], int | None]:
@@ -262,6 +288,8 @@ def encode_response(
             raw = to_raw(tensor.data, tensor.datatype) if tensor.data.size else b""
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
+        elif tensor.datatype == "BYTES":
+            entry["data"] = _utf8_list(tensor.data, response.model_name, tensor.name)
         else:
             entry["data"] = to_list(tensor.data, tensor.datatype)
             if tensor.datatype in ("FP16", "FP32", "FP64"):

@@ -98,7 +98,7 @@ def repository_index(rows: list[IndexRow]) -> list[dict[str, Any]]:
 
 
 def readiness(result: Readiness) -> dict[str, Any]:
-    """The readiness answer's body (tritonserver sends none; Triton's clients read the status)."""
+    """The body of `/v2/health/ready?verbose=true` (the plain one is empty, as Triton's)."""
     return {"ready": result.ready, "problems": list(result.problems), "notes": list(result.notes)}
 
 

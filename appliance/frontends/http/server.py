@@ -16,7 +16,7 @@ from aiohttp import hdrs, web
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 
 from appliance.access import Restrictions
-from appliance.errors import ApplianceError, InvalidInput
+from appliance.errors import ApplianceError, InvalidInput, Unsupported
 from appliance.frontends import jsonconv
 from appliance.frontends.http import convert
 from appliance.frontends.http.codec import HEADER_LENGTH, decode_request, encode_response
@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _JSON = "application/json"
+# tritonserver's refusal of a decoupled model on /infer (our explanation follows it).
+DECOUPLED_REFUSAL = "HTTP end point doesn't support models with decoupled transaction policy"
 
 
 def error_response(status: int, message: str) -> web.Response:
@@ -253,7 +255,12 @@ class HttpFrontend:
                     self.limits,
                     lambda: self.control.model_config(model, version),  # a raw binary request's
                 )
-                response = await self.core.infer(wire.request, admission)
+                try:
+                    response = await self.core.infer(wire.request, admission)
+                except Unsupported as exc:
+                    if self.core.is_decoupled(model, version):  # tritonserver's words first
+                        raise Unsupported(f"{DECOUPLED_REFUSAL}: {exc.message}") from None
+                    raise
             chunks, json_length = encode_response(response, wire, shm)
         if json_length is None:
             resp = web.Response(body=chunks[0], content_type=_JSON)
@@ -311,8 +318,13 @@ class HttpFrontend:
         return web.Response(status=200 if self.control.server_live() else 400)
 
     async def ready(self, request: web.Request) -> web.StreamResponse:
-        readiness = self.control.readiness()  # the body says why (tritonserver sends none)
-        return json_response(convert.readiness(readiness), 200 if readiness.ready else 400)
+        readiness = self.control.readiness()
+        status = 200 if readiness.ready else 400
+        if request.query.get("verbose", "").lower() in ("1", "true"):
+            return json_response(convert.readiness(readiness), status)  # says why
+        # An empty body, as tritonserver's: Triton's scripts compare `curl -s -w %{http_code}`
+        # to exactly "200".
+        return web.Response(status=status)
 
     async def server_metadata(self, request: web.Request) -> web.StreamResponse:
         return json_response(convert.server_metadata(self.control.server_metadata()))
