@@ -7,7 +7,8 @@ path pays nothing for metrics. Each Appliance has its own registry (no global st
 Models' own metric families (Triton's custom metrics, `pb_utils.MetricFamily`) are read from
 the served versions' instances (`ModelInstance.custom_metrics`) at scrape time and exposed
 next to the server's, named exactly as the model named them: a custom counter has no `_total`
-suffix, as in Triton, so `exposition` writes those lines itself.
+suffix, as in Triton, so `exposition` writes those lines itself; so are Triton's own `nv_*`
+counters (`nv_inference_request_success{model="m",version="1"} 3`, as tritonserver).
 """
 
 from __future__ import annotations
@@ -404,15 +405,27 @@ def exposition(registry: CollectorRegistry) -> bytes:
     if len(kept) < len(custom):
         log.debug("custom metric families named like the server's are not exposed")
     standard = [m for m in kept if not isinstance(m, CustomCounter)]
-    body = generate_latest(_Collected(server + standard))
-    lines = [_counter_text(m) for m in kept if isinstance(m, CustomCounter)]
+    tritons = [m for m in server if _tritons_counter(m)]
+    body = generate_latest(_Collected([m for m in server if not _tritons_counter(m)] + standard))
+    lines = [_counter_text(m) for m in tritons]
+    lines += [_counter_text(m) for m in kept if isinstance(m, CustomCounter)]
     return body + "".join(lines).encode("utf-8")
+
+
+def _tritons_counter(metric: Metric) -> bool:
+    """One of Triton's counters (`nv_...`): written as tritonserver writes it, `name{labels}`
+    without the `_total` prometheus_client adds (dashboards and Triton's own tests query
+    `nv_inference_request_success`, `nv_inference_request_failure`, ...). The project's own
+    `edge_*` counters keep `_total`."""
+    return metric.type == "counter" and metric.name.startswith("nv_")
 
 
 def _counter_text(counter: Metric) -> str:
     help_text = counter.documentation.replace("\\", "\\\\").replace("\n", "\\n")
     lines = [f"# HELP {counter.name} {help_text}\n", f"# TYPE {counter.name} counter\n"]
     for sample in counter.samples:
+        if sample.name not in (counter.name, f"{counter.name}_total"):
+            continue  # a `_created` sample
         labels = ",".join(
             f'{name}="{_escape(value)}"' for name, value in sorted(sample.labels.items())
         )
@@ -423,6 +436,8 @@ def _counter_text(counter: Metric) -> str:
 
 def _number(value: float) -> str:
     """As Prometheus' text format (and Triton) writes a number: 12, 0.25, +Inf."""
+    if isinstance(value, int):  # the server's counters are ints
+        return str(value)
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):

@@ -72,7 +72,7 @@ def test_server_reports_every_gpu_with_nvml_values(start_server, tmp_path: Path,
         else:
             assert samples[("nv_gpu_power_limit", uuid)] == limit_mw / 1000
         if nvml_value(nvml.nvmlDeviceGetTotalEnergyConsumption, handle) is not None:
-            assert samples[("nv_energy_consumption_total", uuid)] >= 0
+            assert samples[("nv_energy_consumption", uuid)] >= 0
     reported = {uuid for name, uuid in samples if name.startswith("nv_gpu_")}
     assert reported == uuids
 

@@ -72,7 +72,7 @@ def _metric(server: ServerProcess, wanted: str) -> float:
 def _canceled(server: ServerProcess, model: str) -> float:
     return _metric(
         server,
-        f'nv_inference_request_failure_total{{model="{model}",reason="CANCELED",version="1"}}',
+        f'nv_inference_request_failure{{model="{model}",reason="CANCELED",version="1"}}',
     )
 
 

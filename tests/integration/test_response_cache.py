@@ -42,7 +42,7 @@ def test_repeated_request_is_served_from_the_cache(server: ServerProcess) -> Non
 
     with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as resp:
         metrics = resp.read().decode()
-    assert 'nv_cache_num_hits_per_model_total{model="cached",version="1"}' in metrics
+    assert 'nv_cache_num_hits_per_model{model="cached",version="1"}' in metrics
     assert "nv_cache_num_entries" in metrics
 
 

@@ -123,19 +123,15 @@ def _at_once(calls: list[Any], gap_s: float = 0.0) -> list[Any]:
 
 
 def _failures(server: ServerProcess, model: str) -> dict[str, int]:
-    """nv_inference_request_failure of `model` by reason, read off the metrics endpoint."""
-    with urllib.request.urlopen(
-        f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10
-    ) as answer:
+    """nv_inference_request_failure of `model` by reason, read off the metrics endpoint as
+    Triton's tests read it: `name{model="m",reason="R",version="1"} N`, no `_total`."""
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as answer:
         text = answer.read().decode()
-    counts: dict[str, int] = {}
-    for labels, value in re.findall(
-        r"^nv_inference_request_failure\w*\{([^}]*)\} (\S+)$", text, re.M
-    ):
-        pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        if pairs.get("model") == model:
-            counts[pairs["reason"]] = int(float(value))
-    return counts
+    pattern = (
+        rf'^nv_inference_request_failure\{{model="{model}",reason="(\w+)",version="1"\}} (\d+)$'
+    )
+    return {reason: int(count) for reason, count in re.findall(pattern, text, re.M)}
 
 
 @pytest.mark.parametrize("module", MODULES, ids=IDS)

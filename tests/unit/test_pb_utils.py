@@ -176,7 +176,7 @@ def test_exposition_writes_a_models_counter_as_triton_does() -> None:
     assert 'requests_process_latency_ns{model="custom_metrics",version="1"} 1234\n' in text
     assert text.count("# TYPE requests_process_latency_ns counter") == 1  # shared: once
     assert "mine" not in text  # a model's family named like the server's is left out
-    assert "nv_inference_count_total" in text  # the server's own, as before
+    assert "# TYPE nv_inference_count counter\n" in text  # the server's own, as Triton's
 
 
 def test_instances_report_no_custom_metrics_by_default() -> None:
