@@ -50,7 +50,7 @@ def build_scheduler(
         queue_size = configured if configured > 0 else queue_size
     if ensemble is not None:
         stats.ensemble = True  # its failed requests are OTHER, as tritonserver counts them
-        return EnsembleScheduler(label, ensemble, run_step)
+        return EnsembleScheduler(label, ensemble, run_step, stats)
     if config.HasField("sequence_batching"):
         return SequenceScheduler(
             label, workers, sequence_spec(config, queue_size), stats, rate_limiter

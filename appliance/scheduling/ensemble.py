@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from appliance.errors import ApplianceError, InvalidInput, ServerUnavailable
 from appliance.scheduling.instances import Job
+from appliance.scheduling.stats import ModelStats
 from appliance.types import Array
 
 
@@ -345,10 +347,13 @@ def prefixed(name: str, exc: ApplianceError) -> ApplianceError:
 class EnsembleScheduler:
     """The ModelScheduler of an ensemble: runs the plan, counts what is in flight, stops."""
 
-    def __init__(self, label: str, plan: EnsemblePlan, run_step: StepRunner) -> None:
+    def __init__(
+        self, label: str, plan: EnsemblePlan, run_step: StepRunner, stats: ModelStats | None = None
+    ) -> None:
         self._label = label
         self._plan = plan
         self._run_step = run_step
+        self._stats = stats  # the ensemble's own: a failed run is counted there (see submit)
         self._active = 0
         self._closing = False
         self._idle = asyncio.Event()
@@ -381,6 +386,7 @@ class EnsembleScheduler:
         batch = job.batch_size if plan.batching else 0
         inputs = {name: StepTensor(array, batch) for name, array in job.inputs.items()}
         emit = job.emit
+        start = time.monotonic_ns()
         try:
             made = await run_ensemble(
                 plan,
@@ -391,6 +397,8 @@ class EnsembleScheduler:
                 None if emit is None else lambda made: emit(self._shaped(made)),
             )
         except ApplianceError as exc:
+            if self._stats is not None:
+                self._stats.record_ensemble_run_failure(time.monotonic_ns() - start)
             raise prefixed(plan.name, exc) from exc
         finally:
             self._active -= 1

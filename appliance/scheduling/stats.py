@@ -98,6 +98,15 @@ class ModelStats:
         if self.watcher is not None and reason in ("BACKEND", "OTHER"):
             self.watcher(reason == "BACKEND")
 
+    def record_ensemble_run_failure(self, ns: int) -> None:
+        """An ensemble's run that failed, counted OTHER beside the request's own failure
+        (`record_failure`): tritonserver counts a failed ensemble request twice, the end of
+        its run (ensemble_scheduler.cc DecrementCounter) and its error response
+        (RespondIfError), and Triton's L0_model_queue expects both. The rollback watcher
+        hears of the request once, from `record_failure`."""
+        self.fail.add(ns)
+        self.failures["OTHER"] = self.failures.get("OTHER", 0) + 1
+
     def record_execution(
         self, batch_size: int, requests: int, input_ns: int, infer_ns: int, output_ns: int
     ) -> None:
