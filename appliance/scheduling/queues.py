@@ -5,7 +5,8 @@ Triton, `priority_levels` may be any uint64: a level's queues exist only while i
 (a dict keyed by level, with the levels in use kept sorted), so the count sizes nothing. Each
 level has a policy: `max_queue_size` (a full level refuses at once), a default timeout that a
 request may shorten when `allow_timeout_override` is set, and what happens at the timeout:
-REJECT fails the request, DELAY moves it behind every request that is still within its time.
+REJECT fails the request, DELAY moves it behind every request of its level that is still within
+its time (ahead of the levels after it, as Triton).
 Apart from those, a job may carry an overload deadline (`overdue_at`, from the server's
 queue-wait bound): past it, the job leaves the queue to be refused, whatever its level.
 Times are monotonic nanoseconds passed in by the caller, so the logic is testable with plain
@@ -169,12 +170,13 @@ class RequestQueue:
         return due
 
     def live(self) -> Iterator[Job]:
-        """Queued jobs in dispatch order: by level, on-time jobs before delayed ones."""
+        """Queued jobs in dispatch order: by level, and in each level its on-time jobs before
+        its delayed ones (Triton's PriorityQueue: a level's delayed requests go before the
+        next level's)."""
         for level in self._order:
             for job in self._waiting[level]:
                 if job.queued and not job.delayed and not job.future.done():
                     yield job
-        for level in self._order:
             for job in self._delayed[level]:
                 if job.queued and not job.future.done():
                     yield job

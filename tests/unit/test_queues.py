@@ -84,10 +84,13 @@ async def test_reject_on_timeout() -> None:
 async def test_delay_on_timeout_moves_the_request_behind_the_others() -> None:
     q = queue(l2=QueuePolicy(default_timeout_ns=5 * MS, delay_on_timeout=True))
     q.push(job(1), 0, 0, now=0)
-    q.push(job(2), 3, 0, now=1 * MS)
-    assert q.expire(now=6 * MS) == []
-    assert tags(q) == [2, 1]  # expired level-2 request now runs after the on-time level-3 one
-    assert len(q) == 2
+    q.push(job(2), 0, 0, now=1 * MS)
+    q.push(job(3), 3, 0, now=1 * MS)
+    assert q.expire(now=5 * MS) == []
+    # As Triton's PriorityQueue: the expired level-2 request runs after the on-time level-2
+    # one, still ahead of level 3.
+    assert tags(q) == [2, 1, 3]
+    assert len(q) == 3
 
 
 async def test_request_timeout_overrides_only_when_allowed() -> None:
