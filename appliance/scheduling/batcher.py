@@ -244,7 +244,7 @@ class Scheduler(SchedulerBase):
         now = time.monotonic_ns()
         for expired in queue.expire(now):
             expired.future.set_exception(
-                QueueTimeout(f"{self._label}: request timeout expired while queued")
+                QueueTimeout(f"Request timeout expired ({self._label}: timed out while queued)")
             )
         # The model slowed down after they were admitted.
         for late in queue.overdue(now, self._still_within_bound):

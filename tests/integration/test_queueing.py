@@ -55,7 +55,7 @@ async def test_queue_timeout_rejects_waiting_requests(server: ServerProcess) -> 
     assert errors, "requests queued behind 17 ms executions must hit the 5 ms queue timeout"
     for error in errors:
         assert error.status() == "503"
-        assert "request timeout expired while queued" in error.message()
+        assert "Request timeout expired" in error.message()
 
 
 async def test_request_timeout_parameter_shortens_the_wait(server: ServerProcess) -> None:
@@ -63,7 +63,7 @@ async def test_request_timeout_parameter_shortens_the_wait(server: ServerProcess
     results = await _burst(grpcaio, server.grpc_url, "slow_timeout", 4, timeout=1000)
     errors = [r for r in results if isinstance(r, InferenceServerException)]
     assert errors
-    assert all("request timeout expired" in e.message() for e in errors)
+    assert all("Request timeout expired" in e.message() for e in errors)
 
 
 def test_priority_parameter_is_validated(server: ServerProcess) -> None:
