@@ -224,6 +224,9 @@ def test_a_device_in_the_stage_switches_and_one_outside_keeps_its_version(fleet:
     fleet.publish(_document(revision=3, stage=1))
     _wait_for(lambda: _serves(keeper, 2.0))
     assert _serves(taker, 2.0)
+    # Both have acted on revision 3 (a device that never saw it would take revision 2 as new).
+    _wait_for(lambda: reported(inside, rollout_revision=3))
+    _wait_for(lambda: reported(outside, rollout_revision=3))
     # A stale copy of an older revision is ignored.
     fleet.publish(_document(revision=2, stage=0))
     time.sleep(1.5)  # several polls

@@ -102,6 +102,9 @@ def test_watch_refreshes_and_ctrl_c_exits_0(status_server: ServerProcess) -> Non
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
+        # Ctrl-C as in a terminal: a test run started in the background inherits SIGINT
+        # ignored, and Python then never raises KeyboardInterrupt.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         time.sleep(4)
