@@ -55,6 +55,11 @@ class Unsupported(ApplianceError):
     code = ErrorCode.UNSUPPORTED
 
 
+class DecoupledOnUnary(Unsupported):
+    """A decoupled model asked for one response (HTTP infer, gRPC ModelInfer): each front end
+    puts tritonserver's words for its protocol first."""
+
+
 class ServerUnavailable(ApplianceError):
     """The server is shutting down or otherwise refusing work."""
 

@@ -16,12 +16,12 @@ import numpy as np
 from appliance.cache import ResponseCache, cache_key
 from appliance.errors import (
     ApplianceError,
+    DecoupledOnUnary,
     ErrorCode,
     InferenceFailed,
     InvalidInput,
     QueueFull,
     ServerUnavailable,
-    Unsupported,
 )
 from appliance.limits import NO_LIMITS, RequestLimits
 from appliance.runtime.models import ModelRuntime
@@ -136,7 +136,7 @@ class InferenceService:
             raise ServerUnavailable("server is shutting down; not accepting new requests")
         served = self.manager.get(request.model_name, request.model_version)
         if served.decoupled:
-            raise Unsupported(
+            raise DecoupledOnUnary(
                 f"model '{served.name}' is decoupled (zero or more responses per request); "
                 "call it over a gRPC ModelStreamInfer stream"
             )

@@ -11,7 +11,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from appliance.access import Restrictions
-from appliance.errors import ApplianceError, Unsupported
+from appliance.errors import ApplianceError, DecoupledOnUnary, Unsupported
 from appliance.frontends.grpc import convert
 from appliance.frontends.grpc.admission import CallBound
 from appliance.frontends.grpc.codec import decode_request, encode_response, parameter_value
@@ -294,11 +294,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 decoded = decode_request(request, shm, self.limits)
                 try:
                     response = await self.core.infer(decoded, admission)
-                except Unsupported as exc:
-                    if self.core.is_decoupled(request.model_name, request.model_version):
-                        # tritonserver's words first
-                        raise Unsupported(f"{DECOUPLED_REFUSAL}: {exc.message}") from None
-                    raise
+                except DecoupledOnUnary as exc:  # tritonserver's words first
+                    raise Unsupported(f"{DECOUPLED_REFUSAL}: {exc.message}") from None
             return encode_response(response, shm_targets(decoded.outputs), shm)
 
     async def ModelStreamInfer(

@@ -16,7 +16,7 @@ from aiohttp import hdrs, web
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 
 from appliance.access import Restrictions
-from appliance.errors import ApplianceError, InvalidInput, Unsupported
+from appliance.errors import ApplianceError, DecoupledOnUnary, InvalidInput, Unsupported
 from appliance.frontends import jsonconv
 from appliance.frontends.http import convert
 from appliance.frontends.http.codec import HEADER_LENGTH, decode_request, encode_response
@@ -257,10 +257,8 @@ class HttpFrontend:
                 )
                 try:
                     response = await self.core.infer(wire.request, admission)
-                except Unsupported as exc:
-                    if self.core.is_decoupled(model, version):  # tritonserver's words first
-                        raise Unsupported(f"{DECOUPLED_REFUSAL}: {exc.message}") from None
-                    raise
+                except DecoupledOnUnary as exc:  # tritonserver's words first
+                    raise Unsupported(f"{DECOUPLED_REFUSAL}: {exc.message}") from None
             chunks, json_length = encode_response(response, wire, shm)
         if json_length is None:
             resp = web.Response(body=chunks[0], content_type=_JSON)
