@@ -1,10 +1,16 @@
 """What the instance-backed schedulers share: instances, the rate limiter, in-flight
-accounting, and the stop protocol used when a version retires or the server shuts down."""
+accounting, and the stop protocol used when a version retires or the server shuts down.
+
+The idle instances, the batches running and the drain are also reached from front ends'
+threads by the dynamic scheduler's thread lane (`Scheduler.run_here`, scheduling/batcher.py):
+`_lock` guards them wherever either side changes them.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -39,6 +45,8 @@ class SchedulerBase:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._limiter = rate_limiter or RateLimiter(enabled=False)
         self._awaiting_resources = False
+        # `_idle`, `_running` and `_drained` as the thread lane and the loop both change them.
+        self._lock = threading.Lock()
         for worker in workers:
             self._limiter.register(worker.resources)
 
@@ -65,14 +73,21 @@ class SchedulerBase:
 
     # ---- instances ---------------------------------------------------------------------------
 
-    def _free_worker(self) -> InstanceWorker | None:
-        """An idle instance whose rate-limiter resources are available (now taken); None
-        (and a wake-up once resources free up) when the limiter holds every one back."""
-        for worker in self._idle:
-            if self._limiter.try_acquire(worker.resources):
-                self._idle.remove(worker)
-                return worker
-        self._wait_for_resources()
+    def _free_worker(self, jobs: list[Job]) -> InstanceWorker | None:
+        """An idle instance whose rate-limiter resources are available (now taken, and
+        running `jobs`); None (and a wake-up once resources free up) when the limiter holds
+        every one back."""
+        with self._lock:
+            for worker in self._idle:
+                if self._limiter.try_acquire(worker.resources):
+                    self._idle.remove(worker)
+                    self._running[worker] = jobs
+                    return worker
+            self._wait_for_resources()
+        return None
+
+    def run_here(self, job: Job) -> dict[str, Array] | BaseException | None:
+        """The thread lane (see `Scheduler.run_here`): None, not taken, in this scheduler."""
         return None
 
     def _wait_for_resources(self) -> None:
@@ -101,8 +116,9 @@ class SchedulerBase:
 
     def _instance_done(self, worker: InstanceWorker, result: BatchResult) -> None:
         """An instance is free again; log what went unexpectedly wrong in its batch."""
-        del self._running[worker]
-        self._idle.append(worker)
+        with self._lock:
+            del self._running[worker]
+            self._idle.append(worker)
         self._limiter.release(worker.resources)
         if not result.batch_size or len(result.outcomes) > 1:  # a success of one: nothing
             log_unexpected(self._label, result.outcomes)
@@ -133,9 +149,11 @@ class SchedulerBase:
 
     async def stop(self, timeout_s: float, reason: str) -> int:
         """Refuse new work, wait for queued and running jobs up to timeout_s, fail the rest."""
-        self._closing = True
-        if self.busy:
-            self._drained = asyncio.Event()
+        with self._lock:  # a batch the thread lane runs ends before this or sees `_drained`
+            self._closing = True
+            if self.busy:
+                self._drained = asyncio.Event()
+        if self._drained is not None:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._drained.wait(), timeout_s)
         left = self._take_queued() + [job for jobs in self._running.values() for job in jobs]

@@ -17,6 +17,7 @@ worker threads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -25,7 +26,7 @@ from itertools import islice
 from appliance.errors import QueueFull, ServerUnavailable
 from appliance.scheduling.base import SchedulerBase
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
-from appliance.scheduling.outcome import client_error
+from appliance.scheduling.outcome import client_error, log_unexpected
 from appliance.scheduling.policy import (
     BatchPolicy,
     admission_wait_ns,
@@ -99,6 +100,9 @@ class Scheduler(SchedulerBase):
             label, priority_levels, default_priority_level, queue_policies or {}, max_queue_size
         )
         self._ordered: deque[BatchResult] = deque()  # dispatch order, for preserve_ordering
+        # The thread lane (`run_here`) may be taken: a rate limiter is shared by every version
+        # and wakes them on the loop; preserve_ordering orders responses on the loop.
+        self._lane = not preserve_ordering and not self._limiter.enabled
         self._timer_at = 0  # monotonic ns the timer fires at
 
     @property
@@ -124,7 +128,8 @@ class Scheduler(SchedulerBase):
             # 3.8 s against 0.8-1.0 s): stale work then delays the fresh requests behind it.
             since_ns = job.arrival_ns or now
             if self._may_refuse(0):
-                executing, done_ns = self._executing(now)
+                with self._lock:
+                    executing, done_ns = self._executing(now)
                 ahead = len(self._queue) + executing
                 self._refuse_if_over(ahead, done_ns, now - since_ns)
             else:  # few ahead: admitted whatever they cost (policy.admission_wait_ns)
@@ -164,10 +169,11 @@ class Scheduler(SchedulerBase):
         """Before the request's body is read: QueueFull at once when what is queued, executing
         and already admitted but still arriving would keep it past the bound."""
         self._refuse_if_closing()
-        if self._may_refuse(self._arriving):
-            executing, done_ns = self._executing(time.monotonic_ns())
-            self._refuse_if_over(len(self._queue) + executing + self._arriving, done_ns, 0)
-        self._arriving += 1
+        with self._lock:  # front ends admit from their threads too (the gRPC lane)
+            if self._may_refuse(self._arriving):
+                executing, done_ns = self._executing(time.monotonic_ns())
+                self._refuse_if_over(len(self._queue) + executing + self._arriving, done_ns, 0)
+            self._arriving += 1
 
     def _may_refuse(self, arriving: int) -> bool:
         """Cheap first look for the hot path: False when so few requests can be ahead (each
@@ -178,11 +184,13 @@ class Scheduler(SchedulerBase):
         return most >= 2 * len(self._workers)
 
     def arrived(self) -> None:
-        self._arriving = max(0, self._arriving - 1)
+        with self._lock:
+            self._arriving = max(0, self._arriving - 1)
 
     def _executing(self, now: int) -> tuple[int, float]:
         """Requests in the batches the instances run now, and the execution time they have
-        had (at most their predicted time each: one that runs over is about to finish)."""
+        had (at most their predicted time each: one that runs over is about to finish).
+        Under `_lock` (the thread lane changes `_running`)."""
         count, done_ns = 0, 0.0
         for jobs in self._running.values():
             if jobs:
@@ -276,16 +284,15 @@ class Scheduler(SchedulerBase):
                 if first is None:
                     break
                 live = [first]
-            worker = self._free_worker()
+            worker = self._free_worker(live)
             if worker is None:  # the rate limiter holds every idle instance back
                 break
             queue.take(live)
             for job in live:
                 job.dispatch_ns = now
-                self._stats.queue.add(now - job.enqueue_ns)
+                self._stats.record_queue(now - job.enqueue_ns)
             if self._preserve_ordering:
                 self._ordered.append(BatchResult(jobs=live))
-            self._running[worker] = live
             if worker.inline_ok and self._runs_inline(live):
                 finished.append((worker, worker.run(live)))
             else:
@@ -363,7 +370,8 @@ class Scheduler(SchedulerBase):
 
     def _batch_done(self, worker: InstanceWorker, result: BatchResult) -> None:
         self._instance_done(worker, result)
-        self._learn_cost(result)
+        with self._lock:
+            self._learn_cost(result)
         if self._preserve_ordering:
             # Responses leave in dispatch order: park this batch until earlier ones are done.
             for i, slot in enumerate(self._ordered):
@@ -377,14 +385,7 @@ class Scheduler(SchedulerBase):
             self._complete(result)
 
     def _complete(self, result: BatchResult) -> None:
-        stats = self._stats
-        if result.batch_size:
-            result.stamp()
-            succeeded = sum(1 for o in result.outcomes if not isinstance(o, BaseException))
-            stats.record_execution(
-                result.batch_size, succeeded, result.input_ns, result.infer_ns, result.output_ns
-            )
-            stats.last_inference_ms = time.time_ns() // 1_000_000
+        self._record(result)
         label = self._label
         for job, outcome in zip(result.jobs, result.outcomes, strict=True):
             future = job.future
@@ -394,6 +395,81 @@ class Scheduler(SchedulerBase):
                 future.set_exception(client_error(label, outcome))
             else:
                 future.set_result(outcome)
+
+
+    def _record(self, result: BatchResult) -> None:
+        """An execution's statistics, and its requests' compute timestamps."""
+        if result.batch_size:
+            result.stamp()
+            succeeded = sum(1 for o in result.outcomes if not isinstance(o, BaseException))
+            self._stats.record_execution(
+                result.batch_size, succeeded, result.input_ns, result.infer_ns, result.output_ns
+            )
+            self._stats.last_inference_ms = time.time_ns() // 1_000_000
+
+    # ---- the thread lane ---------------------------------------------------------------------
+
+    def run_here(self, job: Job) -> dict[str, Array] | BaseException | None:
+        """Run `job` on the calling thread (a front end's, not the loop's) when an instance is
+        free for it now; None when not taken, and the caller submits it as usual.
+
+        Taken only when the loop would run it at once and alone: nothing queued, not closing,
+        an idle instance that may run off its own thread (`InstanceWorker.inline_ok`: not a
+        model in another process), no rate limiter, no preserve_ordering, and the batching
+        policy runs a batch of this one request now (no max_queue_delay to wait). The job then
+        runs as a batch of one, with the loop's bookkeeping: it counts as running (in_flight,
+        admission, the drain at stop), its queue time (0), execution statistics and cost are
+        recorded, and the loop's `_dispatch` is woken when work queued meanwhile or a stop
+        waits for the drain. The outcome: the outputs or the client's error; a request failed
+        meanwhile by a stop at its deadline gets that error. Saves the two thread hand-offs
+        (to the loop and back) that a front end on its own threads would pay per request.
+        """
+        if not self._lane:
+            return None
+        alone = [(job.batch_size, job.shape_key)]
+        if self._batching and next_batch(alone, 0, self._policy).run != 1:
+            return None  # the policy waits for the batch to fill
+        now = time.monotonic_ns()
+        with self._lock:
+            if self._closing or len(self._queue) or self._awaiting_resources:
+                return None
+            worker = next((w for w in self._idle if w.inline_ok), None)
+            if worker is None:
+                return None
+            self._idle.remove(worker)
+            job.enqueue_ns = job.dispatch_ns = now
+            self._running[worker] = [job]
+        worker.busy_since_ns = now
+        result = worker.run([job])  # never raises
+        worker.busy_since_ns = 0
+        with self._lock:
+            del self._running[worker]
+            self._idle.append(worker)
+            self._learn_cost(result)
+            wake = bool(len(self._queue)) or self._drained is not None
+        if not result.batch_size:  # as `_instance_done` does
+            log_unexpected(self._label, result.outcomes)
+        self._stats.record_queue(0)
+        self._record(result)
+        if wake:
+            assert self._loop is not None
+            with contextlib.suppress(RuntimeError):  # the loop closed at exit
+                self._loop.call_soon_threadsafe(self._lane_done)
+        future = job.future
+        if future.cancelled():
+            return asyncio.CancelledError()
+        if future.done():  # failed by a stop at its deadline
+            failed = future.exception()
+            if failed is not None:
+                return failed
+        outcome = result.outcomes[0]
+        return client_error(self._label, outcome) if isinstance(outcome, BaseException) else outcome
+
+    def _lane_done(self) -> None:
+        """On the loop, after the lane handed an instance back: what queued meanwhile runs,
+        and a stop waiting for the drain hears of it."""
+        self._dispatch()
+        self._notify_if_drained()
 
 
 def _input_bytes(jobs: list[Job]) -> int:

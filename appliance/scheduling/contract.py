@@ -35,6 +35,12 @@ class ModelScheduler(Protocol):
         """Run one validated request; its outputs, or an ApplianceError for the client."""
         ...
 
+    def run_here(self, job: Job) -> dict[str, Array] | BaseException | None:
+        """From a front end's thread (not the loop's): run the job there at once when an
+        instance is free for it and nothing waits (its outputs, or the client's error), or
+        None (not taken: `submit` it on the loop). Schedulers without such a lane: None."""
+        ...
+
     @property
     def pending(self) -> int:
         """Requests waiting for an instance (Triton's nv_inference_pending_request_count)."""

@@ -378,6 +378,10 @@ class EnsembleScheduler:
     def arrived(self) -> None:
         pass
 
+    def run_here(self, job: Job) -> dict[str, Array] | BaseException | None:
+        """No thread lane: an ensemble's steps run on the loop."""
+        return None
+
     async def submit(self, job: Job) -> dict[str, Array]:
         self.admit()
         self._active += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -49,7 +50,11 @@ _RECENT_MASK = RECENT_LATENCIES - 1
 
 @dataclass(slots=True)
 class ModelStats:
-    """Counters updated on the event loop thread only, so no locks."""
+    """Counters updated on the event loop, and by the dynamic scheduler's thread lane
+    (scheduling/batcher.py, `Scheduler.run_here`) on a front end's thread: the counters both
+    write (successes, failures, executions, queue time) are written under `lock`, so they stay
+    exact. Fields only the loop writes (cancelled, cache hits) are written without it.
+    """
 
     success: Duration = field(default_factory=Duration)
     latency: LatencyHistogram | None = None  # only with histogram_latencies=true
@@ -73,14 +78,21 @@ class ModelStats:
     # probation for automatic rollback; None otherwise.
     watcher: Callable[[bool], None] | None = None
     ensemble: bool = False  # an ensemble's: failures are counted as tritonserver counts them
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def record_success(self, ns: int) -> None:
-        self.success.add(ns)
-        self.recent_ns[self.success.count & _RECENT_MASK] = ns
-        if self.latency is not None:
-            self.latency.observe(ns)
+        with self.lock:
+            self.success.add(ns)
+            self.recent_ns[self.success.count & _RECENT_MASK] = ns
+            if self.latency is not None:
+                self.latency.observe(ns)
         if self.watcher is not None:
             self.watcher(False)
+
+    def record_queue(self, ns: int) -> None:
+        """One request's wait in the queue (0 for one the thread lane ran at once)."""
+        with self.lock:
+            self.queue.add(ns)
 
     def recent_latencies_ns(self, last: int = RECENT_LATENCIES) -> list[int]:
         """The latencies (ns) of the last `last` successful requests, newest first: as many
@@ -90,11 +102,12 @@ class ModelStats:
         return [ring[(count - back) & _RECENT_MASK] for back in range(taken)]
 
     def record_failure(self, reason: str, ns: int) -> None:
-        self.fail.add(ns)
         # As tritonserver: an ensemble's failed request is OTHER whatever failed its step (the
         # step's model counts its own reason); a cancelled one stays CANCELED.
         counted = "OTHER" if self.ensemble and reason != "CANCELED" else reason
-        self.failures[counted] = self.failures.get(counted, 0) + 1
+        with self.lock:
+            self.fail.add(ns)
+            self.failures[counted] = self.failures.get(counted, 0) + 1
         if self.watcher is not None and reason in ("BACKEND", "OTHER"):
             self.watcher(reason == "BACKEND")
 
@@ -104,23 +117,25 @@ class ModelStats:
         its run (ensemble_scheduler.cc DecrementCounter) and its error response
         (RespondIfError), and Triton's L0_model_queue expects both. The rollback watcher
         hears of the request once, from `record_failure`."""
-        self.fail.add(ns)
-        self.failures["OTHER"] = self.failures.get("OTHER", 0) + 1
+        with self.lock:
+            self.fail.add(ns)
+            self.failures["OTHER"] = self.failures.get("OTHER", 0) + 1
 
     def record_execution(
         self, batch_size: int, requests: int, input_ns: int, infer_ns: int, output_ns: int
     ) -> None:
         """One backend execution of `requests` requests totalling `batch_size` items."""
-        self.execution_count += 1
-        self.inference_count += batch_size
-        # Triton counts compute durations once per request in the model totals ...
-        self.compute_input.add(input_ns * requests, requests)
-        self.compute_infer.add(infer_ns * requests, requests)
-        self.compute_output.add(output_ns * requests, requests)
-        # ... and once per execution in batch_stats.
-        per_size = self.by_batch_size.get(batch_size)
-        if per_size is None:
-            per_size = self.by_batch_size[batch_size] = BatchSizeStats()
-        per_size.compute_input.add(input_ns)
-        per_size.compute_infer.add(infer_ns)
-        per_size.compute_output.add(output_ns)
+        with self.lock:
+            self.execution_count += 1
+            self.inference_count += batch_size
+            # Triton counts compute durations once per request in the model totals ...
+            self.compute_input.add(input_ns * requests, requests)
+            self.compute_infer.add(infer_ns * requests, requests)
+            self.compute_output.add(output_ns * requests, requests)
+            # ... and once per execution in batch_stats.
+            per_size = self.by_batch_size.get(batch_size)
+            if per_size is None:
+                per_size = self.by_batch_size[batch_size] = BatchSizeStats()
+            per_size.compute_input.add(input_ns)
+            per_size.compute_infer.add(infer_ns)
+            per_size.compute_output.add(output_ns)

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -85,6 +85,16 @@ class Admission:
         self.release()
 
 
+class Prepared(NamedTuple):
+    """A validated request not run yet (`InferenceService.infer_here`): its version, the
+    request, its job and the monotonic ns its handling started."""
+
+    served: ServedVersion
+    request: InferRequest
+    job: Job
+    start: int
+
+
 class InferenceService:
     """Validates requests against the model config once, for every protocol."""
 
@@ -101,6 +111,8 @@ class InferenceService:
         # Front ends pass these to their decoders too, to refuse before allocating.
         self.limits = limits or RequestLimits()
         self.accepting = True
+        # The tracer's sampling counts, as front ends' threads and the loop both sample.
+        self._trace_lock = threading.Lock()
         manager.run_step = self.run_step  # ensembles' steps are ordinary requests
 
     def admit(self, model: str, version: str = "") -> Admission:
@@ -132,6 +144,16 @@ class InferenceService:
     async def _infer(
         self, request: InferRequest, limits: RequestLimits, admission: Admission | None = None
     ) -> InferResponse:
+        return await self.infer_prepared(self._prepare(request, limits, admission))
+
+    def _prepare(
+        self,
+        request: InferRequest,
+        limits: RequestLimits,
+        admission: Admission | None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> Prepared:
+        """A request's checks and validated job, its admission released; a failure counted."""
         if not self.accepting:
             raise ServerUnavailable("server is shutting down; not accepting new requests")
         served = self.manager.get(request.model_name, request.model_version)
@@ -142,27 +164,79 @@ class InferenceService:
             )
         start = time.monotonic_ns()
         try:
-            job = validate(served, request, limits)
-            if admission is not None:  # its job is about to be queued: no longer arriving
-                job.arrival_ns = admission.arrival_ns
-                admission.release()
+            job = validate(served, request, limits, loop)
+        except ApplianceError as exc:
+            served.stats.record_failure(_failure_reason(exc), time.monotonic_ns() - start)
+            raise
+        if admission is not None:  # its job is about to be queued: no longer arriving
+            job.arrival_ns = admission.arrival_ns
+            admission.release()
+        return Prepared(served, request, job, start)
+
+    def _answered(
+        self,
+        served: ServedVersion,
+        request: InferRequest,
+        job: Job,
+        start: int,
+        response: InferResponse,
+    ) -> InferResponse:
+        """A request's success: counted, and traced when sampled."""
+        end = time.monotonic_ns()
+        served.stats.record_success(end - start)
+        with self._trace_lock:
+            trace_id = self.tracer.sample(served.name)
+        if trace_id:
+            self._trace(trace_id, served, request, job, start, end)
+        return response
+
+    def infer_here(
+        self,
+        request: InferRequest,
+        admission: Admission | None,
+        loop: asyncio.AbstractEventLoop,
+        active: Callable[[], bool],
+    ) -> InferResponse | Prepared:
+        """`infer` on a front end's own thread (not `loop`'s): the response when the model's
+        scheduler ran the request here at once (its thread lane, `Scheduler.run_here`: an
+        idle instance, nothing queued), else the validated request to finish on the loop
+        with `infer_prepared`. The same checks, statistics, failure reasons and traces as
+        `infer`; `active()` false after the run (the client went) counts it CANCELED and
+        raises CancelledError. Not taken for the response cache, probation, sequences,
+        ensembles and decoupled models.
+        """
+        prepared = self._prepare(request, self.limits, admission, loop)
+        served, _, job, start = prepared
+        if (served.cache_enabled and self.cache is not None) or served.stats.watcher:
+            return prepared
+        try:
+            outcome = served.scheduler.run_here(job)
+            if outcome is None:
+                return prepared
+            if isinstance(outcome, BaseException):
+                raise outcome
+            if not active():
+                raise asyncio.CancelledError()
+            response = self._response(served, request, outcome)
+        except (ApplianceError, asyncio.CancelledError) as exc:
+            served.stats.record_failure(_failure_reason(exc), time.monotonic_ns() - start)
+            raise
+        return self._answered(served, request, job, start, response)
+
+    async def infer_prepared(self, prepared: Prepared) -> InferResponse:
+        """The rest of `infer` for a request `_prepare` (or `infer_here`) validated: on the
+        loop, queued for an instance (or answered from the response cache)."""
+        served, request, job, start = prepared
+        try:
             if served.cache_enabled and self.cache is not None and not served.sequence:
                 outputs = await self._cached(served, job, start)
             else:
                 outputs = await served.scheduler.submit(job)
             response = self._response(served, request, outputs)
-        except ApplianceError as exc:
+        except (ApplianceError, asyncio.CancelledError) as exc:
             served.stats.record_failure(_failure_reason(exc), time.monotonic_ns() - start)
             raise
-        except asyncio.CancelledError:
-            served.stats.record_failure("CANCELED", time.monotonic_ns() - start)
-            raise
-        end = time.monotonic_ns()
-        served.stats.record_success(end - start)
-        trace_id = self.tracer.sample(served.name)
-        if trace_id:
-            self._trace(trace_id, served, request, job, start, end)
-        return response
+        return self._answered(served, request, job, start, response)
 
     def is_decoupled(self, model: str, version: str = "") -> bool:
         try:
@@ -514,8 +588,10 @@ def _cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Future[None]) ->
         loop.call_soon_threadsafe(task.cancel)
 
 
-def _failure_reason(exc: ApplianceError) -> str:
+def _failure_reason(exc: ApplianceError | asyncio.CancelledError) -> str:
     """Triton's reason label on nv_inference_request_failure."""
+    if isinstance(exc, asyncio.CancelledError):
+        return "CANCELED"
     if isinstance(exc, QueueFull | QueueTimeout):
         return "REJECTED"
     if isinstance(exc, InferenceFailed):

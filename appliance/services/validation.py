@@ -29,8 +29,15 @@ def _names(names: list[str]) -> str:
     return "[" + ",".join(f"'{n}'" for n in names) + "]"
 
 
-def validate(served: ServedVersion, request: InferRequest, limits: RequestLimits) -> Job:
-    """Check every input against the config once; error text is built only on failure."""
+def validate(
+    served: ServedVersion,
+    request: InferRequest,
+    limits: RequestLimits,
+    loop: asyncio.AbstractEventLoop | None = None,
+) -> Job:
+    """Check every input against the config once; error text is built only on failure. The
+    job's future belongs to `loop` (default: the running loop; a front end's thread passes the
+    server's)."""
     name = served.name
     max_elements = limits.max_tensor_elements or -1
     max_bytes = limits.max_request_tensor_bytes or -1
@@ -119,7 +126,7 @@ def validate(served: ServedVersion, request: InferRequest, limits: RequestLimits
         output_names=(
             served.all_outputs if request.outputs is None else _output_names(served, request)
         ),
-        future=asyncio.get_running_loop().create_future(),
+        future=(loop or asyncio.get_running_loop()).create_future(),
         nbytes=nbytes,
     )
     # The model sees them (a Python model's request), an ensemble's steps carry them.

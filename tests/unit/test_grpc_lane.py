@@ -1,0 +1,214 @@
+"""The dynamic scheduler's thread lane (scheduling/batcher.py, `Scheduler.run_here`), which the
+gRPC front end's handler threads run ModelInfer on: when it takes a request, when it leaves it
+to the loop, and its bookkeeping shared with the loop (real worker threads, small in-process
+instances; the server end to end: tests/integration/test_grpc_lane.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from appliance.errors import InferenceFailed, InvalidInput, ServerUnavailable
+from appliance.scheduling.batcher import Scheduler
+from appliance.scheduling.instances import InstanceWorker, Job
+from appliance.scheduling.policy import BatchPolicy
+from appliance.scheduling.rate_limiter import RateLimiter
+from appliance.scheduling.stats import ModelStats
+from edge_backends.api import ExecutionError, InputRejected, InstanceBase
+
+ALONE = BatchPolicy(max_batch_size=0)
+
+
+class Doubler(InstanceBase):
+    """y = 2x on the thread that calls it, recorded; waits for `gate` while it is clear;
+    rejects negative input, fails on 99."""
+
+    def __init__(self, runs_inline: bool = True) -> None:
+        self.runs_inline = runs_inline
+        self.threads: list[int] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+
+    def execute(self, inputs: Any, output_names: Sequence[str]) -> dict[str, np.ndarray]:
+        self.threads.append(threading.get_ident())
+        self.entered.set()
+        self.gate.wait(10)
+        x = inputs["x"]
+        if (x < 0).any():
+            raise InputRejected("negative input")
+        if (x == 99).any():
+            raise ExecutionError("model crashed")
+        return {"y": x * 2}
+
+    def close(self) -> None:
+        pass
+
+
+def job(loop: asyncio.AbstractEventLoop, value: float, rows: int = 1) -> Job:
+    x = np.full((rows, 2), value, dtype=np.float32)
+    return Job(
+        inputs={"x": x},
+        nbytes=x.nbytes,
+        batch_size=rows,
+        shape_key=((2,),),
+        output_names=("y",),
+        future=loop.create_future(),
+    )
+
+
+def make(
+    instance: InstanceBase, policy: BatchPolicy = ALONE, instances: int = 1, **kwargs: Any
+) -> tuple[Scheduler, ModelStats]:
+    stats = ModelStats()
+    batching = policy.max_batch_size > 0
+    workers = [InstanceWorker(f"w{i}", instance, batching=batching) for i in range(instances)]
+    scheduler = Scheduler("model 'm' version 1", workers, policy, stats, 100, **kwargs)
+    scheduler.start()
+    return scheduler, stats
+
+
+async def here(scheduler: Scheduler, the_job: Job) -> Any:
+    """`run_here` from a thread that is not the loop's."""
+    return await asyncio.to_thread(scheduler.run_here, the_job)
+
+
+async def test_an_idle_instance_runs_the_request_on_the_calling_thread() -> None:
+    model = Doubler()
+    scheduler, stats = make(model)
+    loop = asyncio.get_running_loop()
+    callers: list[int] = []
+
+    def call() -> Any:
+        callers.append(threading.get_ident())
+        return scheduler.run_here(job(loop, 3.0))
+
+    outputs = await asyncio.to_thread(call)
+    assert outputs["y"].tolist() == [[6.0, 6.0]]
+    assert model.threads == callers  # not the instance's thread, not the loop's
+    assert (stats.execution_count, stats.inference_count, stats.queue.count) == (1, 1, 1)
+    assert stats.compute_infer.count == 1
+    assert stats.by_batch_size[1].compute_infer.count == 1
+    assert scheduler.in_flight == 0
+    # Its errors come back as the loop path's: a request's bad input, the model's failure.
+    assert isinstance(await here(scheduler, job(loop, -1.0)), InvalidInput)
+    assert isinstance(await here(scheduler, job(loop, 99.0)), InferenceFailed)
+    assert stats.execution_count == 1  # failed executions are not counted, as on the loop
+    await scheduler.stop(1, "test")
+
+
+async def test_a_busy_instance_or_waiting_work_leaves_the_request_to_the_loop() -> None:
+    model = Doubler()
+    scheduler, _ = make(model)
+    loop = asyncio.get_running_loop()
+    model.gate.clear()
+    model.entered.clear()
+    running = asyncio.ensure_future(scheduler.submit(job(loop, 1.0)))
+    await asyncio.to_thread(model.entered.wait, 10)
+    queued = asyncio.ensure_future(scheduler.submit(job(loop, 2.0)))
+    await asyncio.sleep(0)
+    assert scheduler.pending == 1
+    assert await here(scheduler, job(loop, 3.0)) is None  # busy, and work waits
+    model.gate.set()
+    assert (await running)["y"].tolist() == [[2.0, 2.0]]
+    assert (await queued)["y"].tolist() == [[4.0, 4.0]]
+    assert await here(scheduler, job(loop, 3.0)) is not None  # idle again
+    await scheduler.stop(1, "test")
+
+
+async def test_what_the_loop_must_order_or_wait_for_is_not_taken() -> None:
+    loop = asyncio.get_running_loop()
+    not_taken = [
+        make(Doubler(runs_inline=False))[0],  # a model in another process
+        make(Doubler(), BatchPolicy(8, dynamic=True, max_queue_delay_ns=10**9))[0],
+        make(Doubler(), preserve_ordering=True)[0],
+        make(Doubler(), rate_limiter=RateLimiter(enabled=True))[0],
+    ]
+    for scheduler in not_taken:
+        assert await here(scheduler, job(loop, 1.0)) is None
+    batching = make(Doubler(), BatchPolicy(8, dynamic=True, max_queue_delay_ns=0))[0]
+    assert (await here(batching, job(loop, 1.0, rows=2)))["y"].shape == (2, 2)
+    closing = make(Doubler())[0]
+    await closing.stop(1, "test")
+    assert await here(closing, job(loop, 1.0)) is None
+    for scheduler in [*not_taken, batching]:
+        await scheduler.stop(1, "test")
+
+
+async def test_statistics_stay_exact_with_the_lane_and_the_loop_at_once() -> None:
+    scheduler, stats = make(Doubler(), instances=2)
+    loop = asyncio.get_running_loop()
+    taken = [0]
+
+    def lane(count: int) -> None:
+        for _ in range(count):
+            the_job = job(loop, 1.0)
+            if scheduler.run_here(the_job) is not None:
+                taken[0] += 1
+            else:  # as the front end does: the loop runs what the lane did not take
+                asyncio.run_coroutine_threadsafe(scheduler.submit(the_job), loop).result(10)
+
+    async def on_loop(count: int) -> None:
+        for _ in range(count):
+            await scheduler.submit(job(loop, 1.0, rows=1))
+
+    threads = [asyncio.to_thread(lane, 300) for _ in range(4)]
+    await asyncio.gather(*threads, on_loop(300), on_loop(300))
+    assert taken[0] > 0
+    assert stats.execution_count == 1800
+    assert stats.inference_count == 1800
+    assert stats.queue.count == 1800
+    assert stats.compute_infer.count == 1800
+    assert scheduler.in_flight == 0
+    await scheduler.stop(1, "test")
+
+
+async def test_a_stop_waits_for_a_lane_request_and_fails_it_at_the_deadline() -> None:
+    model = Doubler()
+    scheduler, _ = make(model)
+    loop = asyncio.get_running_loop()
+    model.gate.clear()
+    model.entered.clear()
+    lane = asyncio.ensure_future(here(scheduler, job(loop, 1.0)))
+    await asyncio.to_thread(model.entered.wait, 10)
+    assert scheduler.in_flight == 1
+    assert scheduler.busy
+    stopping = asyncio.ensure_future(scheduler.stop(10, "unloading"))
+    await asyncio.sleep(0.1)
+    assert not stopping.done()  # draining: the lane's request runs
+    model.gate.set()
+    assert (await lane)["y"].tolist() == [[2.0, 2.0]]
+    assert await asyncio.wait_for(stopping, 5) == 0  # the lane woke the drain
+
+    scheduler, stats = make(model)
+    model.gate.clear()
+    model.entered.clear()
+    lane = asyncio.ensure_future(here(scheduler, job(loop, 1.0)))
+    await asyncio.to_thread(model.entered.wait, 10)
+    assert await scheduler.stop(0.05, "server is shutting down") == 1
+    model.gate.set()
+    failed = await lane
+    assert isinstance(failed, ServerUnavailable)
+    assert "shutting down" in failed.message
+    assert stats.cancelled == 1
+
+
+async def test_work_queued_while_the_lane_runs_is_dispatched_after_it() -> None:
+    model = Doubler()
+    scheduler, _ = make(model)
+    loop = asyncio.get_running_loop()
+    model.gate.clear()
+    model.entered.clear()
+    lane = asyncio.ensure_future(here(scheduler, job(loop, 1.0)))
+    await asyncio.to_thread(model.entered.wait, 10)
+    queued = asyncio.ensure_future(scheduler.submit(job(loop, 5.0)))
+    await asyncio.sleep(0.05)
+    assert scheduler.pending == 1  # the only instance is in the lane
+    model.gate.set()
+    assert (await lane)["y"].tolist() == [[2.0, 2.0]]
+    assert (await asyncio.wait_for(queued, 5))["y"].tolist() == [[10.0, 10.0]]
+    await scheduler.stop(1, "test")
