@@ -10,6 +10,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -18,7 +19,7 @@ from appliance import buildinfo
 from appliance.access import GRPC_HEADER_PREFIX, Restriction, Restrictions
 from appliance.cache import ResponseCache
 from appliance.errors import ApplianceError
-from appliance.frontends.grpc.server import InferenceServicer
+from appliance.frontends.grpc.server import InferenceServicer, pool_threads
 from appliance.frontends.http.server import HttpFrontend
 from appliance.gpu_metrics import GpuSource, find_gpu_source
 from appliance.listeners import (
@@ -387,7 +388,11 @@ class Appliance:
 
     async def _grpc(self) -> Listener:
         size = self.settings.grpc_max_message_bytes
-        server = grpc.aio.server(
+        calls = self.settings.grpc_max_concurrent_rpcs
+        # The synchronous server: ModelInfer runs on its handler thread (frontends/grpc/server.py).
+        pool = ThreadPoolExecutor(max_workers=pool_threads(calls), thread_name_prefix="grpc")
+        server = grpc.server(
+            pool,
             options=[
                 ("grpc.max_send_message_length", size),
                 ("grpc.max_receive_message_length", size),
@@ -402,9 +407,9 @@ class Appliance:
             _restrictions(self.settings.grpc_restricted, GRPC_HEADER_PREFIX),
             shared_memory=self.control.shared_memory,
             limits=self.settings.request_limits,
-            max_concurrent_rpcs=self.settings.grpc_max_concurrent_rpcs,
+            max_concurrent_rpcs=calls,
         )
-        servicer.add_to_server(server)
+        servicer.add_to_server(server, asyncio.get_running_loop())
         settings = self.settings
         unix_path = settings.grpc_unix_socket
         listener, self.grpc_port = await serve_grpc(
@@ -414,6 +419,7 @@ class Appliance:
             unix_path,
             settings.unix_socket_mode,
             grpc_credentials(settings.tls),
+            pool,
         )
         if unix_path:
             log.info("Started GRPCInferenceService at unix:%s", unix_path)

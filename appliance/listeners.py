@@ -3,7 +3,7 @@ stopped under the one shutdown deadline (appliance/shutdown.py).
 
 Only the frameworks' public APIs: aiohttp's `BaseRunner.addresses`, `BaseRunner.cleanup()`
 (stop listening, close idle connections, wait for requests in flight, clean the app up) and
-`web.Server.connections`; grpc.aio's `server.stop(grace)`.
+`web.Server.connections`; grpc's `server.stop(grace)`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import os
 import ssl
 import stat
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 import grpc
@@ -138,37 +139,49 @@ async def serve_http(
 
 
 class GrpcListener:
-    """A started grpc.aio server."""
+    """A started synchronous gRPC server and its handler threads' pool."""
 
     what = "gRPC"
 
-    def __init__(self, server: grpc.aio.Server, unix_path: str = "") -> None:
+    def __init__(
+        self, server: grpc.Server, pool: ThreadPoolExecutor | None = None, unix_path: str = ""
+    ) -> None:
         self._server = server
+        self._pool = pool
         self.unix_path = unix_path
 
     async def stop(self, deadline: Deadline) -> list[str]:
-        """Refuse new calls at once; calls still running at the cut-off are cancelled."""
+        """Refuse new calls at once; calls still running at the cut-off are cancelled (their
+        work on the loop with them; a model running on a handler thread finishes, or is
+        ended with its version at the deadline)."""
+        grace = deadline.until_cut_s(time.monotonic())
         try:
-            await self._server.stop(grace=deadline.until_cut_s(time.monotonic()))
+            stopped = self._server.stop(grace=grace)
+            # The event is set once the calls are done or cancelled: at most the grace.
+            await asyncio.to_thread(stopped.wait, grace + FORCE_AFTER_S)
         finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
             if self.unix_path:
                 with contextlib.suppress(OSError):
                     os.unlink(self.unix_path)
-        # grpc.aio does not say how many calls it cancelled; inference calls are counted by the
+        # gRPC does not say how many calls it cancelled; inference calls are counted by the
         # model versions they were cut off in.
         return []
 
 
 async def serve_grpc(
-    server: grpc.aio.Server,
+    server: grpc.Server,
     address: str,
     port: int,
     unix_path: str,
     unix_mode: int,
     credentials: grpc.ServerCredentials | None,
+    pool: ThreadPoolExecutor | None = None,
 ) -> tuple[GrpcListener, int | None]:
     """Listen on address:port (port -1: no TCP) and a Unix socket if given, and start; the
-    listener and the bound TCP port."""
+    listener (which shuts `pool`, the server's handler threads, down with it) and the bound
+    TCP port."""
     addresses = []
     if port >= 0:
         addresses.append(f"{address}:{port}")
@@ -191,10 +204,10 @@ async def serve_grpc(
         if bound == 0 and not where.startswith("unix:"):
             raise StartupError(f"cannot listen for gRPC on {where}: address in use?")
         ports.append(bound)
-    await server.start()
+    server.start()
     if unix_path:
         os.chmod(unix_path, unix_mode)
-    return GrpcListener(server, unix_path), ports[0] if port >= 0 else None
+    return GrpcListener(server, pool, unix_path), ports[0] if port >= 0 else None
 
 
 def grpc_credentials(tls: TlsSettings) -> grpc.ServerCredentials | None:

@@ -396,7 +396,6 @@ class Scheduler(SchedulerBase):
             else:
                 future.set_result(outcome)
 
-
     def _record(self, result: BatchResult) -> None:
         """An execution's statistics, and its requests' compute timestamps."""
         if result.batch_size:

@@ -26,20 +26,24 @@ heap trimmer (appliance/memory.py), 928 with it; with the bound of 64: 764. grpc
 
 from __future__ import annotations
 
-from appliance.errors import ServerUnavailable
+import threading
+
+from appliance.errors import ApplianceError, ErrorCode, ServerUnavailable
 
 NEVER_REFUSED = frozenset({"ServerLive", "ServerReady", "ModelReady"})
 
 
 class CallBound:
-    """Refuse calls past `limit` in flight (0: no limit) with UNAVAILABLE, at once."""
+    """Refuse calls past `limit` in flight (0: no limit) with UNAVAILABLE, at once. Taken and
+    given back on the calls' handler threads."""
 
-    __slots__ = ("_flag", "in_flight", "limit")
+    __slots__ = ("_flag", "_lock", "in_flight", "limit")
 
     def __init__(self, limit: int, flag: str = "--grpc-max-concurrent-rpcs") -> None:
         self.limit = limit
         self.in_flight = 0
         self._flag = flag
+        self._lock = threading.Lock()
 
     def counts(self, method: str) -> bool:
         """Whether calls of `method` (its bare name) take a slot."""
@@ -48,12 +52,49 @@ class CallBound:
     def take(self) -> None:
         """A slot for one call, or ServerUnavailable naming the flag; give it back with
         `give_back` when the call ends."""
-        if self.in_flight >= self.limit:
-            raise ServerUnavailable(
-                f"server busy: {self.in_flight} gRPC calls in flight, the most "
-                f"{self._flag} allows ({self.limit}); retry later"
-            )
-        self.in_flight += 1
+        with self._lock:
+            if self.in_flight < self.limit:
+                self.in_flight += 1
+                return
+        raise ServerUnavailable(
+            f"server busy: {self.limit} gRPC calls in flight, the most "
+            f"{self._flag} allows ({self.limit}); retry later"
+        )
 
     def give_back(self) -> None:
-        self.in_flight -= 1
+        with self._lock:
+            self.in_flight -= 1
+
+
+class TooManyStreams(ApplianceError):
+    """A ModelStreamInfer stream past StreamSlots' limit."""
+
+    code = ErrorCode.RESOURCE_EXHAUSTED
+
+
+class StreamSlots:
+    """Refuse ModelStreamInfer streams past `limit` open, with RESOURCE_EXHAUSTED at once: on
+    the synchronous gRPC server a stream holds a handler thread for its whole life, and the
+    calls behind streams that took every thread would hang (frontends/grpc/server.py)."""
+
+    __slots__ = ("_lock", "limit", "open")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> None:
+        with self._lock:
+            if self.open < self.limit:
+                self.open += 1
+                return
+        raise TooManyStreams(
+            f"too many ModelStreamInfer streams open: {self.limit}, the most the server's "
+            "handler threads allow beside unary calls (--grpc-max-concurrent-rpcs sets the "
+            "threads); retry later"
+        )
+
+    def give_back(self) -> None:
+        with self._lock:
+            self.open -= 1

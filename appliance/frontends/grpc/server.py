@@ -1,10 +1,33 @@
-"""grpc.aio servicer for Triton's GRPCInferenceService over the core and control plane."""
+"""Triton's GRPCInferenceService on the synchronous `grpc.server` (a thread pool) over the core
+and control plane.
+
+Unary ModelInfer runs on its handler thread from decoding to encoding: the inference service's
+thread lane (`InferenceService.infer_here`, `Scheduler.run_here`) runs the model there when an
+instance is idle and nothing is queued, with no hand-off to the event loop; otherwise the
+validated request goes to the loop (`asyncio.run_coroutine_threadsafe`) and is queued as any
+other. Issue 20 measured, `simple` at c=8 on one core, server CPU per request: grpc.aio 448-500
+us, its ceiling 323-374; the synchronous ceiling 199-215; a sync server handing every call to
+the loop 461-487 (docs/benchmarks.md). Every other RPC, and ModelStreamInfer, runs the
+servicer's async methods on the loop, bridged by `_on_loop` and `_LoopContext`; a stream's
+requests are read by a thread of its own (`_ThreadRequests`) only when the stream asks for one
+(STREAM_MAX_IN_FLIGHT holds), and its responses are pulled one at a time by the handler thread
+as gRPC sends them.
+
+A call holds a pool thread for as long as it runs (a stream: its whole life; 8 threads hung
+perf_analyzer --streaming on bench/ceiling_grpc.py), so the pool has a thread for every call
+the call bound admits plus POOL_HEADROOM for health calls (never refused) and refusals, and
+streams are refused past `stream_limit` with RESOURCE_EXHAUSTED (UNARY_RESERVE calls are
+always left to unary ones) instead of hanging the calls behind them.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
-from collections.abc import AsyncIterator, Callable
+import queue
+import threading
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -13,7 +36,7 @@ from google.protobuf.message import DecodeError
 from appliance.access import Restrictions
 from appliance.errors import ApplianceError, DecoupledOnUnary, Unsupported
 from appliance.frontends.grpc import convert
-from appliance.frontends.grpc.admission import CallBound
+from appliance.frontends.grpc.admission import CallBound, StreamSlots
 from appliance.frontends.grpc.codec import decode_request, encode_response, parameter_value
 from appliance.frontends.status import GRPC_STATUS
 from appliance.limits import RequestLimits
@@ -21,7 +44,7 @@ from appliance.logs import RATE_LIMITED
 from appliance.protocol import service_pb2 as pb
 from appliance.protocol import service_pb2_grpc
 from appliance.services.control import ControlService
-from appliance.services.inference import InferenceService
+from appliance.services.inference import InferenceService, Prepared
 from appliance.services.shared_memory import SharedMemoryRegistry, shm_targets
 
 log = logging.getLogger(__name__)
@@ -40,6 +63,25 @@ DECOUPLED_REFUSAL = "ModelInfer RPC doesn't support models with decoupled transa
 # response waits for the client to read (one always goes in): 64 large responses alone could
 # hold gigabytes. A decoupled model is held back in turn (services/inference.py).
 STREAM_MAX_WAITING_BYTES = 32 << 20
+# Pool threads beyond the calls the call bound admits: health calls (never refused) and the
+# refusals of calls past the bound run on them.
+POOL_HEADROOM = 16
+# The calls the pool has threads for when --grpc-max-concurrent-rpcs is 0 (no bound).
+UNBOUNDED_CALLS = 256
+# Of those calls, how many streams may never take: they stay for unary calls.
+UNARY_RESERVE = 8
+
+_CANCELLED = (asyncio.CancelledError, concurrent.futures.CancelledError)
+
+
+def pool_threads(max_concurrent_rpcs: int) -> int:
+    """The handler threads for a call bound (0: none)."""
+    return (max_concurrent_rpcs or UNBOUNDED_CALLS) + POOL_HEADROOM
+
+
+def stream_limit(max_concurrent_rpcs: int) -> int:
+    """The streams open at once past which a new one is refused."""
+    return max(1, (max_concurrent_rpcs or UNBOUNDED_CALLS) - UNARY_RESERVE)
 
 
 def _status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
@@ -82,17 +124,18 @@ def check_access(restrictions: Restrictions | None, name: str, context: Any) -> 
 
 
 def _guard_unary(
-    method: Callable[..., Any],
+    method: Callable[[Any, grpc.ServicerContext], Any],
     name: str,
     parse: Callable[[bytes], Any],
     restrictions: Restrictions | None = None,
     bound: CallBound | None = None,
-) -> Callable[..., Any]:
+) -> Callable[[bytes, grpc.ServicerContext], Any]:
     """The call bound, the access restriction, the request's parsing and the one error mapping
-    around a unary RPC, which grpc.aio hands its message's bytes (see `add_to_server`)."""
+    around a unary RPC's handler (on a pool thread), which gRPC hands its message's bytes (see
+    `add_to_server`)."""
     slots = bound if bound is not None and bound.counts(name) else None
 
-    async def guarded(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+    def guarded(raw: bytes, context: grpc.ServicerContext) -> Any:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("gRPC call: %s", name)
         taken = False
@@ -101,19 +144,93 @@ def _guard_unary(
                 slots.take()
                 taken = True
             check_access(restrictions, name, context)
-            return await method(parse(raw), context)
-        except asyncio.CancelledError:
-            raise
+            return method(parse(raw), context)
+        except _CANCELLED:  # the client went (or the server stopped the call): no answer
+            code, message = grpc.StatusCode.CANCELLED, f"{name}: cancelled"
         except DecodeError as exc:  # the client's bytes: no traceback, no log line
             code, message = grpc.StatusCode.INVALID_ARGUMENT, _unparsable(name, exc)
+        except _Abort as exc:
+            code, message = exc.code, exc.details
         except Exception as exc:
             code, message = _status_of(exc)
         finally:
             if taken and slots is not None:
                 slots.give_back()
-        await context.abort(code, message)
+        context.abort(code, message)
 
     return guarded
+
+
+class _Abort(Exception):
+    """`context.abort` called on the loop (`_LoopContext`): the handler thread aborts the call."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class _LoopContext:
+    """What the servicer's async methods use of their call's context, on the loop: the call's
+    metadata (read on its handler thread) and `abort`."""
+
+    __slots__ = ("_metadata",)
+
+    def __init__(self, context: grpc.ServicerContext) -> None:
+        self._metadata = tuple(context.invocation_metadata() or ())
+
+    def invocation_metadata(self) -> Sequence[tuple[str, Any]]:
+        return self._metadata
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise _Abort(code, details)
+
+
+class _Cancel:
+    """Cancels the loop's work for a call when the call ends early (the client went, its
+    deadline passed, the server stopped it): one gRPC callback per call, whatever runs now."""
+
+    __slots__ = ("_ended", "_lock", "running")
+
+    def __init__(self, context: grpc.ServicerContext) -> None:
+        self._lock = threading.Lock()
+        self._ended = False
+        self.running: concurrent.futures.Future[Any] | None = None
+        if not context.add_callback(self._end):
+            self._ended = True
+
+    def _end(self) -> None:
+        with self._lock:
+            self._ended = True
+            running = self.running
+        if running is not None:
+            running.cancel()
+
+    def wait(self, loop: asyncio.AbstractEventLoop, work: Coroutine[Any, Any, Any]) -> Any:
+        """Run `work` on the loop and wait for its result; cancelled when the call ends."""
+        future = asyncio.run_coroutine_threadsafe(work, loop)
+        with self._lock:
+            self.running = future
+            ended = self._ended
+        if ended:
+            future.cancel()
+        try:
+            return future.result()
+        finally:
+            self.running = None
+
+
+def _on_loop(
+    loop: asyncio.AbstractEventLoop,
+    method: Callable[[Any, Any], Coroutine[Any, Any, Any]],
+) -> Callable[[Any, grpc.ServicerContext], Any]:
+    """A servicer's async method as a handler thread's call: run on the loop, cancelled with
+    the call."""
+
+    def bridged(request: Any, context: grpc.ServicerContext) -> Any:
+        return _Cancel(context).wait(loop, method(request, _LoopContext(context)))
+
+    return bridged
 
 
 def _unparsable(name: str, exc: DecodeError) -> str:
@@ -144,18 +261,22 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         self.limits = limits
         # Calls in flight, all connections together, past which a call is refused at once.
         self.bound = CallBound(max_concurrent_rpcs)
+        # Streams open, past which one is refused: each holds a pool thread for its life.
+        self.streams = StreamSlots(stream_limit(max_concurrent_rpcs))
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-    def add_to_server(self, server: grpc.aio.Server) -> None:
-        """Serve every RPC on `server`, each unary one wrapped once with the call bound, the
+    def add_to_server(self, server: grpc.Server, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve every RPC on `server` (whose pool threads run the handlers; the servicer's
+        async methods run on `loop`), each unary one wrapped once with the call bound, the
         access check, its request's parsing and the one error mapping.
 
-        Unary methods are registered without a request deserializer, so that their wrapper
-        parses the bytes: grpc.aio's own deserializing turns a message that does not parse
-        into UNKNOWN "Unexpected DecodeError" and logs a traceback per call; parsing in the
-        wrapper makes it INVALID_ARGUMENT, unlogged, for the same work on a good message.
-        ModelStreamInfer's messages come from grpc.aio's request iterator, whose DecodeError
-        the stream answers itself.
+        Methods are registered without a request deserializer, so that the wrapper parses the
+        bytes: gRPC's own deserializing turns a message that does not parse into an error
+        with a traceback logged per call; parsing in the wrapper makes it INVALID_ARGUMENT,
+        unlogged, for the same work on a good message. ModelStreamInfer's messages are parsed
+        by the stream's reader (`_ThreadRequests`), whose DecodeError the stream answers.
         """
+        self._loop = loop
         handlers: dict[str, grpc.RpcMethodHandler] = {}
         for method in SERVICE.methods:
             name = method.name
@@ -163,14 +284,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             response = getattr(pb, method.output_type.name)
             if name in _STREAMING:
                 handlers[name] = grpc.stream_stream_rpc_method_handler(
-                    getattr(self, name),
-                    request_deserializer=request.FromString,
-                    response_serializer=response.SerializeToString,
+                    self._stream, response_serializer=response.SerializeToString
                 )
                 continue
-            guarded = _guard_unary(
-                getattr(self, name), name, request.FromString, self.restrictions, self.bound
-            )
+            run = self._infer if name == "ModelInfer" else _on_loop(loop, getattr(self, name))
+            guarded = _guard_unary(run, name, request.FromString, self.restrictions, self.bound)
             handlers[name] = grpc.unary_unary_rpc_method_handler(
                 guarded, response_serializer=response.SerializeToString
             )
@@ -284,7 +402,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     # ---- inference ---------------------------------------------------------------------------
 
-    async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
+    def _infer(self, request: Any, context: grpc.ServicerContext) -> pb.ModelInferResponse:
+        """ModelInfer, on its handler thread: run here by the thread lane when the model has an
+        idle instance and nothing queued, else on the loop."""
+        loop = self._loop
+        assert loop is not None
         shm = self.shared_memory
         # The regions the request names are held until its response is encoded (unregistering
         # one meanwhile waits for it). Admission before decoding: an overloaded model's refusal
@@ -293,29 +415,58 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             with self.core.admit(request.model_name, request.model_version) as admission:
                 decoded = decode_request(request, shm, self.limits)
                 try:
-                    response = await self.core.infer(decoded, admission)
+                    answer = self.core.infer_here(decoded, admission, loop, context.is_active)
+                    if isinstance(answer, Prepared):
+                        answer = _Cancel(context).wait(loop, self.core.infer_prepared(answer))
                 except DecoupledOnUnary as exc:  # tritonserver's words first
                     raise Unsupported(f"{DECOUPLED_REFUSAL}: {exc.message}") from None
-            return encode_response(response, shm_targets(decoded.outputs), shm)
+            return encode_response(answer, shm_targets(decoded.outputs), shm)
 
-    async def ModelStreamInfer(
-        self, request_iterator: AsyncIterator[Any], context: Any
-    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Requests on a stream run concurrently, up to STREAM_MAX_IN_FLIGHT; each gets its
-        responses, errors in-band."""
-        bound = self.bound
+    def _stream(
+        self, request_iterator: Iterator[bytes], context: grpc.ServicerContext
+    ) -> Iterator[pb.ModelStreamInferResponse]:
+        """ModelStreamInfer on its handler thread: the call bound, the stream limit and the
+        access check here, then `ModelStreamInfer` on the loop, its requests read by a thread
+        of the stream's own and its responses pulled one at a time as gRPC sends them."""
+        loop = self._loop
+        assert loop is not None
+        bound, streams = self.bound, self.streams
         counted = bound.counts("ModelStreamInfer")  # one slot for as long as the stream is open
+        taken = [False, False]
         try:
             if counted:
                 bound.take()
-            try:
-                check_access(self.restrictions, "ModelStreamInfer", context)
-            except ApplianceError:
-                if counted:
-                    bound.give_back()
-                raise
+                taken[0] = True
+            streams.take()
+            taken[1] = True
+            check_access(self.restrictions, "ModelStreamInfer", context)
         except ApplianceError as exc:
-            await context.abort(GRPC_STATUS[exc.code], exc.message)
+            _give_back(bound, streams, taken)
+            context.abort(GRPC_STATUS[exc.code], exc.message)
+        requests = _ThreadRequests(request_iterator, loop)
+        stream = self.ModelStreamInfer(requests, _LoopContext(context))
+        cancel = _Cancel(context)
+        try:
+            while True:
+                try:
+                    item = cancel.wait(loop, _next(stream))
+                except _Abort as exc:
+                    context.abort(exc.code, exc.details)
+                except _CANCELLED:
+                    return
+                if item is None:
+                    return
+                yield item
+        finally:
+            requests.close()
+            asyncio.run_coroutine_threadsafe(stream.aclose(), loop)
+            _give_back(bound, streams, taken)
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[Any], context: Any
+    ) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
+        """Requests on a stream run concurrently, up to STREAM_MAX_IN_FLIGHT; each gets its
+        responses, errors in-band. On the loop; `_stream` admits the stream first."""
         responses = _Outbox()
         slots = asyncio.Semaphore(STREAM_MAX_IN_FLIGHT)  # one per request read, until answered
         pending: set[asyncio.Task[None]] = set()
@@ -401,12 +552,88 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                     f"ModelStreamInfer: a request message does not parse: {malformed[0]}",
                 )
         finally:
-            if counted:  # nothing between the slot and this `try` can be interrupted
-                bound.give_back()
             reader.cancel()
             for task in list(pending):
                 task.cancel()
             await asyncio.gather(reader, *pending, return_exceptions=True)
+
+
+def _give_back(bound: CallBound, streams: StreamSlots, taken: list[bool]) -> None:
+    """A stream's call-bound slot and stream slot, those it took (`taken`), once."""
+    if taken[0]:
+        bound.give_back()
+    if taken[1]:
+        streams.give_back()
+    taken[0] = taken[1] = False
+
+
+async def _next(
+    stream: AsyncIterator[pb.ModelStreamInferResponse],
+) -> pb.ModelStreamInferResponse | None:
+    """A stream's next response, None at its end."""
+    try:
+        return await stream.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+_END = object()  # a stream's requests ended (or the call did)
+
+
+class _ThreadRequests:
+    """A stream's request messages for the loop, parsed: each `__anext__` has the stream's
+    reader thread read one more (and only then: the stream's bound on requests in flight holds
+    the client back through HTTP/2 flow control). A message that does not parse raises its
+    DecodeError; the call's end (the client cancelled) ends the requests."""
+
+    def __init__(self, messages: Iterator[bytes], loop: asyncio.AbstractEventLoop) -> None:
+        self._messages = messages
+        self._loop = loop
+        self._asks: queue.SimpleQueue[asyncio.Future[Any] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._read, name="grpc-stream-reader", daemon=True)
+        self._thread.start()
+
+    def __aiter__(self) -> _ThreadRequests:
+        return self
+
+    async def __anext__(self) -> Any:
+        future = self._loop.create_future()
+        self._asks.put(future)
+        item = await future
+        if item is _END:
+            raise StopAsyncIteration
+        return item
+
+    def close(self) -> None:
+        """No more reads: the thread ends once its read in progress (if any) returns."""
+        self._asks.put(None)
+
+    def _read(self) -> None:
+        ended = False
+        while (future := self._asks.get()) is not None:
+            item: Any = _END
+            if not ended:
+                try:
+                    item = pb.ModelInferRequest.FromString(next(self._messages))
+                except DecodeError as exc:
+                    item = exc
+                except StopIteration:
+                    ended = True
+                except grpc.RpcError:  # the call was cancelled
+                    ended = True
+            try:
+                self._loop.call_soon_threadsafe(_settle, future, item)
+            except RuntimeError:  # the loop closed at exit
+                return
+
+
+def _settle(future: asyncio.Future[Any], item: Any) -> None:
+    if future.done():  # the stream stopped waiting
+        return
+    if isinstance(item, BaseException):
+        future.set_exception(item)
+    else:
+        future.set_result(item)
 
 
 class _Outbox:
