@@ -86,7 +86,7 @@ class SchedulerBase:
             self._wait_for_resources()
         return None
 
-    def run_here(self, job: Job) -> dict[str, Array] | BaseException | None:
+    def run_here(self, job: Job, inline: bool = False) -> dict[str, Array] | BaseException | None:
         """The thread lane (see `Scheduler.run_here`): None, not taken, in this scheduler."""
         return None
 

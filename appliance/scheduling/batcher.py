@@ -408,9 +408,11 @@ class Scheduler(SchedulerBase):
 
     # ---- the thread lane ---------------------------------------------------------------------
 
-    def run_here(self, job: Job) -> dict[str, Array] | BaseException | None:
+    def run_here(self, job: Job, inline: bool = False) -> dict[str, Array] | BaseException | None:
         """Run `job` on the calling thread (a front end's, not the loop's) when an instance is
-        free for it now; None when not taken, and the caller submits it as usual.
+        free for it now; None when not taken, and the caller submits it as usual. `inline`:
+        the caller is the event loop itself (the HTTP infer route), so the job is taken only
+        when the learned cost would run it inline on the loop anyway (`_runs_inline`).
 
         Taken only when the loop would run it at once and alone: nothing queued, not closing,
         an idle instance that may run off its own thread (`InstanceWorker.inline_ok`: not a
@@ -433,7 +435,7 @@ class Scheduler(SchedulerBase):
             if self._closing or len(self._queue) or self._awaiting_resources:
                 return None
             worker = next((w for w in self._idle if w.inline_ok), None)
-            if worker is None:
+            if worker is None or (inline and not self._runs_inline([job])):
                 return None
             self._idle.remove(worker)
             job.enqueue_ns = job.dispatch_ns = now

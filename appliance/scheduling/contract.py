@@ -35,10 +35,11 @@ class ModelScheduler(Protocol):
         """Run one validated request; its outputs, or an ApplianceError for the client."""
         ...
 
-    def run_here(self, job: Job) -> dict[str, Array] | BaseException | None:
+    def run_here(self, job: Job, inline: bool = False) -> dict[str, Array] | BaseException | None:
         """From a front end's thread (not the loop's): run the job there at once when an
         instance is free for it and nothing waits (its outputs, or the client's error), or
-        None (not taken: `submit` it on the loop). Schedulers without such a lane: None."""
+        None (not taken: `submit` it on the loop). Schedulers without such a lane: None.
+        `inline`: the caller is the loop itself; taken only when the job would run inline."""
         ...
 
     @property

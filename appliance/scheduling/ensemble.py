@@ -378,7 +378,7 @@ class EnsembleScheduler:
     def arrived(self) -> None:
         pass
 
-    def run_here(self, job: Job) -> dict[str, Array] | BaseException | None:
+    def run_here(self, job: Job, inline: bool = False) -> dict[str, Array] | BaseException | None:
         """No thread lane: an ensemble's steps run on the loop."""
         return None
 

@@ -196,6 +196,7 @@ class InferenceService:
         admission: Admission | None,
         loop: asyncio.AbstractEventLoop,
         active: Callable[[], bool],
+        inline: bool = False,
     ) -> InferResponse | Prepared:
         """`infer` on a front end's own thread (not `loop`'s): the response when the model's
         scheduler ran the request here at once (its thread lane, `Scheduler.run_here`: an
@@ -203,14 +204,15 @@ class InferenceService:
         with `infer_prepared`. The same checks, statistics, failure reasons and traces as
         `infer`; `active()` false after the run (the client went) counts it CANCELED and
         raises CancelledError. Not taken for the response cache, probation, sequences,
-        ensembles and decoupled models.
+        ensembles and decoupled models. `inline`: called on the loop's own thread, where only
+        a model cheap enough to run inline is run (`Scheduler.run_here`).
         """
         prepared = self._prepare(request, self.limits, admission, loop)
         served, _, job, start = prepared
         if (served.cache_enabled and self.cache is not None) or served.stats.watcher:
             return prepared
         try:
-            outcome = served.scheduler.run_here(job)
+            outcome = served.scheduler.run_here(job, inline)
             if outcome is None:
                 return prepared
             if isinstance(outcome, BaseException):
