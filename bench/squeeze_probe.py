@@ -1,0 +1,441 @@
+"""Where SqueezeNet's per-request CPU goes beyond raw ONNX Runtime's (issue 20): probes.
+
+    python -m bench.squeeze_probe ort [--model FILE] [--rounds 5] [--runs 40] [--core 0]
+    python -m bench.squeeze_probe server --target tree:DIR|ceiling:http|ceiling:aio|ceiling:sync
+        --protocol http|grpc [--seconds 6] [--model squeezenet_onnx]
+
+`ort`: one SqueezeNet session (bench.raw's options unless --server-options), pinned to one core,
+run in blocks of --runs runs per variant, the variants' order rotating each round (the machine is
+shared: blocks interleave so that load that comes and goes hits every variant alike). Per run:
+the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID) and its minor page faults
+(getrusage(RUSAGE_THREAD)) around `run` alone; the preparation of the input (copy, receive) is
+measured apart. Variants:
+
+- cached: the same array every run (bench.raw);
+- copy: np.copy of it before each run;
+- bytes: a new bytes object each run (tobytes), np.frombuffer over it: as the gRPC front end
+  gets raw_input_contents;
+- socket: 600 KB sent by a thread on another core through a socketpair and received into a new
+  bytearray (recv_into, as the HTTP front end's read_body), np.frombuffer over it;
+- odd1 / odd2 / odd4: np.frombuffer at byte offset 1, 2 or 4 of a bytes object (the HTTP binary
+  tensor sits after the JSON header, at any offset): does ORT copy or slow down on them?
+- thread: the cached array, run on a second thread (the server's instance thread) instead of the
+  main one;
+- busy: as `thread`, while the main thread on the same core receives a 600 KB message every
+  --busy-ms (the event loop taking the next requests in while the model runs).
+
+`server`: starts the target pinned to core 0, drives it with perf_analyzer at c=8 from core 1,
+and prints per inference: process CPU, each thread's CPU (by name), minor/major page faults and
+voluntary/involuntary context switches, from /proc over the measured run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common import ROOT, pin_to_core
+
+Variant = Callable[[], tuple[dict[str, np.ndarray], float]]  # feed, preparation CPU (us)
+
+
+def _thread_cpu_ns() -> int:
+    return time.clock_gettime_ns(time.CLOCK_THREAD_CPUTIME_ID)
+
+
+def _minflt() -> int:
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+
+
+class Sender:
+    """A thread on another core that sends `payload` through a socketpair on demand."""
+
+    def __init__(self, payload: bytes, core: int) -> None:
+        self.payload = payload
+        self.near, self.far = socket.socketpair()
+        for s in (self.near, self.far):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        self._go = threading.Semaphore(0)
+        self._core = core
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(threading.get_native_id(), {self._core})
+        while True:
+            self._go.acquire()
+            self.far.sendall(self.payload)
+
+    def receive(self) -> bytearray:
+        self._go.release()
+        size = len(self.payload)
+        body = bytearray(size)
+        view = memoryview(body)
+        filled = 0
+        while filled < size:
+            filled += self.near.recv_into(view[filled:], size - filled)
+        return body
+
+
+def ort_probe(args: argparse.Namespace) -> dict[str, Any]:
+    pin_to_core(args.core)
+    import onnxruntime as ort
+
+    from bench.raw import batch1_feed, open_session
+
+    if args.server_options:
+        from edge_backends.api import InstanceSpec
+        from edge_backends.ort import session_options
+
+        spec = InstanceSpec(
+            model_name="squeezenet_onnx", model_version=1, model_path=Path(args.model),
+            instance_name="squeezenet_onnx_0",
+        )  # fmt: skip
+        session = ort.InferenceSession(
+            args.model, sess_options=session_options(spec), providers=["CPUExecutionProvider"]
+        )
+    else:
+        session = open_session(args.model)
+    feed = batch1_feed(session)
+    ((name, array),) = feed.items()
+    payload = array.tobytes()
+    shape = array.shape
+    sender = Sender(payload, 1 - args.core if args.core in (0, 1) else 0)
+    run = session._sess.run if args.binding else session.run
+    names = [o.name for o in session.get_outputs()]
+    run_options = ort.RunOptions()
+
+    def timed(make: Callable[[], np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
+        t0 = _thread_cpu_ns()
+        made = make()
+        return {name: made}, (_thread_cpu_ns() - t0) / 1e3
+
+    def odd(offset: int) -> Variant:
+        def make() -> np.ndarray:
+            data = b"\0" * offset + payload  # one new object, the tensor at `offset`
+            return np.frombuffer(data, np.float32, array.size, offset).reshape(shape)
+
+        return lambda: timed(make)
+
+    variants: dict[str, Variant] = {
+        "cached": lambda: (feed, 0.0),
+        "copy": lambda: timed(lambda: np.copy(array)),
+        "bytes": lambda: timed(lambda: np.frombuffer(array.tobytes(), np.float32).reshape(shape)),
+        "socket": lambda: timed(lambda: np.frombuffer(sender.receive(), np.float32).reshape(shape)),
+        "odd1": odd(1),
+        "odd2": odd(2),
+        "odd4": odd(4),
+    }
+    wanted = args.variants.split(",") if args.variants else [*variants, "thread", "busy"]
+    results: dict[str, dict[str, list[float]]] = {
+        v: {"run_us": [], "prep_us": [], "minflt": []} for v in wanted
+    }
+
+    def block(variant: str) -> None:
+        if variant in ("thread", "busy"):
+            return threaded_block(variant)
+        make = variants[variant]
+        out = results[variant]
+        for _ in range(args.runs):
+            inputs, prep = make()
+            f0, t0 = _minflt(), _thread_cpu_ns()
+            run(names, inputs, run_options)
+            t1, f1 = _thread_cpu_ns(), _minflt()
+            out["run_us"].append((t1 - t0) / 1e3)
+            out["prep_us"].append(prep)
+            out["minflt"].append(f1 - f0)
+
+    def threaded_block(variant: str) -> None:
+        out = results[variant]
+        stop = threading.Event()
+
+        def work() -> None:
+            for _ in range(args.runs):
+                f0, t0 = _minflt(), _thread_cpu_ns()
+                run(names, feed, run_options)
+                t1, f1 = _thread_cpu_ns(), _minflt()
+                out["run_us"].append((t1 - t0) / 1e3)
+                out["prep_us"].append(0.0)
+                out["minflt"].append(f1 - f0)
+            stop.set()
+
+        worker = threading.Thread(target=work)
+        worker.start()
+        if variant == "busy":
+            while not stop.wait(args.busy_ms / 1e3):
+                sender.receive()
+        worker.join()
+
+    for _ in range(3 * args.runs // 10 + 3):  # warm-up
+        run(names, feed, run_options)
+    for round_index in range(args.rounds):
+        shift = round_index % len(wanted)
+        for variant in wanted[shift:] + wanted[:shift]:
+            block(variant)
+    summary: dict[str, Any] = {}
+    for variant, out in results.items():
+        summary[variant] = {
+            "run_us_median": round(statistics.median(out["run_us"]), 1),
+            "run_us_mean": round(statistics.fmean(out["run_us"]), 1),
+            "prep_us_median": round(statistics.median(out["prep_us"]), 1),
+            "minflt_per_run": round(statistics.fmean(out["minflt"]), 2),
+            "runs": len(out["run_us"]),
+        }
+    base = summary.get("cached", {}).get("run_us_median")
+    if base:
+        for variant in summary:
+            summary[variant]["x_cached"] = round(summary[variant]["run_us_median"] / base, 4)
+    return summary
+
+
+OPTION_SETS: dict[str, dict[str, Any]] = {
+    "raw": {},
+    "extended": {"level": "extended"},
+    "basic": {"level": "basic"},
+    "no_arena": {"arena": False},
+    "no_pattern": {"pattern": False},
+    "denormal0": {"config": {"session.set_denormal_as_zero": "1"}},
+    "iobinding": {"iobinding": True},
+    "ortvalue": {"ortvalue": True},
+}
+
+
+def _runner(
+    ort: Any, session: Any, options: dict[str, Any], feed: dict[str, np.ndarray], names: list[str]
+) -> Callable[[], None]:
+    if options.get("iobinding"):
+        binding = session.io_binding()
+        for key, value in feed.items():
+            binding.bind_cpu_input(key, value)
+        for out in names:
+            binding.bind_output(out, "cpu")
+        return lambda: session.run_with_iobinding(binding)
+    if options.get("ortvalue"):
+        values = {k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in feed.items()}
+        return lambda: session.run_with_ort_values(names, values)
+    return lambda: session._sess.run(names, feed, None)
+
+
+def options_probe(args: argparse.Namespace) -> dict[str, Any]:
+    """Per-run thread CPU of one session per option set, blocks interleaved (cached input)."""
+    pin_to_core(args.core)
+    import onnxruntime as ort
+
+    from bench.raw import batch1_feed
+
+    levels = {
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    }
+    wanted = args.sets.split(",") if args.sets else list(OPTION_SETS)
+    runners: dict[str, Callable[[], None]] = {}
+    for name in wanted:
+        o = OPTION_SETS[name]
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.inter_op_num_threads = 1
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        for key, value in o.get("config", {}).items():
+            opts.add_session_config_entry(key, value)
+        opts.graph_optimization_level = levels[o.get("level", "all")]
+        opts.enable_cpu_mem_arena = o.get("arena", True)
+        opts.enable_mem_pattern = o.get("pattern", True)
+        opts.log_severity_level = 3
+        session = ort.InferenceSession(
+            args.model, sess_options=opts, providers=["CPUExecutionProvider"]
+        )
+        feed = batch1_feed(session)
+        names = [x.name for x in session.get_outputs()]
+        runners[name] = _runner(ort, session, o, feed, names)
+    times: dict[str, list[float]] = {name: [] for name in wanted}
+    for runner in runners.values():
+        for _ in range(5):
+            runner()
+    for round_index in range(args.rounds):
+        shift = round_index % len(wanted)
+        for name in wanted[shift:] + wanted[:shift]:
+            runner = runners[name]
+            for _ in range(args.runs):
+                t0 = _thread_cpu_ns()
+                runner()
+                times[name].append((_thread_cpu_ns() - t0) / 1e3)
+    base = statistics.median(times[wanted[0]])
+    return {
+        name: {
+            "run_us_median": round(statistics.median(t), 1),
+            "x_first": round(statistics.median(t) / base, 4),
+            "runs": len(t),
+        }
+        for name, t in times.items()
+    }
+
+
+# --- server probe --------------------------------------------------------------------------
+
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_counters(pid: int) -> dict[str, float]:
+    """utime+stime (s), minflt, majflt, ctx switches, per process and per thread (by name)."""
+    out: dict[str, float] = {}
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    out["cpu_s"] = (int(fields[11]) + int(fields[12])) / HZ
+    out["minflt"] = int(fields[7])
+    out["majflt"] = int(fields[9])
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+            status = (task / "status").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        f = stat.rsplit(")", 1)[1].split()
+        out[f"thread {task.name} {comm} cpu_s"] = (int(f[11]) + int(f[12])) / HZ
+        for line in status.splitlines():
+            if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                label, value = line.split(":")
+                out[label] = out.get(label, 0) + int(value)
+    return out
+
+
+def _inference_count(url: str, model: str) -> int:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{url}/v2/models/{model}/stats", timeout=5) as r:
+        data = json.loads(r.read())
+    return int(data["model_stats"][0]["inference_count"])
+
+
+def server_probe(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.cpu_per_request import Target, start_ceiling, start_tree
+    from bench.perf import DEFAULT_TOOL
+    from configs.generate import main as generate
+
+    with tempfile.TemporaryDirectory(prefix="edge-probe-") as work:
+        everything = Path(work) / "all"
+        generate([str(everything)])
+        repository = Path(work) / "models"
+        repository.mkdir()
+        import shutil
+
+        shutil.copytree(everything / args.model, repository / args.model)
+        kind, _, where = args.target.partition(":")
+        env_before = dict(os.environ)
+        os.environ.update(dict(e.split("=", 1) for e in args.env))
+        try:
+            target: Target = (
+                start_tree(Path(where).resolve(), repository)
+                if kind == "tree"
+                else start_ceiling(where, repository, args.model)
+            )
+        finally:
+            os.environ.clear()
+            os.environ.update(env_before)
+        try:
+            url = target.grpc if args.protocol == "grpc" else target.http
+            stats_url = target.http if kind == "tree" or where == "http" else None
+            command = [
+                "taskset", "-c", "1", str(DEFAULT_TOOL), "-m", args.model, "-u", url,
+                "-i", args.protocol, "--concurrency-range", "8:8",
+                "--measurement-interval", str(int(args.seconds * 1000)),
+                "--stability-percentage", "1000", "--max-trials", "1",
+            ]  # fmt: skip
+            warm = [*command[:-6], "--measurement-interval", "1500", "--stability-percentage",
+                    "1000", "--max-trials", "1"]  # fmt: skip
+            subprocess.run(warm, capture_output=True, check=False)
+            count0 = _count(target, args, stats_url)
+            before = _proc_counters(target.proc.pid)
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            after = _proc_counters(target.proc.pid)
+            count1 = _count(target, args, stats_url)
+        finally:
+            target.stop()
+    n = count1 - count0
+    per = {k: (after.get(k, 0) - before.get(k, 0)) / max(n, 1) for k in after}
+    result: dict[str, Any] = {"target": args.target, "protocol": args.protocol, "inferences": n}
+    for key, value in sorted(per.items()):
+        if key.startswith("thread") and value < 1e-6:
+            continue  # idle threads
+        result[key.replace("_s", "_us") if key.endswith("cpu_s") else key] = (
+            round(value * 1e6, 1) if key.endswith("cpu_s") else round(value, 2)
+        )
+    if "Request concurrency: 8" not in done.stdout:
+        result["perf_analyzer"] = done.stdout[-400:] + done.stderr[-400:]
+    return result
+
+
+def _count(target: Any, args: argparse.Namespace, stats_url: str | None) -> int:
+    """The model's inference_count (over HTTP; a gRPC-only ceiling over gRPC)."""
+    if stats_url is not None:
+        return _inference_count(stats_url, args.model)
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(target.grpc)
+    stats = client.get_inference_statistics(args.model, as_json=True)
+    return int(stats["model_stats"][0]["inference_count"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.squeeze_probe")
+    sub = parser.add_subparsers(dest="what", required=True)
+    o = sub.add_parser("ort")
+    o.add_argument("--model", default=None, help="model.onnx (default: the example's)")
+    o.add_argument("--rounds", type=int, default=5)
+    o.add_argument("--runs", type=int, default=40)
+    o.add_argument("--core", type=int, default=0)
+    o.add_argument("--variants", default="")
+    o.add_argument("--busy-ms", type=float, default=2.0)
+    o.add_argument("--binding", action="store_true", help="run through _sess.run as the server")
+    o.add_argument("--server-options", action="store_true", help="edge_backends.ort's options")
+    p = sub.add_parser("options")
+    p.add_argument("--model", default=None)
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--core", type=int, default=0)
+    p.add_argument("--sets", default="", help="of " + ",".join(OPTION_SETS))
+    s = sub.add_parser("server")
+    s.add_argument("--target", required=True)
+    s.add_argument("--protocol", choices=("http", "grpc"), required=True)
+    s.add_argument("--seconds", type=float, default=6.0)
+    s.add_argument("--model", default="squeezenet_onnx")
+    s.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server")
+    args = parser.parse_args(argv)
+    if args.what in ("ort", "options"):
+        if args.model is None:
+            args.model = _example_model()
+        probe = ort_probe if args.what == "ort" else options_probe
+        print(json.dumps(probe(args), indent=1))
+    else:
+        print(json.dumps(server_probe(args), indent=1))
+    return 0
+
+
+def _example_model() -> str:
+    from configs.generate import main as generate
+
+    folder = Path(tempfile.mkdtemp(prefix="edge-probe-model-"))
+    generate([str(folder)])
+    return str(folder / "squeezenet_onnx" / "1" / "model.onnx")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    raise SystemExit(main())
