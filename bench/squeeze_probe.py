@@ -349,6 +349,8 @@ def server_probe(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             os.environ.clear()
             os.environ.update(env_before)
+        if args.loop_batch:  # the main thread (the event loop) never preempts on wake-up
+            os.sched_setscheduler(target.proc.pid, os.SCHED_BATCH, os.sched_param(0))
         try:
             url = target.grpc if args.protocol == "grpc" else target.http
             stats_url = target.http if kind == "tree" or where == "http" else None
@@ -416,6 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     s.add_argument("--protocol", choices=("http", "grpc"), required=True)
     s.add_argument("--seconds", type=float, default=6.0)
     s.add_argument("--model", default="squeezenet_onnx")
+    s.add_argument("--loop-batch", action="store_true", help="SCHED_BATCH for the main thread")
     s.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server")
     args = parser.parse_args(argv)
     if args.what in ("ort", "options"):

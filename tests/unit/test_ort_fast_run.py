@@ -58,3 +58,40 @@ def test_a_missing_input_is_an_execution_error(instance: OrtInstance) -> None:
     a = np.zeros((1, 16), dtype=np.int32)
     with pytest.raises(ExecutionError, match=r"onnxruntime failed: .*INPUT1"):
         instance.execute({"INPUT0": a}, ["OUTPUT0"])
+
+
+def test_a_received_tensor_reaches_onnxruntime_without_a_copy(instance: OrtInstance) -> None:
+    """Issue 20: the front ends hand the instance np.frombuffer views over the request's bytes
+    (the HTTP binary tensor after the JSON header, at any offset); `execute` passes those very
+    arrays to the binding, not a contiguous or aligned copy (600 KB a SqueezeNet request)."""
+    body = bytearray(3 + 64)
+    body[3:] = np.arange(16, dtype=np.int32).tobytes()
+    a = np.frombuffer(memoryview(body)[3:], dtype=np.int32).reshape(1, 16)  # misaligned view
+    b = np.ones((1, 16), dtype=np.int32)
+    handed: list[dict[str, np.ndarray]] = []
+    real_run = instance._run
+
+    def recording_run(names: list[str], feed: dict[str, np.ndarray], options: object) -> object:
+        handed.append(feed)
+        return real_run(names, feed, options)
+
+    instance._run = recording_run
+    outputs = instance.execute({"INPUT0": a, "INPUT1": b}, ["OUTPUT0"])
+    np.testing.assert_array_equal(outputs["OUTPUT0"], a + b)
+    (feed,) = handed
+    assert feed["INPUT0"] is a
+    assert np.shares_memory(feed["INPUT0"], np.frombuffer(body, dtype=np.uint8))
+
+
+def test_onnxruntime_wraps_a_misaligned_read_only_view_without_copying_it() -> None:
+    """What the no-copy path relies on in onnxruntime's binding: a C-contiguous numpy input is
+    wrapped as it is, aligned or not, read-only or not (its CreateTensor copies only arrays that
+    are not contiguous). If an onnxruntime release started copying misaligned inputs, every HTTP
+    binary image request would pay a copy on the instance thread, and this fails."""
+    data = bytes(1) + np.arange(12, dtype=np.float32).tobytes()
+    view = np.frombuffer(data, dtype=np.float32, count=12, offset=1).reshape(3, 4)
+    assert not view.flags.aligned
+    assert not view.flags.writeable
+    value = ort.OrtValue.ortvalue_from_numpy(view)
+    assert value.data_ptr() == view.ctypes.data
+    np.testing.assert_array_equal(value.numpy(), view)
