@@ -19,7 +19,8 @@
    summary as JSON.
    A point with any non-2xx answer or socket error does not count. CPU per request: the server's
    CPU time (utime + stime of every thread of every process in its tree, from /proc) over the
-   measured run, divided by the requests wrk completed. Other CPU: the machine's busy time minus
+   measured run, divided by the requests wrk completed; server CPU: the same time over the run's
+   wall time (100% = the server kept its core busy). Other CPU: the machine's busy time minus
    the measured server's and this benchmark's own processes (bench.cpu), in % of one core; idle
    servers count as other.
 4. Prints a Markdown table of medians over rounds and the ratios edge-appliance / MLServer: by
@@ -185,12 +186,13 @@ class WrkResult:
     def infer_per_s(self) -> float:
         return self.requests / self.duration_s if self.duration_s > 0 else 0.0
 
-    def problem(self) -> str | None:
-        """Why the run cannot count (non-2xx answers, socket errors, nothing done), or None."""
+    def problem(self, *, warm_up: bool = False) -> str | None:
+        """Why the run cannot count (non-2xx answers, socket errors, nothing done), or None. A
+        warm-up may complete nothing: on a busy shared core one second can pass unanswered."""
         bad = [f"{count} {kind}" for kind, count in self.errors.items() if count]
         if bad:
             return "wrk saw " + ", ".join(bad)
-        return None if self.requests else "wrk completed no request"
+        return None if self.requests or warm_up else "wrk completed no request"
 
 
 def parse_wrk(stdout: str) -> WrkResult:
@@ -394,31 +396,44 @@ class Point:
     p99_ms: float
     cpu_us: float
     other_pct: float
+    server_pct: float = math.nan  # the measured server's CPU in % of one core: 100 = CPU-bound
     problem: str | None = None
 
 
 def failed(problem: str) -> Point:
-    return Point(math.nan, math.nan, math.nan, math.nan, math.nan, problem)
+    return Point(math.nan, math.nan, math.nan, math.nan, math.nan, problem=problem)
+
+
+def complaints(server: Server, lines: int = 2) -> str:
+    """The server log's last warnings or errors, to say what a non-2xx answer was."""
+    found = [
+        line.strip()[:200]
+        for line in server.log_tail(400).splitlines()
+        if re.search(r"WARNING|ERROR|Traceback|overload", line)
+    ]
+    return f" (its log: {' | '.join(found[-lines:])})" if found else ""
 
 
 def measure(wrk: str, script: Path, target: Target, seconds: int, connections: int) -> Point:
     url = target.server.http_url
     warm = run_wrk(wrk, script, url, WARMUP_S, connections)
-    if warm.problem():
-        return failed(f"warm-up: {warm.problem()}")
+    if warm.problem(warm_up=True):
+        return failed(f"warm-up: {warm.problem(warm_up=True)}")
     pid = target.server.proc.pid
     pids = tuple(process_tree(pid))
     before_cpu, before = tree_cpu_s(pid), cpu.snapshot(*pids)
     result = run_wrk(wrk, script, url, seconds, connections)
     after_cpu, after = tree_cpu_s(pid), cpu.snapshot(*pids)
-    cpu_us = (after_cpu - before_cpu) / result.requests * 1e6 if result.requests else math.nan
+    used_s = after_cpu - before_cpu
+    problem = result.problem()
     return Point(
         result.infer_per_s,
         result.p50_ms,
         result.p99_ms,
-        cpu_us,
+        used_s / result.requests * 1e6 if result.requests else math.nan,
         cpu.other_cpu_pct(before, after),
-        result.problem(),
+        100 * used_s / max(1e-9, after.wall_s - before.wall_s),
+        problem and problem + complaints(target.server),
     )
 
 
@@ -456,13 +471,13 @@ def _fmt(value: float, spec: str, suffix: str = "") -> str:
 
 def table(targets: Sequence[Target]) -> list[str]:
     lines = [
-        "| server | setting | infer/s | p50 ms | p99 ms | CPU us/req | other CPU "
+        "| server | setting | infer/s | p50 ms | p99 ms | CPU us/req | server CPU | other CPU "
         "| infer/s by round | CPU us by round |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for t in targets:
         if not t.points:
-            lines.append(f"| {t.name} | {t.setting} | - | - | - | - | - | {t.problem} | |")
+            lines.append(f"| {t.name} | {t.setting} | - | - | - | - | - | - | {t.problem} | |")
             continue
         rates = " / ".join(_fmt(v, ",.0f") for v in column(t, "infer_per_s"))
         costs = " / ".join(_fmt(v, ",.0f") for v in column(t, "cpu_us"))
@@ -471,6 +486,7 @@ def table(targets: Sequence[Target]) -> list[str]:
             f"| {_fmt(median(column(t, 'p50_ms')), '.2f')} "
             f"| {_fmt(median(column(t, 'p99_ms')), '.2f')} "
             f"| {_fmt(median(column(t, 'cpu_us')), ',.0f')} "
+            f"| {_fmt(median(column(t, 'server_pct')), '.0f', '%')} "
             f"| {_fmt(median(column(t, 'other_pct')), '.0f', '%')} | {rates} | {costs} |"
         )
     return lines
@@ -631,7 +647,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     warm = run_wrk(
                         wrk, script, target.server.http_url, FIRST_WARMUP_S, args.connections
                     )
-                    target.problem = warm.problem() and f"first warm-up: {warm.problem()}"
+                    problem = warm.problem(warm_up=True)
+                    target.problem = problem and f"first warm-up: {problem}"
             live = [t for t in targets if t.problem is None]
             for index in range(args.rounds):
                 for target in live if index % 2 == 0 else live[::-1]:
@@ -640,7 +657,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(
                         f"round {index} {target.name} {target.setting}: "
                         f"{point.infer_per_s:,.0f} infer/s, {point.cpu_us:,.0f} us/req, "
-                        f"other {point.other_pct:.0f}% {point.problem or ''}",
+                        f"server {point.server_pct:.0f}%, other {point.other_pct:.0f}% "
+                        f"{point.problem or ''}",
                         flush=True,
                     )
         finally:

@@ -101,6 +101,8 @@ def test_a_run_with_error_answers_does_not_count() -> None:
     )
     nothing = WRK_OK.replace('"requests":2737', '"requests":0')
     assert parse_wrk(nothing).problem() == "wrk completed no request"
+    assert parse_wrk(nothing).problem(warm_up=True) is None
+    assert parse_wrk(WRK_404).problem(warm_up=True) == "wrk saw 6243 non-2xx"
 
 
 def test_wrk_output_without_a_summary_is_an_error() -> None:
