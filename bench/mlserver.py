@@ -70,6 +70,8 @@ INPUT1 = [1] * 16
 INSTALL_TIMEOUT_S = 900.0
 WARMUP_S = 1  # before each point: wrk opens its connections
 FIRST_WARMUP_S = 3  # once per server, before the first round
+QUIET_SAMPLE_S = 0.5
+STARVED_PCT = 50.0  # a point whose server had less of its core was disturbed
 SERVER_CORE, CLIENT_CORE = 0, 1
 
 MODEL_SOURCE = '''\
@@ -398,6 +400,7 @@ class Point:
     other_pct: float
     server_pct: float = math.nan  # the measured server's CPU in % of one core: 100 = CPU-bound
     problem: str | None = None
+    waited_s: float = 0.0  # for other processes to quiet down before the point
 
 
 def failed(problem: str) -> Point:
@@ -414,7 +417,21 @@ def complaints(server: Server, lines: int = 2) -> str:
     return f" (its log: {' | '.join(found[-lines:])})" if found else ""
 
 
-def measure(wrk: str, script: Path, target: Target, seconds: int, connections: int) -> Point:
+def wait_for_quiet(limit_pct: float, patience_s: float) -> float:
+    """Seconds spent (at most about patience_s) waiting until other processes use less than
+    limit_pct of one core over half a second: other sessions' benchmarks come and go."""
+    began = time.monotonic()
+    while True:
+        before = cpu.snapshot()
+        time.sleep(QUIET_SAMPLE_S)
+        waited = time.monotonic() - began
+        if cpu.other_cpu_pct(before, cpu.snapshot()) < limit_pct or waited >= patience_s:
+            return waited - QUIET_SAMPLE_S
+
+
+def measure(wrk: str, script: Path, target: Target, args: argparse.Namespace) -> Point:
+    seconds, connections = args.seconds, args.connections
+    waited_s = wait_for_quiet(args.quiet, args.patience)
     url = target.server.http_url
     warm = run_wrk(wrk, script, url, WARMUP_S, connections)
     if warm.problem(warm_up=True):
@@ -434,6 +451,7 @@ def measure(wrk: str, script: Path, target: Target, seconds: int, connections: i
         cpu.other_cpu_pct(before, after),
         100 * used_s / max(1e-9, after.wall_s - before.wall_s),
         problem and problem + complaints(target.server),
+        waited_s,
     )
 
 
@@ -469,6 +487,10 @@ def _fmt(value: float, spec: str, suffix: str = "") -> str:
     return f"{value:{spec}}{suffix}" if math.isfinite(value) else "-"
 
 
+def starved_mark(point: Point) -> str:
+    return "*" if point.server_pct < STARVED_PCT else ""
+
+
 def table(targets: Sequence[Target]) -> list[str]:
     lines = [
         "| server | setting | infer/s | p50 ms | p99 ms | CPU us/req | server CPU | other CPU "
@@ -479,8 +501,8 @@ def table(targets: Sequence[Target]) -> list[str]:
         if not t.points:
             lines.append(f"| {t.name} | {t.setting} | - | - | - | - | - | - | {t.problem} | |")
             continue
-        rates = " / ".join(_fmt(v, ",.0f") for v in column(t, "infer_per_s"))
-        costs = " / ".join(_fmt(v, ",.0f") for v in column(t, "cpu_us"))
+        rates = " / ".join(_fmt(p.infer_per_s, ",.0f") + starved_mark(p) for p in t.points)
+        costs = " / ".join(_fmt(p.cpu_us, ",.0f") + starved_mark(p) for p in t.points)
         lines.append(
             f"| {t.name} | {t.setting} | {_fmt(median(column(t, 'infer_per_s')), ',.0f')} "
             f"| {_fmt(median(column(t, 'p50_ms')), '.2f')} "
@@ -615,6 +637,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-ceiling", dest="ceiling", action="store_false")
     parser.add_argument("--tree", type=Path, default=ROOT, help="checkout whose server runs")
     parser.add_argument("--output", type=Path, help="also write the report here (Markdown)")
+    parser.add_argument(
+        "--quiet",
+        type=float,
+        default=60.0,
+        help="before a point, wait until other processes "
+        "use less than this %% of one core (a shared machine)",
+    )
+    parser.add_argument("--patience", type=float, default=10.0, help="wait at most this (s)")
     args = parser.parse_args(argv)
     settings = [Setting.parse(spec) for spec in args.settings.split(",") if spec.strip()]
     try:
@@ -652,7 +682,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             live = [t for t in targets if t.problem is None]
             for index in range(args.rounds):
                 for target in live if index % 2 == 0 else live[::-1]:
-                    point = measure(wrk, script, target, args.seconds, args.connections)
+                    point = measure(wrk, script, target, args)
                     target.points.append(point)
                     print(
                         f"round {index} {target.name} {target.setting}: "
@@ -669,6 +699,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     mlservers = [t for t in targets if t.name == "MLServer"]
     ceiling = next((t for t in targets if t.name == "aiohttp ceiling"), None)
     others = [p.other_pct for t in targets for p in t.points if math.isfinite(p.other_pct)]
+    points = [p for t in targets for p in t.points if math.isfinite(p.server_pct)]
+    starved = sum(p.server_pct < STARVED_PCT for p in points)
+    waits = [p.waited_s for t in targets for p in t.points if p.waited_s > 0.1]
     report = [
         f"MLServer comparison, {began:%Y-%m-%d %H:%M} UTC, commit {commit()}, "
         f"{time.monotonic() - started:.0f} s",
@@ -687,6 +720,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"- other CPU (not the measured server, wrk or this script): median "
         f"{_fmt(median(others), '.0f', '%')}, "
         f"max {_fmt(max(others, default=math.nan), '.0f', '%')} of one core over the points",
+        f"- `*`: the server used less than {STARVED_PCT:.0f}% of its core ({starved} of "
+        f"{len(points)} points): starved by other processes, or waiting on its own threads",
+        f"- waited for other processes to drop below {args.quiet:.0f}% of a core before "
+        f"{len(waits)} points ({sum(waits):.0f} s in all, at most {args.patience:.0f} s each)",
         *(
             f"- {t.name} {t.setting} round {i}: {p.problem}"
             for t in targets

@@ -32,6 +32,7 @@ from bench.mlserver import (
     request_body,
     round_ratio,
     run_wrk,
+    table,
 )
 
 # Real wrk 4.1.0 output with bench.mlserver's Lua script, against bench.ceiling_http (c=8, 1 s).
@@ -155,6 +156,20 @@ def test_the_reference_is_the_fastest_and_the_cheapest_setting() -> None:
     assert best([w0, w1, broken], "infer_per_s", highest=True) is w0
     assert best([w0, w1, broken], "cpu_us", highest=False) is w1
     assert best([broken], "infer_per_s", highest=True) is None
+
+
+def test_the_table_gives_medians_and_marks_starved_points() -> None:
+    quiet = Point(3000, 1.0, 2.0, 300, 10.0, server_pct=90.0)
+    starved = Point(200, 9.0, 900.0, 700, 150.0, server_pct=14.0)
+    lost = Point(math.nan, math.nan, math.nan, math.nan, math.nan, problem="wrk saw 1 non-2xx")
+    target = Target("MLServer", "w0", server=None, points=[quiet, starved, lost])  # type: ignore[arg-type]
+    header, _, row = table([target])
+    assert header.startswith("| server | setting | infer/s |")
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells == [
+        "MLServer", "w0", "1,600", "5.00", "451.00", "500", "52%", "80%",
+        "3,000 / 200* / -", "300 / 700* / -",
+    ]  # fmt: skip
 
 
 def test_settings() -> None:
