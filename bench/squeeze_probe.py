@@ -72,6 +72,7 @@ class Sender:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         self._go = threading.Semaphore(0)
+        self._read_buffer = bytearray(256 * 1024)
         self._core = core
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -81,6 +82,22 @@ class Sender:
         while True:
             self._go.acquire()
             self.far.sendall(self.payload)
+
+    def receive_chunks(self, chunk: int = 256 * 1024) -> bytearray:
+        """As aiohttp on uvloop, then read_body: the socket read in 256 KB bytes objects (uvloop's
+        read buffer copied out to a new bytes each time), then copied into one bytearray."""
+        self._go.release()
+        size = len(self.payload)
+        body = bytearray(size)
+        view = memoryview(body)
+        filled = 0
+        read_buffer = memoryview(self._read_buffer)
+        while filled < size:
+            n = self.near.recv_into(read_buffer, min(chunk, size - filled))
+            part = bytes(read_buffer[:n])  # uvloop: data_received(bytes)
+            view[filled : filled + n] = part
+            filled += n
+        return body
 
     def receive(self) -> bytearray:
         self._go.release()
@@ -138,6 +155,9 @@ def ort_probe(args: argparse.Namespace) -> dict[str, Any]:
         "copy": lambda: timed(lambda: np.copy(array)),
         "bytes": lambda: timed(lambda: np.frombuffer(array.tobytes(), np.float32).reshape(shape)),
         "socket": lambda: timed(lambda: np.frombuffer(sender.receive(), np.float32).reshape(shape)),
+        "socket_chunks": lambda: timed(
+            lambda: np.frombuffer(sender.receive_chunks(), np.float32).reshape(shape)
+        ),
         "odd1": odd(1),
         "odd2": odd(2),
         "odd4": odd(4),
@@ -288,6 +308,100 @@ def options_probe(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+RAW_INPUT_CONTENTS = 7  # ModelInferRequest.raw_input_contents' field number
+
+
+def _varint(data: memoryview, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def split_raw_contents(wire: bytes) -> tuple[bytes, list[tuple[int, int]]]:
+    """A serialized ModelInferRequest without its raw_input_contents, and where each of those
+    lies in `wire` (offset, length): the message's other fields parse as before and the tensors
+    become views over the bytes gRPC handed over, instead of two more copies (protobuf's parse
+    into its arena, then a new bytes object on each raw_input_contents[i]). A sketch to measure
+    the saving, not a parser for the server: it knows only the wire types that message uses."""
+    data = memoryview(wire)
+    rest: list[bytes] = []
+    spans: list[tuple[int, int]] = []
+    pos, end = 0, len(data)
+    while pos < end:
+        start = pos
+        key, pos = _varint(data, pos)
+        kind = key & 7
+        if kind == 2:
+            length, pos = _varint(data, pos)
+            if key >> 3 == RAW_INPUT_CONTENTS:
+                spans.append((pos, length))
+                pos += length
+                continue
+            pos += length
+        elif kind == 0:
+            _, pos = _varint(data, pos)
+        elif kind == 1:
+            pos += 8
+        elif kind == 5:
+            pos += 4
+        else:
+            raise ValueError(f"wire type {kind} at {start}")
+        rest.append(wire[start:pos])
+    return b"".join(rest), spans
+
+
+def decode_probe(args: argparse.Namespace) -> dict[str, Any]:
+    """The gRPC request's decode, hot (back to back) and cold (right after one ORT run, as on
+    the server's core): protobuf parse + raw_input_contents[0] vs split_raw_contents."""
+    pin_to_core(args.core)
+    from tritonclient.grpc import service_pb2
+
+    from bench.raw import batch1_feed, open_session
+
+    session = open_session(args.model)
+    feed = batch1_feed(session)
+    ((name, array),) = feed.items()
+    names = [o.name for o in session.get_outputs()]
+    request = service_pb2.ModelInferRequest(model_name="squeezenet_onnx", id="1")
+    request.inputs.add(name=name, datatype="FP32", shape=list(array.shape))
+    request.outputs.add(name=names[0])
+    request.raw_input_contents.append(array.tobytes())
+    wire = request.SerializeToString()
+    parse = service_pb2.ModelInferRequest.FromString
+
+    def protobuf() -> np.ndarray:
+        msg = parse(wire)
+        return np.frombuffer(msg.raw_input_contents[0], np.float32)
+
+    def split() -> np.ndarray:
+        rest, spans = split_raw_contents(wire)
+        msg = parse(rest)
+        assert msg.inputs[0].name == name
+        offset, length = spans[0]
+        return np.frombuffer(wire, np.float32, length // 4, offset)
+
+    assert np.array_equal(protobuf(), split())
+    ways = {"protobuf": protobuf, "split": split}
+    times: dict[str, list[float]] = {f"{w} {h}": [] for w in ways for h in ("hot", "cold")}
+    for round_index in range(args.rounds):
+        for way, function in ways.items() if round_index % 2 else reversed(ways.items()):
+            for _ in range(3):
+                function()
+            t0 = _thread_cpu_ns()
+            function()
+            times[f"{way} hot"].append((_thread_cpu_ns() - t0) / 1e3)
+            session._sess.run(names, feed, None)
+            t0 = _thread_cpu_ns()
+            function()
+            times[f"{way} cold"].append((_thread_cpu_ns() - t0) / 1e3)
+    return {k: round(statistics.median(v), 1) for k, v in times.items()}
+
+
 # --- server probe --------------------------------------------------------------------------
 
 HZ = os.sysconf("SC_CLK_TCK")
@@ -325,7 +439,7 @@ def _inference_count(url: str, model: str) -> int:
 
 
 def server_probe(args: argparse.Namespace) -> dict[str, Any]:
-    from bench.cpu_per_request import Target, start_ceiling, start_tree
+    from bench.cpu_per_request import Target, start_ceiling
     from bench.perf import DEFAULT_TOOL
     from configs.generate import main as generate
 
@@ -342,7 +456,7 @@ def server_probe(args: argparse.Namespace) -> dict[str, Any]:
         os.environ.update(dict(e.split("=", 1) for e in args.env))
         try:
             target: Target = (
-                start_tree(Path(where).resolve(), repository)
+                _start_tree(Path(where).resolve(), repository, args.server_arg)
                 if kind == "tree"
                 else start_ceiling(where, repository, args.model)
             )
@@ -384,6 +498,30 @@ def server_probe(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _start_tree(tree: Path, repository: Path, extra: list[str]) -> Any:
+    """bench.cpu_per_request.start_tree, with more `appliance serve` arguments."""
+    import urllib.request
+
+    from bench.common import free_port
+    from bench.cpu_per_request import Target, _wait
+
+    http, grpc = free_port(), free_port()
+    command = [
+        "taskset", "-c", "0", sys.executable, "-m", "appliance", "serve",
+        "--model-repository", str(repository), "--http-port", str(http),
+        "--grpc-port", str(grpc), "--allow-metrics", "false", *extra,
+    ]  # fmt: skip
+    target = Target(str(tree), command, tree, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}")
+
+    def ready() -> bool:
+        url = f"http://{target.http}/v2/health/ready"
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+
+    _wait(ready, str(tree))
+    return target
+
+
 def _count(target: Any, args: argparse.Namespace, stats_url: str | None) -> int:
     """The model's inference_count (over HTTP; a gRPC-only ceiling over gRPC)."""
     if stats_url is not None:
@@ -413,18 +551,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--core", type=int, default=0)
     p.add_argument("--sets", default="", help="of " + ",".join(OPTION_SETS))
+    d = sub.add_parser("decode")
+    d.add_argument("--model", default=None)
+    d.add_argument("--rounds", type=int, default=40)
+    d.add_argument("--core", type=int, default=0)
     s = sub.add_parser("server")
     s.add_argument("--target", required=True)
     s.add_argument("--protocol", choices=("http", "grpc"), required=True)
     s.add_argument("--seconds", type=float, default=6.0)
     s.add_argument("--model", default="squeezenet_onnx")
+    s.add_argument("--server-arg", action="append", default=[], help="for appliance serve")
     s.add_argument("--loop-batch", action="store_true", help="SCHED_BATCH for the main thread")
     s.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server")
     args = parser.parse_args(argv)
-    if args.what in ("ort", "options"):
+    if args.what in ("ort", "options", "decode"):
         if args.model is None:
             args.model = _example_model()
-        probe = ort_probe if args.what == "ort" else options_probe
+        probes = {"ort": ort_probe, "options": options_probe, "decode": decode_probe}
+        probe = probes[args.what]
         print(json.dumps(probe(args), indent=1))
     else:
         print(json.dumps(server_probe(args), indent=1))
