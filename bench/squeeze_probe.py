@@ -1,8 +1,11 @@
 """Where SqueezeNet's per-request CPU goes beyond raw ONNX Runtime's (issue 20): probes.
 
     python -m bench.squeeze_probe ort [--model FILE] [--rounds 5] [--runs 40] [--core 0]
+    python -m bench.squeeze_probe options [--model FILE] [--rounds 6] [--runs 20] [--sets ...]
+    python -m bench.squeeze_probe decode [--model FILE] [--rounds 40]
     python -m bench.squeeze_probe server --target tree:DIR|ceiling:http|ceiling:aio|ceiling:sync
-        --protocol http|grpc [--seconds 6] [--model squeezenet_onnx]
+        --protocol http|grpc [--seconds 6] [--model squeezenet_onnx] [--perf OUT.data]
+        [--env NAME=VALUE] [--server-arg=--flag=value] [--loop-batch]
 
 `ort`: one SqueezeNet session (bench.raw's options unless --server-options), pinned to one core,
 run in blocks of --runs runs per variant, the variants' order rotating each round (the machine is
@@ -24,9 +27,21 @@ measured apart. Variants:
 - busy: as `thread`, while the main thread on the same core receives a 600 KB message every
   --busy-ms (the event loop taking the next requests in while the model runs).
 
+- socket_chunks: as socket, but read as aiohttp on uvloop hands a body over (256 KB bytes
+  objects copied out of the loop's read buffer), then copied into one bytearray.
+
+`options`: one session per set of ORT session options (graph level, arena, memory pattern,
+denormals, IO binding, OrtValues), per-run thread CPU, blocks interleaved.
+
+`decode`: a gRPC SqueezeNet request's decode, hot and cold (right after an ORT run, as on the
+server's one core): protobuf's parse plus raw_input_contents[0], against split_raw_contents
+(views over the received bytes).
+
 `server`: starts the target pinned to core 0, drives it with perf_analyzer at c=8 from core 1,
-and prints per inference: process CPU, each thread's CPU (by name), minor/major page faults and
-voluntary/involuntary context switches, from /proc over the measured run.
+and prints per inference: process CPU, each thread's CPU (by tid), minor/major page faults and
+voluntary/involuntary context switches, from /proc over the measured run. `--perf FILE` also
+records it with perf's software clock and prints the us per inference by thread and by what the
+samples' leaf frames are (ORT, Python, memmove, grpc, uvloop, kernel network / scheduling, ...).
 """
 
 from __future__ import annotations
@@ -36,6 +51,7 @@ import contextlib
 import json
 import os
 import resource
+import signal
 import socket
 import statistics
 import subprocess
@@ -479,7 +495,11 @@ def server_probe(args: argparse.Namespace) -> dict[str, Any]:
             subprocess.run(warm, capture_output=True, check=False)
             count0 = _count(target, args, stats_url)
             before = _proc_counters(target.proc.pid)
+            recorder = _start_perf(target.proc.pid, args.perf) if args.perf else None
             done = subprocess.run(command, capture_output=True, text=True, check=False)
+            if recorder is not None:
+                recorder.send_signal(signal.SIGINT)
+                recorder.wait(60)
             after = _proc_counters(target.proc.pid)
             count1 = _count(target, args, stats_url)
         finally:
@@ -493,9 +513,72 @@ def server_probe(args: argparse.Namespace) -> dict[str, Any]:
         result[key.replace("_s", "_us") if key.endswith("cpu_s") else key] = (
             round(value * 1e6, 1) if key.endswith("cpu_s") else round(value, 2)
         )
+    if args.perf:
+        result["perf us per inference"] = {
+            k: round(v / max(n, 1), 1) for k, v in perf_categories(args.perf, PERF_HZ).items()
+        }
     if "Request concurrency: 8" not in done.stdout:
         result["perf_analyzer"] = done.stdout[-400:] + done.stderr[-400:]
     return result
+
+
+PERF_HZ = 1999
+
+
+def _start_perf(pid: int, output: str) -> subprocess.Popen[bytes]:
+    """perf's software CPU clock over every thread of `pid` (no hardware counters needed)."""
+    command = ["perf", "record", "-q", "-e", "cpu-clock", "-F", str(PERF_HZ), "-g", "-p", str(pid),
+               "-o", output]  # fmt: skip
+    recorder = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)  # attached
+    return recorder
+
+
+def _category(frames: list[tuple[str, str]]) -> str:
+    """What a sample's leaf frame (symbol, library) is spent on."""
+    sym, dso = frames[0]
+    chain = " ".join(f for f, _ in frames)
+    kinds = [
+        ("onnxruntime" in dso, "ort"),
+        ("memmove" in sym or "memcpy" in sym, "memmove"),
+        (dso.startswith("libpython"), "python"),
+        ("kernel" in dso and any(k in chain for k in ("softirq", "tcp", "skb", "_copy_to_iter")),
+         "kernel network"),
+        ("kernel" in dso and any(k in chain for k in ("schedule", "finish_task_switch", "futex")),
+         "kernel scheduling"),
+        ("kernel" in dso, "kernel other"),
+        ("cygrpc" in dso, "grpc"),
+        ("_message" in dso, "protobuf"),
+        ("loop.cpython" in dso, "uvloop"),
+        (any(k in dso for k in ("aiohttp", "_http_", "yarl", "multidict", "propcache")),
+         "aiohttp C"),
+        ("multiarray" in dso, "numpy"),
+    ]  # fmt: skip
+    return next((kind for hit, kind in kinds if hit), "other")
+
+
+def perf_categories(data: str, hz: int) -> dict[str, float]:
+    """us of CPU by category (and by thread: 'tid N') in a `perf record` file."""
+    import collections
+    import re
+
+    out = subprocess.run(["perf", "script", "-i", data, "-F", "tid,ip,sym,dso"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    counts: collections.Counter[str] = collections.Counter()
+    tid, frames = "", list[tuple[str, str]]()
+    for line in [*out.splitlines(), ""]:
+        if line and not line[0].isspace():
+            tid, frames = line.split()[0], []
+        elif line.strip():
+            parts = line.split(None, 1)
+            m = re.match(r"(.*) \((.*)\)$", parts[1] if len(parts) > 1 else "")
+            frames.append((m.group(1), m.group(2).rsplit("/", 1)[-1]) if m else ("?", "?"))
+        elif frames:
+            counts[_category(frames)] += 1
+            counts[f"tid {tid}"] += 1
+            frames = []
+    us = 1e6 / hz
+    return {k: v * us for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
 
 
 def _start_tree(tree: Path, repository: Path, extra: list[str]) -> Any:
@@ -561,6 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     s.add_argument("--seconds", type=float, default=6.0)
     s.add_argument("--model", default="squeezenet_onnx")
     s.add_argument("--server-arg", action="append", default=[], help="for appliance serve")
+    s.add_argument("--perf", default="", help="perf record into this file; us by category")
     s.add_argument("--loop-batch", action="store_true", help="SCHED_BATCH for the main thread")
     s.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server")
     args = parser.parse_args(argv)
