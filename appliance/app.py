@@ -351,6 +351,7 @@ class Appliance:
             settings.unix_socket_mode,
             http_ssl_context(settings.tls),
             settings.http_connections,
+            infer_route=frontend,
         )
         self.http_port = listener.port
         if listener.port is not None:

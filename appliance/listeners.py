@@ -21,7 +21,8 @@ from typing import Protocol
 import grpc
 from aiohttp import web
 
-from appliance.frontends.http.connections import GuardedAppRunner, GuardedRequestHandler
+from appliance.frontends.http.connections import GuardedAppRunner, GuardedServer
+from appliance.frontends.http.fastpath import InferRoute
 from appliance.settings import HttpConnectionLimits, TlsSettings
 from appliance.shutdown import FORCE_AFTER_S, Deadline
 from appliance.tls import TlsFileError, certificates, key_pair
@@ -59,13 +60,10 @@ class HttpListener:
         lines = []
         try:
             done, _ = await asyncio.wait({cleanup}, timeout=deadline.until_cut_s(time.monotonic()))
-            if not done and server is not None:
-                busy = server.connections
+            if not done and isinstance(server, GuardedServer):
+                busy = server.busy_connections()
                 for connection in busy:
-                    if isinstance(connection, GuardedRequestHandler):
-                        connection.close_now()
-                    else:
-                        connection.force_close()
+                    connection.close_now()
                 if busy:
                     lines.append(f"{self.what}: closed {len(busy)} connection(s) still busy")
             await cleanup  # never cancelled: see _runner_shutdown_timeout_s
@@ -101,13 +99,16 @@ async def serve_http(
     unix_mode: int = 0o660,
     ssl_context: ssl.SSLContext | None = None,
     limits: HttpConnectionLimits | None = None,
+    infer_route: InferRoute | None = None,
 ) -> HttpListener:
     """Serve an aiohttp app on address:port (port -1: no TCP; 0 picks one) and on a Unix socket
-    if given."""
+    if given; with `infer_route`, its infer requests without aiohttp (frontends/http/fastpath.py).
+    """
     runner = GuardedAppRunner(
         app,
         limits or HttpConnectionLimits(),
         shutdown_timeout=_runner_shutdown_timeout_s(exit_timeout_s),
+        infer_route=infer_route,
     )
     await runner.setup()
     listener = HttpListener(what, runner)

@@ -59,15 +59,22 @@ class RegionNotFound(InvalidInput):
 
 
 @dataclass
-class _Holds:
-    """The regions one request holds (name -> times held), until its response is written."""
+class RequestHolds:
+    """The regions one request holds (name -> times held), until its response is written
+    and `release` is called (once; again is harmless)."""
 
     registry: SharedMemoryRegistry
     names: dict[str, int] = field(default_factory=dict)
+    released: bool = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.registry._release(self)
 
 
 # The request being decoded or answered on this task (SharedMemoryRegistry.request_scope).
-_current: contextvars.ContextVar[_Holds | None] = contextvars.ContextVar(
+_current: contextvars.ContextVar[RequestHolds | None] = contextvars.ContextVar(
     "shared_memory_request", default=None
 )
 
@@ -201,13 +208,23 @@ class SharedMemoryRegistry:
         """Around one request, from its decoding until its response is written: every region
         it reads or names for an output is held, so that unregistering one meanwhile takes
         effect only after this request (tritonserver's behaviour)."""
-        holds = _Holds(self)
+        with self.request_holds() as holds:
+            try:
+                yield
+            finally:
+                holds.release()
+
+    @contextlib.contextmanager
+    def request_holds(self) -> Iterator[RequestHolds]:
+        """`request_scope` for a request answered after the block (in another task): the
+        regions named inside it are held until the caller calls `release()` on what it
+        yields."""
+        holds = RequestHolds(self)
         token = _current.set(holds)
         try:
-            yield
+            yield holds
         finally:
             _current.reset(token)
-            self._release(holds)
 
     def _hold(self, name: str) -> None:
         """Hold `name` for the request in scope, if any (the caller checked it exists)."""
@@ -219,7 +236,7 @@ class SharedMemoryRegistry:
                 holds.names[name] = 1
                 self._holders[name] = self._holders.get(name, 0) + 1
 
-    def _release(self, holds: _Holds) -> None:
+    def _release(self, holds: RequestHolds) -> None:
         closed: list[CudaRegion] = []
         with self._lock:
             for name in holds.names:

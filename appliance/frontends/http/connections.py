@@ -28,6 +28,7 @@ from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
+from appliance.frontends.http.fastpath import InferConnection, InferRoute, RelayHandler
 from appliance.settings import HttpConnectionLimits
 
 log = logging.getLogger(__name__)
@@ -162,7 +163,8 @@ _RequestFactory = Callable[
 
 class GuardedServer(web.Server):
     """web.Server whose connections are GuardedRequestHandlers, told when requests start and
-    finish."""
+    finish; or, with an infer route, fastpath.InferConnections, which relay every other
+    request to a RelayHandler of this server."""
 
     def __init__(
         self,
@@ -171,13 +173,16 @@ class GuardedServer(web.Server):
         limits: HttpConnectionLimits,
         *,
         handler_cancellation: bool,
+        infer_route: InferRoute | None = None,
         **handler_kwargs: Any,
     ) -> None:
         self._inner_handler = handler
         self._inner_factory = request_factory
         self._guard_loop = asyncio.get_running_loop()
         self._handler_kwargs = handler_kwargs
+        self._infer_route = infer_route
         self.limits = limits
+        self.fast_connections: set[InferConnection] = set()
         super().__init__(
             self._handle,
             request_factory=self._make_guarded_request,
@@ -207,10 +212,27 @@ class GuardedServer(web.Server):
             if isinstance(protocol, GuardedRequestHandler):
                 protocol.request_finished()
 
-    def __call__(self) -> RequestHandler:  # the protocol factory the sites listen with
+    # The protocol factory the sites listen with (aiohttp types it as its own protocol; asyncio
+    # takes any).
+    def __call__(self) -> asyncio.Protocol:  # type: ignore[override]
+        if self._infer_route is not None:
+            return InferConnection(self, self._infer_route, self._guard_loop)
         return GuardedRequestHandler(
             self, loop=self._guard_loop, limits=self.limits, **self._handler_kwargs
         )
+
+    def relay_handler(self, on_finished: Callable[[bool], None]) -> RelayHandler:
+        """aiohttp's protocol for one request an InferConnection relays."""
+        return RelayHandler(self, on_finished, loop=self._guard_loop, **self._handler_kwargs)
+
+    def busy_connections(self) -> list[GuardedRequestHandler | InferConnection]:
+        """The connections a shutdown past its deadline closes (`close_now`)."""
+        plain = [c for c in self.connections if isinstance(c, GuardedRequestHandler)]
+        return [*plain, *self.fast_connections]
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        fast = [connection.shutdown(timeout) for connection in list(self.fast_connections)]
+        await asyncio.gather(super().shutdown(timeout), *fast)
 
 
 class GuardedAppRunner(web.AppRunner):
@@ -224,6 +246,7 @@ class GuardedAppRunner(web.AppRunner):
         shutdown_timeout: float,
         handler_cancellation: bool = True,
         access_log: logging.Logger | None = None,
+        infer_route: InferRoute | None = None,
     ) -> None:
         self._handler_kwargs: dict[str, Any] = {
             "keepalive_timeout": limits.keepalive_timeout_secs,
@@ -239,6 +262,7 @@ class GuardedAppRunner(web.AppRunner):
             **self._handler_kwargs,
         )
         self.limits = limits
+        self._infer_route = infer_route
 
     async def _make_server(self) -> web.Server:
         # The plain server starts and freezes the app; the guarded one takes its handler and
@@ -249,5 +273,6 @@ class GuardedAppRunner(web.AppRunner):
             plain.request_factory,
             self.limits,
             handler_cancellation=plain.handler_cancellation,
+            infer_route=self._infer_route,
             **self._handler_kwargs,
         )

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -19,7 +20,13 @@ from appliance.access import Restrictions
 from appliance.errors import ApplianceError, DecoupledOnUnary, InvalidInput, Unsupported
 from appliance.frontends import jsonconv
 from appliance.frontends.http import convert
-from appliance.frontends.http.codec import HEADER_LENGTH, decode_request, encode_response
+from appliance.frontends.http.codec import (
+    HEADER_LENGTH,
+    HttpInferRequest,
+    decode_request,
+    encode_response,
+)
+from appliance.frontends.http.fastpath import Body, Buffer, Reply
 from appliance.frontends.http.generate import decode_generate, encode_generate
 from appliance.frontends.http.refusals import RefusedBodies
 from appliance.frontends.http.status_page import StatusPage
@@ -27,8 +34,8 @@ from appliance.frontends.status import HTTP_STATUS
 from appliance.limits import RequestLimits
 from appliance.logs import RATE_LIMITED
 from appliance.services.control import ControlService
-from appliance.services.inference import InferenceService
-from appliance.services.shared_memory import SharedMemoryRegistry
+from appliance.services.inference import Admission, InferenceService, Prepared
+from appliance.services.shared_memory import RequestHolds, SharedMemoryRegistry
 from appliance.services.status import StatusService
 from appliance.types import InferRequest
 
@@ -54,9 +61,9 @@ def json_response(value: Any, status: int = 200) -> web.Response:
 ACCEPTED_ENCODINGS = ("", "identity", "gzip", "deflate")
 
 
-def _encoding_problem(request: web.Request) -> str:
+def _encoding_problem(headers: Mapping[str, str]) -> str:
     """'' when the body's Content-Encoding can be decoded, else why not."""
-    encoding = request.headers.get(hdrs.CONTENT_ENCODING)
+    encoding = headers.get(hdrs.CONTENT_ENCODING)
     if encoding is None or encoding.strip().lower() in ACCEPTED_ENCODINGS:
         return ""
     return (
@@ -85,7 +92,7 @@ def _guard(handler: Handler, api: str = "", restrictions: Restrictions | None = 
         try:
             if restrictions:
                 restrictions.check(api, request.headers)
-            problem = _encoding_problem(request)
+            problem = _encoding_problem(request.headers)
             if problem:
                 return error_response(415, problem)
             return await handler(request)
@@ -136,6 +143,18 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes | bytearray:
     if filled != length:
         raise InvalidInput(f"request body has {filled} of its Content-Length {length} bytes")
     return body
+
+
+def _connected() -> bool:
+    """A request answered on the loop in one step cannot lose its client meanwhile."""
+    return True
+
+
+def _reply(chunks: Sequence[Buffer], json_length: int | None) -> Reply:
+    if json_length is None:
+        return Reply(200, b"application/json", chunks)
+    extra = ((b"Inference-Header-Content-Length", b"%d" % json_length),)
+    return Reply(200, b"application/octet-stream", chunks, extra)
 
 
 def _wants_compression(request: web.Request, size: int) -> bool:
@@ -239,27 +258,13 @@ class HttpFrontend:
         except ApplianceError as exc:
             refusal = error_response(HTTP_STATUS[exc.code], exc.message)
             return await self.refused.refuse(request, refusal)
-        shm = self.shared_memory
         # The shared memory regions the request names are held until its response is written:
         # unregistering one meanwhile waits for it (services/shared_memory.py).
-        with shm.request_scope():
-            with admission:
-                body = await read_body(request, self.max_body_bytes)
-                header_length = request.headers.get(HEADER_LENGTH)
-                wire = decode_request(
-                    body,
-                    header_length,
-                    model,
-                    version,
-                    shm,
-                    self.limits,
-                    lambda: self.control.model_config(model, version),  # a raw binary request's
-                )
-                try:
-                    response = await self.core.infer(wire.request, admission)
-                except DecoupledOnUnary as exc:  # tritonserver's words first
-                    raise Unsupported(f"{DECOUPLED_REFUSAL}: {exc.message}") from None
-            chunks, json_length = encode_response(response, wire, shm)
+        with self.shared_memory.request_scope(), admission:
+            body = await read_body(request, self.max_body_bytes)
+            chunks, json_length = await self._infer_body(
+                model, version, admission, body, request.headers.get(HEADER_LENGTH)
+            )
         if json_length is None:
             resp = web.Response(body=chunks[0], content_type=_JSON)
         else:
@@ -281,6 +286,116 @@ class HttpFrontend:
         if _wants_compression(request, resp.content_length or 0):
             resp.enable_compression()
         return resp
+
+    async def _infer_body(
+        self,
+        model: str,
+        version: str,
+        admission: Admission,
+        body: Body,
+        header_length: str | None,
+    ) -> tuple[Sequence[Buffer], int | None]:
+        """Decode, run and encode a request whose body is in, inside its shared memory scope:
+        the response's pieces and its JSON header's length (None: all JSON)."""
+        shm = self.shared_memory
+        with admission:
+            wire = decode_request(
+                body,
+                header_length,
+                model,
+                version,
+                shm,
+                self.limits,
+                lambda: self.control.model_config(model, version),  # a raw binary request's
+            )
+            try:
+                response = await self.core.infer(wire.request, admission)
+            except DecoupledOnUnary as exc:  # tritonserver's words first
+                raise Unsupported(f"{DECOUPLED_REFUSAL}: {exc.message}") from None
+        return encode_response(response, wire, shm)
+
+    # ---- the infer route without aiohttp (frontends/http/fastpath.py) -------------------------
+
+    def admit(self, model: str, version: str, headers: Mapping[str, str]) -> Admission | Reply:
+        """What the aiohttp route's guard and `infer` check before the body is read."""
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("HTTP request: POST %s/%s infer", model, version)
+        try:
+            if self.restrictions:
+                self.restrictions.check("inference", headers)
+            problem = _encoding_problem(headers)
+            if problem:
+                return self.error(415, problem)
+            return self.core.admit(model, version)
+        except ApplianceError as exc:
+            return self.error(HTTP_STATUS[exc.code], exc.message)
+
+    def fast_infer(
+        self,
+        model: str,
+        version: str,
+        admission: Admission,
+        body: Body,
+        headers: Mapping[str, str],
+    ) -> Reply | Coroutine[Any, Any, Reply]:
+        """`infer` for a request fastpath.py has read: the same work, errors and answers. A
+        model cheap enough to run inline runs now, on the loop (`InferenceService.infer_here`
+        with `inline`): the Reply. Otherwise the coroutine that queues it and answers."""
+        shm = self.shared_memory
+        # The regions the request names are held until it is answered (as `request_scope`).
+        holds: RequestHolds | None = None
+        try:
+            with shm.request_holds() as holds, admission:
+                wire = decode_request(
+                    body,
+                    headers.get("inference-header-content-length"),
+                    model,
+                    version,
+                    shm,
+                    self.limits,
+                    lambda: self.control.model_config(model, version),
+                )
+                outcome = self.core.infer_here(
+                    wire.request, admission, self._loop, _connected, inline=True
+                )
+            if isinstance(outcome, Prepared):
+                later, holds = self._fast_later(holds, wire, outcome), None
+                return later
+            return _reply(*encode_response(outcome, wire, shm))
+        except Exception as exc:
+            return self._fast_error(model, exc)
+        finally:
+            if holds is not None:
+                holds.release()
+
+    async def _fast_later(
+        self, holds: RequestHolds, wire: HttpInferRequest, prepared: Prepared
+    ) -> Reply:
+        try:
+            response = await self.core.infer_prepared(prepared)
+            return _reply(*encode_response(response, wire, self.shared_memory))
+        except Exception as exc:
+            return self._fast_error(wire.request.model_name, exc)
+        finally:
+            holds.release()
+
+    def _fast_error(self, model: str, exc: Exception) -> Reply:
+        if isinstance(exc, DecoupledOnUnary):  # tritonserver's words first
+            return self.error(501, f"{DECOUPLED_REFUSAL}: {exc.message}")
+        if isinstance(exc, ApplianceError):
+            return self.error(HTTP_STATUS[exc.code], exc.message)
+        log.error(
+            "unexpected error handling POST %s infer", model, exc_info=exc, extra=RATE_LIMITED
+        )
+        return self.error(500, "internal error; see the server log")
+
+    @staticmethod
+    def error(status: int, message: str) -> Reply:
+        return Reply(status, b"application/json", [orjson.dumps({"error": message})])
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
 
     async def _generate_request(self, request: web.Request) -> InferRequest:
         model, version = self._model(request)

@@ -1,0 +1,761 @@
+"""The inference route on httptools; every other request of the connection goes to aiohttp.
+
+`POST /v2/models/<model>[/versions/<version>]/infer` is most of what a device serves, and
+aiohttp's web layer (its request and response objects, router, task per request and writer)
+costs about 50 us of CPU per request here, more than a small model takes to run: measured
+with wrk on one core, a canned answer costs 54-61 us per request through aiohttp and 8-9 us
+through an asyncio protocol on httptools (docs/benchmarks.md, "The HTTP infer route").
+
+So each connection is an `InferConnection`: httptools (llhttp, the parser uvicorn uses)
+parses every request. An infer request with a plain body is answered here through the
+`InferRoute` the front end gives (the same decoding, admission, limits, access checks and
+errors as its aiohttp handler). Anything else (other routes, compressed bodies, percent-encoded
+names, HTTP/1.0, an upgrade) is relayed to a fresh aiohttp protocol (`RelayHandler`) on a
+transport that writes to this connection, re-framed from what httptools parsed: its request
+line and headers as they came, its body as it came (chunked bodies re-chunked, since httptools
+hands them over decoded). aiohttp then answers it as it always did, with every route, limit
+and error text unchanged. No HTTP is parsed by hand.
+
+Requests of one connection are answered in order, one at a time, as aiohttp does: a request
+pipelined behind one in progress waits, with reading held once more than PIPELINE_MAX_BYTES
+wait. The connection enforces what `GuardedRequestHandler` enforces for aiohttp's own
+connections (frontends/http/connections.py): header and field sizes, the header, body and
+send stall timeouts, the keep-alive timeout and the listener's connection limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import zlib
+from collections import deque
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, Protocol, cast
+
+import httptools
+from aiohttp.web_protocol import RequestHandler
+
+from appliance.logs import RATE_LIMITED
+from appliance.settings import HttpConnectionLimits
+
+log = logging.getLogger(__name__)
+
+Buffer = bytes | bytearray | memoryview
+Body = bytes | bytearray  # a request body as read
+
+# Percent-encoded or otherwise unusual paths go to aiohttp's router, which decodes them.
+_INFER_PATH = re.compile(rb"/v2/models/([^/?#%]+)(?:/versions/([^/?#%]+))?/infer")
+# Request bodies from this size are read into one preallocated buffer (frontends/http/server.py
+# reads aiohttp's bodies the same way).
+STREAMED_BYTES = 64 * 1024
+# Bytes of requests pipelined behind the one in progress before the connection stops reading.
+PIPELINE_MAX_BYTES = 1 << 20
+# Compressing a few hundred bytes costs more than sending them (as in frontends/http/server.py).
+MIN_COMPRESSED_BYTES = 1024
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+
+
+@dataclass(slots=True)
+class Reply:
+    """An answer: its body in pieces (written without joining them)."""
+
+    status: int
+    content_type: bytes
+    chunks: Sequence[Buffer]
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+class InferRoute(Protocol):
+    """What the front end does for an infer request (frontends/http/server.py)."""
+
+    max_body_bytes: int
+
+    def admit(self, model: str, version: str, headers: Mapping[str, str]) -> Any:
+        """Before the body is read: an admission for `infer`, or a Reply refusing it."""
+        ...
+
+    def fast_infer(
+        self, model: str, version: str, admission: Any, body: Body, headers: Mapping[str, str]
+    ) -> Reply | Coroutine[Any, Any, Reply]:
+        """The answer to a request whose body is in (errors included), or, when it cannot
+        be answered at once, the coroutine that answers it."""
+        ...
+
+    def error(self, status: int, message: str) -> Reply:
+        """Triton's error body."""
+        ...
+
+
+class _Message:
+    """One request of the connection, from its first byte to its answer."""
+
+    __slots__ = (
+        "admission",
+        "body",
+        "chunked",
+        "complete",
+        "fields",
+        "filled",
+        "headers",
+        "keep_alive",
+        "model",
+        "pending",
+        "pending_bytes",
+        "relay",
+        "reply",
+        "url",
+        "version",
+    )
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []  # as they came
+        self.fields: dict[str, str] = {}  # an infer request's, by lower-case name
+        self.relay = False  # handed to aiohttp
+        self.pending: list[bytes] = []  # a relayed request's bytes not yet given to aiohttp
+        self.pending_bytes = 0
+        self.chunked = False
+        self.complete = False
+        self.keep_alive = True
+        self.model = ""
+        self.version = ""
+        self.admission: Any = None
+        self.reply: Reply | None = None  # decided before the body is in (a refusal)
+        self.body: bytearray | list[bytes] = []
+        self.filled = 0
+
+
+class RelayHandler(RequestHandler):
+    """aiohttp's connection protocol for one relayed request: tells its connection when the
+    response is written (`finish_response`, which aiohttp calls for every request it answers,
+    parse errors included)."""
+
+    def __init__(self, manager: Any, on_finished: Callable[[bool], None], **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._on_finished = on_finished
+
+    async def finish_response(self, request: Any, resp: Any, start_time: float | None) -> Any:
+        keep_alive = False
+        try:
+            answer = await super().finish_response(request, resp, start_time)
+            keep_alive = bool(resp.keep_alive)  # as aiohttp decides after this returns
+            return answer
+        finally:
+            self._on_finished(keep_alive)
+
+
+class _RelayTransport(asyncio.Transport):
+    """The transport a RelayHandler writes to: the connection's own, which it may close."""
+
+    def __init__(self, connection: InferConnection, real: asyncio.Transport) -> None:
+        super().__init__()
+        self._connection = connection
+        self._real = real
+        self._closing = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._real.get_extra_info(name, default)
+
+    def is_closing(self) -> bool:
+        return self._closing or self._real.is_closing()
+
+    def close(self) -> None:  # aiohttp is done with the connection (Connection: close, errors)
+        if not self._closing:
+            self._closing = True
+            self._connection.relay_closed()
+
+    def detach(self) -> None:
+        """The connection is done with aiohttp: nothing of aiohttp's reaches it any more (its
+        `connection_lost` closes this transport)."""
+        self._closing = True
+
+    def abort(self) -> None:
+        self._closing = True
+        self._real.abort()
+
+    def write(self, data: Any) -> None:
+        if not self._closing:
+            self._real.write(data)
+
+    def writelines(self, list_of_data: Any) -> None:
+        if not self._closing:
+            self._real.writelines(list_of_data)
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return self._real.get_write_buffer_size()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass  # the connection's own limits hold
+
+    def pause_reading(self) -> None:  # aiohttp's payload buffer is full
+        self._connection.hold("relay")
+
+    def resume_reading(self) -> None:
+        self._connection.release("relay")
+
+    def is_reading(self) -> bool:
+        return self._real.is_reading()
+
+
+class ConnectionSet(Protocol):
+    """The listener's view of its connections (connections.GuardedServer)."""
+
+    limits: HttpConnectionLimits
+    fast_connections: set[InferConnection]
+
+    def relay_handler(self, on_finished: Callable[[bool], None]) -> RelayHandler: ...
+
+
+class InferConnection(asyncio.Protocol):
+    """One HTTP connection: infer requests answered here, the rest relayed to aiohttp."""
+
+    def __init__(
+        self, owner: ConnectionSet, route: InferRoute, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self._owner = owner
+        self._route = route
+        self._loop = loop
+        self._limits = owner.limits
+        self._parser = httptools.HttpRequestParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._messages: deque[_Message] = deque()  # parsed or being parsed, oldest first
+        self._current: _Message | None = None  # the one being received
+        self._active: _Message | None = None  # the one being answered
+        self._task: asyncio.Task[None] | None = None
+        self._relay: RelayHandler | None = None
+        self._relay_transport: _RelayTransport | None = None
+        self._raw_relay = False  # after an upgrade: every byte goes to aiohttp
+        self._relay_answered = False  # aiohttp wrote the active relayed request's answer
+        self._holds: set[str] = set()
+        self._fatal: tuple[int, str] | None = None  # a request that cannot be parsed
+        self._closing = False  # answer what is in progress, then close
+        self._closed = asyncio.Event()
+        now = loop.time()
+        self._header_start: float | None = now  # a client that connects must send in time
+        self._last_data = now
+        self._idle_since: float | None = None
+        self._write_paused_at: float | None = None
+        timeouts = [
+            t
+            for t in (
+                self._limits.header_timeout_secs,
+                self._limits.body_timeout_secs,
+                self._limits.keepalive_timeout_secs,
+            )
+            if t > 0
+        ]
+        self._tick = max(0.05, min(timeouts) / 4) if timeouts else 0.0
+        self._watch: asyncio.TimerHandle | None = None
+
+    # ---- asyncio protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        connections = self._owner.fast_connections
+        connections.add(self)
+        most = self._limits.max_connections
+        if most and len(connections) > most:
+            log.debug("refusing an HTTP connection: %d open", len(connections))
+            body = b'{"error":"too many open HTTP connections"}'
+            self._write_head(503, b"application/json", len(body), (), keep_alive=False)
+            transport.write(body)
+            self._close()
+            return
+        if self._tick:
+            self._watch = self._loop.call_at(self._loop.time() + self._tick, self._check)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._owner.fast_connections.discard(self)
+        self._transport = None
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        if self._task is not None:  # the client is gone: its request is cancelled
+            self._task.cancel()
+        self._drop_waiting()
+        self._detach_relay(exc)
+        self._closed.set()
+
+    def data_received(self, data: bytes) -> None:
+        now = self._loop.time()
+        self._last_data = now
+        if self._raw_relay:
+            if self._relay is not None:
+                self._relay.data_received(data)
+            return
+        if self._header_start is None and self._current is None:
+            self._header_start = now
+        try:
+            self._parser.feed_data(data)
+            if self._active is None:
+                self._pump()  # answered here, after the parser returned
+        except httptools.HttpParserUpgrade as upgrade:
+            self._upgrade(data[int(upgrade.args[0]) :])
+        except httptools.HttpParserCallbackError:  # a bug here, not the client's request
+            log.exception("HTTP request handling failed", extra=RATE_LIMITED)
+            self._fail(500, "internal error; see the server log")
+            self._pump()
+        except httptools.HttpParserError as exc:
+            # The client's error: one line, rate-limited (as logs.ClientHttpErrors has aiohttp's).
+            peer = self._transport.get_extra_info("peername") if self._transport else None
+            log.info("malformed HTTP request: %s (400); from %s", exc, peer, extra=RATE_LIMITED)
+            self._fail(400, f"bad HTTP request: {exc}")
+            self._pump()
+
+    def eof_received(self) -> bool | None:
+        if self._relay is not None:
+            self._relay.eof_received()
+        return None
+
+    def pause_writing(self) -> None:
+        self._write_paused_at = self._loop.time()
+        if self._relay is not None:
+            self._relay.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._write_paused_at = None
+        if self._relay is not None:
+            self._relay.resume_writing()
+        self._pump()
+
+    # ---- httptools callbacks -----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        message = _Message()
+        self._current = message
+        self._messages.append(message)
+        self._idle_since = None
+        if self._header_start is None:
+            self._header_start = self._loop.time()
+
+    def on_url(self, url: bytes) -> None:
+        message = self._current
+        if message is None or self._fatal:
+            return
+        message.url += url
+        if len(message.url) > self._limits.max_header_bytes:
+            self._fail(400, _too_long(message.url, self._limits.max_header_bytes))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        message = self._current
+        if message is None or self._fatal:
+            return
+        message.headers.append((name, value))
+        most = self._limits.max_header_bytes  # aiohttp's limits, and its words
+        if len(name) > most or len(value) > most:
+            self._fail(400, _too_long(name if len(name) > most else value, most))
+        elif len(message.headers) > self._limits.max_headers:
+            self._fail(400, "Too many headers received")
+
+    def on_headers_complete(self) -> None:
+        message = self._current
+        if message is None or self._fatal:
+            return
+        self._header_start = None
+        parser = self._parser
+        message.keep_alive = parser.should_keep_alive()
+        # Values as aiohttp gives them (UTF-8, other bytes as surrogates); the first of repeated
+        # names, as aiohttp's headers.get() gives it.
+        headers = {
+            k.decode("latin-1").lower(): v.decode("utf-8", "surrogateescape")
+            for k, v in reversed(message.headers)
+        }
+        message.chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        match = _INFER_PATH.fullmatch(message.url)
+        encoding = headers.get("content-encoding", "identity").strip().lower()
+        if (
+            match is None
+            or parser.get_method() != b"POST"
+            or parser.get_http_version() != "1.1"
+            or parser.should_upgrade()
+            or encoding not in ("", "identity")
+        ):
+            self._start_relay(message, parser.get_method(), parser.get_http_version())
+            return
+        model, version = match.group(1), match.group(2)
+        message.model = model.decode("latin-1")
+        message.version = version.decode("latin-1") if version is not None else ""
+        message.fields = headers
+        length_text = headers.get("content-length")
+        length = int(length_text) if length_text is not None and length_text.isdigit() else -1
+        admission = self._route.admit(message.model, message.version, headers)
+        if isinstance(admission, Reply) and (length > 0 or message.chunked):
+            # Refused with a body to come (overload): aiohttp's route answers it at once and
+            # discards its body a few connections at a time, holding the others in TCP flow
+            # control (frontends/http/refusals.py), so that health checks and admitted
+            # requests do not wait behind refused bodies.
+            self._start_relay(message, b"POST", "1.1")
+            return
+        if isinstance(admission, Reply):
+            message.reply = admission
+        elif length > self._route.max_body_bytes:
+            message.reply = self._too_large(length)
+            _release(admission)
+        else:
+            message.admission = admission
+            if length >= STREAMED_BYTES:
+                message.body = bytearray(length)
+        expects = headers.get("expect", "").lower() == "100-continue"
+        if expects and message.reply is None and message is self._messages[0]:
+            assert self._transport is not None
+            self._transport.write(_CONTINUE)
+
+    def on_body(self, body: bytes) -> None:
+        message = self._current
+        if message is None or self._fatal:
+            return
+        if message.relay:
+            if message.chunked:
+                self._relay_bytes(message, b"%x\r\n%b\r\n" % (len(body), body))
+            else:
+                self._relay_bytes(message, body)
+            return
+        if message.reply is not None:  # refused: the body is discarded
+            return
+        end = message.filled + len(body)
+        if end > self._route.max_body_bytes:
+            message.reply = self._too_large(end)
+            _release(message.admission)
+            message.admission = None
+            message.body = []
+            return
+        if isinstance(message.body, bytearray):
+            if end > len(message.body):
+                message.reply = self._route.error(
+                    400, f"request body is longer than its Content-Length {len(message.body)}"
+                )
+                _release(message.admission)
+                message.admission = None
+                return
+            message.body[message.filled : end] = body
+        else:
+            message.body.append(body)
+        message.filled = end
+
+    def on_message_complete(self) -> None:
+        message = self._current
+        if message is None or self._fatal:
+            return
+        self._current = None
+        message.complete = True
+        if message.relay and message.chunked:
+            self._relay_bytes(message, b"0\r\n\r\n")
+        if message.relay and message is self._active and self._relay_answered:
+            self._loop.call_soon(self._after_relay)  # answered before its body was in
+
+    # ---- answering, in order -----------------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Start answering the oldest request if nothing is being answered."""
+        while self._active is None and self._transport is not None:
+            if self._closing:  # what was received after is not answered
+                self._drop_waiting()
+                self._close()
+                return
+            if self._write_paused_at is not None:
+                return  # resume_writing pumps again
+            if not self._messages:
+                if self._fatal is not None:
+                    status, text = self._fatal
+                    self._fatal = None
+                    reply = self._route.error(status, text)
+                    self._write_reply(reply, keep_alive=False, headers={})
+                    self._close()
+                else:
+                    self._idle_since = self._loop.time()
+                    self.release("pipeline")
+                return
+            message = self._messages[0]
+            if message.relay:
+                self._active = message
+                self._relay_answered = False
+                self._activate_relay(message)
+                return
+            if not message.complete:
+                return  # the data that completes it pumps again
+            self._messages.popleft()
+            self._active = message
+            outcome = message.reply or self._infer(message)
+            if not isinstance(outcome, Reply):  # it waits for an instance
+                self._task = self._loop.create_task(self._answer_later(message, outcome))
+                return
+            self._answer(message, outcome)
+
+    def _infer(self, message: _Message) -> Reply | Coroutine[Any, Any, Reply]:
+        body = message.body
+        if isinstance(body, list):
+            return self._route.fast_infer(
+                message.model, message.version, message.admission, b"".join(body), message.fields
+            )
+        if message.filled != len(body):  # the connection ended the body early
+            _release(message.admission)
+            return self._route.error(
+                400, f"request body has {message.filled} of its Content-Length {len(body)} bytes"
+            )
+        return self._route.fast_infer(
+            message.model, message.version, message.admission, body, message.fields
+        )
+
+    async def _answer_later(self, message: _Message, answer: Coroutine[Any, Any, Reply]) -> None:
+        try:
+            reply = await answer
+        except Exception:  # a bug here; the route answers every error of the request itself
+            log.exception("HTTP request handling failed", extra=RATE_LIMITED)
+            reply = self._route.error(500, "internal error; see the server log")
+        self._task = None
+        self._answer(message, reply)
+        self._pump()
+
+    def _answer(self, message: _Message, reply: Reply) -> None:
+        self._write_reply(reply, message.keep_alive and not self._closing, message.fields)
+        self._active = None
+        if not message.keep_alive:
+            self._closing = True
+
+    def _write_reply(self, reply: Reply, keep_alive: bool, headers: Mapping[str, str]) -> None:
+        transport = self._transport
+        if transport is None:
+            return
+        chunks = reply.chunks
+        size = sum(len(chunk) for chunk in chunks)
+        extra = reply.headers
+        if size >= MIN_COMPRESSED_BYTES:
+            accepted = headers.get("accept-encoding", "")
+            for coding, wbits in (("deflate", zlib.MAX_WBITS), ("gzip", 16 + zlib.MAX_WBITS)):
+                if coding in accepted:  # aiohttp's order of preference
+                    packer = zlib.compressobj(wbits=wbits)
+                    chunks = [b"".join(packer.compress(c) for c in chunks) + packer.flush()]
+                    size = len(chunks[0])
+                    extra = (*extra, (b"Content-Encoding", coding.encode()))
+                    break
+        self._write_head(reply.status, reply.content_type, size, extra, keep_alive)
+        transport.writelines(chunks)
+
+    def _write_head(
+        self,
+        status: int,
+        content_type: bytes,
+        length: int,
+        extra: tuple[tuple[bytes, bytes], ...],
+        keep_alive: bool,
+    ) -> None:
+        assert self._transport is not None
+        lines = [
+            _status_line(status),
+            b"Content-Type: %s\r\nContent-Length: %d\r\n" % (content_type, length),
+        ]
+        lines += [b"%s: %s\r\n" % pair for pair in extra]
+        if not keep_alive:
+            lines.append(b"Connection: close\r\n")
+        lines.append(b"\r\n")
+        self._transport.write(b"".join(lines))
+
+    def _too_large(self, size: int) -> Reply:
+        limit = self._route.max_body_bytes
+        return self._route.error(
+            413,
+            f"request body too large: Maximum request body size {limit} exceeded, "
+            f"actual body size {size}",
+        )
+
+    def _drop_waiting(self) -> None:
+        """Forget the requests not being answered (the connection closes)."""
+        active = self._active
+        for message in self._messages:
+            if message is not active:
+                _release(message.admission)
+        self._messages = deque([active] if active is not None and active.relay else [])
+        self._current = None
+
+    def _fail(self, status: int, text: str) -> None:
+        """A request that breaks the connection's limits: answered once the ones before it
+        are, then the connection closes; nothing more of it is read."""
+        if self._current is not None and self._current in self._messages:
+            self._messages.remove(self._current)
+        self._current = None
+        self._fatal = (status, text)
+        self.hold("fatal")
+
+    # ---- relaying to aiohttp -----------------------------------------------------------------
+
+    def _start_relay(self, message: _Message, method: bytes, version: str) -> None:
+        message.relay = True
+        head = [b"%s %s HTTP/%s\r\n" % (method, message.url, version.encode())]
+        head += [b"%s: %s\r\n" % pair for pair in message.headers]
+        head.append(b"\r\n")
+        self._relay_bytes(message, b"".join(head))
+
+    def _relay_bytes(self, message: _Message, data: bytes) -> None:
+        if message is self._active and self._relay is not None:
+            self._relay.data_received(data)
+            return
+        message.pending.append(data)
+        message.pending_bytes += len(data)
+        if sum(m.pending_bytes + m.filled for m in self._messages) > PIPELINE_MAX_BYTES:
+            self.hold("pipeline")
+
+    def _activate_relay(self, message: _Message) -> None:
+        assert self._transport is not None
+        self._relay_transport = _RelayTransport(self, self._transport)
+        self._relay = self._owner.relay_handler(self._relay_finished)
+        self._relay.connection_made(self._relay_transport)
+        pending, message.pending = message.pending, []
+        message.pending_bytes = 0
+        for data in pending:
+            if self._relay is None:
+                break
+            self._relay.data_received(data)
+
+    def _relay_finished(self, keep_alive: bool) -> None:
+        """aiohttp wrote the relayed request's answer (`keep_alive`: whether the connection
+        stays open after it): the connection goes on once aiohttp's step has ended."""
+        self._relay_answered = True
+        if not keep_alive:
+            self._closing = True
+        self._loop.call_soon(self._after_relay)
+
+    def _after_relay(self) -> None:
+        message = self._active
+        if message is None or not message.relay or self._transport is None:
+            return
+        if not message.complete:
+            return  # answered before its body was in: the rest still goes to aiohttp
+        self._messages.popleft()
+        self._active = None
+        self._detach_relay(None)
+        self._pump()
+
+    def relay_closed(self) -> None:
+        """aiohttp closed the relayed connection (an error, or no keep-alive): so is this
+        one, once its answer is out (closing flushes what was written)."""
+        self._closing = True
+        self._close()
+        self._loop.call_soon(self._detach_relay, None)
+
+    def _detach_relay(self, exc: BaseException | None) -> None:
+        relay, self._relay = self._relay, None
+        if self._relay_transport is not None:
+            self._relay_transport.detach()
+            self._relay_transport = None
+        if relay is not None:
+            relay.connection_lost(exc)
+
+    def _upgrade(self, rest: bytes) -> None:
+        """An upgrade request: from here on every byte of the connection goes to aiohttp."""
+        self._raw_relay = True
+        message = self._current
+        if message is not None and not message.relay:
+            self._start_relay(message, self._parser.get_method(), self._parser.get_http_version())
+        if rest and message is not None:
+            self._relay_bytes(message, rest)
+        self._pump()
+
+    # ---- flow control, stalls, closing -------------------------------------------------------
+
+    def hold(self, reason: str) -> None:
+        """Stop reading for `reason` (until `release`)."""
+        if not self._holds and self._transport is not None:
+            self._transport.pause_reading()
+        self._holds.add(reason)
+
+    def release(self, reason: str) -> None:
+        if reason in self._holds:
+            self._holds.discard(reason)
+            if not self._holds and self._transport is not None:
+                self._transport.resume_reading()
+
+    def _check(self) -> None:
+        self._watch = None
+        if self._transport is None:
+            return
+        now = self._loop.time()
+        limits = self._limits
+        header_start = self._header_start
+        if (
+            header_start is not None
+            and limits.header_timeout_secs > 0
+            and now - header_start > limits.header_timeout_secs
+        ):
+            self._time_out("request headers", limits.header_timeout_secs, _TIMEOUT)
+            return
+        if limits.body_timeout_secs > 0:
+            stalled = now - limits.body_timeout_secs
+            receiving = self._current is not None and "fatal" not in self._holds
+            if receiving and self._last_data < stalled:
+                self._time_out("the request body", limits.body_timeout_secs, _TIMEOUT)
+                return
+            paused = self._write_paused_at
+            if paused is not None and paused < stalled:
+                self._time_out("the client to read its response", limits.body_timeout_secs)
+                return
+        idle = self._idle_since
+        if (
+            idle is not None
+            and limits.keepalive_timeout_secs > 0
+            and now - idle > limits.keepalive_timeout_secs
+            and self._active is None
+            and not self._messages
+        ):
+            self._close()
+            return
+        self._watch = self._loop.call_at(now + self._tick, self._check)
+
+    def _time_out(self, what: str, seconds: float, answer: bytes = b"") -> None:
+        transport = self._transport
+        peer = transport.get_extra_info("peername") if transport else None
+        log.info("closing HTTP connection from %s: waited %gs for %s", peer, seconds, what)
+        if transport is not None:
+            if answer and self._active is None and self._write_paused_at is None:
+                transport.write(answer)
+                transport.close()
+            else:
+                transport.abort()
+
+    def _close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    @property
+    def busy(self) -> bool:
+        return self._active is not None or bool(self._messages)
+
+    def close_now(self) -> None:
+        """Close at once, whatever is in progress (a shutdown past its deadline)."""
+        if self._transport is not None:
+            self._transport.abort()
+
+    async def shutdown(self, timeout: float | None) -> None:
+        """Answer what is in progress, then close; at once when idle."""
+        self._closing = True
+        self.hold("closing")
+        if not self.busy:
+            self._close()
+        elif self._relay is not None:
+            await self._relay.shutdown(timeout)
+        try:
+            await asyncio.wait_for(self._closed.wait(), timeout)
+        except asyncio.TimeoutError:
+            self.close_now()
+
+
+def _too_long(line: bytes, limit: int) -> str:
+    return f"Got more than {limit} bytes when reading: {line[:100] + b'...'!r}."
+
+
+def _release(admission: Any) -> None:
+    if admission is not None and hasattr(admission, "release"):
+        admission.release()
+
+
+_STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
+
+
+def _status_line(status: int) -> bytes:
+    return _STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status
