@@ -47,6 +47,12 @@ class SchedulerBase:
         self._awaiting_resources = False
         # `_idle`, `_running` and `_drained` as the thread lane and the loop both change them.
         self._lock = threading.Lock()
+        # Front ends' threads waiting in the lane for an instance (`Scheduler.run_here`), told
+        # through `_freed` when one is given back; `_lane_cut` ends their wait at a stop's
+        # deadline with its reason.
+        self._lane_waiting = 0
+        self._freed = threading.Condition(self._lock)
+        self._lane_cut = ""
         for worker in workers:
             self._limiter.register(worker.resources)
 
@@ -67,6 +73,11 @@ class SchedulerBase:
     def _take_queued(self) -> list[Job]:
         """Remove and return every job still waiting."""
         raise NotImplementedError
+
+    @property
+    def pending_queue(self) -> int:
+        """Jobs in the loop's queue (not the lane's waiters)."""
+        return 0
 
     def _dispatch(self) -> None:
         raise NotImplementedError
@@ -119,6 +130,11 @@ class SchedulerBase:
         with self._lock:
             del self._running[worker]
             self._idle.append(worker)
+            if self._lane_waiting:  # queued work goes first: the waiters then go to the loop
+                if self.pending_queue:
+                    self._freed.notify_all()
+                else:
+                    self._freed.notify()
         self._limiter.release(worker.resources)
         if not result.batch_size or len(result.outcomes) > 1:  # a success of one: nothing
             log_unexpected(self._label, result.outcomes)
@@ -157,7 +173,10 @@ class SchedulerBase:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._drained.wait(), timeout_s)
         left = self._take_queued() + [job for jobs in self._running.values() for job in jobs]
-        failed = 0
+        with self._lock:  # the lane's waiters fail with the same reason
+            failed = self._lane_waiting
+            self._lane_cut = reason
+            self._freed.notify_all()
         for job in left:
             if not job.future.done():
                 job.future.set_exception(ServerUnavailable(f"{self._label}: {reason}"))

@@ -49,6 +49,9 @@ class QueueTimeout(ServerUnavailable):
 
 # Executions measured on worker threads before a version may run inline.
 _WARMUP_EXECUTIONS = 16
+# A waiter in the thread lane looks again at least this often (it is woken when an instance is
+# given back; this is the safety net).
+_LANE_POLL_S = 0.05
 
 
 class Scheduler(SchedulerBase):
@@ -103,10 +106,18 @@ class Scheduler(SchedulerBase):
         # The thread lane (`run_here`) may be taken: a rate limiter is shared by every version
         # and wakes them on the loop; preserve_ordering orders responses on the loop.
         self._lane = not preserve_ordering and not self._limiter.enabled
+        # Whether a request may wait in the lane for a busy instance: the loop's queue would
+        # only keep it in arrival order (no priorities, timeouts or per-level bounds), and it
+        # would run alone there too (no batching).
+        self._lane_waits = self._lane and not self._batching and self._queue.plain
         self._timer_at = 0  # monotonic ns the timer fires at
 
     @property
     def pending(self) -> int:
+        return len(self._queue) + self._lane_waiting
+
+    @property
+    def pending_queue(self) -> int:
         return len(self._queue)
 
     def _take_queued(self) -> list[Job]:
@@ -130,10 +141,10 @@ class Scheduler(SchedulerBase):
             if self._may_refuse(0):
                 with self._lock:
                     executing, done_ns = self._executing(now)
-                ahead = len(self._queue) + executing
+                ahead = self.pending + executing
                 self._refuse_if_over(ahead, done_ns, now - since_ns)
             else:  # few ahead: admitted whatever they cost (policy.admission_wait_ns)
-                ahead, done_ns = len(self._queue) + len(self._running), 0.0
+                ahead, done_ns = self.pending + len(self._running), 0.0
             # The deadline is at least the bound after arrival (overdue_after_ns): a request
             # that arrived within the bound cannot be overdue in the dispatch below, so its
             # deadline waits until that dispatch has left it queued (most run at once).
@@ -172,7 +183,7 @@ class Scheduler(SchedulerBase):
         with self._lock:  # front ends admit from their threads too (the gRPC lane)
             if self._may_refuse(self._arriving):
                 executing, done_ns = self._executing(time.monotonic_ns())
-                self._refuse_if_over(len(self._queue) + executing + self._arriving, done_ns, 0)
+                self._refuse_if_over(self.pending + executing + self._arriving, done_ns, 0)
             self._arriving += 1
 
     def _may_refuse(self, arriving: int) -> bool:
@@ -180,7 +191,7 @@ class Scheduler(SchedulerBase):
         busy instance holds at most a full batch) that admission_wait_ns would admit anyway."""
         if not self._max_queue_wait_ns or not self._request_ns:
             return False
-        most = len(self._queue) + arriving + len(self._running) * self._head_limit
+        most = self.pending + arriving + len(self._running) * self._head_limit
         return most >= 2 * len(self._workers)
 
     def arrived(self) -> None:
@@ -435,10 +446,16 @@ class Scheduler(SchedulerBase):
             if self._closing or len(self._queue) or self._awaiting_resources:
                 return None
             worker = next((w for w in self._idle if w.inline_ok), None)
-            if worker is None or (inline and not self._runs_inline([job])):
-                return None
+            if inline and (worker is None or not self._runs_inline([job])):
+                return None  # the loop never waits, nor runs what costs more than its budget
+            if worker is None:
+                waited = self._wait_in_lane(job, now)
+                if not isinstance(waited, InstanceWorker):
+                    return waited
+                worker = waited
             self._idle.remove(worker)
-            job.enqueue_ns = job.dispatch_ns = now
+            job.enqueue_ns = now
+            job.dispatch_ns = now = time.monotonic_ns()
             self._running[worker] = [job]
         worker.busy_since_ns = now
         result = worker.run([job])  # never raises
@@ -447,10 +464,16 @@ class Scheduler(SchedulerBase):
             del self._running[worker]
             self._idle.append(worker)
             self._learn_cost(result)
-            wake = bool(len(self._queue)) or self._drained is not None
+            queued = bool(len(self._queue))
+            if self._lane_waiting:  # as `_instance_done` tells them
+                if queued:
+                    self._freed.notify_all()
+                else:
+                    self._freed.notify()
+            wake = queued or self._drained is not None
         if not result.batch_size:  # as `_instance_done` does
             log_unexpected(self._label, result.outcomes)
-        self._stats.record_queue(0)
+        self._stats.record_queue(now - job.enqueue_ns)
         self._record(result)
         if wake:
             assert self._loop is not None
@@ -465,6 +488,47 @@ class Scheduler(SchedulerBase):
                 return failed
         outcome = result.outcomes[0]
         return client_error(self._label, outcome) if isinstance(outcome, BaseException) else outcome
+
+    def _wait_in_lane(self, job: Job, now: int) -> InstanceWorker | BaseException | None:
+        """Under `_lock`, every instance busy and nothing queued on the loop: wait here for an
+        instance (the instance it gets, still idle) as the job would in the loop's queue, or
+        leave it to the loop (None): when the model's queue could not keep it in arrival order
+        or admission could refuse it, when work queues on the loop meanwhile (it goes first),
+        or at its overload deadline, where the loop's admission applies. A waiter counts as
+        pending (admission, in_flight, the drain); a stop's deadline fails it (the error)."""
+        if not self._lane_waits or not any(w.inline_ok for w in self._workers):
+            return None
+        if self._lane_waiting >= self._queue.cap:
+            return None  # the loop refuses it: its queue's server-wide bound
+        overdue_at = 0
+        if self._max_queue_wait_ns and self._request_ns:
+            since = job.arrival_ns or now
+            executing, done_ns = self._executing(now)
+            ahead = self._lane_waiting + executing
+            workers = len(self._workers)
+            if admission_wait_ns(
+                ahead, workers, self._request_ns, self._bound_ns, now - since, done_ns
+            ):
+                return None
+            overdue_at = since + self._overdue_ns(ahead, done_ns)
+        self._lane_waiting += 1
+        try:
+            while True:
+                if self._lane_cut:
+                    return ServerUnavailable(f"{self._label}: {self._lane_cut}")
+                if len(self._queue):
+                    return None
+                worker = next((w for w in self._idle if w.inline_ok), None)
+                if worker is not None:
+                    return worker
+                left_s = _LANE_POLL_S
+                if overdue_at:
+                    left_s = min(left_s, (overdue_at - time.monotonic_ns()) / 1e9)
+                    if left_s <= 0:
+                        return None
+                self._freed.wait(left_s)
+        finally:
+            self._lane_waiting -= 1
 
     def _lane_done(self) -> None:
         """On the loop, after the lane handed an instance back: what queued meanwhile runs,

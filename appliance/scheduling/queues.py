@@ -71,6 +71,19 @@ class RequestQueue:
     def __len__(self) -> int:
         return self._count
 
+    @property
+    def plain(self) -> bool:
+        """Whether jobs leave in arrival order whatever they ask: one level, no timeouts, no
+        bound but the server's (the scheduler's thread lane may then keep its waiters)."""
+        return not self._priorities_enabled and all(
+            policy == QueuePolicy() for policy in self._policies.values()
+        )
+
+    @property
+    def cap(self) -> int:
+        """The server-wide bound on jobs waiting."""
+        return self._cap
+
     def policy(self, level: int) -> QueuePolicy:
         return self._policies.get(level, self._default_policy)
 

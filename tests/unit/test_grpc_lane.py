@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,12 +31,14 @@ class Doubler(InstanceBase):
     def __init__(self, runs_inline: bool = True) -> None:
         self.runs_inline = runs_inline
         self.threads: list[int] = []
+        self.values: list[float] = []  # each execution's first input value, in order
         self.gate = threading.Event()
         self.gate.set()
         self.entered = threading.Event()
 
     def execute(self, inputs: Any, output_names: Sequence[str]) -> dict[str, np.ndarray]:
         self.threads.append(threading.get_ident())
+        self.values.append(float(inputs["x"].flat[0]))
         self.entered.set()
         self.gate.wait(10)
         x = inputs["x"]
@@ -211,4 +214,99 @@ async def test_work_queued_while_the_lane_runs_is_dispatched_after_it() -> None:
     model.gate.set()
     assert (await lane)["y"].tolist() == [[2.0, 2.0]]
     assert (await asyncio.wait_for(queued, 5))["y"].tolist() == [[10.0, 10.0]]
+    await scheduler.stop(1, "test")
+
+
+async def _running_in_lane(scheduler: Scheduler, model: Doubler) -> asyncio.Future[Any]:
+    """A lane request held in the model (until `model.gate` is set)."""
+    model.gate.clear()
+    model.entered.clear()
+    lane = asyncio.ensure_future(here(scheduler, job(asyncio.get_running_loop(), 1.0)))
+    await asyncio.to_thread(model.entered.wait, 10)
+    return lane
+
+
+async def _until(condition: Any) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not met in time")
+
+
+async def test_a_request_waits_in_the_lane_for_the_busy_instance_and_runs_after_it() -> None:
+    model = Doubler()
+    scheduler, stats = make(model)
+    loop = asyncio.get_running_loop()
+    first = await _running_in_lane(scheduler, model)
+    second = asyncio.ensure_future(here(scheduler, job(loop, 2.0)))
+    await _until(lambda: scheduler.pending == 1)  # waiting: pending, as in the queue
+    assert scheduler.in_flight == 2
+    model.gate.set()
+    assert (await first)["y"].tolist() == [[2.0, 2.0]]
+    assert (await second)["y"].tolist() == [[4.0, 4.0]]
+    assert len(set(model.threads)) == 2  # each on its own caller's thread
+    assert stats.queue.count == 2
+    assert stats.queue.ns > 0  # the second one's wait
+    assert scheduler.pending == 0
+    await scheduler.stop(1, "test")
+
+
+async def test_work_queued_on_the_loop_goes_first_and_the_lane_waiter_to_the_loop() -> None:
+    model = Doubler()
+    scheduler, _ = make(model)
+    loop = asyncio.get_running_loop()
+    first = await _running_in_lane(scheduler, model)
+    waiter = asyncio.ensure_future(here(scheduler, job(loop, 2.0)))
+    await _until(lambda: scheduler.pending == 1)
+    queued = asyncio.ensure_future(scheduler.submit(job(loop, 3.0)))
+    await _until(lambda: scheduler.pending == 2)
+    model.gate.set()
+    await first
+    assert (await asyncio.wait_for(queued, 5))["y"].tolist() == [[6.0, 6.0]]
+    # The waiter went to the loop (None), or ran in the lane after the queued request.
+    outcome = await waiter
+    assert outcome is None or outcome["y"].tolist() == [[4.0, 4.0]]
+    assert model.values == ([1.0, 3.0] if outcome is None else [1.0, 3.0, 2.0])
+    await scheduler.stop(1, "test")
+
+
+async def test_batching_models_do_not_wait_in_the_lane() -> None:
+    model = Doubler()
+    scheduler, _ = make(model, BatchPolicy(8, dynamic=True, max_queue_delay_ns=0))
+    first = await _running_in_lane(scheduler, model)
+    # The loop's queue batches the requests that wait: the lane leaves them to it.
+    assert await here(scheduler, job(asyncio.get_running_loop(), 2.0)) is None
+    model.gate.set()
+    await first
+    await scheduler.stop(1, "test")
+
+
+async def test_a_stop_at_its_deadline_fails_the_lane_waiters() -> None:
+    model = Doubler()
+    scheduler, stats = make(model)
+    first = await _running_in_lane(scheduler, model)
+    waiter = asyncio.ensure_future(here(scheduler, job(asyncio.get_running_loop(), 2.0)))
+    await _until(lambda: scheduler.pending == 1)
+    assert await scheduler.stop(0.05, "server is shutting down") == 2
+    failed = await waiter
+    assert isinstance(failed, ServerUnavailable)
+    assert failed.message == "model 'm' version 1: server is shutting down"
+    model.gate.set()
+    assert isinstance(await first, ServerUnavailable)
+    assert stats.cancelled == 2
+
+
+async def test_the_loop_itself_never_waits_in_the_lane() -> None:
+    """`inline`: the event loop's own call (the HTTP infer route) is refused at once when the
+    instance is busy: waiting would stop the loop."""
+    model = Doubler()
+    scheduler, _ = make(model)
+    first = await _running_in_lane(scheduler, model)
+    started = time.monotonic()
+    assert scheduler.run_here(job(asyncio.get_running_loop(), 2.0), inline=True) is None
+    assert time.monotonic() - started < 0.5
+    assert scheduler.pending == 0
+    model.gate.set()
+    await first
     await scheduler.stop(1, "test")
