@@ -3,6 +3,7 @@
     python -m bench.squeeze_probe ort [--model FILE] [--rounds 5] [--runs 40] [--core 0]
     python -m bench.squeeze_probe options [--model FILE] [--rounds 6] [--runs 20] [--sets ...]
     python -m bench.squeeze_probe decode [--model FILE] [--rounds 40]
+    python -m bench.squeeze_probe cold [--model FILE] [--rounds 60]
     python -m bench.squeeze_probe server --target tree:DIR|ceiling:http|ceiling:aio|ceiling:sync
         --protocol http|grpc [--seconds 6] [--model squeezenet_onnx] [--perf OUT.data]
         [--env NAME=VALUE] [--server-arg=--flag=value] [--loop-batch]
@@ -36,6 +37,9 @@ denormals, IO binding, OrtValues), per-run thread CPU, blocks interleaved.
 `decode`: a gRPC SqueezeNet request's decode, hot and cold (right after an ORT run, as on the
 server's one core): protobuf's parse plus raw_input_contents[0], against split_raw_contents
 (views over the received bytes).
+
+`cold`: a few lines of per-request Python bookkeeping and a small gRPC request's parse, hot and
+right after an ORT run: what the server's per-request Python really costs beside an image model.
 
 `server`: starts the target pinned to core 0, drives it with perf_analyzer at c=8 from core 1,
 and prints per inference: process CPU, each thread's CPU (by tid), minor/major page faults and
@@ -418,6 +422,71 @@ def decode_probe(args: argparse.Namespace) -> dict[str, Any]:
     return {k: round(statistics.median(v), 1) for k, v in times.items()}
 
 
+def cold_probe(args: argparse.Namespace) -> dict[str, Any]:
+    """Per-request Python, hot (back to back) and cold (right after one ORT run on the same
+    core, as the server's loop runs between two SqueezeNet executions): a few lines of request
+    bookkeeping (dataclasses, a dict, a future), and parsing a small gRPC request."""
+    import asyncio
+    from dataclasses import dataclass, field
+
+    from tritonclient.grpc import service_pb2
+
+    from bench.raw import batch1_feed, open_session
+
+    pin_to_core(args.core)
+    session = open_session(args.model)
+    feed = batch1_feed(session)
+    names = [o.name for o in session.get_outputs()]
+
+    @dataclass
+    class Job:
+        name: str
+        inputs: dict[str, int]
+        outputs: list[int] = field(default_factory=list)
+        ns: int = 0
+
+    loop = asyncio.new_event_loop()
+
+    def bookkeeping() -> list[str]:
+        jobs = []
+        for i in range(8):
+            job = Job(f"m{i}", {"a": i})
+            job.ns = time.monotonic_ns()
+            job.outputs.append(i)
+            jobs.append(job)
+        by_name = {job.name: job for job in jobs}
+        future = loop.create_future()
+        future.set_result(len(by_name))
+        future.result()
+        return sorted(by_name)
+
+    small = service_pb2.ModelInferRequest(model_name="simple", id="1")
+    small.inputs.add(name="INPUT0", datatype="INT32", shape=[1, 16])
+    small.raw_input_contents.append(bytes(64))
+    wire = small.SerializeToString()
+
+    def parse_small() -> np.ndarray:
+        msg = service_pb2.ModelInferRequest.FromString(wire)
+        tensor = msg.inputs[0]
+        return np.frombuffer(msg.raw_input_contents[0], np.int32).reshape(tuple(tensor.shape))
+
+    ways: dict[str, Callable[[], Any]] = {"bookkeeping": bookkeeping, "parse_small": parse_small}
+    times: dict[str, list[float]] = {f"{w} {h}": [] for w in ways for h in ("hot", "cold")}
+    for _ in range(args.rounds):
+        for way, function in ways.items():
+            for _ in range(3):
+                function()
+            t0 = _thread_cpu_ns()
+            function()
+            times[f"{way} hot"].append((_thread_cpu_ns() - t0) / 1e3)
+            session._sess.run(names, feed, None)
+            t0 = _thread_cpu_ns()
+            function()
+            times[f"{way} cold"].append((_thread_cpu_ns() - t0) / 1e3)
+    loop.close()
+    return {k: round(statistics.median(v), 1) for k, v in times.items()}
+
+
 # --- server probe --------------------------------------------------------------------------
 
 HZ = os.sysconf("SC_CLK_TCK")
@@ -638,6 +707,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("--model", default=None)
     d.add_argument("--rounds", type=int, default=40)
     d.add_argument("--core", type=int, default=0)
+    c = sub.add_parser("cold")
+    c.add_argument("--model", default=None)
+    c.add_argument("--rounds", type=int, default=60)
+    c.add_argument("--core", type=int, default=0)
     s = sub.add_parser("server")
     s.add_argument("--target", required=True)
     s.add_argument("--protocol", choices=("http", "grpc"), required=True)
@@ -648,10 +721,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     s.add_argument("--loop-batch", action="store_true", help="SCHED_BATCH for the main thread")
     s.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server")
     args = parser.parse_args(argv)
-    if args.what in ("ort", "options", "decode"):
+    if args.what in ("ort", "options", "decode", "cold"):
         if args.model is None:
             args.model = _example_model()
-        probes = {"ort": ort_probe, "options": options_probe, "decode": decode_probe}
+        probes = {
+            "ort": ort_probe,
+            "options": options_probe,
+            "decode": decode_probe,
+            "cold": cold_probe,
+        }
         probe = probes[args.what]
         print(json.dumps(probe(args), indent=1))
     else:
