@@ -4,6 +4,7 @@
     python -m bench.squeeze_probe options [--model FILE] [--rounds 6] [--runs 20] [--sets ...]
     python -m bench.squeeze_probe decode [--model FILE] [--rounds 40]
     python -m bench.squeeze_probe cold [--model FILE] [--rounds 60]
+        [--between ort|copy|spin:MS|sleep:MS]
     python -m bench.squeeze_probe server --target tree:DIR|ceiling:http|ceiling:aio|ceiling:sync
         --protocol http|grpc [--seconds 6] [--model squeezenet_onnx] [--perf OUT.data]
         [--env NAME=VALUE] [--server-arg=--flag=value] [--loop-batch]
@@ -40,6 +41,8 @@ server's one core): protobuf's parse plus raw_input_contents[0], against split_r
 
 `cold`: a few lines of per-request Python bookkeeping and a small gRPC request's parse, hot and
 right after an ORT run: what the server's per-request Python really costs beside an image model.
+`--between` replaces the ORT run: an 8 MB copy (data evicted, little time), a spin or a sleep of
+MS milliseconds (time passes, nothing evicted by this process).
 
 `server`: starts the target pinned to core 0, drives it with perf_analyzer at c=8 from core 1,
 and prints per inference: process CPU, each thread's CPU (by tid), minor/major page faults and
@@ -470,6 +473,21 @@ def cold_probe(args: argparse.Namespace) -> dict[str, Any]:
         tensor = msg.inputs[0]
         return np.frombuffer(msg.raw_input_contents[0], np.int32).reshape(tuple(tensor.shape))
 
+    big = np.ones(2 << 20, np.float32)
+    scratch = np.empty_like(big)
+
+    def spin(seconds: float) -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    kind, _, ms = args.between.partition(":")
+    between: Callable[[], Any] = {
+        "ort": lambda: session._sess.run(names, feed, None),
+        "copy": lambda: np.copyto(scratch, big),  # 8 MB through the caches, ~0.3 ms
+        "spin": lambda: spin(float(ms or 7) / 1e3),  # time passes, almost no memory touched
+        "sleep": lambda: time.sleep(float(ms or 7) / 1e3),
+    }[kind]
     ways: dict[str, Callable[[], Any]] = {"bookkeeping": bookkeeping, "parse_small": parse_small}
     times: dict[str, list[float]] = {f"{w} {h}": [] for w in ways for h in ("hot", "cold")}
     for _ in range(args.rounds):
@@ -479,7 +497,7 @@ def cold_probe(args: argparse.Namespace) -> dict[str, Any]:
             t0 = _thread_cpu_ns()
             function()
             times[f"{way} hot"].append((_thread_cpu_ns() - t0) / 1e3)
-            session._sess.run(names, feed, None)
+            between()
             t0 = _thread_cpu_ns()
             function()
             times[f"{way} cold"].append((_thread_cpu_ns() - t0) / 1e3)
@@ -710,6 +728,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     c = sub.add_parser("cold")
     c.add_argument("--model", default=None)
     c.add_argument("--rounds", type=int, default=60)
+    c.add_argument("--between", default="ort", help="ort | copy | spin[:MS] | sleep[:MS]")
     c.add_argument("--core", type=int, default=0)
     s = sub.add_parser("server")
     s.add_argument("--target", required=True)
