@@ -448,14 +448,15 @@ class Scheduler(SchedulerBase):
             worker = next((w for w in self._idle if w.inline_ok), None)
             if inline and (worker is None or not self._runs_inline([job])):
                 return None  # the loop never waits, nor runs what costs more than its budget
+            job.enqueue_ns = now
             if worker is None:
                 waited = self._wait_in_lane(job, now)
                 if not isinstance(waited, InstanceWorker):
                     return waited
                 worker = waited
+                now = time.monotonic_ns()  # its wait counts as queue time
             self._idle.remove(worker)
-            job.enqueue_ns = now
-            job.dispatch_ns = now = time.monotonic_ns()
+            job.dispatch_ns = now
             self._running[worker] = [job]
         worker.busy_since_ns = now
         result = worker.run([job])  # never raises
