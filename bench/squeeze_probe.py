@@ -3,6 +3,7 @@
     python -m bench.squeeze_probe ort [--model FILE] [--rounds 5] [--runs 40] [--core 0]
     python -m bench.squeeze_probe options [--model FILE] [--rounds 6] [--runs 20] [--sets ...]
     python -m bench.squeeze_probe decode [--model FILE] [--rounds 40]
+    python -m bench.squeeze_probe execute [--model FILE] [--rounds 100]
     python -m bench.squeeze_probe cold [--model FILE] [--rounds 60]
         [--between ort|copy|spin:MS|sleep:MS]
     python -m bench.squeeze_probe server --target tree:DIR|ceiling:http|ceiling:aio|ceiling:sync
@@ -38,6 +39,9 @@ denormals, IO binding, OrtValues), per-run thread CPU, blocks interleaved.
 `decode`: a gRPC SqueezeNet request's decode, hot and cold (right after an ORT run, as on the
 server's one core): protobuf's parse plus raw_input_contents[0], against split_raw_contents
 (views over the received bytes).
+
+`execute`: OrtInstance.execute's own Python (ORT's run replaced by its result), hot and right
+after an ORT run, as it is and with the per-array dtype checks string models need.
 
 `cold`: a few lines of per-request Python bookkeeping and a small gRPC request's parse, hot and
 right after an ORT run: what the server's per-request Python really costs beside an image model.
@@ -505,6 +509,45 @@ def cold_probe(args: argparse.Namespace) -> dict[str, Any]:
     return {k: round(statistics.median(v), 1) for k, v in times.items()}
 
 
+def execute_probe(args: argparse.Namespace) -> dict[str, Any]:
+    """edge_backends.ort's OrtInstance.execute, its own Python only (ORT's run replaced by its
+    cached result), hot and right after a real ORT run: as it runs now, and with the per-array
+    dtype checks a model with string tensors needs (every model before 5a05882)."""
+    from bench.raw import batch1_feed
+    from edge_backends.api import InstanceSpec
+    from edge_backends.ort import OrtBackend
+
+    pin_to_core(args.core)
+    spec = InstanceSpec(
+        model_name="squeezenet_onnx", model_version=1, model_path=Path(args.model),
+        instance_name="squeezenet_onnx_0",
+    )  # fmt: skip
+    backend = OrtBackend()
+    instances = {"now": backend.create_instance(spec), "checks": backend.create_instance(spec)}
+    instances["checks"]._has_strings = True
+    session = instances["now"]._session
+    feed = batch1_feed(session)
+    names = [o.name for o in session.get_outputs()]
+    real = session._sess.run
+    cached = real(names, feed, None)
+    for instance in instances.values():
+        instance._run = lambda _names, _feed, _options: cached
+    times: dict[str, list[float]] = {f"{w} {h}": [] for w in instances for h in ("hot", "cold")}
+    for round_index in range(args.rounds):
+        order = list(instances.items())
+        for way, instance in order if round_index % 2 else order[::-1]:
+            for _ in range(3):
+                instance.execute(feed, names)
+            t0 = _thread_cpu_ns()
+            instance.execute(feed, names)
+            times[f"{way} hot"].append((_thread_cpu_ns() - t0) / 1e3)
+            real(names, feed, None)
+            t0 = _thread_cpu_ns()
+            instance.execute(feed, names)
+            times[f"{way} cold"].append((_thread_cpu_ns() - t0) / 1e3)
+    return {k: round(statistics.median(v), 1) for k, v in times.items()}
+
+
 # --- server probe --------------------------------------------------------------------------
 
 HZ = os.sysconf("SC_CLK_TCK")
@@ -725,6 +768,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("--model", default=None)
     d.add_argument("--rounds", type=int, default=40)
     d.add_argument("--core", type=int, default=0)
+    e = sub.add_parser("execute")
+    e.add_argument("--model", default=None)
+    e.add_argument("--rounds", type=int, default=100)
+    e.add_argument("--core", type=int, default=0)
     c = sub.add_parser("cold")
     c.add_argument("--model", default=None)
     c.add_argument("--rounds", type=int, default=60)
@@ -740,7 +787,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     s.add_argument("--loop-batch", action="store_true", help="SCHED_BATCH for the main thread")
     s.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server")
     args = parser.parse_args(argv)
-    if args.what in ("ort", "options", "decode", "cold"):
+    if args.what in ("ort", "options", "decode", "cold", "execute"):
         if args.model is None:
             args.model = _example_model()
         probes = {
@@ -748,6 +795,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "options": options_probe,
             "decode": decode_probe,
             "cold": cold_probe,
+            "execute": execute_probe,
         }
         probe = probes[args.what]
         print(json.dumps(probe(args), indent=1))
