@@ -110,6 +110,8 @@ class Scheduler(SchedulerBase):
         # only keep it in arrival order (no priorities, timeouts or per-level bounds), and it
         # would run alone there too (no batching).
         self._lane_waits = self._lane and not self._batching and self._queue.plain
+        # Whether every instance may run off its own thread (the common case: any idle one).
+        self._all_inline = all(w.inline_ok for w in workers)
         self._timer_at = 0  # monotonic ns the timer fires at
 
     @property
@@ -407,15 +409,23 @@ class Scheduler(SchedulerBase):
             else:
                 future.set_result(outcome)
 
-    def _record(self, result: BatchResult) -> None:
-        """An execution's statistics, and its requests' compute timestamps."""
+    def _record(self, result: BatchResult, queue_ns: int = -1) -> None:
+        """An execution's statistics, and its requests' compute timestamps; `queue_ns`: the
+        time its one request waited (the thread lane's; the loop records it at dispatch)."""
         if result.batch_size:
             result.stamp()
             succeeded = sum(1 for o in result.outcomes if not isinstance(o, BaseException))
             self._stats.record_execution(
-                result.batch_size, succeeded, result.input_ns, result.infer_ns, result.output_ns
+                result.batch_size,
+                succeeded,
+                result.input_ns,
+                result.infer_ns,
+                result.output_ns,
+                queue_ns,
             )
             self._stats.last_inference_ms = time.time_ns() // 1_000_000
+        elif queue_ns >= 0:
+            self._stats.record_queue(queue_ns)
 
     # ---- the thread lane ---------------------------------------------------------------------
 
@@ -445,7 +455,7 @@ class Scheduler(SchedulerBase):
         with self._lock:
             if self._closing or len(self._queue) or self._awaiting_resources:
                 return None
-            worker = next((w for w in self._idle if w.inline_ok), None)
+            worker = self._lane_worker()
             if inline and (worker is None or not self._runs_inline([job])):
                 return None  # the loop never waits, nor runs what costs more than its budget
             job.enqueue_ns = now
@@ -474,8 +484,7 @@ class Scheduler(SchedulerBase):
             wake = queued or self._drained is not None
         if not result.batch_size:  # as `_instance_done` does
             log_unexpected(self._label, result.outcomes)
-        self._stats.record_queue(now - job.enqueue_ns)
-        self._record(result)
+        self._record(result, now - job.enqueue_ns)
         if wake:
             assert self._loop is not None
             with contextlib.suppress(RuntimeError):  # the loop closed at exit
@@ -519,7 +528,7 @@ class Scheduler(SchedulerBase):
                     return ServerUnavailable(f"{self._label}: {self._lane_cut}")
                 if len(self._queue):
                     return None
-                worker = next((w for w in self._idle if w.inline_ok), None)
+                worker = self._lane_worker()
                 if worker is not None:
                     return worker
                 left_s = _LANE_POLL_S
@@ -530,6 +539,13 @@ class Scheduler(SchedulerBase):
                 self._freed.wait(left_s)
         finally:
             self._lane_waiting -= 1
+
+    def _lane_worker(self) -> InstanceWorker | None:
+        """Under `_lock`: an idle instance the lane may run a job on, if any."""
+        idle = self._idle
+        if self._all_inline:
+            return idle[0] if idle else None
+        return next((w for w in idle if w.inline_ok), None)
 
     def _lane_done(self) -> None:
         """On the loop, after the lane handed an instance back: what queued meanwhile runs,

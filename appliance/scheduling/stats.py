@@ -122,10 +122,19 @@ class ModelStats:
             self.failures["OTHER"] = self.failures.get("OTHER", 0) + 1
 
     def record_execution(
-        self, batch_size: int, requests: int, input_ns: int, infer_ns: int, output_ns: int
+        self,
+        batch_size: int,
+        requests: int,
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+        queue_ns: int = -1,
     ) -> None:
-        """One backend execution of `requests` requests totalling `batch_size` items."""
+        """One backend execution of `requests` requests totalling `batch_size` items; with
+        `queue_ns` (>= 0), also its one request's time in the queue."""
         with self.lock:
+            if queue_ns >= 0:
+                self.queue.add(queue_ns)
             self.execution_count += 1
             self.inference_count += batch_size
             # Triton counts compute durations once per request in the model totals ...
