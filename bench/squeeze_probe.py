@@ -697,8 +697,8 @@ def perf_categories(data: str, hz: int) -> dict[str, float]:
     counts: collections.Counter[str] = collections.Counter()
     tid, frames = "", list[tuple[str, str]]()
     for line in [*out.splitlines(), ""]:
-        if line and not line[0].isspace():
-            tid, frames = line.split()[0], []
+        if line.strip().isdigit():  # a sample's header: its tid (right-aligned)
+            tid, frames = line.strip(), []
         elif line.strip():
             parts = line.split(None, 1)
             m = re.match(r"(.*) \((.*)\)$", parts[1] if len(parts) > 1 else "")
