@@ -33,12 +33,13 @@ LIMITS = HttpConnectionLimits(
 class Route:
     """Answers `model` with the body's length; 'slow' after a pause; 'refused' is refused."""
 
-    max_body_bytes = 4096
+    max_body_bytes = 200_000
 
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
         self.headers: list[Mapping[str, str]] = []
         self.cancelled = 0
+        self.types: list[type] = []
 
     def admit(self, model: str, version: str, headers: Mapping[str, str]) -> object:
         if model == "refused":
@@ -49,6 +50,7 @@ class Route:
         self, model: str, version: str, admission: Any, body: Body, headers: Mapping[str, str]
     ) -> Reply | Coroutine[Any, Any, Reply]:
         self.bodies.append(bytes(body))
+        self.types.append(type(body))
         self.headers.append(headers)
         answer = Reply(
             200,
@@ -233,7 +235,7 @@ async def test_limits_and_malformed_requests_close_the_connection(served) -> Non
     assert garbage.startswith(b"HTTP/1.1 400 Bad Request")
     # A body over the route's limit is refused with Triton's error body; the request before
     # it on the connection is still answered.
-    over = await _exchange(port, _infer("m") + _infer("m", b"z" * 5000))
+    over = await _exchange(port, _infer("m") + _infer("m", b"z" * 300_000))
     assert _bodies(over)[0] == b'{"model":"m","v":"","n":3}'
     assert b"HTTP/1.1 413 Request Entity Too Large" in over
     assert route.bodies == [b"abc"]
@@ -315,3 +317,31 @@ def test_a_connection_is_an_infer_connection_only_with_a_route() -> None:
         assert isinstance(routed(), InferConnection)
 
     asyncio.run(check())
+
+
+async def test_a_large_body_is_read_into_its_own_buffer_across_reads(served, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    port, route, _ = served
+    parsed: list[int] = []  # body bytes that went through httptools
+    on_body = InferConnection.on_body
+
+    def counting(self: InferConnection, data: bytes) -> None:
+        parsed.append(len(data))
+        on_body(self, data)
+
+    monkeypatch.setattr(InferConnection, "on_body", counting)
+    body = bytes(range(256)) * 600  # 153,600 bytes: read straight into the request's buffer
+    request = _infer("m", body)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    for start in range(0, len(request), 40_000):  # in pieces, with pauses between them
+        writer.write(request[start : start + 40_000])
+        await writer.drain()
+        await asyncio.sleep(0.01)
+    # The next request on the connection is parsed afresh after the directly read body.
+    writer.write(_infer("m", b"tail", b"Connection: close\r\n"))
+    answer = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    assert _bodies(answer) == [b'{"model":"m","v":"","n":153600}', b'{"model":"m","v":"","n":4}']
+    assert route.bodies == [body, b"tail"]
+    assert route.types == [bytearray, bytes]
+    # Only what came with the headers was parsed; the rest was read into the body itself.
+    assert sum(parsed) - 4 < 40_000

@@ -214,7 +214,7 @@ class GuardedServer(web.Server):
 
     # The protocol factory the sites listen with (aiohttp types it as its own protocol; asyncio
     # takes any).
-    def __call__(self) -> asyncio.Protocol:  # type: ignore[override]
+    def __call__(self) -> asyncio.BaseProtocol:  # type: ignore[override]
         if self._infer_route is not None:
             return InferConnection(self, self._infer_route, self._guard_loop)
         return GuardedRequestHandler(

@@ -51,6 +51,8 @@ _INFER_PATH = re.compile(rb"/v2/models/([^/?#%]+)(?:/versions/([^/?#%]+))?/infer
 # Request bodies from this size are read into one preallocated buffer (frontends/http/server.py
 # reads aiohttp's bodies the same way).
 STREAMED_BYTES = 64 * 1024
+# The read buffer httptools parses from (uvloop reads up to 256 KB at once into its own).
+READ_BUFFER_BYTES = 256 * 1024
 # Bytes of requests pipelined behind the one in progress before the connection stops reading.
 PIPELINE_MAX_BYTES = 1 << 20
 # Compressing a few hundred bytes costs more than sending them (as in frontends/http/server.py).
@@ -213,8 +215,15 @@ class ConnectionSet(Protocol):
     def relay_handler(self, on_finished: Callable[[bool], None]) -> RelayHandler: ...
 
 
-class InferConnection(asyncio.Protocol):
-    """One HTTP connection: infer requests answered here, the rest relayed to aiohttp."""
+class InferConnection(asyncio.BufferedProtocol):
+    """One HTTP connection: infer requests answered here, the rest relayed to aiohttp.
+
+    A buffered protocol: the transport reads into `get_buffer`'s memory. That is a reused
+    read buffer for httptools, except while a large infer body with a Content-Length arrives:
+    then the socket is read straight into the request's own buffer (the one numpy views and
+    the model get), with no copy in between (one 600 KB copy fewer per image than aiohttp's
+    path, measured ~100 us); httptools starts afresh for the next request.
+    """
 
     def __init__(
         self, owner: ConnectionSet, route: InferRoute, loop: asyncio.AbstractEventLoop
@@ -242,6 +251,8 @@ class InferConnection(asyncio.Protocol):
         self._last_data = now
         self._idle_since: float | None = None
         self._write_paused_at: float | None = None
+        self._read_buffer = memoryview(bytearray(READ_BUFFER_BYTES))
+        self._direct: _Message | None = None  # the message whose body is read straight in
         timeouts = [
             t
             for t in (
@@ -264,8 +275,7 @@ class InferConnection(asyncio.Protocol):
         if most and len(connections) > most:
             log.debug("refusing an HTTP connection: %d open", len(connections))
             body = b'{"error":"too many open HTTP connections"}'
-            self._write_head(503, b"application/json", len(body), (), keep_alive=False)
-            transport.write(body)
+            transport.write(_head(503, b"application/json", len(body), (), False) + body)
             self._close()
             return
         if self._tick:
@@ -283,6 +293,29 @@ class InferConnection(asyncio.Protocol):
         self._detach_relay(exc)
         self._closed.set()
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        direct = self._direct
+        if direct is not None:
+            assert isinstance(direct.body, bytearray)
+            return memoryview(direct.body)[direct.filled :]
+        return self._read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        direct = self._direct
+        if direct is None:
+            self.data_received(bytes(self._read_buffer[:nbytes]))
+            return
+        self._last_data = self._loop.time()
+        direct.filled += nbytes
+        assert isinstance(direct.body, bytearray)
+        if direct.filled == len(direct.body):  # complete; httptools never saw the rest
+            self._direct = None
+            self._parser = httptools.HttpRequestParser(self)
+            self._current = None
+            direct.complete = True
+            if self._active is None:
+                self._pump()
+
     def data_received(self, data: bytes) -> None:
         now = self._loop.time()
         self._last_data = now
@@ -294,6 +327,9 @@ class InferConnection(asyncio.Protocol):
             self._header_start = now
         try:
             self._parser.feed_data(data)
+            current = self._current
+            if current is not None and _reads_directly(current):
+                self._direct = current  # the rest of its body goes straight into it
             if self._active is None:
                 self._pump()  # answered here, after the parser returned
         except httptools.HttpParserUpgrade as upgrade:
@@ -535,27 +571,11 @@ class InferConnection(asyncio.Protocol):
                     size = len(chunks[0])
                     extra = (*extra, (b"Content-Encoding", coding.encode()))
                     break
-        self._write_head(reply.status, reply.content_type, size, extra, keep_alive)
-        transport.writelines(chunks)
-
-    def _write_head(
-        self,
-        status: int,
-        content_type: bytes,
-        length: int,
-        extra: tuple[tuple[bytes, bytes], ...],
-        keep_alive: bool,
-    ) -> None:
-        assert self._transport is not None
-        lines = [
-            _status_line(status),
-            b"Content-Type: %s\r\nContent-Length: %d\r\n" % (content_type, length),
-        ]
-        lines += [b"%s: %s\r\n" % pair for pair in extra]
-        if not keep_alive:
-            lines.append(b"Connection: close\r\n")
-        lines.append(b"\r\n")
-        self._transport.write(b"".join(lines))
+        head = _head(reply.status, reply.content_type, size, extra, keep_alive)
+        if size < STREAMED_BYTES:  # one send: joining a small answer costs less than a syscall
+            transport.write(b"".join([head, *chunks]))
+        else:  # tensors go to the socket from the model's output arrays
+            transport.writelines([head, *chunks])
 
     def _too_large(self, size: int) -> Reply:
         limit = self._route.max_body_bytes
@@ -743,6 +763,36 @@ class InferConnection(asyncio.Protocol):
             await asyncio.wait_for(self._closed.wait(), timeout)
         except asyncio.TimeoutError:
             self.close_now()
+
+
+def _head(
+    status: int,
+    content_type: bytes,
+    length: int,
+    extra: tuple[tuple[bytes, bytes], ...],
+    keep_alive: bool,
+) -> bytes:
+    lines = [
+        _status_line(status),
+        b"Content-Type: %s\r\nContent-Length: %d\r\n" % (content_type, length),
+    ]
+    lines += [b"%s: %s\r\n" % pair for pair in extra]
+    if not keep_alive:
+        lines.append(b"Connection: close\r\n")
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
+def _reads_directly(message: _Message) -> bool:
+    """An infer request whose body is being read into its own buffer, and not complete."""
+    return (
+        isinstance(message.body, bytearray)
+        and message.reply is None
+        and not message.relay
+        and not message.complete
+        and message.filled < len(message.body)
+        and bool(message.fields)  # its headers are in
+    )
 
 
 def _too_long(line: bytes, limit: int) -> str:

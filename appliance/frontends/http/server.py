@@ -189,6 +189,7 @@ class HttpFrontend:
         self.shared_memory = shared_memory
         self.limits = limits
         self.refused = RefusedBodies()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.status_page = StatusPage(status) if status is not None else None
 
     def build(self) -> web.Application:
@@ -221,8 +222,7 @@ class HttpFrontend:
             ("GET", f"{cuda}/status", self.cuda_status, "shared-memory"),
             ("GET", f"{cuda}/region/{{region}}/status", self.cuda_status, "shared-memory"),
             ("POST", f"{cuda}/region/{{region}}/register", self.cuda_register, "shared-memory"),
-            ("POST", f"{cuda}/region/{{region}}/unregister", self.cuda_unregister,
-             "shared-memory"),
+            ("POST", f"{cuda}/region/{{region}}/unregister", self.cuda_unregister, "shared-memory"),
             ("POST", f"{cuda}/unregister", self.cuda_unregister, "shared-memory"),
         ]
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
@@ -355,8 +355,9 @@ class HttpFrontend:
                     self.limits,
                     lambda: self.control.model_config(model, version),
                 )
+                loop = self._loop or self._set_loop()
                 outcome = self.core.infer_here(
-                    wire.request, admission, self._loop, _connected, inline=True
+                    wire.request, admission, loop, _connected, inline=True
                 )
             if isinstance(outcome, Prepared):
                 later, holds = self._fast_later(holds, wire, outcome), None
@@ -389,13 +390,13 @@ class HttpFrontend:
         )
         return self.error(500, "internal error; see the server log")
 
+    def _set_loop(self) -> asyncio.AbstractEventLoop:
+        self._loop = asyncio.get_running_loop()  # the one the listeners run on
+        return self._loop
+
     @staticmethod
     def error(status: int, message: str) -> Reply:
         return Reply(status, b"application/json", [orjson.dumps({"error": message})])
-
-    @property
-    def _loop(self) -> asyncio.AbstractEventLoop:
-        return asyncio.get_running_loop()
 
     async def _generate_request(self, request: web.Request) -> InferRequest:
         model, version = self._model(request)
