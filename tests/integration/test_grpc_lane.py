@@ -5,6 +5,7 @@ shutdown drain behave as on the loop (the lane's decisions: tests/unit/test_grpc
 
 from __future__ import annotations
 
+import queue
 import shutil
 import threading
 import time
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -19,6 +21,8 @@ import tritonclient.http as httpclient
 from onnx import TensorProto
 from tritonclient.utils import InferenceServerException
 
+from appliance.protocol import service_pb2 as pb
+from appliance.protocol import service_pb2_grpc
 from configs.generate import identity_model, save
 from tests.integration.models import slow_model
 from tests.serverproc import ServerProcess
@@ -206,3 +210,39 @@ def test_shutdown_lets_a_request_running_on_its_handler_thread_finish(  # type: 
     assert error is None
     assert result.as_numpy("OUTPUT0").shape == (1, 1024)
     assert proc.proc.wait(30) == 0
+
+
+def test_streams_past_their_bound_are_refused_and_unary_calls_go_on(  # type: ignore[no-untyped-def]
+    start_server, lane_repository: Path, tmp_path: Path
+) -> None:
+    """A stream holds a handler thread for its life: past the call bound less the threads kept
+    for unary calls (UNARY_RESERVE; 9 - 8 = 1 stream here) a stream is refused at once with
+    RESOURCE_EXHAUSTED instead of taking the threads unary calls need."""
+    repo = tmp_path / "repo"
+    shutil.copytree(lane_repository / "identity", repo / "identity")
+    proc = start_server(repo, "--grpc-max-concurrent-rpcs=9")
+    with grpc.insecure_channel(proc.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        held: queue.Queue[pb.ModelInferRequest | None] = queue.Queue()
+        first = stub.ModelStreamInfer(iter(held.get, None), timeout=60)
+        held.put(_identity_message())
+        assert next(first).error_message == ""  # the first stream is open and answering
+        with pytest.raises(grpc.RpcError) as info:
+            list(stub.ModelStreamInfer(iter([_identity_message()]), timeout=30))
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "too many ModelStreamInfer streams open: 1" in str(info.value.details())
+        for _ in range(3):  # unary calls are served beside the open stream
+            answer = stub.ModelInfer(_identity_message(), timeout=30)
+            assert len(answer.raw_output_contents[0]) == 64
+        held.put(None)  # the first stream ends: its thread and slot come back
+        assert list(first) == []
+        answers = list(stub.ModelStreamInfer(iter([_identity_message()] * 2), timeout=30))
+        assert [a.error_message for a in answers] == ["", ""]
+
+
+def _identity_message() -> pb.ModelInferRequest:
+    message = pb.ModelInferRequest(model_name="identity")
+    tensor = message.inputs.add(name="INPUT0", datatype="FP32")
+    tensor.shape.extend([1, 16])
+    message.raw_input_contents.append(np.ones(16, np.float32).tobytes())
+    return message
