@@ -130,14 +130,14 @@ class OrtInstance(InstanceBase):
         # a call, as much as a tiny model's whole execution, and the server has checked the
         # inputs already (a missing one still fails in ORT, as an ExecutionError). A session
         # with another provider keeps the public `run`: its fallback to CPU lives there.
-        # tests/backends/test_ort_fast_run.py pins the internal.
+        # tests/unit/test_ort_fast_run.py pins the internal.
         binding = getattr(session, "_sess", None)
         cpu_only = session.get_providers() == [CPU]
         self._run = binding.run if cpu_only and binding is not None else session.run
         # A model without string tensors (nearly every one) hands its inputs to ORT and its
-        # outputs back as they are: no per-call look at each array's dtype. Measured on the
-        # server's core right after a SqueezeNet run (caches cold), the per-array checks cost
-        # ~35 us a request, as much as the rest of `execute` (bench/squeeze_probe.py, issue 20).
+        # outputs back as they are: no per-call look at each array's dtype. On the server's
+        # core right after a SqueezeNet run (caches cold) the per-array checks cost 15-30 us a
+        # request, as much as the rest of `execute` (`python -m bench.squeeze_probe execute`).
         self._has_strings = any(
             arg.type == "tensor(string)" for arg in (*session.get_inputs(), *session.get_outputs())
         )
