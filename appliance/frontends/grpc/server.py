@@ -404,23 +404,28 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     def _infer(self, request: Any, context: grpc.ServicerContext) -> pb.ModelInferResponse:
         """ModelInfer, on its handler thread: run here by the thread lane when the model has an
-        idle instance and nothing queued, else on the loop."""
+        idle instance and nothing queued, else on the loop. The shared memory regions the
+        request names are held until its response is encoded (unregistering one meanwhile
+        waits for it); a request whose tensors carry no parameters names none."""
+        if _may_name_regions(request):
+            with self.shared_memory.request_scope():
+                return self._infer_request(request, context)
+        return self._infer_request(request, context)
+
+    def _infer_request(self, request: Any, context: grpc.ServicerContext) -> pb.ModelInferResponse:
         loop = self._loop
         assert loop is not None
         shm = self.shared_memory
-        # The regions the request names are held until its response is encoded (unregistering
-        # one meanwhile waits for it). Admission before decoding: an overloaded model's refusal
-        # costs no decode or validation.
-        with shm.request_scope():
-            with self.core.admit(request.model_name, request.model_version) as admission:
-                decoded = decode_request(request, shm, self.limits)
-                try:
-                    answer = self.core.infer_here(decoded, admission, loop, context.is_active)
-                    if isinstance(answer, Prepared):
-                        answer = _Cancel(context).wait(loop, self.core.infer_prepared(answer))
-                except DecoupledOnUnary as exc:  # tritonserver's words first
-                    raise Unsupported(f"{DECOUPLED_REFUSAL}: {exc.message}") from None
-            return encode_response(answer, shm_targets(decoded.outputs), shm)
+        # Admission before decoding: an overloaded model's refusal costs no decode or validation.
+        with self.core.admit(request.model_name, request.model_version) as admission:
+            decoded = decode_request(request, shm, self.limits)
+            try:
+                answer = self.core.infer_here(decoded, admission, loop, context.is_active)
+                if isinstance(answer, Prepared):
+                    answer = _Cancel(context).wait(loop, self.core.infer_prepared(answer))
+            except DecoupledOnUnary as exc:  # tritonserver's words first
+                raise Unsupported(f"{DECOUPLED_REFUSAL}: {exc.message}") from None
+        return encode_response(answer, shm_targets(decoded.outputs), shm)
 
     def _stream(
         self, request_iterator: Iterator[bytes], context: grpc.ServicerContext
@@ -556,6 +561,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             for task in list(pending):
                 task.cancel()
             await asyncio.gather(reader, *pending, return_exceptions=True)
+
+
+def _may_name_regions(request: Any) -> bool:
+    """Whether a ModelInferRequest's tensors have parameters (where shared memory regions are
+    named): those without hold no region."""
+    return any(t.parameters for t in request.inputs) or any(o.parameters for o in request.outputs)
 
 
 def _give_back(bound: CallBound, streams: StreamSlots, taken: list[bool]) -> None:
