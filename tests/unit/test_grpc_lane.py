@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import numpy as np
@@ -80,6 +80,20 @@ async def here(scheduler: Scheduler, the_job: Job) -> Any:
     return await asyncio.to_thread(scheduler.run_here, the_job)
 
 
+async def held(model: Doubler, call: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
+    """`call` (a coroutine: the lane or the loop) held in the model until `model.gate` is set."""
+    model.gate.clear()
+    model.entered.clear()
+    running = asyncio.ensure_future(call)
+    await asyncio.to_thread(model.entered.wait, 10)
+    return running
+
+
+async def _running_in_lane(scheduler: Scheduler, model: Doubler) -> asyncio.Future[Any]:
+    """A lane request held in the model (until `model.gate` is set)."""
+    return await held(model, here(scheduler, job(asyncio.get_running_loop(), 1.0)))
+
+
 async def test_an_idle_instance_runs_the_request_on_the_calling_thread() -> None:
     model = Doubler()
     scheduler, stats = make(model)
@@ -108,10 +122,7 @@ async def test_a_busy_instance_or_waiting_work_leaves_the_request_to_the_loop() 
     model = Doubler()
     scheduler, _ = make(model)
     loop = asyncio.get_running_loop()
-    model.gate.clear()
-    model.entered.clear()
-    running = asyncio.ensure_future(scheduler.submit(job(loop, 1.0)))
-    await asyncio.to_thread(model.entered.wait, 10)
+    running = await held(model, scheduler.submit(job(loop, 1.0)))
     queued = asyncio.ensure_future(scheduler.submit(job(loop, 2.0)))
     await asyncio.sleep(0)
     assert scheduler.pending == 1
@@ -173,11 +184,7 @@ async def test_statistics_stay_exact_with_the_lane_and_the_loop_at_once() -> Non
 async def test_a_stop_waits_for_a_lane_request_and_fails_it_at_the_deadline() -> None:
     model = Doubler()
     scheduler, _ = make(model)
-    loop = asyncio.get_running_loop()
-    model.gate.clear()
-    model.entered.clear()
-    lane = asyncio.ensure_future(here(scheduler, job(loop, 1.0)))
-    await asyncio.to_thread(model.entered.wait, 10)
+    lane = await _running_in_lane(scheduler, model)
     assert scheduler.in_flight == 1
     assert scheduler.busy
     stopping = asyncio.ensure_future(scheduler.stop(10, "unloading"))
@@ -188,10 +195,7 @@ async def test_a_stop_waits_for_a_lane_request_and_fails_it_at_the_deadline() ->
     assert await asyncio.wait_for(stopping, 5) == 0  # the lane woke the drain
 
     scheduler, stats = make(model)
-    model.gate.clear()
-    model.entered.clear()
-    lane = asyncio.ensure_future(here(scheduler, job(loop, 1.0)))
-    await asyncio.to_thread(model.entered.wait, 10)
+    lane = await _running_in_lane(scheduler, model)
     assert await scheduler.stop(0.05, "server is shutting down") == 1
     model.gate.set()
     failed = await lane
@@ -204,10 +208,7 @@ async def test_work_queued_while_the_lane_runs_is_dispatched_after_it() -> None:
     model = Doubler()
     scheduler, _ = make(model)
     loop = asyncio.get_running_loop()
-    model.gate.clear()
-    model.entered.clear()
-    lane = asyncio.ensure_future(here(scheduler, job(loop, 1.0)))
-    await asyncio.to_thread(model.entered.wait, 10)
+    lane = await _running_in_lane(scheduler, model)
     queued = asyncio.ensure_future(scheduler.submit(job(loop, 5.0)))
     await asyncio.sleep(0.05)
     assert scheduler.pending == 1  # the only instance is in the lane
@@ -215,15 +216,6 @@ async def test_work_queued_while_the_lane_runs_is_dispatched_after_it() -> None:
     assert (await lane)["y"].tolist() == [[2.0, 2.0]]
     assert (await asyncio.wait_for(queued, 5))["y"].tolist() == [[10.0, 10.0]]
     await scheduler.stop(1, "test")
-
-
-async def _running_in_lane(scheduler: Scheduler, model: Doubler) -> asyncio.Future[Any]:
-    """A lane request held in the model (until `model.gate` is set)."""
-    model.gate.clear()
-    model.entered.clear()
-    lane = asyncio.ensure_future(here(scheduler, job(asyncio.get_running_loop(), 1.0)))
-    await asyncio.to_thread(model.entered.wait, 10)
-    return lane
 
 
 async def _until(condition: Any) -> None:

@@ -1,1 +1,1 @@
-"""gRPC front end (grpc.aio): Triton's GRPCInferenceService."""
+"""gRPC front end (the synchronous grpc.server): Triton's GRPCInferenceService."""
