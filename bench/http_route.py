@@ -58,7 +58,7 @@ async def _serve(kind: str, port: int) -> None:
             def admit(self, model: str, version: str, headers: Mapping[str, str]) -> object:
                 return None
 
-            def fast_infer(
+            def infer_reply(
                 self, model: str, version: str, admission: Any, body: Body, headers: Any
             ) -> Reply:
                 return Reply(200, b"application/json", [ANSWER])

@@ -46,7 +46,7 @@ class Route:
             return self.error(503, "overloaded")
         return object()
 
-    def fast_infer(
+    def infer_reply(
         self, model: str, version: str, admission: Any, body: Body, headers: Mapping[str, str]
     ) -> Reply | Coroutine[Any, Any, Reply]:
         self.bodies.append(bytes(body))

@@ -80,7 +80,7 @@ class InferRoute(Protocol):
         """Before the body is read: an admission for `infer`, or a Reply refusing it."""
         ...
 
-    def fast_infer(
+    def infer_reply(
         self, model: str, version: str, admission: Any, body: Body, headers: Mapping[str, str]
     ) -> Reply | Coroutine[Any, Any, Reply]:
         """The answer to a request whose body is in (errors included), or, when it cannot
@@ -527,7 +527,7 @@ class InferConnection(asyncio.BufferedProtocol):
     def _infer(self, message: _Message) -> Reply | Coroutine[Any, Any, Reply]:
         body = message.body
         if isinstance(body, list):
-            return self._route.fast_infer(
+            return self._route.infer_reply(
                 message.model, message.version, message.admission, b"".join(body), message.fields
             )
         if message.filled != len(body):  # the connection ended the body early
@@ -535,7 +535,7 @@ class InferConnection(asyncio.BufferedProtocol):
             return self._route.error(
                 400, f"request body has {message.filled} of its Content-Length {len(body)} bytes"
             )
-        return self._route.fast_infer(
+        return self._route.infer_reply(
             message.model, message.version, message.admission, body, message.fields
         )
 

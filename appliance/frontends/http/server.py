@@ -17,15 +17,10 @@ from aiohttp import hdrs, web
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 
 from appliance.access import Restrictions
-from appliance.errors import ApplianceError, DecoupledOnUnary, InvalidInput, Unsupported
+from appliance.errors import ApplianceError, DecoupledOnUnary, InvalidInput
 from appliance.frontends import jsonconv
 from appliance.frontends.http import convert
-from appliance.frontends.http.codec import (
-    HEADER_LENGTH,
-    HttpInferRequest,
-    decode_request,
-    encode_response,
-)
+from appliance.frontends.http.codec import HttpInferRequest, decode_request, encode_response
 from appliance.frontends.http.fastpath import Body, Buffer, Reply
 from appliance.frontends.http.generate import decode_generate, encode_generate
 from appliance.frontends.http.refusals import RefusedBodies
@@ -258,61 +253,32 @@ class HttpFrontend:
         except ApplianceError as exc:
             refusal = error_response(HTTP_STATUS[exc.code], exc.message)
             return await self.refused.refuse(request, refusal)
-        # The shared memory regions the request names are held until its response is written:
-        # unregistering one meanwhile waits for it (services/shared_memory.py).
-        with self.shared_memory.request_scope(), admission:
+        with admission:  # released at once if the body cannot be read
             body = await read_body(request, self.max_body_bytes)
-            chunks, json_length = await self._infer_body(
-                model, version, admission, body, request.headers.get(HEADER_LENGTH)
+        answer = self.infer_reply(model, version, admission, body, request.headers)
+        reply = answer if isinstance(answer, Reply) else await answer
+        if reply.status != 200:
+            return web.Response(
+                status=reply.status, body=b"".join(reply.chunks), content_type=_JSON
             )
-        if json_length is None:
-            resp = web.Response(body=chunks[0], content_type=_JSON)
-        else:
-            total = sum(len(chunk) for chunk in chunks)
-            headers = {HEADER_LENGTH: str(json_length)}
-            if total >= STREAMED_BYTES and not _wants_compression(request, total):
-                # Tensor bytes go to the socket from the model's output arrays: no join copy.
-                stream = web.StreamResponse(headers=headers)
-                stream.content_type = "application/octet-stream"
-                stream.content_length = total
-                await stream.prepare(request)
-                for chunk in chunks:
-                    await stream.write(chunk)
-                await stream.write_eof()
-                return stream
-            resp = web.Response(
-                body=b"".join(chunks), content_type="application/octet-stream", headers=headers
-            )
-        if _wants_compression(request, resp.content_length or 0):
+        headers = {k.decode(): v.decode() for k, v in reply.headers}
+        content_type = reply.content_type.decode()
+        total = sum(len(chunk) for chunk in reply.chunks)
+        if total >= STREAMED_BYTES and not _wants_compression(request, total):
+            # Tensor bytes go to the socket from the model's output arrays: no join copy.
+            stream = web.StreamResponse(headers=headers)
+            stream.content_type = content_type
+            stream.content_length = total
+            await stream.prepare(request)
+            for chunk in reply.chunks:
+                await stream.write(chunk)
+            await stream.write_eof()
+            return stream
+        resp = web.Response(body=b"".join(reply.chunks), headers=headers)
+        resp.content_type = content_type
+        if _wants_compression(request, total):
             resp.enable_compression()
         return resp
-
-    async def _infer_body(
-        self,
-        model: str,
-        version: str,
-        admission: Admission,
-        body: Body,
-        header_length: str | None,
-    ) -> tuple[Sequence[Buffer], int | None]:
-        """Decode, run and encode a request whose body is in, inside its shared memory scope:
-        the response's pieces and its JSON header's length (None: all JSON)."""
-        shm = self.shared_memory
-        with admission:
-            wire = decode_request(
-                body,
-                header_length,
-                model,
-                version,
-                shm,
-                self.limits,
-                lambda: self.control.model_config(model, version),  # a raw binary request's
-            )
-            try:
-                response = await self.core.infer(wire.request, admission)
-            except DecoupledOnUnary as exc:  # tritonserver's words first
-                raise Unsupported(f"{DECOUPLED_REFUSAL}: {exc.message}") from None
-        return encode_response(response, wire, shm)
 
     # ---- the infer route without aiohttp (frontends/http/fastpath.py) -------------------------
 
@@ -330,7 +296,7 @@ class HttpFrontend:
         except ApplianceError as exc:
             return self.error(HTTP_STATUS[exc.code], exc.message)
 
-    def fast_infer(
+    def infer_reply(
         self,
         model: str,
         version: str,
@@ -338,9 +304,10 @@ class HttpFrontend:
         body: Body,
         headers: Mapping[str, str],
     ) -> Reply | Coroutine[Any, Any, Reply]:
-        """`infer` for a request fastpath.py has read: the same work, errors and answers. A
-        model cheap enough to run inline runs now, on the loop (`InferenceService.infer_here`
-        with `inline`): the Reply. Otherwise the coroutine that queues it and answers."""
+        """The answer to an infer request whose body is in (fastpath.py's, or aiohttp's route
+        above), errors included. A model cheap enough to run inline runs now, on the loop
+        (`InferenceService.infer_here` with `inline`): the Reply. Otherwise the coroutine that
+        queues it and answers. `headers`: case-insensitive, or with lower-case names."""
         shm = self.shared_memory
         # The regions the request names are held until it is answered (as `request_scope`).
         holds: RequestHolds | None = None
@@ -348,7 +315,7 @@ class HttpFrontend:
             with shm.request_holds() as holds, admission:
                 wire = decode_request(
                     body,
-                    headers.get("inference-header-content-length"),
+                    headers.get("inference-header-content-length"),  # fastpath: lower case
                     model,
                     version,
                     shm,
@@ -382,7 +349,7 @@ class HttpFrontend:
 
     def _fast_error(self, model: str, exc: Exception) -> Reply:
         if isinstance(exc, DecoupledOnUnary):  # tritonserver's words first
-            return self.error(501, f"{DECOUPLED_REFUSAL}: {exc.message}")
+            return self.error(HTTP_STATUS[exc.code], f"{DECOUPLED_REFUSAL}: {exc.message}")
         if isinstance(exc, ApplianceError):
             return self.error(HTTP_STATUS[exc.code], exc.message)
         log.error(
