@@ -398,7 +398,8 @@ class Appliance:
                 ("grpc.max_send_message_length", size),
                 ("grpc.max_receive_message_length", size),
                 ("grpc.so_reuseport", 0),
-                # One connection cannot open unbounded concurrent calls (each holds a task).
+                # One connection cannot open unbounded concurrent calls (each holds a handler
+                # thread while it runs; past the pool's threads, calls wait for one).
                 ("grpc.max_concurrent_streams", 256),
             ]
         )
