@@ -28,12 +28,11 @@ from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
-from appliance.frontends.http.fastpath import InferConnection, InferRoute, RelayHandler
+from appliance.frontends.http.fastpath import InferConnection, InferRoute, RelayHandler, stall
 from appliance.settings import HttpConnectionLimits
 
 log = logging.getLogger(__name__)
 
-_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 _BUSY_BODY = b'{"error":"too many open HTTP connections"}'
 _BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: application/json"
@@ -118,25 +117,14 @@ class GuardedRequestHandler(RequestHandler):
         if self.transport is None:  # closed (force_close drops the transport)
             return
         now = self._guard_loop.time()
-        limits = self._limits
-        header_start = self._header_start
         request = self._request
-        if (
-            header_start is not None
-            and limits.header_timeout_secs > 0
-            and now - header_start > limits.header_timeout_secs
-        ):
-            self._time_out("request headers", limits.header_timeout_secs, _TIMEOUT)
+        receiving = request is not None and not request.content.is_eof()
+        late = stall(
+            self._limits, now, self._header_start, receiving, self._last_data, self._write_paused_at
+        )
+        if late is not None:
+            self._time_out(*late)
             return
-        if limits.body_timeout_secs > 0:
-            stalled = now - limits.body_timeout_secs
-            if request is not None and not request.content.is_eof() and self._last_data < stalled:
-                self._time_out("the request body", limits.body_timeout_secs, _TIMEOUT)
-                return
-            paused = self._write_paused_at
-            if paused is not None and paused < stalled:
-                self._time_out("the client to read its response", limits.body_timeout_secs)
-                return
         self._watch = self._guard_loop.call_at(now + self._tick, self._check)
 
     def _time_out(self, what: str, seconds: float, answer: bytes = b"") -> None:

@@ -58,7 +58,7 @@ PIPELINE_MAX_BYTES = 1 << 20
 # Compressing a few hundred bytes costs more than sending them (as in frontends/http/server.py).
 MIN_COMPRESSED_BYTES = 1024
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+TIMEOUT_ANSWER = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
 
 @dataclass(slots=True)
@@ -697,24 +697,13 @@ class InferConnection(asyncio.BufferedProtocol):
             return
         now = self._loop.time()
         limits = self._limits
-        header_start = self._header_start
-        if (
-            header_start is not None
-            and limits.header_timeout_secs > 0
-            and now - header_start > limits.header_timeout_secs
-        ):
-            self._time_out("request headers", limits.header_timeout_secs, _TIMEOUT)
+        receiving = self._current is not None and "fatal" not in self._holds
+        late = stall(
+            limits, now, self._header_start, receiving, self._last_data, self._write_paused_at
+        )
+        if late is not None:
+            self._time_out(*late)
             return
-        if limits.body_timeout_secs > 0:
-            stalled = now - limits.body_timeout_secs
-            receiving = self._current is not None and "fatal" not in self._holds
-            if receiving and self._last_data < stalled:
-                self._time_out("the request body", limits.body_timeout_secs, _TIMEOUT)
-                return
-            paused = self._write_paused_at
-            if paused is not None and paused < stalled:
-                self._time_out("the client to read its response", limits.body_timeout_secs)
-                return
         idle = self._idle_since
         if (
             idle is not None
@@ -763,6 +752,32 @@ class InferConnection(asyncio.BufferedProtocol):
             await asyncio.wait_for(self._closed.wait(), timeout)
         except asyncio.TimeoutError:
             self.close_now()
+
+
+def stall(
+    limits: HttpConnectionLimits,
+    now: float,
+    header_start: float | None,
+    receiving_body: bool,
+    last_data: float,
+    write_paused_at: float | None,
+) -> tuple[str, float, bytes] | None:
+    """Pure: what a connection has waited for too long (what, the timeout, the answer to send
+    before closing), or None. Headers since `header_start`, a body being received since
+    `last_data`, a client not reading since `write_paused_at`."""
+    if (
+        header_start is not None
+        and limits.header_timeout_secs > 0
+        and now - header_start > limits.header_timeout_secs
+    ):
+        return "request headers", limits.header_timeout_secs, TIMEOUT_ANSWER
+    if limits.body_timeout_secs > 0:
+        stalled = now - limits.body_timeout_secs
+        if receiving_body and last_data < stalled:
+            return "the request body", limits.body_timeout_secs, TIMEOUT_ANSWER
+        if write_paused_at is not None and write_paused_at < stalled:
+            return "the client to read its response", limits.body_timeout_secs, b""
+    return None
 
 
 def _head(
