@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from appliance.frontends.http.connections import GuardedAppRunner, GuardedServer
-from appliance.frontends.http.fastpath import Body, InferConnection, Reply
+from appliance.frontends.http.fastpath import Body, InferConnection, Reply, stall
 from appliance.settings import HttpConnectionLimits
 
 LIMITS = HttpConnectionLimits(
@@ -345,3 +345,33 @@ async def test_a_large_body_is_read_into_its_own_buffer_across_reads(served, mon
     assert route.types == [bytearray, bytes]
     # Only what came with the headers was parsed; the rest was read into the body itself.
     assert sum(parsed) - 4 < 40_000
+
+
+@pytest.mark.parametrize(
+    ("header_start", "receiving", "last_data", "paused", "expected"),
+    [
+        (None, False, 0.0, None, None),  # idle, nothing pending
+        (95.0, False, 0.0, None, None),  # headers for 5 s: within 20
+        (70.0, False, 0.0, None, ("request headers", 20.0, True)),
+        (None, True, 80.0, None, None),  # body silent 20 s: within 30
+        (None, True, 60.0, None, ("the request body", 30.0, True)),
+        (None, False, 60.0, None, None),  # silent, but no body expected
+        (None, False, 0.0, 60.0, ("the client to read its response", 30.0, False)),
+    ],
+)
+def test_stall_says_what_waited_too_long(
+    header_start: float | None,
+    receiving: bool,
+    last_data: float,
+    paused: float | None,
+    expected: tuple[str, float, bool] | None,
+) -> None:
+    limits = HttpConnectionLimits(header_timeout_secs=20, body_timeout_secs=30)
+    late = stall(limits, 100.0, header_start, receiving, last_data, paused)
+    if expected is None:
+        assert late is None
+    else:
+        assert late is not None
+        what, seconds, answers_408 = expected
+        assert late[:2] == (what, seconds)
+        assert late[2].startswith(b"HTTP/1.1 408") == answers_408
