@@ -579,11 +579,12 @@ def machine() -> str:
     return f'`nproc` {os.cpu_count()}, CPU "{model}"'
 
 
-def commit() -> str:
-    done = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    )
-    return done.stdout.strip() or "?"
+def commit(tree: Path) -> str:
+    """The checkout's commit, with "+changes" when its tracked files differ from it."""
+    git = ["git", "-C", str(tree)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run([*git, "diff", "--quiet", "HEAD"], capture_output=True).returncode
+    return (head.stdout.strip() or "?") + (" +changes" if dirty else "")
 
 
 def wrk_version(wrk: str) -> str:
@@ -703,7 +704,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     starved = sum(p.server_pct < STARVED_PCT for p in points)
     waits = [p.waited_s for t in targets for p in t.points if p.waited_s > 0.1]
     report = [
-        f"MLServer comparison, {began:%Y-%m-%d %H:%M} UTC, commit {commit()}, "
+        f"MLServer comparison, {began:%Y-%m-%d %H:%M} UTC, server at {commit(args.tree)}, "
         f"{time.monotonic() - started:.0f} s",
         f"- machine: {machine()}; servers on core {SERVER_CORE}, `taskset -c {CLIENT_CORE} wrk "
         f"-t1 -c{args.connections} -d{args.seconds}s` ({wrk_version(wrk)}), "
