@@ -1,7 +1,11 @@
 """Server CPU per request, A/B between source trees and the ceilings, interleaved (issue 20).
 
     python -m bench.cpu_per_request --trees /tmp/old,. [--ceilings http,aio,sync]
-        [--points simple:http,simple:grpc,squeezenet_onnx:grpc] [--rounds 3] [--seconds 3]
+        [--points simple:http,simple:grpc,simple:grpc-stream,squeezenet_onnx:grpc] [--rounds 3]
+        [--seconds 3]
+
+A point is MODEL:PROTOCOL, the protocol http, grpc or grpc-stream (perf_analyzer --streaming:
+ModelStreamInfer, one stream per concurrent request).
 
 Each tree (a checkout, e.g. `git worktree add /tmp/old <commit>`) serves the example models
 (`configs.generate`, only the points' models) pinned to core 0; Triton's perf_analyzer drives it
@@ -110,8 +114,10 @@ def start_ceiling(kind: str, repository: Path, models: str) -> Target:
 
 def perf_analyzer(tool: Path, model: str, url: str, protocol: str, seconds: float) -> int:
     """Requests perf_analyzer counted (0 if it failed), at concurrency 8 from core 1."""
+    streaming = ["--streaming"] if protocol == "grpc-stream" else []
     command = [
-        "taskset", "-c", "1", str(tool), "-m", model, "-u", url, "-i", protocol,
+        "taskset", "-c", "1", str(tool), "-m", model, "-u", url,
+        "-i", protocol.removesuffix("-stream"), *streaming,
         "--concurrency-range", "8:8", "--measurement-interval", str(round(seconds * 1000 / 3)),
         "--stability-percentage", "1000", "--max-trials", "3", "--warmup-request-count", "16",
     ]  # fmt: skip
@@ -121,7 +127,7 @@ def perf_analyzer(tool: Path, model: str, url: str, protocol: str, seconds: floa
 
 
 def point_us(tool: Path, target: Target, model: str, protocol: str, seconds: float) -> float:
-    url = target.grpc if protocol == "grpc" else target.http
+    url = target.http if protocol == "http" else target.grpc
     perf_analyzer(tool, model, url, protocol, 1.0)  # warm-up (ORT, the inline-cost estimate)
     before = cpu_s(target.proc.pid)
     count = perf_analyzer(tool, model, url, protocol, seconds)
