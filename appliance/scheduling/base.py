@@ -24,6 +24,30 @@ from appliance.scheduling.stats import ModelStats
 from appliance.types import Array
 
 
+class LaneWaiter:
+    """A front end's thread waiting in the thread lane for an instance (`Scheduler.run_here`).
+    Released once, under the scheduler's `_lock`: with an instance already running its job
+    (`worker`), with the stop's error (`refusal`), or with neither (go to the loop)."""
+
+    __slots__ = ("_ready", "job", "refusal", "released", "worker")
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.worker: InstanceWorker | None = None
+        self.refusal: BaseException | None = None
+        self.released = False
+        self._ready = threading.Lock()
+        self._ready.acquire()
+
+    def release(self) -> None:
+        self.released = True
+        self._ready.release()
+
+    def wait(self, timeout_s: float) -> None:
+        """Until released, or at most `timeout_s` (-1: no limit); never under `_lock`."""
+        self._ready.acquire(True, timeout_s)
+
+
 class SchedulerBase:
     """Instances on worker threads; subclasses decide what runs next (`_dispatch`)."""
 
@@ -47,11 +71,10 @@ class SchedulerBase:
         self._awaiting_resources = False
         # `_idle`, `_running` and `_drained` as the thread lane and the loop both change them.
         self._lock = threading.Lock()
-        # Front ends' threads waiting in the lane for an instance (`Scheduler.run_here`), told
-        # through `_freed` when one is given back; `_lane_cut` ends their wait at a stop's
-        # deadline with its reason.
-        self._lane_waiting = 0
-        self._freed = threading.Condition(self._lock)
+        # Front ends' threads waiting in the lane for an instance (`Scheduler.run_here`), in
+        # arrival order: an instance given back goes to the first (`_give_back_worker`);
+        # `_lane_cut` is a stop's reason once its deadline failed them.
+        self._waiters: deque[LaneWaiter] = deque()
         self._lane_cut = ""
         for worker in workers:
             self._limiter.register(worker.resources)
@@ -129,15 +152,30 @@ class SchedulerBase:
         """An instance is free again; log what went unexpectedly wrong in its batch."""
         with self._lock:
             del self._running[worker]
-            self._idle.append(worker)
-            if self._lane_waiting:  # queued work goes first: the waiters then go to the loop
-                if self.pending_queue:
-                    self._freed.notify_all()
-                else:
-                    self._freed.notify()
+            self._give_back_worker(worker)
         self._limiter.release(worker.resources)
         if not result.batch_size or len(result.outcomes) > 1:  # a success of one: nothing
             log_unexpected(self._label, result.outcomes)
+
+    @property
+    def _lane_waiting(self) -> int:
+        return len(self._waiters)
+
+    def _give_back_worker(self, worker: InstanceWorker) -> None:
+        """Under `_lock`: a free instance goes to the first thread waiting in the lane, already
+        running its job; or back to the idle ones, and when work is queued on the loop (it goes
+        first) every waiter is sent to the loop, behind it."""
+        waiters = self._waiters
+        if waiters and worker.inline_ok and not self.pending_queue:
+            waiter = waiters.popleft()
+            waiter.worker = worker
+            self._running[worker] = [waiter.job]
+            waiter.release()
+            return
+        self._idle.append(worker)
+        if self.pending_queue:
+            while waiters:
+                waiters.popleft().release()
 
     def _settle(self, job: Job, outcome: dict[str, Array] | BaseException) -> None:
         settle(self._label, job.future, outcome)
@@ -174,9 +212,12 @@ class SchedulerBase:
                 await asyncio.wait_for(self._drained.wait(), timeout_s)
         left = self._take_queued() + [job for jobs in self._running.values() for job in jobs]
         with self._lock:  # the lane's waiters fail with the same reason
-            failed = self._lane_waiting
+            failed = len(self._waiters)
             self._lane_cut = reason
-            self._freed.notify_all()
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                waiter.refusal = ServerUnavailable(f"{self._label}: {reason}")
+                waiter.release()
         for job in left:
             if not job.future.done():
                 job.future.set_exception(ServerUnavailable(f"{self._label}: {reason}"))

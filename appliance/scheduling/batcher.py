@@ -24,7 +24,7 @@ from collections import deque
 from itertools import islice
 
 from appliance.errors import QueueFull, ServerUnavailable
-from appliance.scheduling.base import SchedulerBase
+from appliance.scheduling.base import LaneWaiter, SchedulerBase
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
 from appliance.scheduling.outcome import client_error, log_unexpected
 from appliance.scheduling.policy import (
@@ -49,9 +49,6 @@ class QueueTimeout(ServerUnavailable):
 
 # Executions measured on worker threads before a version may run inline.
 _WARMUP_EXECUTIONS = 16
-# A waiter in the thread lane looks again at least this often (it is woken when an instance is
-# given back; this is the safety net).
-_LANE_POLL_S = 0.05
 
 
 class Scheduler(SchedulerBase):
@@ -455,33 +452,29 @@ class Scheduler(SchedulerBase):
         with self._lock:
             if self._closing or len(self._queue) or self._awaiting_resources:
                 return None
-            worker = self._lane_worker()
+            # Nobody passes the threads waiting in the lane: the instance goes to the first.
+            worker = None if self._waiters else self._lane_worker()
             if inline and (worker is None or not self._runs_inline([job])):
                 return None  # the loop never waits, nor runs what costs more than its budget
             job.enqueue_ns = now
-            if worker is None:
+            if worker is not None:
+                self._idle.remove(worker)
+                self._running[worker] = [job]
+            else:
                 waited = self._wait_in_lane(job, now)
                 if not isinstance(waited, InstanceWorker):
                     return waited
-                worker = waited
+                worker = waited  # handed over, already running this job
                 now = time.monotonic_ns()  # its wait counts as queue time
-            self._idle.remove(worker)
             job.dispatch_ns = now
-            self._running[worker] = [job]
         worker.busy_since_ns = now
         result = worker.run([job])  # never raises
         worker.busy_since_ns = 0
         with self._lock:
             del self._running[worker]
-            self._idle.append(worker)
+            self._give_back_worker(worker)
             self._learn_cost(result)
-            queued = bool(len(self._queue))
-            if self._lane_waiting:  # as `_instance_done` tells them
-                if queued:
-                    self._freed.notify_all()
-                else:
-                    self._freed.notify()
-            wake = queued or self._drained is not None
+            wake = bool(len(self._queue)) or self._drained is not None
         if not result.batch_size:  # as `_instance_done` does
             log_unexpected(self._label, result.outcomes)
         self._record(result, now - job.enqueue_ns)
@@ -500,45 +493,40 @@ class Scheduler(SchedulerBase):
         return client_error(self._label, outcome) if isinstance(outcome, BaseException) else outcome
 
     def _wait_in_lane(self, job: Job, now: int) -> InstanceWorker | BaseException | None:
-        """Under `_lock`, every instance busy and nothing queued on the loop: wait here for an
-        instance (the instance it gets, still idle) as the job would in the loop's queue, or
-        leave it to the loop (None): when the model's queue could not keep it in arrival order
-        or admission could refuse it, when work queues on the loop meanwhile (it goes first),
-        or at its overload deadline, where the loop's admission applies. A waiter counts as
-        pending (admission, in_flight, the drain); a stop's deadline fails it (the error)."""
+        """Under `_lock` (released while waiting), no instance free for the lane and nothing
+        queued on the loop: wait here, in arrival order, for an instance given back (it comes
+        already running the job), as the job would in the loop's queue; or leave it to the loop
+        (None): when the model's queue could not keep it in arrival order or admission could
+        refuse it, when work queues on the loop meanwhile (it goes first), or at its overload
+        deadline, where the loop's admission applies. A waiter counts as pending (admission,
+        in_flight, the drain); a stop's deadline fails it (the error)."""
         if not self._lane_waits or not any(w.inline_ok for w in self._workers):
             return None
-        if self._lane_waiting >= self._queue.cap:
+        if len(self._waiters) >= self._queue.cap:
             return None  # the loop refuses it: its queue's server-wide bound
         overdue_at = 0
         if self._max_queue_wait_ns and self._request_ns:
             since = job.arrival_ns or now
             executing, done_ns = self._executing(now)
-            ahead = self._lane_waiting + executing
+            ahead = len(self._waiters) + executing
             workers = len(self._workers)
             if admission_wait_ns(
                 ahead, workers, self._request_ns, self._bound_ns, now - since, done_ns
             ):
                 return None
             overdue_at = since + self._overdue_ns(ahead, done_ns)
-        self._lane_waiting += 1
+        waiter = LaneWaiter(job)
+        self._waiters.append(waiter)
+        self._lock.release()
         try:
-            while True:
-                if self._lane_cut:
-                    return ServerUnavailable(f"{self._label}: {self._lane_cut}")
-                if len(self._queue):
-                    return None
-                worker = self._lane_worker()
-                if worker is not None:
-                    return worker
-                left_s = _LANE_POLL_S
-                if overdue_at:
-                    left_s = min(left_s, (overdue_at - time.monotonic_ns()) / 1e9)
-                    if left_s <= 0:
-                        return None
-                self._freed.wait(left_s)
+            left_s = max(0.0, (overdue_at - time.monotonic_ns()) / 1e9) if overdue_at else -1.0
+            waiter.wait(left_s)
         finally:
-            self._lane_waiting -= 1
+            self._lock.acquire()
+        if not waiter.released:  # its overload deadline: the loop's admission decides
+            self._waiters.remove(waiter)
+            return None
+        return waiter.refusal or waiter.worker
 
     def _lane_worker(self) -> InstanceWorker | None:
         """Under `_lock`: an idle instance the lane may run a job on, if any."""

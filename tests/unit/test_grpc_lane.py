@@ -302,3 +302,27 @@ async def test_the_loop_itself_never_waits_in_the_lane() -> None:
     model.gate.set()
     await first
     await scheduler.stop(1, "test")
+
+
+async def test_threads_waiting_in_the_lane_get_the_instance_in_arrival_order() -> None:
+    """An instance given back goes to the first waiter, already running its job: no later
+    request passes the waiters (before, a new arrival could take it first, again and again,
+    and a waiter reached its overload deadline: DenseNet over gRPC at c=8 was refused)."""
+    model = Doubler()
+    scheduler, stats = make(model)
+    loop = asyncio.get_running_loop()
+    first = await _running_in_lane(scheduler, model)
+    waiters = []
+    for value in (2.0, 3.0, 4.0):
+        waiters.append(asyncio.ensure_future(here(scheduler, job(loop, value))))
+        count = len(waiters)
+        await _until(lambda count=count: scheduler.pending == count)
+    model.gate.set()
+    await first
+    results = [await waiter for waiter in waiters]
+    assert [r["y"].tolist()[0][0] for r in results] == [4.0, 6.0, 8.0]
+    assert model.values == [1.0, 2.0, 3.0, 4.0]
+    assert stats.queue.count == 4
+    assert scheduler.pending == 0
+    assert scheduler.in_flight == 0
+    await scheduler.stop(1, "test")
