@@ -1,32 +1,34 @@
 """`simple` over HTTP JSON against MLServer 1.7.1 in its fastest setting, driven by wrk (issue 20).
 
     python -m bench.mlserver [--rounds 3] [--seconds 5] [--settings w0,w1] [--venv DIR]
-                             [--connections 8] [--no-ceiling] [--output FILE.md]
+                             [--connections 8] [--no-ceiling] [--tree DIR] [--output FILE.md]
+                             [--quiet 60] [--patience 10]
 
 1. MLServer 1.7.1 goes into its own virtual environment outside the repository (default
    `$XDG_CACHE_HOME/edge-appliance-bench/mlserver-1.7.1`, made once with `python -m venv` and pip;
    see REQUIREMENTS for the pins). Without wrk on PATH, or when MLServer cannot be installed, one
    SKIP line says why and the exit status is 0.
-2. The same tiny model three ways, all pinned to core 0: this project's server on the example
-   `simple` (configs.generate: INT32 [16] add/sub through ONNX Runtime), the aiohttp ceiling
-   (bench.ceiling_http), and MLServer serving MODEL_SOURCE, a numpy `MLModel` written into a
-   temporary folder, once per setting (`--settings`, see Setting.parse): parallel workers 0 or 1,
-   the HTTP parser, and metrics, gzip and debug off unless asked for.
+2. The same tiny model three ways, all pinned to core 0: this project's server (`--tree`: which
+   checkout) on the example `simple` (configs.generate: INT32 [16] add/sub through ONNX
+   Runtime), the aiohttp ceiling (bench.ceiling_http), and MLServer serving MODEL_SOURCE, a numpy
+   `MLModel` written into a temporary folder, once per setting (`--settings`, see
+   Setting.parse): parallel workers 0 or 1, the HTTP parser, and metrics, gzip and debug off
+   unless asked for.
 3. One urllib request to each checks a 200 and the right sum and difference before anything is
-   measured, and a 3 s wrk run warms each up. Then rounds, alternating the order: per server a
-   1 s warm-up, then `taskset -c 1 wrk -t1 -c<N> -d<seconds>s --latency -s post.lua URL`, the
-   Lua script POSTing one KServe v2 JSON body to /v2/models/simple/infer and printing wrk's own
-   summary as JSON.
-   A point with any non-2xx answer or socket error does not count. CPU per request: the server's
-   CPU time (utime + stime of every thread of every process in its tree, from /proc) over the
-   measured run, divided by the requests wrk completed; server CPU: the same time over the run's
-   wall time (100% = the server kept its core busy). Other CPU: the machine's busy time minus
-   the measured server's and this benchmark's own processes (bench.cpu), in % of one core; idle
-   servers count as other.
+   measured, and a 3 s wrk run warms each up. Then rounds, alternating the order. Per server:
+   wait (at most --patience s) until other processes use less than --quiet % of a core, a 1 s
+   warm-up, then `taskset -c 1 wrk -t1 -c<N> -d<seconds>s --latency -s post.lua URL`, the Lua
+   script POSTing one KServe v2 JSON body to /v2/models/simple/infer and printing wrk's own
+   summary as JSON. A point with any non-2xx answer or socket error does not count.
+   CPU per request: the server's CPU time (utime + stime of every thread of every process in
+   its tree, from /proc) over the measured run, divided by the requests wrk completed; server
+   CPU: the same time over the run's wall time (100% = the server kept its core busy). Other
+   CPU: the machine's busy time minus the measured server's and this benchmark's own processes
+   (bench.cpu), in % of one core; idle servers count as other.
 4. Prints a Markdown table of medians over rounds and the ratios edge-appliance / MLServer: by
    throughput against the setting with the highest median infer/s, and by CPU per request
    (MLServer's us over ours) against the setting with the lowest median; each is the median of
-   the per-round ratios.
+   the per-round ratios. Exit status 1 when no MLServer setting could be measured.
 """
 
 from __future__ import annotations
