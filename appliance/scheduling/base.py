@@ -25,22 +25,28 @@ from appliance.types import Array
 
 
 class LaneWaiter:
-    """A front end's thread waiting in the thread lane for an instance (`Scheduler.run_here`).
-    Released once, under the scheduler's `_lock`: with an instance already running its job
-    (`worker`), with the stop's error (`refusal`), or with neither (go to the loop)."""
+    """A front end's thread waiting in the thread lane for an instance (`Scheduler.run_here`),
+    since `since_ns`. Released under the scheduler's `_lock`: with an instance already running
+    its job (`worker`), with the stop's error (`refusal`), to look for an idle instance again
+    (`retry`), or with none of these (go to the loop)."""
 
-    __slots__ = ("_ready", "job", "refusal", "released", "worker")
+    __slots__ = ("_ready", "job", "refusal", "released", "retry", "since_ns", "worker")
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, since_ns: int) -> None:
         self.job = job
+        self.since_ns = since_ns
         self.worker: InstanceWorker | None = None
         self.refusal: BaseException | None = None
-        self.released = False
+        self.rearm()
+
+    def rearm(self) -> None:
+        """Ready to wait (again)."""
+        self.released = self.retry = False
         self._ready = threading.Lock()
         self._ready.acquire()
 
-    def release(self) -> None:
-        self.released = True
+    def release(self, retry: bool = False) -> None:
+        self.released, self.retry = True, retry
         self._ready.release()
 
     def wait(self, timeout_s: float) -> None:
@@ -162,20 +168,30 @@ class SchedulerBase:
         return len(self._waiters)
 
     def _give_back_worker(self, worker: InstanceWorker) -> None:
-        """Under `_lock`: a free instance goes to the first thread waiting in the lane, already
-        running its job; or back to the idle ones, and when work is queued on the loop (it goes
-        first) every waiter is sent to the loop, behind it."""
+        """Under `_lock`: a free instance goes back to the idle ones and the first thread
+        waiting in the lane is woken to take it (a request arriving meanwhile may take it
+        first: no sleep for it, the cheaper way on a busy core); a waiter that has waited
+        `_lane_patience_ns` gets it outright, already running its job, so none starves. When
+        work is queued on the loop (it goes first) every waiter is sent to the loop."""
         waiters = self._waiters
         if waiters and worker.inline_ok and not self.pending_queue:
             waiter = waiters.popleft()
-            waiter.worker = worker
-            self._running[worker] = [waiter.job]
-            waiter.release()
+            if time.monotonic_ns() - waiter.since_ns >= self._lane_patience_ns():
+                waiter.worker = worker
+                self._running[worker] = [waiter.job]
+                waiter.release()
+                return
+            self._idle.append(worker)
+            waiter.release(retry=True)
             return
         self._idle.append(worker)
         if self.pending_queue:
             while waiters:
                 waiters.popleft().release()
+
+    def _lane_patience_ns(self) -> int:
+        """How long a lane waiter may be passed by requests arriving after it."""
+        return 0
 
     def _settle(self, job: Job, outcome: dict[str, Array] | BaseException) -> None:
         settle(self._label, job.future, outcome)

@@ -452,8 +452,7 @@ class Scheduler(SchedulerBase):
         with self._lock:
             if self._closing or len(self._queue) or self._awaiting_resources:
                 return None
-            # Nobody passes the threads waiting in the lane: the instance goes to the first.
-            worker = None if self._waiters else self._lane_worker()
+            worker = self._lane_worker()
             if inline and (worker is None or not self._runs_inline([job])):
                 return None  # the loop never waits, nor runs what costs more than its budget
             job.enqueue_ns = now
@@ -494,8 +493,9 @@ class Scheduler(SchedulerBase):
 
     def _wait_in_lane(self, job: Job, now: int) -> InstanceWorker | BaseException | None:
         """Under `_lock` (released while waiting), no instance free for the lane and nothing
-        queued on the loop: wait here, in arrival order, for an instance given back (it comes
-        already running the job), as the job would in the loop's queue; or leave it to the loop
+        queued on the loop: wait here, in arrival order, for an instance given back (returned
+        already running the job; see `_give_back_worker`), as the job would in the loop's
+        queue; or leave it to the loop
         (None): when the model's queue could not keep it in arrival order or admission could
         refuse it, when work queues on the loop meanwhile (it goes first), or at its overload
         deadline, where the loop's admission applies. A waiter counts as pending (admission,
@@ -515,18 +515,35 @@ class Scheduler(SchedulerBase):
             ):
                 return None
             overdue_at = since + self._overdue_ns(ahead, done_ns)
-        waiter = LaneWaiter(job)
+        waiter = LaneWaiter(job, now)
         self._waiters.append(waiter)
-        self._lock.release()
-        try:
-            left_s = max(0.0, (overdue_at - time.monotonic_ns()) / 1e9) if overdue_at else -1.0
-            waiter.wait(left_s)
-        finally:
-            self._lock.acquire()
-        if not waiter.released:  # its overload deadline: the loop's admission decides
-            self._waiters.remove(waiter)
-            return None
-        return waiter.refusal or waiter.worker
+        while True:
+            self._lock.release()
+            try:
+                left_s = -1.0
+                if overdue_at:
+                    left_s = max(0.0, (overdue_at - time.monotonic_ns()) / 1e9)
+                waiter.wait(left_s)
+            finally:
+                self._lock.acquire()
+            if not waiter.released:  # its overload deadline: the loop's admission decides
+                self._waiters.remove(waiter)
+                return None
+            if waiter.refusal is not None or waiter.worker is not None:
+                return waiter.refusal or waiter.worker
+            if not waiter.retry or len(self._queue):
+                return None  # to the loop, behind the work queued there
+            worker = self._lane_worker()
+            if worker is not None:
+                self._idle.remove(worker)
+                self._running[worker] = [job]
+                return worker
+            waiter.rearm()  # taken by a request that came meanwhile: first in line again
+            self._waiters.appendleft(waiter)
+
+    def _lane_patience_ns(self) -> int:
+        """Two executions (at least 1 ms): a waiter passed for that long gets the next one."""
+        return max(2 * int(self._request_ns), 1_000_000)
 
     def _lane_worker(self) -> InstanceWorker | None:
         """Under `_lock`: an idle instance the lane may run a job on, if any."""
