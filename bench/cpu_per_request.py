@@ -76,12 +76,13 @@ class Target:
         self.proc.wait(30)
 
 
-def start_tree(tree: Path, repository: Path) -> Target:
+def start_tree(tree: Path, repository: Path, extra: Sequence[str] = ()) -> Target:
+    """A tree's `appliance serve` on the repository (more `serve` arguments: `extra`), ready."""
     http, grpc = free_port(), free_port()
     command = [
         "taskset", "-c", "0", sys.executable, "-m", "appliance", "serve",
         "--model-repository", str(repository), "--http-port", str(http),
-        "--grpc-port", str(grpc), "--allow-metrics", "false",
+        "--grpc-port", str(grpc), "--allow-metrics", "false", *extra,
     ]  # fmt: skip
     target = Target(str(tree), command, tree, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}")
 

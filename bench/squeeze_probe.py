@@ -77,6 +77,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import ROOT, pin_to_core
+from bench.cpu_per_request import start_tree
 
 Variant = Callable[[], tuple[dict[str, np.ndarray], float]]  # feed, preparation CPU (us)
 
@@ -602,7 +603,7 @@ def server_probe(args: argparse.Namespace) -> dict[str, Any]:
         os.environ.update(dict(e.split("=", 1) for e in args.env))
         try:
             target: Target = (
-                _start_tree(Path(where).resolve(), repository, args.server_arg)
+                start_tree(Path(where).resolve(), repository, args.server_arg)
                 if kind == "tree"
                 else start_ceiling(where, repository, args.model)
             )
@@ -709,30 +710,6 @@ def perf_categories(data: str, hz: int) -> dict[str, float]:
             frames = []
     us = 1e6 / hz
     return {k: v * us for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
-
-
-def _start_tree(tree: Path, repository: Path, extra: list[str]) -> Any:
-    """bench.cpu_per_request.start_tree, with more `appliance serve` arguments."""
-    import urllib.request
-
-    from bench.common import free_port
-    from bench.cpu_per_request import Target, _wait
-
-    http, grpc = free_port(), free_port()
-    command = [
-        "taskset", "-c", "0", sys.executable, "-m", "appliance", "serve",
-        "--model-repository", str(repository), "--http-port", str(http),
-        "--grpc-port", str(grpc), "--allow-metrics", "false", *extra,
-    ]  # fmt: skip
-    target = Target(str(tree), command, tree, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}")
-
-    def ready() -> bool:
-        url = f"http://{target.http}/v2/health/ready"
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
-
-    _wait(ready, str(tree))
-    return target
 
 
 def _count(target: Any, args: argparse.Namespace, stats_url: str | None) -> int:

@@ -49,8 +49,9 @@ Body = bytes | bytearray  # a request body as read
 
 # Percent-encoded or otherwise unusual paths go to aiohttp's router, which decodes them.
 _INFER_PATH = re.compile(rb"/v2/models/([^/?#%]+)(?:/versions/([^/?#%]+))?/infer")
-# Request bodies from this size are read into one preallocated buffer (frontends/http/server.py
-# reads aiohttp's bodies the same way).
+# Request bodies from this size are read into one preallocated buffer (aiohttp's route in
+# frontends/http/server.py too), and answers from this size go out from the output arrays:
+# for big tensors each saved copy is a millisecond per 8 MB.
 STREAMED_BYTES = 64 * 1024
 # The read buffer httptools parses from: one per event loop thread, shared by its connections
 # (a read is handed over as bytes before the loop does anything else), as uvloop's own is.
@@ -58,7 +59,7 @@ READ_BUFFER_BYTES = 256 * 1024
 _READ_BUFFERS: dict[int, memoryview] = {}
 # Bytes of requests pipelined behind the one in progress before the connection stops reading.
 PIPELINE_MAX_BYTES = 1 << 20
-# Compressing a few hundred bytes costs more than sending them (as in frontends/http/server.py).
+# Compressing a few hundred bytes costs more than sending them, even off the device.
 MIN_COMPRESSED_BYTES = 1024
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 TIMEOUT_ANSWER = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"

@@ -21,7 +21,13 @@ from appliance.errors import ApplianceError, DecoupledOnUnary, InvalidInput
 from appliance.frontends import jsonconv
 from appliance.frontends.http import convert
 from appliance.frontends.http.codec import HttpInferRequest, decode_request, encode_response
-from appliance.frontends.http.fastpath import Body, Buffer, Reply
+from appliance.frontends.http.fastpath import (
+    MIN_COMPRESSED_BYTES,
+    STREAMED_BYTES,
+    Body,
+    Buffer,
+    Reply,
+)
 from appliance.frontends.http.generate import decode_generate, encode_generate
 from appliance.frontends.http.refusals import RefusedBodies
 from appliance.frontends.http.status_page import StatusPage
@@ -109,11 +115,6 @@ def _guard(handler: Handler, api: str = "", restrictions: Restrictions | None = 
     return guarded
 
 
-# Compressing a few hundred bytes costs more than sending them, even off the device.
-MIN_COMPRESSED_BYTES = 1024
-# Bodies from this size are read into one preallocated buffer and answers are streamed from
-# the output arrays: for big tensors each saved copy is a millisecond per 8 MB.
-STREAMED_BYTES = 64 * 1024
 
 
 async def read_body(request: web.Request, max_bytes: int) -> bytes | bytearray:
@@ -283,15 +284,13 @@ class HttpFrontend:
     # ---- the infer route without aiohttp (frontends/http/fastpath.py) -------------------------
 
     def admit(self, model: str, version: str, headers: Mapping[str, str]) -> Admission | Reply:
-        """What the aiohttp route's guard and `infer` check before the body is read."""
+        """What the aiohttp route's guard and `infer` check before the body is read (a body
+        with a Content-Encoding never comes here: fastpath.py relays it to aiohttp's route)."""
         if log.isEnabledFor(logging.DEBUG):
             log.debug("HTTP request: POST %s/%s infer", model, version)
         try:
             if self.restrictions:
                 self.restrictions.check("inference", headers)
-            problem = _encoding_problem(headers)
-            if problem:
-                return self.error(415, problem)
             return self.core.admit(model, version)
         except ApplianceError as exc:
             return self.error(HTTP_STATUS[exc.code], exc.message)
