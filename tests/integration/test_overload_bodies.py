@@ -184,8 +184,10 @@ def test_large_bodies_under_overload(start_server, tmp_path: Path) -> None:
     # p90 0.7-1.1 s at load average 3-10, 2 s at 11; before the fix 3.9-5 s).
     assert _p(out.admitted, 90) < BOUND_S + 8 * execution_s + 0.5, summary
     # Refused without waiting for the work ahead: measured p50 80-150 ms, about the time the
-    # client takes to send its body while 95 others send theirs.
-    assert _p(out.refused, 50) < 0.5, summary
+    # client takes to send its body while 95 others send theirs; that scales with the
+    # machine's load as the model does (p50 510 ms with executions at 116 ms, four busy
+    # processes beside the test).
+    assert _p(out.refused, 50) < max(0.5, 6 * execution_s), summary
     # Health stays off the busy path: measured p50 3-5 ms, p99 20-140 ms at load average 3-8
     # (other processes included), p50 5-19 ms, p99 0.4 s at 9; before the fix p50 65-350 ms,
     # p99 0.3-6 s.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import inspect
+import json
 import zlib
 from collections.abc import AsyncIterator, Coroutine, Mapping
 from typing import Any
@@ -17,7 +18,13 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from appliance.frontends.http.connections import GuardedAppRunner, GuardedServer
-from appliance.frontends.http.fastpath import Body, InferConnection, Reply, stall
+from appliance.frontends.http.fastpath import (
+    PIPELINE_MAX_BYTES,
+    Body,
+    InferConnection,
+    Reply,
+    stall,
+)
 from appliance.settings import HttpConnectionLimits
 
 LIMITS = HttpConnectionLimits(
@@ -82,9 +89,24 @@ async def _echo(request: web.Request) -> web.Response:
     return web.json_response({"path": request.path, "n": len(body)})
 
 
+async def _slow(request: web.Request) -> web.Response:
+    await asyncio.sleep(0.3)
+    return web.json_response({"path": request.path})
+
+
+async def _count(request: web.Request) -> web.Response:
+    """A relayed route that reads a body of any size, as the refusal route discards one."""
+    n = 0
+    async for chunk in request.content.iter_any():
+        n += len(chunk)
+    return web.json_response({"path": request.path, "n": n})
+
+
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[int, Route, GuardedServer]]:
     app = web.Application()
+    app.router.add_route("POST", "/slow", _slow)
+    app.router.add_route("POST", "/count", _count)
     app.router.add_route("*", "/{tail:.*}", _echo)
     route = Route()
     runner = GuardedAppRunner(app, LIMITS, shutdown_timeout=5, infer_route=route)
@@ -253,6 +275,24 @@ async def test_refusals_without_a_body_are_answered_here_with_one_relayed(served
         b'{"path": "/v2/models/refused/infer", "n": 3}',
     ]
     assert route.bodies == []
+
+
+async def test_a_large_request_waiting_behind_another_is_read_once_its_turn_comes(served) -> None:  # type: ignore[no-untyped-def]
+    # The second request's bytes wait while aiohttp answers the first; past
+    # PIPELINE_MAX_BYTES reading is held. Once the second is the one being answered the hold
+    # must go, or the rest of its body is never read. (A refused 1 MiB infer body sent right
+    # after the previous refusal's answer did this under overload: the connection stalled
+    # until the refusal's 10 s discard limit closed it, and the client saw a reset.)
+    port, _route, _server = served
+    big = b"b" * (PIPELINE_MAX_BYTES + 500_000)
+    first = b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"
+    second = b"POST /count HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(big)
+    answer = await _exchange(port, first + second + big + _get("/last", b"Connection: close\r\n"))
+    assert [json.loads(b) for b in _bodies(answer)] == [
+        {"path": "/slow"},
+        {"path": "/count", "n": len(big)},
+        {"path": "/last", "n": 0},
+    ]
 
 
 async def test_a_client_that_goes_away_cancels_its_request(served) -> None:  # type: ignore[no-untyped-def]

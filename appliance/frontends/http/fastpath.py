@@ -26,6 +26,7 @@ send stall timeouts, the keep-alive timeout and the listener's connection limit.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import re
 import threading
@@ -512,6 +513,10 @@ class InferConnection(asyncio.BufferedProtocol):
                     self._idle_since = self._loop.time()
                     self.release("pipeline")
                 return
+            if "pipeline" in self._holds and self._waiting_bytes() <= PIPELINE_MAX_BYTES:
+                # The request that was waiting is the one to answer now: the rest of its body
+                # must be read (holding on would stall it until its body timeout).
+                self.release("pipeline")
             message = self._messages[0]
             if message.relay:
                 self._active = message
@@ -622,8 +627,16 @@ class InferConnection(asyncio.BufferedProtocol):
             return
         message.pending.append(data)
         message.pending_bytes += len(data)
-        if sum(m.pending_bytes + m.filled for m in self._messages) > PIPELINE_MAX_BYTES:
+        if self._waiting_bytes() > PIPELINE_MAX_BYTES:
             self.hold("pipeline")
+
+    def _waiting_bytes(self) -> int:
+        """Bytes received of the requests behind the one being answered (or, when none is,
+        behind the next one to be): what PIPELINE_MAX_BYTES bounds."""
+        messages = self._messages
+        active = self._active
+        skip = 1 if messages and (active is None or messages[0] is active) else 0
+        return sum(m.pending_bytes + m.filled for m in itertools.islice(messages, skip, None))
 
     def _activate_relay(self, message: _Message) -> None:
         assert self._transport is not None
