@@ -8,71 +8,15 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine
 from typing import Any
-
-import numpy as np
 
 from appliance.errors import InferenceFailed, InvalidInput, ServerUnavailable
 from appliance.scheduling.batcher import Scheduler
-from appliance.scheduling.instances import InstanceWorker, Job
+from appliance.scheduling.instances import Job
 from appliance.scheduling.policy import BatchPolicy
 from appliance.scheduling.rate_limiter import RateLimiter
-from appliance.scheduling.stats import ModelStats
-from edge_backends.api import ExecutionError, InputRejected, InstanceBase
-
-ALONE = BatchPolicy(max_batch_size=0)
-
-
-class Doubler(InstanceBase):
-    """y = 2x on the thread that calls it, recorded; waits for `gate` while it is clear;
-    rejects negative input, fails on 99."""
-
-    def __init__(self, runs_inline: bool = True) -> None:
-        self.runs_inline = runs_inline
-        self.threads: list[int] = []
-        self.values: list[float] = []  # each execution's first input value, in order
-        self.gate = threading.Event()
-        self.gate.set()
-        self.entered = threading.Event()
-
-    def execute(self, inputs: Any, output_names: Sequence[str]) -> dict[str, np.ndarray]:
-        self.threads.append(threading.get_ident())
-        self.values.append(float(inputs["x"].flat[0]))
-        self.entered.set()
-        self.gate.wait(10)
-        x = inputs["x"]
-        if (x < 0).any():
-            raise InputRejected("negative input")
-        if (x == 99).any():
-            raise ExecutionError("model crashed")
-        return {"y": x * 2}
-
-    def close(self) -> None:
-        pass
-
-
-def job(loop: asyncio.AbstractEventLoop, value: float, rows: int = 1) -> Job:
-    x = np.full((rows, 2), value, dtype=np.float32)
-    return Job(
-        inputs={"x": x},
-        nbytes=x.nbytes,
-        batch_size=rows,
-        shape_key=((2,),),
-        output_names=("y",),
-        future=loop.create_future(),
-    )
-
-
-def make(
-    instance: InstanceBase, policy: BatchPolicy = ALONE, instances: int = 1, **kwargs: Any
-) -> tuple[Scheduler, ModelStats]:
-    stats = ModelStats()
-    batching = policy.max_batch_size > 0
-    workers = [InstanceWorker(f"w{i}", instance, batching=batching) for i in range(instances)]
-    scheduler = Scheduler("model 'm' version 1", workers, policy, stats, 100, **kwargs)
-    scheduler.start()
-    return scheduler, stats
+from tests.unit.scheduling_doubles import Doubler, job, make
 
 
 async def here(scheduler: Scheduler, the_job: Job) -> Any:
@@ -91,7 +35,7 @@ async def held(model: Doubler, call: Coroutine[Any, Any, Any]) -> asyncio.Future
 
 async def _running_in_lane(scheduler: Scheduler, model: Doubler) -> asyncio.Future[Any]:
     """A lane request held in the model (until `model.gate` is set)."""
-    return await held(model, here(scheduler, job(asyncio.get_running_loop(), 1.0)))
+    return await held(model, here(scheduler, job(1.0)))
 
 
 async def test_an_idle_instance_runs_the_request_on_the_calling_thread() -> None:
@@ -102,7 +46,7 @@ async def test_an_idle_instance_runs_the_request_on_the_calling_thread() -> None
 
     def call() -> Any:
         callers.append(threading.get_ident())
-        return scheduler.run_here(job(loop, 3.0))
+        return scheduler.run_here(job(3.0, loop=loop))
 
     outputs = await asyncio.to_thread(call)
     assert outputs["y"].tolist() == [[6.0, 6.0]]
@@ -112,8 +56,8 @@ async def test_an_idle_instance_runs_the_request_on_the_calling_thread() -> None
     assert stats.by_batch_size[1].compute_infer.count == 1
     assert scheduler.in_flight == 0
     # Its errors come back as the loop path's: a request's bad input, the model's failure.
-    assert isinstance(await here(scheduler, job(loop, -1.0)), InvalidInput)
-    assert isinstance(await here(scheduler, job(loop, 99.0)), InferenceFailed)
+    assert isinstance(await here(scheduler, job(-1.0, loop=loop)), InvalidInput)
+    assert isinstance(await here(scheduler, job(99.0, loop=loop)), InferenceFailed)
     assert stats.execution_count == 1  # failed executions are not counted, as on the loop
     await scheduler.stop(1, "test")
 
@@ -122,15 +66,15 @@ async def test_a_busy_instance_or_waiting_work_leaves_the_request_to_the_loop() 
     model = Doubler()
     scheduler, _ = make(model)
     loop = asyncio.get_running_loop()
-    running = await held(model, scheduler.submit(job(loop, 1.0)))
-    queued = asyncio.ensure_future(scheduler.submit(job(loop, 2.0)))
+    running = await held(model, scheduler.submit(job(1.0, loop=loop)))
+    queued = asyncio.ensure_future(scheduler.submit(job(2.0, loop=loop)))
     await asyncio.sleep(0)
     assert scheduler.pending == 1
-    assert await here(scheduler, job(loop, 3.0)) is None  # busy, and work waits
+    assert await here(scheduler, job(3.0, loop=loop)) is None  # busy, and work waits
     model.gate.set()
     assert (await running)["y"].tolist() == [[2.0, 2.0]]
     assert (await queued)["y"].tolist() == [[4.0, 4.0]]
-    assert await here(scheduler, job(loop, 3.0)) is not None  # idle again
+    assert await here(scheduler, job(3.0, loop=loop)) is not None  # idle again
     await scheduler.stop(1, "test")
 
 
@@ -143,12 +87,12 @@ async def test_what_the_loop_must_order_or_wait_for_is_not_taken() -> None:
         make(Doubler(), rate_limiter=RateLimiter(enabled=True))[0],
     ]
     for scheduler in not_taken:
-        assert await here(scheduler, job(loop, 1.0)) is None
+        assert await here(scheduler, job(1.0, loop=loop)) is None
     batching = make(Doubler(), BatchPolicy(8, dynamic=True, max_queue_delay_ns=0))[0]
-    assert (await here(batching, job(loop, 1.0, rows=2)))["y"].shape == (2, 2)
+    assert (await here(batching, job(1.0, rows=2, loop=loop)))["y"].shape == (2, 2)
     closing = make(Doubler())[0]
     await closing.stop(1, "test")
-    assert await here(closing, job(loop, 1.0)) is None
+    assert await here(closing, job(1.0, loop=loop)) is None
     for scheduler in [*not_taken, batching]:
         await scheduler.stop(1, "test")
 
@@ -160,7 +104,7 @@ async def test_statistics_stay_exact_with_the_lane_and_the_loop_at_once() -> Non
 
     def lane(count: int) -> None:
         for _ in range(count):
-            the_job = job(loop, 1.0)
+            the_job = job(1.0, loop=loop)
             if scheduler.run_here(the_job) is not None:
                 taken[0] += 1
             else:  # as the front end does: the loop runs what the lane did not take
@@ -168,7 +112,7 @@ async def test_statistics_stay_exact_with_the_lane_and_the_loop_at_once() -> Non
 
     async def on_loop(count: int) -> None:
         for _ in range(count):
-            await scheduler.submit(job(loop, 1.0, rows=1))
+            await scheduler.submit(job(1.0, rows=1, loop=loop))
 
     threads = [asyncio.to_thread(lane, 300) for _ in range(4)]
     await asyncio.gather(*threads, on_loop(300), on_loop(300))
@@ -209,7 +153,7 @@ async def test_work_queued_while_the_lane_runs_is_dispatched_after_it() -> None:
     scheduler, _ = make(model)
     loop = asyncio.get_running_loop()
     lane = await _running_in_lane(scheduler, model)
-    queued = asyncio.ensure_future(scheduler.submit(job(loop, 5.0)))
+    queued = asyncio.ensure_future(scheduler.submit(job(5.0, loop=loop)))
     await asyncio.sleep(0.05)
     assert scheduler.pending == 1  # the only instance is in the lane
     model.gate.set()
@@ -231,7 +175,7 @@ async def test_a_request_waits_in_the_lane_for_the_busy_instance_and_runs_after_
     scheduler, stats = make(model)
     loop = asyncio.get_running_loop()
     first = await _running_in_lane(scheduler, model)
-    second = asyncio.ensure_future(here(scheduler, job(loop, 2.0)))
+    second = asyncio.ensure_future(here(scheduler, job(2.0, loop=loop)))
     await _until(lambda: scheduler.pending == 1)  # waiting: pending, as in the queue
     assert scheduler.in_flight == 2
     model.gate.set()
@@ -249,9 +193,9 @@ async def test_work_queued_on_the_loop_goes_first_and_the_lane_waiter_to_the_loo
     scheduler, _ = make(model)
     loop = asyncio.get_running_loop()
     first = await _running_in_lane(scheduler, model)
-    waiter = asyncio.ensure_future(here(scheduler, job(loop, 2.0)))
+    waiter = asyncio.ensure_future(here(scheduler, job(2.0, loop=loop)))
     await _until(lambda: scheduler.pending == 1)
-    queued = asyncio.ensure_future(scheduler.submit(job(loop, 3.0)))
+    queued = asyncio.ensure_future(scheduler.submit(job(3.0, loop=loop)))
     await _until(lambda: scheduler.pending == 2)
     model.gate.set()
     await first
@@ -268,7 +212,7 @@ async def test_batching_models_do_not_wait_in_the_lane() -> None:
     scheduler, _ = make(model, BatchPolicy(8, dynamic=True, max_queue_delay_ns=0))
     first = await _running_in_lane(scheduler, model)
     # The loop's queue batches the requests that wait: the lane leaves them to it.
-    assert await here(scheduler, job(asyncio.get_running_loop(), 2.0)) is None
+    assert await here(scheduler, job(2.0)) is None
     model.gate.set()
     await first
     await scheduler.stop(1, "test")
@@ -278,7 +222,7 @@ async def test_a_stop_at_its_deadline_fails_the_lane_waiters() -> None:
     model = Doubler()
     scheduler, stats = make(model)
     first = await _running_in_lane(scheduler, model)
-    waiter = asyncio.ensure_future(here(scheduler, job(asyncio.get_running_loop(), 2.0)))
+    waiter = asyncio.ensure_future(here(scheduler, job(2.0)))
     await _until(lambda: scheduler.pending == 1)
     assert await scheduler.stop(0.05, "server is shutting down") == 2
     failed = await waiter
@@ -296,7 +240,7 @@ async def test_the_loop_itself_never_waits_in_the_lane() -> None:
     scheduler, _ = make(model)
     first = await _running_in_lane(scheduler, model)
     started = time.monotonic()
-    assert scheduler.run_here(job(asyncio.get_running_loop(), 2.0), inline=True) is None
+    assert scheduler.run_here(job(2.0), inline=True) is None
     assert time.monotonic() - started < 0.5
     assert scheduler.pending == 0
     model.gate.set()
@@ -314,7 +258,7 @@ async def test_threads_waiting_in_the_lane_get_the_instance_in_arrival_order() -
     first = await _running_in_lane(scheduler, model)
     waiters = []
     for value in (2.0, 3.0, 4.0):
-        waiters.append(asyncio.ensure_future(here(scheduler, job(loop, value))))
+        waiters.append(asyncio.ensure_future(here(scheduler, job(value, loop=loop))))
         count = len(waiters)
         await _until(lambda count=count: scheduler.pending == count)
     model.gate.set()

@@ -15,7 +15,8 @@ from appliance.scheduling.batcher import Scheduler
 from appliance.scheduling.policy import BatchPolicy, queue_wait_bound_ns
 from appliance.serve_flags import add_serve_flags, settings_from_args
 from appliance.settings import SchedulingSettings
-from tests.unit.test_scheduler import Sleeper, job, make
+from tests.unit.scheduling_doubles import job, make
+from tests.unit.test_scheduler import Sleeper
 
 
 def test_the_bound_grows_with_the_measured_execution() -> None:

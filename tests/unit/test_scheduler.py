@@ -25,54 +25,7 @@ from appliance.scheduling.policy import BatchPolicy
 from appliance.scheduling.queues import QueuePolicy
 from appliance.scheduling.stats import ModelStats
 from edge_backends.api import ExecutionError, InputRejected, InstanceBase
-
-
-class Doubler(InstanceBase):
-    """y = 2x; rejects negative inputs as a request error, fails on 99, has a bug on 77;
-    records batch sizes."""
-
-    def __init__(self, gate: threading.Event | None = None) -> None:
-        self.batches: list[int] = []
-        self.gate = gate
-
-    def execute(self, inputs: Any, output_names: Sequence[str]) -> dict[str, np.ndarray]:
-        if self.gate is not None:
-            self.gate.wait(5)
-        x = inputs["x"]
-        if (x < 0).any():
-            raise InputRejected("negative input")
-        if (x == 99).any():
-            raise ExecutionError("model crashed")
-        if (x == 77).any():
-            return {}["y"]  # a bug: KeyError
-        self.batches.append(int(x.shape[0]))
-        return {"y": x * 2}
-
-    def close(self) -> None:
-        pass
-
-
-def job(value: float, rows: int = 1) -> Job:
-    x = np.full((rows, 2), value, dtype=np.float32)
-    return Job(
-        inputs={"x": x},
-        nbytes=x.nbytes,
-        batch_size=rows,
-        shape_key=((2,),),
-        output_names=("y",),
-        future=asyncio.get_running_loop().create_future(),
-    )
-
-
-def make(
-    instance: InstanceBase, policy: BatchPolicy, **kwargs: Any
-) -> tuple[Scheduler, ModelStats]:
-    stats = ModelStats()
-    worker = InstanceWorker("w", instance, batching=policy.max_batch_size > 0)
-    scheduler = Scheduler("model 'm' version 1", [worker], policy, stats, **kwargs)
-    scheduler.start()
-    return scheduler, stats
-
+from tests.unit.scheduling_doubles import Doubler, job, make
 
 DYNAMIC = BatchPolicy(max_batch_size=8, dynamic=True, max_queue_delay_ns=50_000_000)
 
@@ -126,7 +79,7 @@ async def test_an_unexpected_exception_is_logged_once_with_traceback_model_and_v
     assert "model 'm' version 1" in records[0].getMessage()
     assert records[0].exc_info is not None
     assert records[0].exc_info[0] is KeyError
-    assert "return {}[\"y\"]" in caplog.text  # the traceback reaches the log
+    assert 'return {}["y"]' in caplog.text  # the traceback reaches the log
     await scheduler.stop(1, "was unloaded")
     scheduler.release(1)
 
