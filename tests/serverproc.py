@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,6 +63,23 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             args, stdout=self._log, stderr=subprocess.STDOUT, env=environment
         )
+
+    def __enter__(self) -> ServerProcess:
+        """Ready (within 120 s) or stopped: `with ServerProcess(...) as proc:` stops it after."""
+        try:
+            self.wait_ready(timeout_s=120)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def client(self, module: Any, **kwargs: Any) -> Any:
+        """A client of `module` (tritonclient.http or tritonclient.grpc) for this server."""
+        http = module.__name__ == "tritonclient.http"
+        return module.InferenceServerClient(self.http_url if http else self.grpc_url, **kwargs)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

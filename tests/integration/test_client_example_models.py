@@ -26,17 +26,8 @@ MODULES = [httpclient, grpcclient]
 def examples(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = write_repository(tmp_path_factory.mktemp("client_examples"))
     proc = ServerProcess(repo, log_path=tmp_path_factory.mktemp("logs") / "examples.log")
-    try:
-        proc.wait_ready(timeout_s=120)
+    with proc:
         yield proc
-    finally:
-        proc.stop()
-
-
-def _client(module: Any, server: ServerProcess) -> Any:
-    return module.InferenceServerClient(
-        server.http_url if module is httpclient else server.grpc_url
-    )
 
 
 def _sequence(client: Any, module: Any, model: str, sid: int | str, values: list[int]) -> list[int]:
@@ -59,7 +50,7 @@ def _sequence(client: Any, module: Any, model: str, sid: int | str, values: list
 def test_simple_sequence_and_simple_dyna_sequence(examples: ServerProcess, module: Any) -> None:
     """simple_sequence: INPUT + START; simple_dyna_sequence adds CORRID at the END (what the
     sequence examples check, default and --dyna)."""
-    client = _client(module, examples)
+    client = examples.client(module)
     values = [0, 11, 7, 5]
     assert _sequence(client, module, "simple_sequence", 1000, values) == [1, 11, 7, 5]
     assert _sequence(client, module, "simple_sequence", "a-string-id", values) == [1, 11, 7, 5]
@@ -93,7 +84,7 @@ def test_custom_identity_int32(examples: ServerProcess, module: Any) -> None:
     data = np.arange(16, dtype=np.int32).reshape(1, 16)
     tensor = module.InferInput("INPUT0", [1, 16], "INT32")
     tensor.set_data_from_numpy(data)
-    result = _client(module, examples).infer("custom_identity_int32", [tensor])
+    result = examples.client(module).infer("custom_identity_int32", [tensor])
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
 
 
@@ -119,7 +110,7 @@ def test_the_image_ensemble_classifies_with_labels(examples: ServerProcess, modu
     tensor = module.InferInput("INPUT", [1, 1], "BYTES")
     tensor.set_data_from_numpy(images)
     outputs = [module.InferRequestedOutput("OUTPUT", class_count=3)]
-    result = _client(module, examples).infer(
+    result = examples.client(module).infer(
         "preprocess_inception_ensemble", [tensor], outputs=outputs
     )
     classes = result.as_numpy("OUTPUT")

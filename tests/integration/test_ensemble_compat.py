@@ -228,12 +228,6 @@ def ens_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
         proc.stop()
 
 
-def _client(module: Any, server: ServerProcess) -> Any:
-    return module.InferenceServerClient(
-        server.http_url if module is httpclient else server.grpc_url
-    )
-
-
 def _fp32(module: Any, name: str, array: np.ndarray) -> Any:
     tensor = module.InferInput(name, list(array.shape), "FP32")
     tensor.set_data_from_numpy(array)
@@ -250,7 +244,7 @@ def test_a_non_batching_ensemble_feeds_a_batching_step(
     """The ensemble and its first step have max_batch_size 0, the second step batches: Triton
     adds a batch dimension of 1 on the way in and strips it from the ensemble's output."""
     x = np.arange(4, dtype=np.float32)
-    result = _client(module, ens_server).infer("ens_nobatch_first", [_fp32(module, "IN", x)])
+    result = ens_server.client(module).infer("ens_nobatch_first", [_fp32(module, "IN", x)])
     np.testing.assert_array_equal(result.as_numpy("OUT"), x)
 
 
@@ -259,7 +253,7 @@ def test_a_batching_ensemble_feeds_a_non_batching_step(
     ens_server: ServerProcess, module: Any
 ) -> None:
     x = np.arange(4, dtype=np.float32).reshape(1, 4)
-    result = _client(module, ens_server).infer("ens_batch_first", [_fp32(module, "IN", x)])
+    result = ens_server.client(module).infer("ens_batch_first", [_fp32(module, "IN", x)])
     np.testing.assert_array_equal(result.as_numpy("OUT"), x)
 
 
@@ -269,7 +263,7 @@ def test_a_steps_error_says_in_ensemble(ens_server: ServerProcess, module: Any) 
     error, with tritonserver's prefix and code."""
     x = np.zeros((2, 4), dtype=np.float32)
     with pytest.raises(InferenceServerException) as err:
-        _client(module, ens_server).infer("ens_batch_first", [_fp32(module, "IN", x)])
+        ens_server.client(module).infer("ens_batch_first", [_fp32(module, "IN", x)])
     assert err.value.message().startswith(
         "in ensemble 'ens_batch_first', unexpected shape for input 'INPUT0' for model "
         "'id_nobatch'. Expected [4], got [2,4]"
@@ -287,7 +281,7 @@ def test_steps_for_outputs_not_requested_do_not_run(ens_server: ServerProcess, m
     before = _count(ens_server, "id_branch"), _count(ens_server, "id_batch")
     x = np.ones((1, 4), dtype=np.float32)
     outputs = [module.InferRequestedOutput("OUT_A")]
-    result = _client(module, ens_server).infer(
+    result = ens_server.client(module).infer(
         "ens_branches", [_fp32(module, "IN", x)], outputs=outputs
     )
     np.testing.assert_array_equal(result.as_numpy("OUT_A"), x)
@@ -301,7 +295,7 @@ def test_steps_for_outputs_not_requested_do_not_run(ens_server: ServerProcess, m
 @pytest.mark.parametrize("module", MODULES)
 def test_a_sequence_model_inside_an_ensemble(ens_server: ServerProcess, module: Any) -> None:
     """The ensemble request's sequence id and start / end flags reach its sequence step."""
-    client = _client(module, ens_server)
+    client = ens_server.client(module)
     base = 100 if module is httpclient else 200
     sums: dict[int, list[int]] = {base + 1: [], base + 2: []}
     for step in range(3):
@@ -334,7 +328,7 @@ def test_ensemble_classification_uses_the_composing_models_labels(
 ) -> None:
     x = np.array([[0.1, 0.7, 0.05, 0.1, 0.05]], dtype=np.float32)
     outputs = [module.InferRequestedOutput("OUT", class_count=2)]
-    result = _client(module, ens_server).infer(
+    result = ens_server.client(module).infer(
         "ens_labels", [_fp32(module, "IN", x)], outputs=outputs
     )
     got = [v.decode() if isinstance(v, bytes) else v for v in result.as_numpy("OUT")[0]]
@@ -347,7 +341,7 @@ def test_classification_of_an_integer_output(ens_server: ServerProcess, module: 
     tensor = module.InferInput("INPUT0", [1, 5], "INT32")
     tensor.set_data_from_numpy(np.array([[4, 9, 1, 16, 0]], dtype=np.int32))
     outputs = [module.InferRequestedOutput("OUTPUT0", class_count=2)]
-    result = _client(module, ens_server).infer("int_scores", [tensor], outputs=outputs)
+    result = ens_server.client(module).infer("int_scores", [tensor], outputs=outputs)
     got = [v.decode() if isinstance(v, bytes) else v for v in result.as_numpy("OUTPUT0")[0]]
     assert got == ["16:3:d", "9:1:b"]
 
@@ -357,7 +351,7 @@ def test_an_ensembles_own_labels_come_first(ens_server: ServerProcess, module: A
     """The ensemble's output has a label_filename of its own: its labels, not the step's."""
     x = np.array([[0.1, 0.7, 0.05, 0.1, 0.05]], dtype=np.float32)
     outputs = [module.InferRequestedOutput("OUT", class_count=2)]
-    result = _client(module, ens_server).infer(
+    result = ens_server.client(module).infer(
         "ens_own_labels", [_fp32(module, "IN", x)], outputs=outputs
     )
     got = [v.decode() if isinstance(v, bytes) else v for v in result.as_numpy("OUT")[0]]

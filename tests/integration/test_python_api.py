@@ -383,9 +383,12 @@ output [{ name: "INFO", data_type: TYPE_STRING, dims: [1] },
         { name: "OTHER", data_type: TYPE_INT32, dims: [1] }]
 """
 # The same, batching: a request of 1 row and one of 3 make the preferred batch of 4.
-BATCH_INFO_CONFIG = REQUEST_INFO_CONFIG + """\
+BATCH_INFO_CONFIG = (
+    REQUEST_INFO_CONFIG
+    + """\
 dynamic_batching { preferred_batch_size: [ 4 ], max_queue_delay_microseconds: 500000 }
 """
+)
 
 # Decoupled, answering from a thread with a pause between responses (as Triton's repeat
 # example): execute() returns at once, so the instance takes the next request meanwhile.
@@ -472,16 +475,8 @@ def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
     flags = ["--model-control-mode=explicit"]
     flags += [f"--load-model={n}" for n in MODELS if n not in NOT_LOADED_AT_START]
     proc = ServerProcess(repository, *flags, log_path=root / "server.log")
-    try:
-        proc.wait_ready(timeout_s=120)
+    with proc:
         yield proc
-    finally:
-        proc.stop()
-
-
-def _client(module: Any, server: ServerProcess) -> Any:
-    url = server.http_url if module is httpclient else server.grpc_url
-    return module.InferenceServerClient(url)
 
 
 def _int32(module: Any, name: str, values: list[int]) -> Any:
@@ -520,7 +515,7 @@ def _stream(server: ServerProcess, model: str, inputs: list[Any]) -> list[Any]:
 def test_coroutine_execute_with_concurrent_async_exec(
     api_server: ServerProcess, module: Any
 ) -> None:
-    result = _client(module, api_server).infer("py_async_bls", [_int32(module, "X", [1, 2, 3])])
+    result = api_server.client(module).infer("py_async_bls", [_int32(module, "X", [1, 2, 3])])
     expected = np.array([[1 + 100 * i + 1, 2 + 100 * i + 1, 3 + 100 * i + 1] for i in range(8)])
     np.testing.assert_array_equal(result.as_numpy("Y"), expected)
 
@@ -542,7 +537,7 @@ def test_decoupled_coroutine_execute_streams(api_server: ServerProcess) -> None:
 def test_bls_to_a_decoupled_model_iterates_its_responses(
     api_server: ServerProcess, module: Any, n: int
 ) -> None:
-    client = _client(module, api_server)
+    client = api_server.client(module)
     result = client.infer("py_bls_stream", [_int32(module, "IN", [n])])
     # n responses of value n, then the empty final one
     assert result.as_numpy("OUT").tolist() == [n * n, n, 1]
@@ -552,7 +547,7 @@ def test_bls_to_a_decoupled_model_iterates_its_responses(
 
 @pytest.mark.parametrize("module", [httpclient, grpcclient])
 def test_bls_model_name_given_as_bytes(api_server: ServerProcess, module: Any) -> None:
-    client = _client(module, api_server)
+    client = api_server.client(module)
     inputs = [_text(module, "MODEL_NAME", "py_add_one"), _int32(module, "X", [5, 6])]
     result = client.infer("py_bls_by_name", inputs)
     np.testing.assert_array_equal(result.as_numpy("Y"), [6, 7])
@@ -630,7 +625,7 @@ def test_initialize_error_fails_the_load_with_its_message(api_server: ServerProc
 def test_response_sender_in_a_model_that_is_not_decoupled(
     api_server: ServerProcess, module: Any
 ) -> None:
-    result = _client(module, api_server).infer("py_sender", [_int32(module, "X", [4, 5])])
+    result = api_server.client(module).infer("py_sender", [_int32(module, "X", [4, 5])])
     np.testing.assert_array_equal(result.as_numpy("Y"), [8, 10])
     log = Path(api_server.log_path).read_text(errors="replace")
     assert "sender model: info line" in log
@@ -648,7 +643,7 @@ def test_execute_sees_the_requests_id_sequence_flags_parameters_and_timeout(
 ) -> None:
     tensor = module.InferInput("X", [2, 1], "INT32")
     tensor.set_data_from_numpy(np.array([[1], [2]], dtype=np.int32))
-    result = _client(module, api_server).infer(
+    result = api_server.client(module).infer(
         "py_request_info",
         [tensor],
         outputs=[module.InferRequestedOutput("INFO")],
@@ -669,7 +664,7 @@ def test_execute_sees_the_requests_id_sequence_flags_parameters_and_timeout(
         "requests": 1,
         "rows": 2,
     }
-    end = _client(module, api_server).infer(
+    end = api_server.client(module).infer(
         "py_request_info", [tensor], sequence_id="text-id", sequence_end=True
     )
     info = _info(end)[0]
@@ -690,7 +685,7 @@ def test_a_batch_reaches_execute_as_its_requests(api_server: ServerProcess, modu
     def call(rid: str, rows: int) -> list[dict[str, Any]]:
         tensor = module.InferInput("X", [rows, 1], "INT32")
         tensor.set_data_from_numpy(np.full((rows, 1), rows, dtype=np.int32))
-        result = _client(module, api_server).infer("py_batch_info", [tensor], request_id=rid)
+        result = api_server.client(module).infer("py_batch_info", [tensor], request_id=rid)
         np.testing.assert_array_equal(result.as_numpy("OTHER"), np.full((rows, 1), rows))
         return _info(result)
 
@@ -763,7 +758,7 @@ def test_one_requests_error_in_a_batch_fails_that_request_alone(
         tensor = module.InferInput("X", [rows, 1], "INT32")
         tensor.set_data_from_numpy(np.full((rows, 1), rows, dtype=np.int32))
         try:
-            return _client(module, api_server).infer(
+            return api_server.client(module).infer(
                 "py_batch_info", [tensor], request_id=rid, parameters={"refuse": rid == "bad"}
             )
         except InferenceServerException as exc:

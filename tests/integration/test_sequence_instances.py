@@ -84,11 +84,8 @@ def seq_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
             CONFIG.format(name=name, mbs=mbs, strategy=strategy)
         )
     proc = ServerProcess(root / "models", log_path=root / "server.log")
-    try:
-        proc.wait_ready(timeout_s=120)
+    with proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def _input(module: Any, value: int, batching: bool) -> list[Any]:

@@ -17,12 +17,6 @@ INVALID = {httpclient: "400", grpcclient: "StatusCode.INVALID_ARGUMENT"}
 NOT_FOUND = {httpclient: "404", grpcclient: "StatusCode.NOT_FOUND"}
 
 
-def _client(module: Any, server: ServerProcess) -> Any:
-    return module.InferenceServerClient(
-        server.http_url if module is httpclient else server.grpc_url
-    )
-
-
 def _simple_inputs(module: Any) -> list[Any]:
     inputs = [module.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
     for tensor in inputs:
@@ -36,7 +30,7 @@ def test_an_unknown_model_is_an_invalid_argument(
     server: ServerProcess, module: Any, call: str
 ) -> None:
     """tritonserver: INVALID_ARG (400) for a model name it does not know."""
-    client = _client(module, server)
+    client = server.client(module)
     actions = {
         "infer": lambda: client.infer("nope", _simple_inputs(module)),
         "metadata": lambda: client.get_model_metadata("nope"),
@@ -54,7 +48,7 @@ def test_an_unknown_version_of_a_known_model_is_not_found(
     server: ServerProcess, module: Any
 ) -> None:
     with pytest.raises(InferenceServerException) as err:
-        _client(module, server).infer("simple", _simple_inputs(module), model_version="7")
+        server.client(module).infer("simple", _simple_inputs(module), model_version="7")
     assert err.value.message() == "Request for unknown model: 'simple' version 7 is not found"
     assert err.value.status() == NOT_FOUND[module]
 
@@ -65,7 +59,7 @@ def test_a_string_sequence_id_for_an_integer_corrid(server: ServerProcess, modul
     tensor = module.InferInput("INPUT", [1, 1], "INT32")
     tensor.set_data_from_numpy(np.array([[1]], dtype=np.int32))
     with pytest.raises(InferenceServerException) as err:
-        _client(module, server).infer(
+        server.client(module).infer(
             "running_sum", [tensor], sequence_id="cam-1", sequence_start=True
         )
     assert err.value.message() == (
@@ -80,7 +74,7 @@ def test_a_sequence_request_with_a_batch_of_two(server: ServerProcess, module: A
     tensor = module.InferInput("INPUT", [2, 1], "INT32")
     tensor.set_data_from_numpy(np.array([[1], [2]], dtype=np.int32))
     with pytest.raises(InferenceServerException) as err:
-        _client(module, server).infer("running_sum", [tensor], sequence_id=5, sequence_start=True)
+        server.client(module).infer("running_sum", [tensor], sequence_id=5, sequence_start=True)
     assert err.value.message() == (
         "inference request to model 'running_sum' must specify batch-size 1 due to "
         "requirements of sequence batcher"
@@ -90,7 +84,7 @@ def test_a_sequence_request_with_a_batch_of_two(server: ServerProcess, module: A
 
 @pytest.mark.parametrize("module", MODULES)
 def test_server_metadata_lists_the_extensions_served(server: ServerProcess, module: Any) -> None:
-    meta = _client(module, server).get_server_metadata()
+    meta = server.client(module).get_server_metadata()
     names = meta["extensions"] if module is httpclient else list(meta.extensions)
     assert {
         "classification",

@@ -123,23 +123,15 @@ def qa_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProces
         "--load-model=imported_hook",
         log_path=root / "server.log",
     )
-    try:
-        proc.wait_ready(timeout_s=120)
+    with proc:
         yield proc
-    finally:
-        proc.stop()
-
-
-def _client(module: Any, server: ServerProcess) -> Any:
-    url = server.http_url if module is httpclient else server.grpc_url
-    return module.InferenceServerClient(url)
 
 
 @pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
 def test_identity_backend_copies_each_input_to_its_output(
     qa_server: ServerProcess, module: Any
 ) -> None:
-    client = _client(module, qa_server)
+    client = qa_server.client(module)
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     y = np.array([[1.5, -2.0], [3.0, 4.0]], dtype=np.float32)
     inputs = [
@@ -168,7 +160,7 @@ def test_identity_backend_copies_each_input_to_its_output(
 
 
 def test_identity_backend_execute_delay_ms(qa_server: ServerProcess) -> None:
-    client = _client(grpcclient, qa_server)
+    client = qa_server.client(grpcclient)
     inputs = [grpcclient.InferInput("INPUT0", [1, 1], "FP32")]
     inputs[0].set_data_from_numpy(np.ones((1, 1), dtype=np.float32))
     started = time.monotonic()
@@ -180,7 +172,7 @@ def test_identity_backend_execute_delay_ms(qa_server: ServerProcess) -> None:
 
 @pytest.mark.parametrize("name", sorted(BAD_IDENTITY))
 def test_identity_backend_refuses_configs_as_triton(qa_server: ServerProcess, name: str) -> None:
-    client = _client(httpclient, qa_server)
+    client = qa_server.client(httpclient)
     with pytest.raises(InferenceServerException) as caught:
         client.load_model(name)
     assert BAD_IDENTITY[name][1] in str(caught.value)
@@ -191,7 +183,7 @@ def test_identity_backend_refuses_configs_as_triton(qa_server: ServerProcess, na
 def test_auto_complete_config_from_an_imported_module(
     qa_server: ServerProcess, module: Any
 ) -> None:
-    client = _client(module, qa_server)
+    client = qa_server.client(module)
     metadata = client.get_model_metadata("imported_hook")
     names = (
         [t["name"] for t in metadata["inputs"]]
@@ -208,7 +200,7 @@ def test_auto_complete_config_from_an_imported_module(
 def test_model_control_mode_is_case_insensitive(qa_server: ServerProcess) -> None:
     """Started with `--model-control-mode=EXPLICIT`: explicit mode, only the models named
     with --load-model are loaded."""
-    client = _client(httpclient, qa_server)
+    client = qa_server.client(httpclient)
     assert client.is_model_ready("identity_fp32")
     assert not client.is_model_ready("type_mismatch")
     client.unload_model("identity_bytes")
@@ -244,6 +236,6 @@ def test_a_shape_whose_element_count_overflows_is_a_400_in_tritons_words(
     grpc_input = grpcclient.InferInput("INPUT0", shape, "FP32")
     grpc_input._raw_content = b"\x00" * 4  # the data does not matter: the shape is refused
     with pytest.raises(InferenceServerException) as refused:
-        _client(grpcclient, qa_server).infer("identity_fp32", [grpc_input])
+        qa_server.client(grpcclient).infer("identity_fp32", [grpc_input])
     assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert "causes total element count to exceed maximum size of" in str(refused.value)

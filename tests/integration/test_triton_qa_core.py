@@ -98,16 +98,8 @@ def _repository(root: Path) -> Path:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("triton_qa_core")
     proc = ServerProcess(_repository(root), log_path=root / "server.log")
-    try:
-        proc.wait_ready(timeout_s=120)
+    with proc:
         yield proc
-    finally:
-        proc.stop()
-
-
-def _client(module: Any, server: ServerProcess, **kwargs: Any) -> Any:
-    url = server.http_url if module is httpclient else server.grpc_url
-    return module.InferenceServerClient(url, **kwargs)
 
 
 def _input(module: Any, name: str, data: np.ndarray) -> Any:
@@ -144,7 +136,7 @@ def test_requests_with_different_optional_inputs_are_not_batched_together(
     b = np.array([[3.0, 4.0]], dtype=np.float32)
 
     def infer(inputs: list[Any]) -> Any:  # a client of its own on each thread
-        return _client(module, server).infer("optional_mix", inputs)
+        return server.client(module).infer("optional_mix", inputs)
 
     results = _concurrently(
         [
@@ -177,7 +169,7 @@ def test_requests_with_different_optional_inputs_are_not_batched_together(
 
 
 def _executions(server: ServerProcess, model: str) -> tuple[int, int]:
-    stats = _client(httpclient, server).get_inference_statistics(model)["model_stats"][0]
+    stats = server.client(httpclient).get_inference_statistics(model)["model_stats"][0]
     return int(stats["execution_count"]), int(stats["inference_count"])
 
 
@@ -188,7 +180,7 @@ def test_a_request_waiting_for_the_configured_batch_delay_is_not_overloaded(
     """L0_optional_input's 5 s max_queue_delay: a lone request waits the whole delay for a
     batch that never fills. Before, once the model had executed, the default bound (1 s)
     refused it: 503 `overloaded: waited 1252 ms`."""
-    client = _client(module, server)
+    client = server.client(module)
     # A full preferred batch runs at once and teaches the scheduler the model's time.
     full = np.arange(4, dtype=np.float32).reshape(4, 1)
     started = time.monotonic()
@@ -231,7 +223,7 @@ def test_the_default_bound_adds_the_batch_delay_and_a_grown_bound_extends_deadli
 @pytest.mark.parametrize("module", MODULES, ids=IDS)
 def test_an_output_requested_twice_is_refused(server: ServerProcess, module: Any) -> None:
     """L0_http test_duplicate_output_names (and L0_grpc's): before, 200."""
-    client = _client(module, server)
+    client = server.client(module)
     inputs = [_input(module, "INPUT0", np.ones(3, dtype=np.float32))]
     outputs = [module.InferRequestedOutput("OUTPUT0"), module.InferRequestedOutput("OUTPUT0")]
     with pytest.raises(InferenceServerException) as caught:
@@ -277,7 +269,7 @@ def test_missing_inputs_in_tritons_words(
 ) -> None:
     """L0_input_validation InputValTest: the count names the optional inputs' range, and the
     lists are written as Triton writes them (before: `expected 3 inputs`, `['INPUT1', ...]`)."""
-    client = _client(module, server)
+    client = server.client(module)
     inputs = [_input(module, name, np.ones(1, dtype=np.float32)) for name in given]
     with pytest.raises(InferenceServerException) as caught:
         client.infer(model, inputs)
@@ -289,7 +281,7 @@ def test_missing_inputs_in_tritons_words(
 def test_classification_of_a_huge_output_is_refused(server: ServerProcess, module: Any) -> None:
     """L0_parameters class_count_test test_classification_output_tensor_too_large: more than
     1,000,000 elements asked for as a classification: 400 (before: sorted and answered)."""
-    client = _client(module, server)
+    client = server.client(module)
     huge = [_input(module, "INPUT0", np.ones(1_000_001, dtype=np.float32))]
     top = [module.InferRequestedOutput("OUTPUT0", class_count=2)]
     with pytest.raises(InferenceServerException) as caught:

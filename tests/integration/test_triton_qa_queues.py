@@ -82,22 +82,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("triton_qa_queues")
     # A fixed queue-wait bound far above the waits here: only the queue policies refuse.
     proc = ServerProcess(_repository(root), "--max-queue-wait-ms=60000", log_path=root / "log")
-    try:
-        proc.wait_ready(timeout_s=120)
+    with proc:
         yield proc
-    finally:
-        proc.stop()
-
-
-def _client(module: Any, server: ServerProcess) -> Any:
-    url = server.http_url if module is httpclient else server.grpc_url
-    return module.InferenceServerClient(url)
 
 
 def _infer(module: Any, server: ServerProcess, model: str, value: float, **kw: Any) -> Any:
     tensor = module.InferInput("INPUT0", [1, 1], "FP32")
     tensor.set_data_from_numpy(np.array([[value]], dtype=np.float32))
-    return _client(module, server).infer(model, [tensor], **kw)
+    return server.client(module).infer(model, [tensor], **kw)
 
 
 def _at_once(calls: list[Any], gap_s: float = 0.0) -> list[Any]:
@@ -153,7 +145,7 @@ def test_a_full_queue_is_refused_in_tritons_words(server: ServerProcess, module:
 def test_priority_levels_up_to_uint64_max(server: ServerProcess, module: Any) -> None:
     """`priority_levels: 18446744073709551615` loads (was refused: over 256) and priority 1
     passes requests queued at priority UINT64_MAX (the default level here)."""
-    assert _client(module, server).is_model_ready("u64_levels")
+    assert server.client(module).is_model_ready("u64_levels")
     calls = [
         lambda: _infer(module, server, "u64_levels", 0.0),  # runs at once
         lambda: _infer(module, server, "u64_levels", 1.0, priority=U64_MAX),
