@@ -23,7 +23,6 @@ import contextlib
 import itertools
 import json
 import logging
-import multiprocessing
 import queue
 import threading
 import time
@@ -50,6 +49,7 @@ from edge_backends.api import (
     RequestInfo,
 )
 from edge_backends.python.custom_metrics import MetricError, MetricStore, answer
+from edge_backends.python.launch import CONTEXT
 from edge_backends.python.shm import Arena, Reader
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 120.0
 CANCEL_POLL_S = 0.05  # how often a long execution checks whether its callers went away
 HOST_CALL_THREADS = 16  # BLS / model-loading calls of one instance served at once
-_CONTEXT = multiprocessing.get_context("spawn")  # no fork of a threaded server
+_CONTEXT = CONTEXT  # spawn (no fork of a threaded server), lean: launch.py
 _EOF = ("eof",)
 
 
@@ -405,6 +405,7 @@ class PythonInstance(InstanceBase):
     def _restart(self) -> None:
         self._kill()
         self._reader.close()
+        self._arena.close()  # the old process unlinked its name: the new one gets a fresh arena
         self._release_metrics()  # the fresh process's initialize() makes its own again
         if self._interrupted:
             return

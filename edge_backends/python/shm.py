@@ -3,18 +3,70 @@
 Each side owns one growing arena and writes its tensors there; the other side maps it by
 name and reads views. BYTES (object) tensors are small in practice and travel pickled with
 the message instead.
+
+Segments are opened here rather than through `multiprocessing.shared_memory`, whose segments
+register with multiprocessing's resource tracker, a process of its own (13 MiB RSS; launch.py).
+Their lifetime needs no tracker: the reader unlinks a segment's name as soon as it has mapped
+it, so once the other side has read an arena nothing is left in /dev/shm to leak, whichever
+process dies and however; until then its writer unlinks it when it closes the arena. A writer
+whose reader was replaced (the model's process restarted) starts a fresh arena.
 """
 
 from __future__ import annotations
 
 import contextlib
-from multiprocessing import shared_memory
+import importlib
+import mmap
+import os
+import secrets
 from typing import Any
 
 import numpy as np
 
+# CPython's own module behind multiprocessing.shared_memory (POSIX), without type stubs.
+_posixshmem: Any = importlib.import_module("_posixshmem")
+
 # (name, dtype str or "object", shape, offset, nbytes or pickled object array)
 TensorMeta = tuple[str, str, tuple[int, ...], int, Any]
+
+PREFIX = "/edge-py-"  # every arena's name starts with it
+
+
+class Segment:
+    """One mapped POSIX shared memory segment; `unlink` removes its name, not the mapping."""
+
+    def __init__(self, name: str, size: int = 0) -> None:
+        create = size > 0
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = _posixshmem.shm_open(name, flags, mode=0o600)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            else:
+                size = os.fstat(fd).st_size
+            self._mmap = mmap.mmap(fd, size)
+        except BaseException:
+            if create:
+                with contextlib.suppress(OSError):
+                    _posixshmem.shm_unlink(name)
+            raise
+        finally:
+            os.close(fd)
+        self.name = name
+        self.size = size
+        self.buf = memoryview(self._mmap)
+
+    @staticmethod
+    def create(tag: str, size: int) -> Segment:
+        return Segment(f"{PREFIX}{tag}-{os.getpid()}-{secrets.token_hex(6)}", size)
+
+    def unlink(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            _posixshmem.shm_unlink(self.name)
+
+    def close(self) -> None:
+        self.buf.release()
+        self._mmap.close()
 
 
 class Arena:
@@ -22,7 +74,7 @@ class Arena:
 
     def __init__(self, prefix: str) -> None:
         self._prefix = prefix
-        self._shm: shared_memory.SharedMemory | None = None
+        self._shm: Segment | None = None
 
     @property
     def name(self) -> str:
@@ -33,7 +85,7 @@ class Arena:
         needed = sum(sizes) + 64 * len(sizes)
         if needed and (self._shm is None or self._shm.size < needed):
             self.close()
-            self._shm = shared_memory.SharedMemory(create=True, size=max(needed * 2, 1 << 16))
+            self._shm = Segment.create(self._prefix, max(needed * 2, 1 << 16))
         metas: list[TensorMeta] = []
         offset = 0
         for name, array in tensors.items():
@@ -49,10 +101,10 @@ class Arena:
         return metas
 
     def close(self) -> None:
+        """Unmap, and remove the name if the reader never did."""
         if self._shm is not None:
+            self._shm.unlink()
             self._shm.close()
-            with contextlib.suppress(FileNotFoundError):
-                self._shm.unlink()
             self._shm = None
 
 
@@ -60,14 +112,13 @@ class Reader:
     """Maps the other side's arena by name (re-maps when it grows) and reads tensors."""
 
     def __init__(self) -> None:
-        self._shm: shared_memory.SharedMemory | None = None
+        self._shm: Segment | None = None
 
     def read(self, arena: str, metas: list[TensorMeta], copy: bool) -> dict[str, np.ndarray]:
-        if arena and (self._shm is None or self._shm.name != arena.lstrip("/")):
+        if arena and (self._shm is None or self._shm.name != arena):
             self.close()
-            # The server and its model processes share one resource tracker (spawn), which
-            # keeps one entry per name: the owner's unlink clears it, attaching adds nothing.
-            self._shm = shared_memory.SharedMemory(name=arena)
+            self._shm = Segment(arena)
+            self._shm.unlink()  # mapped by both sides now: nothing left to leak
         out = {}
         for name, dtype, shape, offset, payload in metas:
             if dtype == "object":
