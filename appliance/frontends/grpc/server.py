@@ -7,11 +7,10 @@ instance is idle and nothing is queued, with no hand-off to the event loop; othe
 validated request goes to the loop (`asyncio.run_coroutine_threadsafe`) and is queued as any
 other. Issue 20 measured, `simple` at c=8 on one core, server CPU per request: grpc.aio 448-500
 us, its ceiling 323-374; the synchronous ceiling 199-215; a sync server handing every call to
-the loop 461-487 (docs/benchmarks.md). Every other RPC, and ModelStreamInfer, runs the
-servicer's async methods on the loop, bridged by `_on_loop` and `_LoopContext`; a stream's
-requests are read by a thread of its own (`_ThreadRequests`) only when the stream asks for one
-(STREAM_MAX_IN_FLIGHT holds), and its responses are pulled one at a time by the handler thread
-as gRPC sends them.
+the loop 461-487 (docs/benchmarks.md). ModelStreamInfer answers its requests on its handler
+thread in the same way while the lane takes them, and on the loop otherwise
+(frontends/grpc/stream.py). Every other RPC runs the servicer's async methods on the loop,
+bridged by `_on_loop` and `_LoopContext`.
 
 A call holds a pool thread for as long as it runs (a stream: its whole life; 8 threads hung
 perf_analyzer --streaming on bench/ceiling_grpc.py), so the pool has a thread for every call
@@ -25,9 +24,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import queue
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -38,6 +36,13 @@ from appliance.errors import ApplianceError, DecoupledOnUnary, Unsupported
 from appliance.frontends.grpc import convert
 from appliance.frontends.grpc.admission import CallBound, StreamSlots
 from appliance.frontends.grpc.codec import decode_request, encode_response, parameter_value
+from appliance.frontends.grpc.stream import STREAM_MAX_IN_FLIGHT as STREAM_MAX_IN_FLIGHT
+from appliance.frontends.grpc.stream import (
+    Malformed,
+    StreamCancelled,
+    StreamRun,
+    may_name_regions,
+)
 from appliance.frontends.status import GRPC_STATUS
 from appliance.limits import RequestLimits
 from appliance.logs import RATE_LIMITED
@@ -52,17 +57,8 @@ log = logging.getLogger(__name__)
 _STREAMING = {"ModelStreamInfer"}
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 
-# Requests of one ModelStreamInfer stream in flight (read and not yet answered), and responses
-# waiting for the client to read them. At the bound the stream reads no further request until
-# one is answered: a client that sends without reading is held back by HTTP/2 flow control
-# instead of growing the server (issue 17: 115 -> 473 MB over 250k requests, unbounded).
-STREAM_MAX_IN_FLIGHT = 64
 # tritonserver's refusal of a decoupled model on ModelInfer (our explanation follows it).
 DECOUPLED_REFUSAL = "ModelInfer RPC doesn't support models with decoupled transaction policy"
-# Tensor bytes of the responses waiting for the stream's client, past which a request's next
-# response waits for the client to read (one always goes in): 64 large responses alone could
-# hold gigabytes. A decoupled model is held back in turn (services/inference.py).
-STREAM_MAX_WAITING_BYTES = 32 << 20
 # Pool threads beyond the calls the call bound admits: health calls (never refused) and the
 # refusals of calls past the bound run on them.
 POOL_HEADROOM = 16
@@ -274,7 +270,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         bytes: gRPC's own deserializing turns a message that does not parse into an error
         with a traceback logged per call; parsing in the wrapper makes it INVALID_ARGUMENT,
         unlogged, for the same work on a good message. ModelStreamInfer's messages are parsed
-        by the stream's reader (`_ThreadRequests`), whose DecodeError the stream answers.
+        by the stream (`StreamRun`), which answers a DecodeError.
         """
         self._loop = loop
         handlers: dict[str, grpc.RpcMethodHandler] = {}
@@ -407,7 +403,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         idle instance and nothing queued, else on the loop. The shared memory regions the
         request names are held until its response is encoded (unregistering one meanwhile
         waits for it); a request whose tensors carry no parameters names none."""
-        if _may_name_regions(request):
+        if may_name_regions(request):
             with self.shared_memory.request_scope():
                 return self._infer_request(request, context)
         return self._infer_request(request, context)
@@ -431,8 +427,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         self, request_iterator: Iterator[bytes], context: grpc.ServicerContext
     ) -> Iterator[pb.ModelStreamInferResponse]:
         """ModelStreamInfer on its handler thread: the call bound, the stream limit and the
-        access check here, then `ModelStreamInfer` on the loop, its requests read by a thread
-        of the stream's own and its responses pulled one at a time as gRPC sends them."""
+        access check here, then the stream's requests, answered on this thread while the thread
+        lane takes them and on the loop otherwise (frontends/grpc/stream.py)."""
         loop = self._loop
         assert loop is not None
         bound, streams = self.bound, self.streams
@@ -448,125 +444,26 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         except ApplianceError as exc:
             _give_back(bound, streams, taken)
             context.abort(GRPC_STATUS[exc.code], exc.message)
-        requests = _ThreadRequests(request_iterator, loop)
-        stream = self.ModelStreamInfer(requests, _LoopContext(context))
-        cancel = _Cancel(context)
+        run = StreamRun(
+            request_iterator,
+            context,
+            loop,
+            self.core,
+            self.shared_memory,
+            self.limits,
+            _status_of,
+        )
         try:
-            while True:
-                try:
-                    item = cancel.wait(loop, _next(stream))
-                except _Abort as exc:
-                    context.abort(exc.code, exc.details)
-                except _CANCELLED:
-                    return
-                if item is None:
-                    return
-                yield item
-        finally:
-            requests.close()
-            asyncio.run_coroutine_threadsafe(stream.aclose(), loop)
-            _give_back(bound, streams, taken)
-
-    async def ModelStreamInfer(
-        self, request_iterator: AsyncIterator[Any], context: Any
-    ) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
-        """Requests on a stream run concurrently, up to STREAM_MAX_IN_FLIGHT; each gets its
-        responses, errors in-band. On the loop; `_stream` admits the stream first."""
-        responses = _Outbox()
-        slots = asyncio.Semaphore(STREAM_MAX_IN_FLIGHT)  # one per request read, until answered
-        pending: set[asyncio.Task[None]] = set()
-        malformed: list[str] = []  # why a request message did not parse: the stream ends
-
-        async def one(request: Any) -> None:
-            final_flag = "triton_enable_empty_final_response" in request.parameters and (
-                request.parameters["triton_enable_empty_final_response"].bool_param
+            yield from run.responses()
+        except StreamCancelled:
+            return
+        except Malformed as exc:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"ModelStreamInfer: a request message does not parse: {exc}",
             )
-            try:
-                # This request's shared memory regions are held until it is answered.
-                with self.shared_memory.request_scope():
-                    decoupled = final_flag and self.core.is_decoupled(
-                        request.model_name, request.model_version
-                    )
-                    shm = self.shared_memory
-                    decoded = decode_request(request, shm, self.limits)
-                    targets = shm_targets(decoded.outputs)
-                    async for response in self.core.infer_stream(decoded):
-                        result = encode_response(response, targets, shm)
-                        if final_flag:  # a non-decoupled model's only response is the final one
-                            result.parameters["triton_final_response"].bool_param = not decoupled
-                        size = sum(tensor.data.nbytes for tensor in response.outputs)
-                        del response  # its arrays: the message holds their bytes
-                        await responses.put(
-                            pb.ModelStreamInferResponse(infer_response=result), size
-                        )
-                    if final_flag and decoupled:  # an empty response closes the request
-                        final = pb.ModelInferResponse(
-                            model_name=request.model_name,
-                            model_version=request.model_version,
-                            id=request.id,
-                        )
-                        final.parameters["triton_final_response"].bool_param = True
-                        await responses.put(pb.ModelStreamInferResponse(infer_response=final))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                _, message = _status_of(exc)
-                await responses.put(
-                    pb.ModelStreamInferResponse(
-                        error_message=message,
-                        infer_response=pb.ModelInferResponse(
-                            model_name=request.model_name,
-                            model_version=request.model_version,
-                            id=request.id,
-                        ),
-                    )
-                )
-            finally:
-                slots.release()
-
-        async def read() -> None:
-            try:
-                requests = request_iterator.__aiter__()
-                while True:
-                    await slots.acquire()  # backpressure: no read while the stream is full
-                    try:
-                        request = await requests.__anext__()
-                    except StopAsyncIteration:
-                        break
-                    except DecodeError as exc:  # the requests read before it are answered
-                        malformed.append(str(exc))
-                        break
-                    task = asyncio.ensure_future(one(request))
-                    pending.add(task)
-                    task.add_done_callback(pending.discard)
-                if pending:
-                    await asyncio.gather(*list(pending), return_exceptions=True)
-            finally:
-                await responses.put(None)
-
-        reader = asyncio.ensure_future(read())
-        try:
-            while True:
-                item = await responses.get()
-                if item is None:
-                    break
-                yield item
-            if malformed:
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"ModelStreamInfer: a request message does not parse: {malformed[0]}",
-                )
         finally:
-            reader.cancel()
-            for task in list(pending):
-                task.cancel()
-            await asyncio.gather(reader, *pending, return_exceptions=True)
-
-
-def _may_name_regions(request: Any) -> bool:
-    """Whether a ModelInferRequest's tensors have parameters (where shared memory regions are
-    named): those without hold no region."""
-    return any(t.parameters for t in request.inputs) or any(o.parameters for o in request.outputs)
+            _give_back(bound, streams, taken)
 
 
 def _give_back(bound: CallBound, streams: StreamSlots, taken: list[bool]) -> None:
@@ -576,103 +473,6 @@ def _give_back(bound: CallBound, streams: StreamSlots, taken: list[bool]) -> Non
     if taken[1]:
         streams.give_back()
     taken[0] = taken[1] = False
-
-
-async def _next(
-    stream: AsyncIterator[pb.ModelStreamInferResponse],
-) -> pb.ModelStreamInferResponse | None:
-    """A stream's next response, None at its end."""
-    try:
-        return await stream.__anext__()
-    except StopAsyncIteration:
-        return None
-
-
-_END = object()  # a stream's requests ended (or the call did)
-
-
-class _ThreadRequests:
-    """A stream's request messages for the loop, parsed: each `__anext__` has the stream's
-    reader thread read one more (and only then: the stream's bound on requests in flight holds
-    the client back through HTTP/2 flow control). A message that does not parse raises its
-    DecodeError; the call's end (the client cancelled) ends the requests."""
-
-    def __init__(self, messages: Iterator[bytes], loop: asyncio.AbstractEventLoop) -> None:
-        self._messages = messages
-        self._loop = loop
-        self._asks: queue.SimpleQueue[asyncio.Future[Any] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._read, name="grpc-stream-reader", daemon=True)
-        self._thread.start()
-
-    def __aiter__(self) -> _ThreadRequests:
-        return self
-
-    async def __anext__(self) -> Any:
-        future = self._loop.create_future()
-        self._asks.put(future)
-        item = await future
-        if item is _END:
-            raise StopAsyncIteration
-        return item
-
-    def close(self) -> None:
-        """No more reads: the thread ends once its read in progress (if any) returns."""
-        self._asks.put(None)
-
-    def _read(self) -> None:
-        ended = False
-        while (future := self._asks.get()) is not None:
-            item: Any = _END
-            if not ended:
-                try:
-                    item = pb.ModelInferRequest.FromString(next(self._messages))
-                except DecodeError as exc:
-                    item = exc
-                except StopIteration:
-                    ended = True
-                except grpc.RpcError:  # the call was cancelled
-                    ended = True
-            try:
-                self._loop.call_soon_threadsafe(_settle, future, item)
-            except RuntimeError:  # the loop closed at exit
-                return
-
-
-def _settle(future: asyncio.Future[Any], item: Any) -> None:
-    if future.done():  # the stream stopped waiting
-        return
-    if isinstance(item, BaseException):
-        future.set_exception(item)
-    else:
-        future.set_result(item)
-
-
-class _Outbox:
-    """A stream's responses waiting for its client: at most STREAM_MAX_IN_FLIGHT of them, and
-    STREAM_MAX_WAITING_BYTES of tensor data unless one alone is larger; `put` waits for room."""
-
-    __slots__ = ("_bytes", "_queue", "_room")
-
-    def __init__(self) -> None:
-        self._queue: asyncio.Queue[tuple[pb.ModelStreamInferResponse | None, int]] = asyncio.Queue(
-            STREAM_MAX_IN_FLIGHT
-        )
-        self._bytes = 0
-        self._room = asyncio.Event()
-
-    async def put(self, item: pb.ModelStreamInferResponse | None, size: int = 0) -> None:
-        while size and self._bytes and self._bytes + size > STREAM_MAX_WAITING_BYTES:
-            self._room.clear()
-            await self._room.wait()
-        self._bytes += size
-        await self._queue.put((item, size))
-
-    async def get(self) -> pb.ModelStreamInferResponse | None:
-        item, size = await self._queue.get()
-        if size:
-            self._bytes -= size
-            self._room.set()
-        return item
 
 
 def _setting_value(value: Any) -> Any:

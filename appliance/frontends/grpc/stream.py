@@ -1,0 +1,383 @@
+"""ModelStreamInfer on its handler thread (the synchronous `grpc.server`'s).
+
+A stream's requests are read, run and answered on the stream's own handler thread for as long
+as each can be answered at once: the inference service's thread lane (`infer_here`,
+`Scheduler.run_here`) runs a request there when its model has an idle instance and nothing
+queued, and its response is yielded straight to gRPC. Nothing crosses to another thread, as in
+a unary ModelInfer, and as in the synchronous ceiling (bench/ceiling_grpc.py), whose streams
+cost a third of ours while every request crossed threads twice: to the loop from a reader
+thread, and back per response (issue 20; docs/benchmarks.md).
+
+A request the lane does not take (a decoupled model, a sequence, an ensemble, batching with a
+delay, queued work, the response cache, shared memory regions named: see `infer_here`) runs on
+the event loop instead, concurrently with the stream's other requests, and posts its responses
+to the handler thread's queue of events. While any of the stream's requests runs on the loop,
+the handler thread must wait for their responses and for the next request at once: a reader
+thread of the stream's own (started the first time it is needed) reads the next request for it,
+one at a time, and only when asked. When the loop has none of the stream's requests left, the
+handler thread reads again itself.
+
+The bounds of issue 17 hold: at most STREAM_MAX_IN_FLIGHT requests run on the loop (no further
+request is read until one is answered; a client that sends without reading is then held back by
+HTTP/2 flow control), and responses waiting for the client are at most STREAM_MAX_IN_FLIGHT,
+and STREAM_MAX_WAITING_BYTES of tensor data unless one alone is larger (`_Waiting`). A request
+answered on the handler thread waits for nothing: the next one is read only once its response
+went to gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import queue
+import threading
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from appliance.errors import ApplianceError, ErrorCode
+from appliance.frontends.grpc.codec import decode_request, encode_response
+from appliance.limits import RequestLimits
+from appliance.protocol import service_pb2 as pb
+from appliance.services.inference import InferenceService, Prepared
+from appliance.services.shared_memory import SharedMemoryRegistry, shm_targets
+
+# Requests of one ModelStreamInfer stream in flight (read and not yet answered), and responses
+# waiting for the client to read them. At the bound the stream reads no further request until
+# one is answered: a client that sends without reading is held back by HTTP/2 flow control
+# instead of growing the server (issue 17: 115 -> 473 MB over 250k requests, unbounded).
+STREAM_MAX_IN_FLIGHT = 64
+# Tensor bytes of the responses waiting for the stream's client, past which a request's next
+# response waits for the client to read (one always goes in): 64 large responses alone could
+# hold gigabytes. A decoupled model is held back in turn (services/inference.py).
+STREAM_MAX_WAITING_BYTES = 32 << 20
+
+_FINAL = "triton_final_response"
+_EMPTY_FINAL = "triton_enable_empty_final_response"
+
+# What the handler thread's queue of events carries: (kind, value).
+_RESPONSE = 0  # a response from the loop: (message, tensor bytes)
+_DONE = 1  # one of the stream's requests on the loop has finished (all its responses posted)
+_READ = 2  # the reader thread's read: raw message bytes, or _NO_MORE
+_ENDED = 3  # the call ended (the client went, its deadline passed, the server stopped it)
+_NO_MORE = object()  # the client's requests ended (or the call did)
+
+
+class Malformed(Exception):
+    """A request message of the stream does not parse: the stream ends, INVALID_ARGUMENT,
+    after the requests read before it are answered."""
+
+
+class _Cancelled(ApplianceError):
+    code = ErrorCode.CANCELLED
+
+
+class StreamCancelled(Exception):
+    """The stream's call ended early: no more answers."""
+
+
+def may_name_regions(request: Any) -> bool:
+    """Whether a ModelInferRequest's tensors have parameters (where shared memory regions are
+    named): those without hold no region."""
+    return any(t.parameters for t in request.inputs) or any(o.parameters for o in request.outputs)
+
+
+class StreamRun:
+    """One ModelStreamInfer stream's requests and responses; `responses()` is the handler's
+    response iterator. `status_of` maps a request's failure to its (code, message): the message
+    goes in-band, in the response's error_message, and the stream goes on."""
+
+    def __init__(
+        self,
+        messages: Iterator[bytes],
+        context: grpc.ServicerContext,
+        loop: asyncio.AbstractEventLoop,
+        core: InferenceService,
+        shared_memory: SharedMemoryRegistry,
+        limits: RequestLimits,
+        status_of: Callable[[BaseException], tuple[grpc.StatusCode, str]],
+    ) -> None:
+        self._messages = messages
+        self._loop = loop
+        self._core = core
+        self._shm = shared_memory
+        self._limits = limits
+        self._status_of = status_of
+        self._active = context.is_active
+        self._events: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
+        self._waiting = _Waiting(loop, self._events)
+        self._on_loop: set[concurrent.futures.Future[None]] = set()
+        self._lock = threading.Lock()  # _on_loop and _ended, against the call's end callback
+        self._ended = False
+        self._reader: _Reader | None = None
+        if not context.add_callback(self._end):
+            self._ended = True
+
+    def _end(self) -> None:
+        """gRPC's callback at the call's end (on one of its threads): stop the loop's work."""
+        with self._lock:
+            self._ended = True
+            running = list(self._on_loop)
+        for future in running:
+            future.cancel()
+        self._events.put((_ENDED, None))
+
+    def responses(self) -> Iterator[pb.ModelStreamInferResponse]:
+        """The stream's responses, as its requests are answered: raises Malformed at a request
+        message that does not parse (after answering those before it), StreamCancelled when the
+        call ends early."""
+        on_loop = 0  # the stream's requests running on the loop
+        asked = False  # the reader thread is reading the next request for us
+        done_reading = False  # the client's requests ended, or one did not parse
+        malformed = ""
+        try:
+            while True:
+                if self._ended:
+                    raise StreamCancelled()
+                if not done_reading and not asked and on_loop == 0:
+                    raw = self._read_here()  # nothing else to wait for: read here
+                else:
+                    if done_reading and not asked and on_loop == 0:
+                        break
+                    if not done_reading and not asked and on_loop < STREAM_MAX_IN_FLIGHT:
+                        self._reader_for_us().ask()
+                        asked = True
+                    kind, value = self._events.get()
+                    if kind == _RESPONSE:
+                        message, size = value
+                        self._waiting.taken(size)
+                        yield message
+                        continue
+                    if kind == _DONE:
+                        on_loop -= 1
+                        continue
+                    if kind == _ENDED:
+                        raise StreamCancelled()
+                    asked = False
+                    raw = value
+                if raw is _NO_MORE:
+                    done_reading = True
+                    continue
+                try:
+                    request = pb.ModelInferRequest.FromString(raw)
+                except DecodeError as exc:
+                    done_reading, malformed = True, str(exc)
+                    continue
+                answer = self._answer_here(request)
+                if answer is None:
+                    on_loop += 1
+                else:
+                    yield answer
+        finally:
+            self._close()
+        if malformed:
+            raise Malformed(malformed)
+
+    def _read_here(self) -> Any:
+        """The next request message, read on the handler thread; _NO_MORE at the end."""
+        try:
+            return next(self._messages)
+        except StopIteration:
+            return _NO_MORE
+        except grpc.RpcError:  # the call was cancelled
+            raise StreamCancelled() from None
+
+    def _reader_for_us(self) -> _Reader:
+        if self._reader is None:
+            self._reader = _Reader(self._messages, self._events)
+        return self._reader
+
+    def _close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+        with self._lock:
+            running = list(self._on_loop)
+            self._on_loop.clear()
+        for future in running:
+            future.cancel()
+
+    # ---- one request -------------------------------------------------------------------------
+
+    def _answer_here(self, request: Any) -> pb.ModelStreamInferResponse | None:
+        """A request's response when the lane ran it here; None when it went to the loop."""
+        model, version = request.model_name, request.model_version
+        if may_name_regions(request) or self._core.is_decoupled(model, version):
+            self._start(self._serve(request))  # decoded and answered on the loop
+            return None
+        try:
+            with self._core.admit(model, version) as admission:
+                decoded = decode_request(request, self._shm, self._limits)
+                answer = self._core.infer_here(decoded, admission, self._loop, self._active)
+            if isinstance(answer, Prepared):
+                self._start(self._finish(request, answer))
+                return None
+            result = encode_response(answer)
+        except (asyncio.CancelledError, concurrent.futures.CancelledError):
+            if not self._active():
+                raise StreamCancelled() from None  # the client went while it ran
+            return self._error(request, _Cancelled("the request was cancelled"))
+        except Exception as exc:
+            return self._error(request, exc)
+        if _EMPTY_FINAL in request.parameters and request.parameters[_EMPTY_FINAL].bool_param:
+            result.parameters[_FINAL].bool_param = True  # its only response is the final one
+        return pb.ModelStreamInferResponse(infer_response=result)
+
+    def _start(self, work: Coroutine[Any, Any, None]) -> None:
+        future = asyncio.run_coroutine_threadsafe(work, self._loop)
+        with self._lock:
+            ended = self._ended
+            self._on_loop.add(future)
+            if len(self._on_loop) > STREAM_MAX_IN_FLIGHT:
+                self._on_loop = {f for f in self._on_loop if not f.done()}
+        if ended:
+            future.cancel()
+
+    def _error(self, request: Any, exc: BaseException) -> pb.ModelStreamInferResponse:
+        _, message = self._status_of(exc)
+        return pb.ModelStreamInferResponse(
+            error_message=message,
+            infer_response=pb.ModelInferResponse(
+                model_name=request.model_name, model_version=request.model_version, id=request.id
+            ),
+        )
+
+    async def _finish(self, request: Any, prepared: Prepared) -> None:
+        """On the loop: a request the lane validated but did not run (queued, batched, a
+        sequence, an ensemble, the cache). It names no shared memory region."""
+        try:
+            try:
+                response = await self._core.infer_prepared(prepared)
+                result = encode_response(response)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                await self._waiting.put(self._error(request, exc))
+                return
+            if _EMPTY_FINAL in request.parameters and request.parameters[_EMPTY_FINAL].bool_param:
+                result.parameters[_FINAL].bool_param = True
+            size = sum(tensor.data.nbytes for tensor in response.outputs)
+            del response  # its arrays: the message holds their bytes
+            await self._waiting.put(pb.ModelStreamInferResponse(infer_response=result), size)
+        finally:
+            self._events.put((_DONE, None))
+
+    async def _serve(self, request: Any) -> None:
+        """On the loop: a request of a decoupled model (zero or more responses), or one naming
+        shared memory regions (held from its decoding until its responses are encoded)."""
+        final_flag = _EMPTY_FINAL in request.parameters and (
+            request.parameters[_EMPTY_FINAL].bool_param
+        )
+        try:
+            with self._shm.request_scope():
+                decoupled = final_flag and self._core.is_decoupled(
+                    request.model_name, request.model_version
+                )
+                decoded = decode_request(request, self._shm, self._limits)
+                targets = shm_targets(decoded.outputs)
+                async for response in self._core.infer_stream(decoded):
+                    result = encode_response(response, targets, self._shm)
+                    if final_flag:  # a non-decoupled model's only response is the final one
+                        result.parameters[_FINAL].bool_param = not decoupled
+                    size = sum(tensor.data.nbytes for tensor in response.outputs)
+                    del response
+                    message = pb.ModelStreamInferResponse(infer_response=result)
+                    await self._waiting.put(message, size)
+                if final_flag and decoupled:  # an empty response closes the request
+                    final = pb.ModelInferResponse(
+                        model_name=request.model_name,
+                        model_version=request.model_version,
+                        id=request.id,
+                    )
+                    final.parameters[_FINAL].bool_param = True
+                    await self._waiting.put(pb.ModelStreamInferResponse(infer_response=final))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self._waiting.put(self._error(request, exc))
+        finally:
+            self._events.put((_DONE, None))
+
+
+class _Waiting:
+    """The responses posted from the loop and not yet taken by the handler thread: at most
+    STREAM_MAX_IN_FLIGHT, and STREAM_MAX_WAITING_BYTES of tensor data unless one alone is
+    larger. `put` (on the loop) waits for room; `taken` (on the handler thread) makes room and
+    wakes the loop only when a put waits."""
+
+    __slots__ = ("_bytes", "_count", "_events", "_lock", "_loop", "_waiter")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, events: queue.SimpleQueue[tuple[int, Any]]
+    ) -> None:
+        self._loop = loop
+        self._events = events
+        self._lock = threading.Lock()
+        self._count = 0
+        self._bytes = 0
+        self._waiter: asyncio.Future[None] | None = None
+
+    def _full(self, size: int) -> bool:
+        return self._count >= STREAM_MAX_IN_FLIGHT or bool(
+            size and self._bytes and self._bytes + size > STREAM_MAX_WAITING_BYTES
+        )
+
+    async def put(self, message: pb.ModelStreamInferResponse, size: int = 0) -> None:
+        while True:
+            with self._lock:
+                if not self._full(size):
+                    self._count += 1
+                    self._bytes += size
+                    break
+                waiter = self._waiter
+                if waiter is None or waiter.done():
+                    waiter = self._waiter = self._loop.create_future()
+            await asyncio.shield(waiter)  # shared by the stream's waiting puts
+        self._events.put((_RESPONSE, (message, size)))
+
+    def taken(self, size: int) -> None:
+        with self._lock:
+            self._count -= 1
+            self._bytes -= size
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed at exit
+                self._loop.call_soon_threadsafe(_wake, waiter)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class _Reader:
+    """A stream's reader thread: reads the stream's next request message each time it is asked
+    (and only then), and posts it (or _NO_MORE at the end) to the handler thread's events."""
+
+    def __init__(
+        self, messages: Iterator[bytes], events: queue.SimpleQueue[tuple[int, Any]]
+    ) -> None:
+        self._messages = messages
+        self._events = events
+        self._asks: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._read, name="grpc-stream-reader", daemon=True)
+        self._thread.start()
+
+    def ask(self) -> None:
+        self._asks.put(True)
+
+    def close(self) -> None:
+        """No more reads: the thread ends once its read in progress (if any) returns."""
+        self._asks.put(False)
+
+    def _read(self) -> None:
+        while self._asks.get():
+            try:
+                item: Any = next(self._messages)
+            except (StopIteration, grpc.RpcError):  # the end, or the call was cancelled
+                item = _NO_MORE
+            self._events.put((_READ, item))
+            if item is _NO_MORE:
+                return
