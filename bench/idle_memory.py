@@ -103,22 +103,32 @@ def main() -> None:
     parser.add_argument("--repository", type=Path, default=None, help="default: generated")
     parser.add_argument(
         "--command",
-        default=f"{ROOT / '.venv/bin/edge-appliance'} serve",
-        help="the server's command line before --model-repository",
+        action="append",
+        help="the server's command line before --model-repository (default: the venv's "
+        "edge-appliance serve); give it twice or more for an A/B run, starts interleaved",
     )
     args = parser.parse_args()
-    command = args.command.split()
+    commands = [c.split() for c in args.command or [f"{ROOT / '.venv/bin/edge-appliance'} serve"]]
+    runs: list[list[tuple[float, list[tuple[str, float, float, float]]]]] = [[] for _ in commands]
     with tempfile.TemporaryDirectory() as tmp:
         repo = args.repository
         if repo is None:
             from configs.generate import write_repository
 
             repo = write_repository(Path(tmp) / "models")
-        runs = [one_start(command, repo, Path(tmp), args.idle_s) for _ in range(args.trials)]
+        for _ in range(args.trials):
+            for command, done in zip(commands, runs, strict=True):
+                done.append(one_start(command, repo, Path(tmp), args.idle_s))
+    for command, done in zip(commands, runs, strict=True):
+        report(" ".join(command), done)
+
+
+def report(command: str, runs: list[tuple[float, list[tuple[str, float, float, float]]]]) -> None:
     ready = [r[0] for r in runs]
+    print(f"\n{command}")
     print(
         f"cold start to ready: median {statistics.median(ready):.2f} s "
-        f"({min(ready):.2f}-{max(ready):.2f}, {args.trials} starts; os.cpu_count() "
+        f"({min(ready):.2f}-{max(ready):.2f}, {len(runs)} starts; os.cpu_count() "
         f"{os.cpu_count()}, load average {os.getloadavg()[0]:.1f})"
     )
     print("| start | process | RSS MiB | PSS MiB | private MiB |")
