@@ -489,7 +489,7 @@ class InferConnection(asyncio.BufferedProtocol):
         if message.relay and message.chunked:
             self._relay_bytes(message, b"0\r\n\r\n")
         if message.relay and message is self._active and self._relay_answered:
-            self._loop.call_soon(self._after_relay)  # answered before its body was in
+            self._loop.call_soon(self._after_relay, message)  # answered before its body was in
 
     # ---- answering, in order -----------------------------------------------------------------
 
@@ -641,7 +641,9 @@ class InferConnection(asyncio.BufferedProtocol):
     def _activate_relay(self, message: _Message) -> None:
         assert self._transport is not None
         self._relay_transport = _RelayTransport(self, self._transport)
-        self._relay = self._owner.relay_handler(self._relay_finished)
+        self._relay = self._owner.relay_handler(
+            lambda keep_alive: self._relay_finished(message, keep_alive)
+        )
         self._relay.connection_made(self._relay_transport)
         pending, message.pending = message.pending, []
         message.pending_bytes = 0
@@ -650,17 +652,21 @@ class InferConnection(asyncio.BufferedProtocol):
                 break
             self._relay.data_received(data)
 
-    def _relay_finished(self, keep_alive: bool) -> None:
-        """aiohttp wrote the relayed request's answer (`keep_alive`: whether the connection
-        stays open after it): the connection goes on once aiohttp's step has ended."""
+    def _relay_finished(self, message: _Message, keep_alive: bool) -> None:
+        """aiohttp wrote `message`'s answer (`keep_alive`: whether the connection stays open
+        after it): the connection goes on once aiohttp's step has ended."""
+        if message is not self._active:
+            return  # a relay already detached
         self._relay_answered = True
         if not keep_alive:
             self._closing = True
-        self._loop.call_soon(self._after_relay)
+        self._loop.call_soon(self._after_relay, message)
 
-    def _after_relay(self) -> None:
-        message = self._active
-        if message is None or not message.relay or self._transport is None:
+    def _after_relay(self, message: _Message) -> None:
+        """`message`, relayed and answered, is done once its body is in. Scheduled both when
+        aiohttp answers and when the body completes, so it acts once, for that message only:
+        a stale call must not end the next relayed request before aiohttp answered it."""
+        if message is not self._active or self._transport is None:
             return
         if not message.complete:
             return  # answered before its body was in: the rest still goes to aiohttp
@@ -683,6 +689,7 @@ class InferConnection(asyncio.BufferedProtocol):
             self._relay_transport = None
         if relay is not None:
             relay.connection_lost(exc)
+        self.release("relay")  # aiohttp's flow control ends with its protocol
 
     def _upgrade(self, rest: bytes) -> None:
         """An upgrade request: from here on every byte of the connection goes to aiohttp."""
