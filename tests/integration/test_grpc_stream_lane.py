@@ -6,6 +6,8 @@ count each request once, and a client that goes cancels what its stream still ru
 
 from __future__ import annotations
 
+import itertools
+import json
 import queue
 import time
 from collections.abc import Iterator
@@ -21,6 +23,7 @@ from onnx import TensorProto
 from appliance.protocol import service_pb2 as pb
 from appliance.protocol import service_pb2_grpc
 from configs.generate import identity_model, save
+from tests.integration.models import slow_model
 from tests.serverproc import ServerProcess
 
 CONFIG = """\
@@ -229,3 +232,58 @@ def test_a_stream_whose_client_does_not_read_stops_reading_loop_requests(
             assert answer.shape == (elements,)
             got[response.infer_response.id] = float(answer[0])
     assert got == {str(i): float(i) for i in range(count)}
+
+
+SLOW_CONFIG = """\
+name: "slow"
+platform: "onnxruntime_onnx"
+max_batch_size: 1
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 1024 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1024 ] } ]
+instance_group [ { count: 2, kind: KIND_CPU } ]
+"""
+
+
+def test_requests_sent_together_on_one_stream_still_run_side_by_side(  # type: ignore[no-untyped-def]
+    start_server, tmp_path: Path
+) -> None:
+    """A model of two instances whose runs take well over STREAM_LANE_LONG_NS, and six
+    requests sent at once on one stream: after the first (run on the handler thread), the
+    stream's requests go to the loop, which runs them on both instances at once: their traced
+    executions overlap in time. Run one after the other on the handler thread, none would."""
+    save(slow_model(400), tmp_path / "repo" / "slow" / "1" / "model.onnx")
+    (tmp_path / "repo" / "slow" / "config.pbtxt").write_text(SLOW_CONFIG)
+    trace_file = tmp_path / "trace.jsonl"
+    proc = start_server(
+        tmp_path / "repo",
+        f"--trace-file={trace_file}",
+        "--trace-level=TIMESTAMPS",
+        "--trace-rate=1",
+    )
+    count = 6
+    messages = []
+    for i in range(count):
+        message = pb.ModelInferRequest(model_name="slow", id=str(i))
+        tensor = message.inputs.add(name="INPUT0", datatype="FP32")
+        tensor.shape.extend([1, 1024])
+        message.raw_input_contents.append(np.full(1024, 0.001, np.float32).tobytes())
+        messages.append(message)
+    with grpc.insecure_channel(proc.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        answers = list(stub.ModelStreamInfer(iter(messages), timeout=300))
+    assert sorted(a.infer_response.id for a in answers) == [str(i) for i in range(count)]
+    assert all(a.error_message == "" for a in answers)
+    deadline = time.monotonic() + 10
+    while True:
+        lines = trace_file.read_text().splitlines() if trace_file.exists() else []
+        if len(lines) >= count:
+            break
+        assert time.monotonic() < deadline, f"{len(lines)} of {count} traces written"
+        time.sleep(0.05)
+    runs = []
+    for line in lines:
+        stamps = {t["name"]: t["ns"] for t in json.loads(line)["timestamps"]}
+        runs.append((stamps["COMPUTE_START"], stamps["COMPUTE_END"]))
+    runs.sort()
+    overlapping = [b for a, b in itertools.pairwise(runs) if b[0] < a[1]]
+    assert overlapping, f"no two executions overlapped: {runs}"

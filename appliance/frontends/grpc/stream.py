@@ -32,6 +32,7 @@ import concurrent.futures
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
@@ -54,6 +55,13 @@ STREAM_MAX_IN_FLIGHT = 64
 # response waits for the client to read (one always goes in): 64 large responses alone could
 # hold gigabytes. A decoupled model is held back in turn (services/inference.py).
 STREAM_MAX_WAITING_BYTES = 32 << 20
+# A request the lane ran on the handler thread for longer than this (from its admission to its
+# response; waiting for a busy instance included) makes the stream's next request go to the
+# loop if it is already there when the handler is free: a client that sends several requests
+# at once on one stream then has them run side by side (on several instances, or batched) as
+# before, where the handler thread would run them one after the other. Below it, what a
+# request costs the server is mostly its own handling, which the lane cuts (issue 20).
+STREAM_LANE_LONG_NS = 2_000_000
 
 _FINAL = "triton_final_response"
 _EMPTY_FINAL = "triton_enable_empty_final_response"
@@ -112,6 +120,8 @@ class StreamRun:
         self._on_loop: set[concurrent.futures.Future[None]] = set()
         self._lock = threading.Lock()  # _on_loop and _ended, against the call's end callback
         self._ended = False
+        # The lane's last run on this stream took longer than STREAM_LANE_LONG_NS.
+        self._long = False
         self._reader: _Reader | None = None
         if not context.add_callback(self._end):
             self._ended = True
@@ -139,6 +149,7 @@ class StreamRun:
                     raise StreamCancelled()
                 if not done_reading and not asked and on_loop == 0:
                     raw = self._read_here()  # nothing else to wait for: read here
+                    lane = not self._long
                 else:
                     if done_reading and not asked and on_loop == 0:
                         break
@@ -158,6 +169,9 @@ class StreamRun:
                         raise StreamCancelled()
                     asked = False
                     raw = value
+                    # Read while none of the stream's requests ran on the loop any more: the
+                    # client waited for its answers, so the lane runs its next one.
+                    lane = on_loop == 0 or not self._long
                 if raw is _NO_MORE:
                     done_reading = True
                     continue
@@ -166,7 +180,7 @@ class StreamRun:
                 except DecodeError as exc:
                     done_reading, malformed = True, str(exc)
                     continue
-                answer = self._answer_here(request)
+                answer = self._answer_here(request, lane)
                 if answer is None:
                     on_loop += 1
                 else:
@@ -201,12 +215,14 @@ class StreamRun:
 
     # ---- one request -------------------------------------------------------------------------
 
-    def _answer_here(self, request: Any) -> pb.ModelStreamInferResponse | None:
-        """A request's response when the lane ran it here; None when it went to the loop."""
+    def _answer_here(self, request: Any, lane: bool) -> pb.ModelStreamInferResponse | None:
+        """A request's response when the lane ran it here; None when it went to the loop (as
+        it does when `lane` is false)."""
         model, version = request.model_name, request.model_version
-        if may_name_regions(request) or self._core.is_decoupled(model, version):
+        if not lane or may_name_regions(request) or self._core.is_decoupled(model, version):
             self._start(self._serve(request))  # decoded and answered on the loop
             return None
+        start = time.monotonic_ns()
         try:
             with self._core.admit(model, version) as admission:
                 decoded = decode_request(request, self._shm, self._limits)
@@ -214,6 +230,7 @@ class StreamRun:
             if isinstance(answer, Prepared):
                 self._start(self._finish(request, answer))
                 return None
+            self._long = time.monotonic_ns() - start > STREAM_LANE_LONG_NS
             result = encode_response(answer)
         except (asyncio.CancelledError, concurrent.futures.CancelledError):
             if not self._active():
