@@ -171,10 +171,19 @@ def encode_response(
     response: InferResponse,
     targets: dict[str, ShmTarget] | None = None,
     shm: SharedMemoryRegistry | None = None,
+    into: pb.ModelInferResponse | None = None,
 ) -> pb.ModelInferResponse:
-    msg = pb.ModelInferResponse(
-        model_name=response.model_name, model_version=response.model_version, id=response.id
-    )
+    """`response` as a ModelInferResponse: a new one, or `into` (an empty one filled in place,
+    as a ModelStreamInferResponse's infer_response: wrapping a finished message copies it)."""
+    if into is None:
+        msg = pb.ModelInferResponse(
+            model_name=response.model_name, model_version=response.model_version, id=response.id
+        )
+    else:
+        msg = into
+        msg.model_name = response.model_name
+        msg.model_version = response.model_version
+        msg.id = response.id
     for tensor in response.outputs:
         out = msg.outputs.add()
         out.name = tensor.name

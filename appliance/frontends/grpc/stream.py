@@ -1,12 +1,13 @@
 """ModelStreamInfer on its handler thread (the synchronous `grpc.server`'s).
 
-A stream's requests are read, run and answered on the stream's own handler thread for as long
-as each can be answered at once: the inference service's thread lane (`infer_here`,
-`Scheduler.run_here`) runs a request there when its model has an idle instance and nothing
-queued, and its response is yielded straight to gRPC. Nothing crosses to another thread, as in
-a unary ModelInfer, and as in the synchronous ceiling (bench/ceiling_grpc.py), whose streams
-cost a third of ours while every request crossed threads twice: to the loop from a reader
-thread, and back per response (issue 20; docs/benchmarks.md).
+A stream's requests are read, run and answered on the stream's own handler thread while the
+inference service's thread lane takes them (`infer_here`, `Scheduler.run_here`: the model has
+an idle instance, or one whose queue only keeps arrival order, and nothing queued): the
+response is yielded straight to gRPC and the next request read, with no other thread involved,
+as in a unary ModelInfer and in the synchronous ceiling (bench/ceiling_grpc.py). Before, every
+request crossed threads (a reader thread to the loop, and the loop back to the handler thread
+per response): `simple` over a stream cost 357 us of server CPU a request against the
+ceiling's 116 (issue 20; docs/benchmarks.md).
 
 A request the lane does not take (a decoupled model, a sequence, an ensemble, batching with a
 delay, queued work, the response cache, shared memory regions named: see `infer_here`) runs on
@@ -15,14 +16,17 @@ to the handler thread's queue of events. While any of the stream's requests runs
 the handler thread must wait for their responses and for the next request at once: a reader
 thread of the stream's own (started the first time it is needed) reads the next request for it,
 one at a time, and only when asked. When the loop has none of the stream's requests left, the
-handler thread reads again itself.
+handler thread reads again itself. After a lane run longer than STREAM_LANE_LONG_NS, the next
+request goes to the loop too, so that requests a client sends together on one stream still run
+side by side (several instances, batching); the lane takes the stream's requests again once one
+arrives after the loop has answered the others (the client waits for its answers).
 
 The bounds of issue 17 hold: at most STREAM_MAX_IN_FLIGHT requests run on the loop (no further
 request is read until one is answered; a client that sends without reading is then held back by
 HTTP/2 flow control), and responses waiting for the client are at most STREAM_MAX_IN_FLIGHT,
-and STREAM_MAX_WAITING_BYTES of tensor data unless one alone is larger (`_Waiting`). A request
-answered on the handler thread waits for nothing: the next one is read only once its response
-went to gRPC.
+and STREAM_MAX_WAITING_BYTES of tensor data unless one alone is larger (`_Waiting`). On the
+handler thread one request at a time is read, run and answered: the next is read once gRPC
+has sent the response.
 """
 
 from __future__ import annotations
@@ -231,7 +235,8 @@ class StreamRun:
                 self._start(self._finish(request, answer))
                 return None
             self._long = time.monotonic_ns() - start > STREAM_LANE_LONG_NS
-            result = encode_response(answer)
+            message = pb.ModelStreamInferResponse()
+            result = encode_response(answer, into=message.infer_response)
         except (asyncio.CancelledError, concurrent.futures.CancelledError):
             if not self._active():
                 raise StreamCancelled() from None  # the client went while it ran
@@ -240,7 +245,7 @@ class StreamRun:
             return self._error(request, exc)
         if _EMPTY_FINAL in request.parameters and request.parameters[_EMPTY_FINAL].bool_param:
             result.parameters[_FINAL].bool_param = True  # its only response is the final one
-        return pb.ModelStreamInferResponse(infer_response=result)
+        return message
 
     def _start(self, work: Coroutine[Any, Any, None]) -> None:
         future = asyncio.run_coroutine_threadsafe(work, self._loop)
@@ -267,7 +272,8 @@ class StreamRun:
         try:
             try:
                 response = await self._core.infer_prepared(prepared)
-                result = encode_response(response)
+                message = pb.ModelStreamInferResponse()
+                result = encode_response(response, into=message.infer_response)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -277,13 +283,14 @@ class StreamRun:
                 result.parameters[_FINAL].bool_param = True
             size = sum(tensor.data.nbytes for tensor in response.outputs)
             del response  # its arrays: the message holds their bytes
-            await self._waiting.put(pb.ModelStreamInferResponse(infer_response=result), size)
+            await self._waiting.put(message, size)
         finally:
             self._events.put((_DONE, None))
 
     async def _serve(self, request: Any) -> None:
-        """On the loop: a request of a decoupled model (zero or more responses), or one naming
-        shared memory regions (held from its decoding until its responses are encoded)."""
+        """On the loop, from its decoding: a request of a decoupled model (zero or more
+        responses), one naming shared memory regions (held from its decoding until its
+        responses are encoded), or one the lane is not to take (`_answer_here`)."""
         final_flag = _EMPTY_FINAL in request.parameters and (
             request.parameters[_EMPTY_FINAL].bool_param
         )
@@ -295,12 +302,12 @@ class StreamRun:
                 decoded = decode_request(request, self._shm, self._limits)
                 targets = shm_targets(decoded.outputs)
                 async for response in self._core.infer_stream(decoded):
-                    result = encode_response(response, targets, self._shm)
+                    message = pb.ModelStreamInferResponse()
+                    result = encode_response(response, targets, self._shm, message.infer_response)
                     if final_flag:  # a non-decoupled model's only response is the final one
                         result.parameters[_FINAL].bool_param = not decoupled
                     size = sum(tensor.data.nbytes for tensor in response.outputs)
                     del response
-                    message = pb.ModelStreamInferResponse(infer_response=result)
                     await self._waiting.put(message, size)
                 if final_flag and decoupled:  # an empty response closes the request
                     final = pb.ModelInferResponse(
