@@ -226,17 +226,18 @@ class LiveStats:
 
 
 class SwitchLog:
-    """Each model's last change of served versions, seen by comparing samples (pure)."""
+    """Each model's last change of served versions, seen by comparing samples (pure). The
+    baseline is what a process serves when it starts: nothing. So a model that was loaded
+    before the first sample shows as loaded at that sample, as one loaded later does at the
+    sample after its load (the sampler and the first loads start together)."""
 
     def __init__(self) -> None:
-        self._serving: dict[str, dict[int, object]] | None = None
+        self._serving: dict[str, dict[int, object]] = {}
         self.last: dict[str, SwitchStatus] = {}
 
     def observe(self, serving: Mapping[str, Mapping[int, object]], now_s: float) -> None:
         """`serving`: model -> version -> the served version (a reload is a new object)."""
         before, self._serving = self._serving, {n: dict(v) for n, v in serving.items()}
-        if before is None:
-            return  # the first sample is the baseline
         for name in serving.keys() | before.keys():
             old, new = before.get(name, {}), serving.get(name, {})
             if old.keys() != new.keys() or any(old[v] is not new[v] for v in new):

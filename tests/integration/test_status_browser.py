@@ -281,7 +281,9 @@ def test_an_ota_switch_and_a_rollback_are_shown(
         "--model-rollback-window=10",
     )
     _open(browser, f"http://{proc.http_url}/status")
-    # The sampler (every 2 s) has seen version 1 serve: a switch is a change between samples.
+    # The sampler (every 2 s) has seen version 1 serve: a switch is a change between samples,
+    # and a load before the first sample is one too (it was once missed when the model loaded
+    # before the sampler's first sample on a busy machine).
     wait_for(
         lambda: "loaded v1" in (_cells(browser, "model-updates", "m") or ["", "", ""])[2],
         20,

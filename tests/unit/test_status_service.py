@@ -153,9 +153,11 @@ def test_switches_are_seen_between_samples() -> None:
     switches = SwitchLog()
     one, two, n1 = object(), object(), object()
     switches.observe({"m": {1: one}, "n": {}}, 1.0)
-    assert switches.last == {}  # the baseline
+    # Loaded before the first sample: the process served nothing when it started (a page
+    # opened then still shows the load, whichever ran first at start-up).
+    assert switches.last == {"m": SwitchStatus(1.0, (), (1,))}
     switches.observe({"m": {1: one}, "n": {}}, 2.0)
-    assert switches.last == {}
+    assert switches.last == {"m": SwitchStatus(1.0, (), (1,))}
     switches.observe({"m": {2: two}, "n": {}}, 3.0)
     assert switches.last["m"] == SwitchStatus(3.0, (1,), (2,))
     switches.observe({"m": {1: one}, "n": {1: n1}}, 4.0)  # a rollback; n's first load
