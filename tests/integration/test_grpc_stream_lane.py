@@ -248,9 +248,10 @@ def test_requests_sent_together_on_one_stream_still_run_side_by_side(  # type: i
     start_server, tmp_path: Path
 ) -> None:
     """A model of two instances whose runs take well over STREAM_LANE_LONG_NS, and six
-    requests sent at once on one stream: after the first (run on the handler thread), the
-    stream's requests go to the loop, which runs them on both instances at once: their traced
-    executions overlap in time. Run one after the other on the handler thread, none would."""
+    requests sent at once on one stream: after the first LANE_LONG_RUNS (run on the handler
+    thread), the stream's requests go to the loop, which runs them on both instances at once:
+    their traced executions overlap in time. Run one after the other on the handler thread,
+    none would."""
     save(slow_model(400), tmp_path / "repo" / "slow" / "1" / "model.onnx")
     (tmp_path / "repo" / "slow" / "config.pbtxt").write_text(SLOW_CONFIG)
     trace_file = tmp_path / "trace.jsonl"

@@ -36,7 +36,9 @@ from appliance.errors import ApplianceError, DecoupledOnUnary, Unsupported
 from appliance.frontends.grpc import convert
 from appliance.frontends.grpc.admission import CallBound, StreamSlots
 from appliance.frontends.grpc.codec import decode_request, encode_response, parameter_value
-from appliance.frontends.grpc.stream import STREAM_MAX_IN_FLIGHT as STREAM_MAX_IN_FLIGHT
+from appliance.frontends.grpc.stream import (  # the stream's bound, named here as before
+    STREAM_MAX_IN_FLIGHT as STREAM_MAX_IN_FLIGHT,
+)
 from appliance.frontends.grpc.stream import (
     Malformed,
     StreamCancelled,
