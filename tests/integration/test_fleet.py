@@ -499,10 +499,16 @@ def test_a_fleet_rolls_out_by_stage_halts_a_bad_version_and_rides_out_a_lost_lin
                 if settled or time.monotonic() > settle_by:
                     break
                 time.sleep(1)
-            assert view["silent"] == [CUT]
-            assert model["in_stage"] == DEVICES
-            assert model["in_stage_on_target"] == DEVICES - 1
-            assert model["behind"] == 1
+            # What each device last reported, for a failure's message: which one is missing.
+            told = {
+                d: {k: r.get(k) for k in ("time", "last_poll_ok")}
+                | {k: r["models"].get("m", {}).get(k) for k in ("serving", "rollout_revision")}
+                for d, r in sorted(reports(bucket).items())
+            }
+            assert view["silent"] == [CUT], (view, told)
+            assert model["in_stage"] == DEVICES, (model, told)
+            assert model["in_stage_on_target"] == DEVICES - 1, (model, told)
+            assert model["behind"] == 1, (model, told)
 
             # -- the link comes back: the device catches up and reports --------------------------
             cut.link.start()
