@@ -16,10 +16,9 @@ import statistics
 import subprocess
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-from bench.common import ROOT, free_port, process_tree, rss_mib
+from bench.common import ROOT, free_port, process_tree, rss_mib, wait_ready
 
 # Idle this long before memory is read: past the heap trimmer's first pass (appliance/memory.py,
 # about 5 s after start), which returns the start-up heap (at 2 s the server read up to 46 MiB
@@ -59,18 +58,7 @@ def one_start(binary: Path, repo: Path, tmp: Path) -> tuple[float, float, float]
         cwd=tmp,
     )
     try:
-        while True:
-            try:
-                url = f"http://127.0.0.1:{http}/v2/health/ready"
-                with urllib.request.urlopen(url, timeout=1) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() - started > 60:
-                raise RuntimeError("the binary did not become ready")
-            time.sleep(0.01)
-        ready = time.monotonic() - started
+        ready = wait_ready(proc, http, started)
         time.sleep(IDLE_S)
         pids = process_tree(proc.pid)
         server = max(pids, key=rss_mib)  # onefile: the child, not the bootloader

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import time
+import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -93,3 +96,19 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def wait_ready(proc: subprocess.Popen[bytes], http_port: int, started: float) -> float:
+    """Seconds from `started` (monotonic) until the server `proc` answers
+    GET /v2/health/ready with 200 on `http_port` (at most 60 s; it must not exit first)."""
+    url = f"http://127.0.0.1:{http_port}/v2/health/ready"
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return time.monotonic() - started
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() - started > 60:
+            raise RuntimeError(f"{proc.args[0]} did not become ready")
+        time.sleep(0.01)

@@ -20,10 +20,9 @@ import statistics
 import subprocess
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-from bench.common import ROOT, free_port, process_tree
+from bench.common import ROOT, free_port, process_tree, wait_ready
 
 
 def _kib(path: Path, fields: tuple[str, ...]) -> dict[str, int]:
@@ -79,18 +78,7 @@ def one_start(
     started = time.monotonic()
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     try:
-        while True:
-            try:
-                url = f"http://127.0.0.1:{http}/v2/health/ready"
-                with urllib.request.urlopen(url, timeout=1) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() - started > 60:
-                raise RuntimeError("the server did not become ready")
-            time.sleep(0.01)
-        ready = time.monotonic() - started
+        ready = wait_ready(proc, http, started)
         time.sleep(idle_s)
         return ready, [sample(pid) for pid in process_tree(proc.pid)]
     finally:
