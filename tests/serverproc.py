@@ -16,10 +16,19 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free loopback port, never one this process was given before: the kernel may hand the
+    same ephemeral port out twice in a row (CI once got one port for HTTP and gRPC)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 class ServerProcess:
