@@ -50,6 +50,11 @@ class Tracer:
         self._writer: threading.Thread | None = None
         self._active = self._any_active()
 
+    @property
+    def active(self) -> bool:
+        """Whether any request may be traced now (`sample` can return an id)."""
+        return self._active
+
     def _any_active(self) -> bool:
         """Whether any setting traces at all: the per-request check is then one attribute."""
         return any(

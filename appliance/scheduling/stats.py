@@ -132,19 +132,34 @@ class ModelStats:
     ) -> None:
         """One backend execution of `requests` requests totalling `batch_size` items; with
         `queue_ns` (>= 0), also its one request's time in the queue."""
+        # Every execution passes here: the Durations are updated in place, not through `add`.
         with self.lock:
             if queue_ns >= 0:
-                self.queue.add(queue_ns)
+                queue = self.queue
+                queue.count += 1
+                queue.ns += queue_ns
             self.execution_count += 1
             self.inference_count += batch_size
             # Triton counts compute durations once per request in the model totals ...
-            self.compute_input.add(input_ns * requests, requests)
-            self.compute_infer.add(infer_ns * requests, requests)
-            self.compute_output.add(output_ns * requests, requests)
+            d = self.compute_input
+            d.count += requests
+            d.ns += input_ns * requests
+            d = self.compute_infer
+            d.count += requests
+            d.ns += infer_ns * requests
+            d = self.compute_output
+            d.count += requests
+            d.ns += output_ns * requests
             # ... and once per execution in batch_stats.
             per_size = self.by_batch_size.get(batch_size)
             if per_size is None:
                 per_size = self.by_batch_size[batch_size] = BatchSizeStats()
-            per_size.compute_input.add(input_ns)
-            per_size.compute_infer.add(infer_ns)
-            per_size.compute_output.add(output_ns)
+            d = per_size.compute_input
+            d.count += 1
+            d.ns += input_ns
+            d = per_size.compute_infer
+            d.count += 1
+            d.ns += infer_ns
+            d = per_size.compute_output
+            d.count += 1
+            d.ns += output_ns

@@ -184,10 +184,11 @@ class InferenceService:
         """A request's success: counted, and traced when sampled."""
         end = time.monotonic_ns()
         served.stats.record_success(end - start)
-        with self._trace_lock:
-            trace_id = self.tracer.sample(served.name)
-        if trace_id:
-            self._trace(trace_id, served, request, job, start, end)
+        if self.tracer.active:  # one attribute when nothing is traced: the common case
+            with self._trace_lock:
+                trace_id = self.tracer.sample(served.name)
+            if trace_id:
+                self._trace(trace_id, served, request, job, start, end)
         return response
 
     def infer_here(

@@ -33,7 +33,7 @@ import os
 import threading
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -58,19 +58,33 @@ class RegionNotFound(InvalidInput):
     code = ErrorCode.NOT_FOUND
 
 
-@dataclass
 class RequestHolds:
     """The regions one request holds (name -> times held), until its response is written
-    and `release` is called (once; again is harmless)."""
+    and `release` is called (once; again is harmless). As a context manager (what
+    `SharedMemoryRegistry.request_holds` gives): the request in scope while the block runs."""
 
-    registry: SharedMemoryRegistry
-    names: dict[str, int] = field(default_factory=dict)
-    released: bool = False
+    __slots__ = ("_token", "names", "registry", "released")
+
+    def __init__(self, registry: SharedMemoryRegistry) -> None:
+        self.registry = registry
+        self.names: dict[str, int] = {}
+        self.released = False
+        self._token: contextvars.Token[RequestHolds | None] | None = None
 
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self.registry._release(self)
+            if self.names:  # most requests name no region: nothing to give back
+                self.registry._release(self)
+
+    def __enter__(self) -> RequestHolds:
+        self._token = _current.set(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            _current.reset(self._token)
+            self._token = None
 
 
 # The request being decoded or answered on this task (SharedMemoryRegistry.request_scope).
@@ -214,17 +228,11 @@ class SharedMemoryRegistry:
             finally:
                 holds.release()
 
-    @contextlib.contextmanager
-    def request_holds(self) -> Iterator[RequestHolds]:
+    def request_holds(self) -> RequestHolds:
         """`request_scope` for a request answered after the block (in another task): the
         regions named inside it are held until the caller calls `release()` on what it
-        yields."""
-        holds = RequestHolds(self)
-        token = _current.set(holds)
-        try:
-            yield holds
-        finally:
-            _current.reset(token)
+        yields. A class, not a generator: it is on every infer request's path."""
+        return RequestHolds(self)
 
     def _hold(self, name: str) -> None:
         """Hold `name` for the request in scope, if any (the caller checked it exists)."""

@@ -9,12 +9,16 @@ import asyncio
 import gzip
 import inspect
 import json
+import re
+import time
 import zlib
 from collections.abc import AsyncIterator, Coroutine, Mapping
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import pytest
 from aiohttp import web
+from aiohttp.http import SERVER_SOFTWARE
 from aiohttp.web_protocol import RequestHandler
 
 from appliance.frontends.http.connections import GuardedAppRunner, GuardedServer
@@ -186,8 +190,16 @@ async def test_infer_is_answered_here_and_the_rest_by_aiohttp_in_order(served) -
         b'{"path": "/v2/health/ready", "n": 0}',
         b'{"model":"b","v":"","n":2}',
     ]
-    assert answer.count(b"Server: Python") == 2  # aiohttp's own header: relayed answers only
-    assert route.bodies == [b"12345", b"xy"]
+    assert route.bodies == [b"12345", b"xy"]  # the others went to aiohttp
+    # Every answer carries aiohttp's Server header and a current Date, whoever answered it.
+    heads = re.findall(rb"HTTP/1\.1 [^\r]*\r\n(?:[^\r]+\r\n)*", answer)
+    assert len(heads) == 4
+    servers = {line for h in heads for line in h.split(b"\r\n") if line.startswith(b"Server:")}
+    assert servers == {b"Server: " + SERVER_SOFTWARE.encode()}
+    for head in heads:
+        date = next(line for line in head.split(b"\r\n") if line.startswith(b"Date: "))
+        sent = parsedate_to_datetime(date[6:].decode()).timestamp()
+        assert abs(sent - time.time()) < 5
 
 
 async def test_versions_percent_encoding_and_other_methods(served) -> None:  # type: ignore[no-untyped-def]

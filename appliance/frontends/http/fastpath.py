@@ -30,14 +30,17 @@ import itertools
 import logging
 import re
 import threading
+import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
+from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any, Protocol, cast
 
 import httptools
+from aiohttp.http import SERVER_SOFTWARE
 from aiohttp.web_protocol import RequestHandler
 
 from appliance.logs import RATE_LIMITED
@@ -813,6 +816,8 @@ def _head(
 ) -> bytes:
     lines = [
         _status_line(status),
+        _SERVER_LINE,
+        _date_line(),
         b"Content-Type: %s\r\nContent-Length: %d\r\n" % (content_type, length),
     ]
     lines += [b"%s: %s\r\n" % pair for pair in extra]
@@ -850,6 +855,22 @@ def _too_long(line: bytes, limit: int) -> str:
 def _release(admission: Any) -> None:
     if admission is not None and hasattr(admission, "release"):
         admission.release()
+
+
+# The Server and Date headers aiohttp writes on the answers it makes (relayed requests), so
+# that every answer of a connection carries them. The date is formatted once a second.
+_SERVER_LINE = b"Server: %s\r\n" % SERVER_SOFTWARE.encode()
+_date: tuple[int, bytes] = (0, b"")
+
+
+def _date_line() -> bytes:
+    global _date
+    now = int(time.time())
+    second, line = _date
+    if now != second:
+        line = b"Date: %s\r\n" % formatdate(now, usegmt=True).encode()
+        _date = (now, line)  # one assignment: loop threads may race to it harmlessly
+    return line
 
 
 _STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
