@@ -5,7 +5,6 @@ requests before it are answered."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from appliance.frontends.grpc.server import STREAM_MAX_IN_FLIGHT
 from appliance.protocol import service_pb2 as pb
 from appliance.protocol import service_pb2_grpc
 from configs.generate import identity_model, save
+from tests.integration.streams import Counted
 from tests.serverproc import ServerProcess
 
 IDENTITY_CONFIG = """\
@@ -57,24 +57,12 @@ def test_a_stream_whose_client_does_not_read_stops_reading_requests(
     taking requests (HTTP/2 flow control then holds the client back), not read all 2,000 and
     queue their responses. Once the client reads, every request is answered."""
     count, elements = 2000, 16 * 1024
-    pulled = 0
-
-    def requests() -> Iterator[pb.ModelInferRequest]:
-        nonlocal pulled
-        for i in range(count):
-            pulled += 1
-            yield _request(elements, str(i))
+    requests = Counted(_request(elements, str(i)) for i in range(count))
 
     with grpc.insecure_channel(identity_server.grpc_url) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        responses = stub.ModelStreamInfer(requests(), timeout=300)
-        # Wait until the client's sending stalls (nothing more taken for 3 s) or all is sent.
-        last, since = -1, time.monotonic()
-        while pulled < count and time.monotonic() - since < 3.0:
-            time.sleep(0.2)
-            if pulled != last:
-                last, since = pulled, time.monotonic()
-        stalled_at = pulled
+        responses = stub.ModelStreamInfer(iter(requests), timeout=300)
+        stalled_at = requests.wait_until_stalled(count)
         # Before the bound the server read all 2,000 within a second. With it: the requests in
         # flight and the answered ones waiting (2 x STREAM_MAX_IN_FLIGHT), plus what the two
         # HTTP/2 flow-control windows hold (measured: 256 in all).

@@ -24,6 +24,7 @@ from appliance.protocol import service_pb2 as pb
 from appliance.protocol import service_pb2_grpc
 from configs.generate import identity_model, save
 from tests.integration.models import slow_model
+from tests.integration.streams import Counted
 from tests.serverproc import ServerProcess
 
 CONFIG = """\
@@ -204,26 +205,19 @@ def test_a_stream_whose_client_does_not_read_stops_reading_loop_requests(
     stops taking requests at its bounds (requests in flight, responses waiting) instead of
     reading all 2,000; once the client reads, every request is answered."""
     count, elements = 2000, 16 * 1024
-    pulled = 0
 
-    def requests() -> Iterator[Any]:
-        nonlocal pulled
-        for i in range(count):
-            pulled += 1
-            message = pb.ModelInferRequest(model_name="batched", id=str(i))
-            tensor = message.inputs.add(name="INPUT0", datatype="FP32")
-            tensor.shape.extend([1, elements])
-            message.raw_input_contents.append(np.full(elements, i, np.float32).tobytes())
-            yield message
+    def message(i: int) -> Any:
+        request = pb.ModelInferRequest(model_name="batched", id=str(i))
+        tensor = request.inputs.add(name="INPUT0", datatype="FP32")
+        tensor.shape.extend([1, elements])
+        request.raw_input_contents.append(np.full(elements, i, np.float32).tobytes())
+        return request
 
+    requests = Counted(message(i) for i in range(count))
     with grpc.insecure_channel(server.grpc_url) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        responses = stub.ModelStreamInfer(requests(), timeout=300)
-        last, since = -1, time.monotonic()
-        while pulled < count and time.monotonic() - since < 3.0:
-            time.sleep(0.2)
-            if pulled != last:
-                last, since = pulled, time.monotonic()
+        responses = stub.ModelStreamInfer(iter(requests), timeout=300)
+        pulled = requests.wait_until_stalled(count)
         assert pulled < count // 2, f"the server read {pulled} of {count} requests"
         got = {}
         for response in responses:
