@@ -135,6 +135,53 @@ def point_us(tool: Path, target: Target, model: str, protocol: str, seconds: flo
     return (cpu_s(target.proc.pid) - before) / count * 1e6 if count else float("nan")
 
 
+Points = list[tuple[str, str]]  # (model, protocol)
+Results = dict[tuple[str, str, str], list[float]]  # (server, model, protocol) -> us by round
+
+
+def run_rounds(
+    names: Sequence[str],
+    rounds: int,
+    start: Callable[[str], tuple[Target, Points] | None],
+    tool: Path,
+    seconds: float,
+) -> Results:
+    """Each round starts every server `start` names (None: none for that name) and measures
+    its points; the order reverses every other round."""
+    results: Results = {}
+    for round_index in range(rounds):
+        for name in names if round_index % 2 == 0 else names[::-1]:
+            started = start(name)
+            if started is None:
+                continue
+            target, wanted = started
+            try:
+                for model, protocol in wanted:
+                    us = point_us(tool, target, model, protocol, seconds)
+                    results.setdefault((name, model, protocol), []).append(us)
+                    print(f"round {round_index} {name} {model} {protocol}: {us:.1f} us",
+                          flush=True)  # fmt: skip
+            finally:
+                target.stop()
+    return results
+
+
+def print_table(names: Sequence[str], points: Points, results: Results, by_round: bool) -> None:
+    """Medians per point and server (with each round's figure when `by_round`)."""
+    print("\n| point | " + " | ".join(names) + " |")
+    print("|---|" + "---:|" * len(names))
+    for model, protocol in points:
+        cells = []
+        for name in names:
+            values = results.get((name, model, protocol))
+            if not values:
+                cells.append("")
+                continue
+            rounds = " (" + "/".join(f"{v:.0f}" for v in values) + ")" if by_round else ""
+            cells.append(f"{statistics.median(values):.0f}{rounds}")
+        print(f"| {model} {protocol} | " + " | ".join(cells) + " |")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cpu_per_request")
     parser.add_argument("--trees", required=True, help="comma-separated checkouts")
@@ -158,36 +205,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         repository.mkdir()
         for model in models:
             shutil.copytree(everything / model, repository / model)  # no links: path safety
-        results: dict[tuple[str, str, str], list[float]] = {}
         names = [str(t) for t in trees] + [f"ceiling-{c}" for c in ceilings]
-        for round_index in range(args.rounds):
-            order = names if round_index % 2 == 0 else names[::-1]
-            for name in order:
-                if name.startswith("ceiling-"):
-                    kind = name.removeprefix("ceiling-")
-                    wanted = [(m, p) for m, p in points if (p == "http") == (kind == "http")]
-                    if not wanted:
-                        continue
-                    target = start_ceiling(kind, repository, ",".join(models))
-                else:
-                    wanted = list(points)
-                    target = start_tree(Path(name), repository)
-                try:
-                    for model, protocol in wanted:
-                        us = point_us(args.perf_analyzer, target, model, protocol, args.seconds)
-                        results.setdefault((name, model, protocol), []).append(us)
-                        print(f"round {round_index} {name} {model} {protocol}: {us:.1f} us",
-                              flush=True)  # fmt: skip
-                finally:
-                    target.stop()
-        print("\n| point | " + " | ".join(names) + " |")
-        print("|---|" + "---:|" * len(names))
-        for model, protocol in points:
-            cells = []
-            for name in names:
-                values = results.get((name, model, protocol))
-                cells.append(f"{statistics.median(values):.0f}" if values else "")
-            print(f"| {model} {protocol} | " + " | ".join(cells) + " |")
+
+        def start(name: str) -> tuple[Target, Points] | None:
+            if not name.startswith("ceiling-"):
+                return start_tree(Path(name), repository), list(points)
+            kind = name.removeprefix("ceiling-")
+            wanted = [(m, p) for m, p in points if (p == "http") == (kind == "http")]
+            if not wanted:
+                return None
+            return start_ceiling(kind, repository, ",".join(models)), wanted
+
+        results = run_rounds(names, args.rounds, start, args.perf_analyzer, args.seconds)
+        print_table(names, points, results, by_round=False)
     return 0
 
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.cpu_per_request import point_us, start_tree
+from bench.cpu_per_request import Points, Target, print_table, run_rounds, start_tree
 from bench.perf import DEFAULT_TOOL
 
 BATCHED = "simple_batched"
@@ -57,29 +56,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--perf-analyzer", type=Path, default=DEFAULT_TOOL)
     args = parser.parse_args(argv)
     trees = [str(Path(t).resolve()) for t in args.trees.split(",") if t]
-    results: dict[tuple[str, str, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="edge-stream-") as work:
         models = repository(Path(work))
-        for round_index in range(args.rounds):
-            for tree in trees if round_index % 2 == 0 else trees[::-1]:
-                target = start_tree(Path(tree), models)
-                try:
-                    for model, protocol in POINTS:
-                        us = point_us(args.perf_analyzer, target, model, protocol, args.seconds)
-                        results.setdefault((tree, model, protocol), []).append(us)
-                        print(f"round {round_index} {tree} {model} {protocol}: {us:.1f} us",
-                              flush=True)  # fmt: skip
-                finally:
-                    target.stop()
-    print("\n| point | " + " | ".join(trees) + " |")
-    print("|---|" + "---:|" * len(trees))
-    for model, protocol in POINTS:
-        cells = []
-        for tree in trees:
-            values = results.get((tree, model, protocol), [])
-            rounds = "/".join(f"{v:.0f}" for v in values)
-            cells.append(f"{statistics.median(values):.0f} ({rounds})" if values else "")
-        print(f"| {model} {protocol} | " + " | ".join(cells) + " |")
+
+        def start(tree: str) -> tuple[Target, Points]:
+            return start_tree(Path(tree), models), list(POINTS)
+
+        results = run_rounds(trees, args.rounds, start, args.perf_analyzer, args.seconds)
+    print_table(trees, POINTS, results, by_round=True)
     return 0
 
 
