@@ -37,6 +37,8 @@ CONTENTS_FIELD = {
     "FP64": "fp64_contents",
     "BYTES": "bytes_contents",
 }
+# datatype -> numpy dtype, for the datatypes whose wire bytes are the array's own
+_NUMPY = {name: datatype(name, name).numpy for name in (*CONTENTS_FIELD, "FP16") if name != "BYTES"}
 
 
 def parameter_value(param: Any) -> Any:
@@ -94,17 +96,39 @@ def _from_contents(
         ) from exc
 
 
+def names_regions(msg: pb.ModelInferRequest) -> bool:
+    """Whether a ModelInferRequest's tensors have parameters (where shared memory regions are
+    named): those without hold no region."""
+    for tensor in msg.inputs[:]:  # a slice: a list at once, faster than iterating the field
+        if tensor.parameters:
+            return True
+    for out in msg.outputs[:]:  # noqa: SIM110  # a loop: any() over a generator costs more
+        if out.parameters:
+            return True
+    return False
+
+
 def decode_request(
     msg: pb.ModelInferRequest,
     shm: SharedMemoryRegistry | None = None,
     limits: RequestLimits | None = None,
 ) -> InferRequest:
-    """`limits` are checked on each input's declared shape before its data is decoded."""
+    """`limits` are checked on each input's declared shape before its data is decoded.
+
+    Per request this is the gRPC side's hottest Python: each field read on a protobuf message
+    costs a lookup and often a new object, so each is read once, repeated fields are read as
+    slices (`field[:]`, a list at once: iterating the field reads it element by element), and
+    what only an error needs is built on the error's path."""
     model = msg.model_name
     raw = msg.raw_input_contents
-    tensors = list(msg.inputs)  # one wrapper per input: each access to msg.inputs[i] makes one
+    tensors = msg.inputs[:]
     # Inputs in shared memory have no raw_input_contents entry (as tritonclient sends them).
-    targets = [_target(tensor, shm, model, "input") for tensor in tensors]
+    targets: list[ShmTarget | None] | None = None
+    if shm is not None:
+        for tensor in tensors:
+            if tensor.parameters:
+                targets = [_target(tensor, shm, model, "input") for tensor in tensors]
+                break
     if raw:
         for tensor in tensors:
             if tensor.HasField("contents"):
@@ -112,19 +136,21 @@ def decode_request(
                     "contents field must not be specified when using raw_input_contents for "
                     f"'{tensor.name}' for model '{model}'"
                 )
-    in_band = targets.count(None)
-    if raw and len(raw) != in_band:
-        raise InvalidInput(
-            f"model '{model}': {in_band} inputs not in shared memory but {len(raw)} "
-            "raw_input_contents; raw contents must be given for every such input or none"
-        )
+        in_band = len(tensors) if targets is None else targets.count(None)
+        if len(raw) != in_band:
+            raise InvalidInput(
+                f"model '{model}': {in_band} inputs not in shared memory but {len(raw)} "
+                "raw_input_contents; raw contents must be given for every such input or none"
+            )
+        raw = raw[:]  # the entries as bytes, each read once
     inputs = []
     raw_index = 0
-    for tensor, target in zip(tensors, targets, strict=True):
+    for index, tensor in enumerate(tensors):
         name = tensor.name
         datatype_name = tensor.datatype
         where = f"model '{model}' input '{name}'"
-        shape = tuple(tensor.shape)
+        shape = tuple(tensor.shape[:])
+        target = None if targets is None else targets[index]
         if target is not None:
             assert shm is not None
             data = read_input(shm, target, datatype_name, shape, where, limits)
@@ -136,22 +162,25 @@ def decode_request(
         inputs.append(InputTensor(name, datatype_name, shape, data))
     parameters = msg.parameters
     request = InferRequest(
-        model_name=model,
-        model_version=msg.model_version,
-        id=msg.id,
-        inputs=inputs,
-        parameters=_request_parameters(parameters) if parameters else {},
+        model,
+        msg.model_version,
+        msg.id,
+        inputs,
+        None,
+        _request_parameters(parameters) if parameters else {},
     )
-    if msg.outputs:
+    requested = msg.outputs[:]
+    if requested:
         outputs = []
-        for out in msg.outputs:
+        for out in requested:
             out_params = out.parameters
+            if not out_params:
+                outputs.append(RequestedOutput(out.name))
+                continue
             count = (
-                out_params["classification"].int64_param
-                if out_params and "classification" in out_params
-                else 0
+                out_params["classification"].int64_param if "classification" in out_params else 0
             )
-            target = _target(out, shm, model, "output") if out_params else None
+            target = _target(out, shm, model, "output")
             outputs.append(RequestedOutput(out.name, int(count), target))
         request.outputs = outputs
     return request
@@ -184,19 +213,26 @@ def encode_response(
         msg.model_name = response.model_name
         msg.model_version = response.model_version
         msg.id = response.id
+    outputs = msg.outputs
+    contents = msg.raw_output_contents
     for tensor in response.outputs:
-        out = msg.outputs.add()
-        out.name = tensor.name
-        out.datatype = tensor.datatype
+        name = tensor.name
+        datatype_name = tensor.datatype
+        data = tensor.data
+        out = outputs.add()
+        out.name = name
+        out.datatype = datatype_name
         out.shape.extend(tensor.shape)
-        target = targets.get(tensor.name) if targets else None
+        target = targets.get(name) if targets else None
         if target is not None and shm is not None:
             # Written to the region: name, datatype and shape only, as tritonserver answers.
-            if tensor.data.size:
-                where = f"model '{response.model_name}' output '{tensor.name}'"
-                write_output(shm, target, tensor.data, tensor.datatype, where)
-            msg.raw_output_contents.append(b"")  # keeps raw contents aligned with outputs
+            if data.size:
+                where = f"model '{response.model_name}' output '{name}'"
+                write_output(shm, target, data, datatype_name, where)
+            contents.append(b"")  # keeps raw contents aligned with outputs
             continue
-        raw = bytes(to_raw(tensor.data, tensor.datatype)) if tensor.data.size else b""
-        msg.raw_output_contents.append(raw)
+        if data.dtype is _NUMPY.get(datatype_name):  # the wire's dtype: its bytes (C order)
+            contents.append(data.tobytes())
+        else:
+            contents.append(bytes(to_raw(data, datatype_name)) if data.size else b"")
     return msg

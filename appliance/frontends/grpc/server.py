@@ -35,7 +35,12 @@ from appliance.access import Restrictions
 from appliance.errors import ApplianceError, DecoupledOnUnary, Unsupported
 from appliance.frontends.grpc import convert
 from appliance.frontends.grpc.admission import CallBound, StreamSlots
-from appliance.frontends.grpc.codec import decode_request, encode_response, parameter_value
+from appliance.frontends.grpc.codec import (
+    decode_request,
+    encode_response,
+    names_regions,
+    parameter_value,
+)
 from appliance.frontends.grpc.stream import (  # the stream's bound, named here as before
     STREAM_MAX_IN_FLIGHT as STREAM_MAX_IN_FLIGHT,
 )
@@ -43,7 +48,6 @@ from appliance.frontends.grpc.stream import (
     Malformed,
     StreamCancelled,
     StreamRun,
-    may_name_regions,
 )
 from appliance.frontends.status import GRPC_STATUS
 from appliance.limits import RequestLimits
@@ -405,25 +409,32 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         idle instance and nothing queued, else on the loop. The shared memory regions the
         request names are held until its response is encoded (unregistering one meanwhile
         waits for it); a request whose tensors carry no parameters names none."""
-        if may_name_regions(request):
+        if names_regions(request):
             with self.shared_memory.request_scope():
-                return self._infer_request(request, context)
-        return self._infer_request(request, context)
+                return self._infer_request(request, context, True)
+        return self._infer_request(request, context, False)
 
-    def _infer_request(self, request: Any, context: grpc.ServicerContext) -> pb.ModelInferResponse:
+    def _infer_request(
+        self, request: Any, context: grpc.ServicerContext, names_regions: bool
+    ) -> pb.ModelInferResponse:
+        """`names_regions`: the request's tensors have parameters (its outputs may name
+        regions to be written in)."""
         loop = self._loop
         assert loop is not None
+        core = self.core
         shm = self.shared_memory
         # Admission before decoding: an overloaded model's refusal costs no decode or validation.
-        with self.core.admit(request.model_name, request.model_version) as admission:
+        with core.admit(request.model_name, request.model_version) as admission:
             decoded = decode_request(request, shm, self.limits)
             try:
-                answer = self.core.infer_here(decoded, admission, loop, context.is_active)
+                answer = core.infer_here(decoded, admission, loop, context.is_active)
                 if isinstance(answer, Prepared):
-                    answer = _Cancel(context).wait(loop, self.core.infer_prepared(answer))
+                    answer = _Cancel(context).wait(loop, core.infer_prepared(answer))
             except DecoupledOnUnary as exc:  # tritonserver's words first
                 raise Unsupported(f"{DECOUPLED_REFUSAL}: {exc.message}") from None
-        return encode_response(answer, shm_targets(decoded.outputs), shm)
+        if names_regions:
+            return encode_response(answer, shm_targets(decoded.outputs), shm)
+        return encode_response(answer)
 
     def _stream(
         self, request_iterator: Iterator[bytes], context: grpc.ServicerContext
