@@ -99,19 +99,22 @@ def to_raw(array: Array, datatype_name: str) -> bytes | memoryview:
 
 # JSON value types each datatype accepts; nothing is coerced ("7" is not an INT32, 1.5 is not
 # an INT32 either, true is not 1), as Triton refuses them.
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "BOOL": (bool,),
-    "BYTES": (str,),
-    "FP16": (int, float),
-    "FP32": (int, float),
-    "FP64": (int, float),
+_INTEGERS = frozenset({int})
+_JSON_TYPES: dict[str, frozenset[type]] = {
+    "BOOL": frozenset({bool}),
+    "BYTES": frozenset({str}),
+    "FP16": frozenset({int, float}),
+    "FP32": frozenset({int, float}),
+    "FP64": frozenset({int, float}),
 }
 
 
-def _check_json_types(data: Any, name: str, where: str) -> None:
-    allowed = _JSON_TYPES.get(name, (int,))
+def _check_json_types(data: list[Any], name: str, where: str) -> None:
+    allowed = _JSON_TYPES.get(name, _INTEGERS)
+    kinds = set(map(type, data))
+    if kinds <= allowed:  # a flat list of the right kind: every request that is right
+        return
     flat = data
-    kinds = set(map(type, flat))
     if list in kinds:  # nested (row-major) lists
         flat = np.asarray(data, dtype=np.object_).ravel().tolist()
         kinds = set(map(type, flat))
@@ -131,7 +134,7 @@ def from_list(
     the datatype."""
     dtype = datatype(name, where)
     count = element_count(shape, where, limits)
-    if not isinstance(data, list):
+    if type(data) is not list:
         raise InvalidInput(f"{where}: 'data' must be a list, got {type(data).__name__}")
     _check_json_types(data, name, where)
     try:
@@ -141,7 +144,7 @@ def from_list(
             for i, item in enumerate(flat):
                 array[i] = item.encode("utf-8")
         else:
-            array = np.asarray(data, dtype=dtype.numpy).ravel()
+            array = np.asarray(data, dtype=dtype.numpy)
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidInput(f"{where}: data is not a list of {name} values: {exc}") from exc
     if array.size != count:
@@ -149,7 +152,7 @@ def from_list(
             f"{where}: unexpected number of elements {array.size}, expecting {count} "
             f"for shape {list(shape)}"
         )
-    return array.reshape(shape)
+    return array.reshape(shape)  # flat or nested alike: row-major
 
 
 def to_list(array: Array, datatype_name: str) -> list[Any]:
