@@ -18,6 +18,14 @@ import numpy as np
 
 from appliance.errors import InvalidInput
 from appliance.frontends import jsonconv
+from appliance.frontends.http.header_plans import (
+    MAX_HEADER_BYTES,
+    HeaderPlan,
+    HeaderPlans,
+    InputPlan,
+    PlanKey,
+    scalar_parameters,
+)
 from appliance.limits import RequestLimits
 from appliance.model_config import datatype_of
 from appliance.protocol import ModelConfig
@@ -118,18 +126,30 @@ def decode_request(
     shm: SharedMemoryRegistry | None = None,
     limits: RequestLimits | None = None,
     config: Callable[[], ModelConfig] | None = None,
+    plans: HeaderPlans | None = None,
 ) -> HttpInferRequest:
     """Parse an infer body. The hot path: error messages are only formatted when raised.
 
     `limits` are checked on each input's declared shape before its data is decoded. `config`
-    gives the model's config for a raw binary request (header length 0).
+    gives the model's config for a raw binary request (header length 0). `plans`: the headers
+    of binary requests decoded before (header_plans.py); a request whose header is one of them
+    is decoded from its plan, and a new header that can be kept is added.
     """
     json_len = _header_length(header_length, len(body))
     if json_len == 0 and header_length is not None and config is not None:
         return _raw_request(body, model, version, config(), limits)
-    doc = jsonconv.loads(
-        body[:json_len] if json_len != len(body) else body, "the inference request"
-    )
+    plan_key: PlanKey | None = None
+    if json_len == len(body):
+        header: bytes | bytearray = body
+    else:
+        header = bytes(memoryview(body)[:json_len])
+        if plans is not None and json_len <= MAX_HEADER_BYTES:
+            plan_key = (model, version, header)
+            plan = plans.get(plan_key, limits)
+            if plan is not None and len(body) - json_len == plan.binary_bytes:
+                request, binary_outputs = plan.request(memoryview(body)[json_len:], model, version)
+                return HttpInferRequest(request, plan.binary_default, binary_outputs)
+    doc = jsonconv.loads(header, "the inference request")
     if type(doc) is not dict:
         raise InvalidInput("request body must be a JSON object")
     binary = memoryview(body)[json_len:]
@@ -139,6 +159,9 @@ def decode_request(
         raise InvalidInput(f"inference request for model '{model}' has no 'inputs' list")
     offset = 0
     inputs = []
+    # What a plan of this header would hold; None once the header says something a plan
+    # does not keep (JSON data, BYTES, shared memory).
+    planned: list[InputPlan] | None = [] if plan_key is not None else None
     for i, item in enumerate(inputs_json):
         if type(item) is not dict:
             raise InvalidInput(f"inputs[{i}] must be a JSON object")
@@ -167,6 +190,7 @@ def decode_request(
         if target is not None:
             assert shm is not None
             data = read_input(shm, target, dtype_name, shape, where, limits)
+            planned = None
         elif size is not None:
             if type(size) is not int or size < 0:
                 raise InvalidInput(f"{where}: binary_data_size must be a non-negative integer")
@@ -178,8 +202,13 @@ def decode_request(
                 )
             data = from_raw(binary[offset:end], dtype_name, shape, where, limits)
             offset = end
+            if planned is not None and data.dtype != np.object_:
+                planned.append(InputPlan(name, dtype_name, shape, data.dtype, data.size, size))
+            else:
+                planned = None
         elif "data" in item:
             data = from_list(item["data"], dtype_name, shape, where, limits)
+            planned = None
         else:
             raise InvalidInput(f"{where}: no 'data' and no binary_data_size parameter")
         inputs.append(InputTensor(name, dtype_name, shape, data))
@@ -212,7 +241,40 @@ def decode_request(
         wire.request.outputs = _requested_outputs(
             outputs_json, model, wire.binary_outputs, shm is not None
         )
+    if planned is not None and plan_key is not None and plans is not None:
+        _keep_plan(plans, plan_key, limits, planned, offset, wire)
     return wire
+
+
+def _keep_plan(
+    plans: HeaderPlans,
+    key: PlanKey,
+    limits: RequestLimits | None,
+    inputs: list[InputPlan],
+    binary_bytes: int,
+    wire: HttpInferRequest,
+) -> None:
+    """Keep what a header that decoded without error said, if a plan can hold all of it."""
+    request = wire.request
+    outputs = request.outputs
+    if outputs is not None and any(o.shm is not None for o in outputs):
+        return
+    parameters = scalar_parameters(request.parameters)
+    if parameters is None:
+        return
+    plans.keep(
+        key,
+        HeaderPlan(
+            limits=limits,
+            inputs=tuple(inputs),
+            binary_bytes=binary_bytes,
+            request_id=request.id,
+            parameters=parameters,
+            binary_default=wire.binary_default,
+            binary_outputs=tuple(wire.binary_outputs.items()),
+            outputs=None if outputs is None else tuple((o.name, o.class_count) for o in outputs),
+        ),
+    )
 
 
 def _requested_outputs(

@@ -29,6 +29,7 @@ from appliance.frontends.http.fastpath import (
     Reply,
 )
 from appliance.frontends.http.generate import decode_generate, encode_generate
+from appliance.frontends.http.header_plans import HeaderPlans
 from appliance.frontends.http.refusals import RefusedBodies
 from appliance.frontends.http.status_page import StatusPage
 from appliance.frontends.status import HTTP_STATUS
@@ -184,6 +185,7 @@ class HttpFrontend:
         self.restrictions = restrictions
         self.shared_memory = shared_memory
         self.limits = limits
+        self.header_plans = HeaderPlans()  # binary requests' headers decoded before
         self.refused = RefusedBodies()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.status_page = StatusPage(status) if status is not None else None
@@ -320,6 +322,7 @@ class HttpFrontend:
                     shm,
                     self.limits,
                     lambda: self.control.model_config(model, version),
+                    self.header_plans,
                 )
                 loop = self._loop or self._set_loop()
                 outcome = self.core.infer_here(
