@@ -312,9 +312,12 @@ class Scheduler(SchedulerBase):
 
     def _runs_inline(self, jobs: list[Job]) -> bool:
         """Inline when the learned CPU cost per input byte predicts a run within budget."""
+        return self._inline_within_budget(_input_bytes(jobs))
+
+    def _inline_within_budget(self, nbytes: int) -> bool:
         if self._measured < _WARMUP_EXECUTIONS or not self._inline_budget_ns:
             return False
-        return self._cost_per_byte_ns * _input_bytes(jobs) <= self._inline_budget_ns
+        return self._cost_per_byte_ns * nbytes <= self._inline_budget_ns
 
     def _learn_cost(self, result: BatchResult) -> None:
         """Moving average of CPU time per input byte (CPU time, not wall time: a thread
@@ -411,7 +414,11 @@ class Scheduler(SchedulerBase):
         time its one request waited (the thread lane's; the loop records it at dispatch)."""
         if result.batch_size:
             result.stamp()
-            succeeded = sum(1 for o in result.outcomes if not isinstance(o, BaseException))
+            outcomes = result.outcomes
+            if len(outcomes) == 1:  # a batch of one (every request the thread lane runs)
+                succeeded = 0 if isinstance(outcomes[0], BaseException) else 1
+            else:
+                succeeded = sum(1 for o in outcomes if not isinstance(o, BaseException))
             self._stats.record_execution(
                 result.batch_size,
                 succeeded,
@@ -445,15 +452,16 @@ class Scheduler(SchedulerBase):
         """
         if not self._lane:
             return None
-        alone = [(job.batch_size, job.shape_key)]
-        if self._batching and next_batch(alone, 0, self._policy).run != 1:
-            return None  # the policy waits for the batch to fill
+        if self._batching:
+            alone = [(job.batch_size, job.shape_key)]
+            if next_batch(alone, 0, self._policy).run != 1:
+                return None  # the policy waits for the batch to fill
         now = time.monotonic_ns()
         with self._lock:
             if self._closing or len(self._queue) or self._awaiting_resources:
                 return None
             worker = self._lane_worker()
-            if inline and (worker is None or not self._runs_inline([job])):
+            if inline and (worker is None or not self._inline_within_budget(job.nbytes)):
                 return None  # the loop never waits, nor runs what costs more than its budget
             job.enqueue_ns = now
             if worker is not None:

@@ -572,7 +572,7 @@ class InferConnection(asyncio.BufferedProtocol):
         if transport is None:
             return
         chunks = reply.chunks
-        size = sum(len(chunk) for chunk in chunks)
+        size = sum(map(len, chunks))
         extra = reply.headers
         if size >= MIN_COMPRESSED_BYTES:
             accepted = headers.get("accept-encoding", "")
