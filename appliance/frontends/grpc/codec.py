@@ -118,7 +118,7 @@ def decode_request(
     Per request this is the gRPC side's hottest Python: each field read on a protobuf message
     costs a lookup and often a new object, so each is read once, repeated fields are read as
     slices (`field[:]`, a list at once: iterating the field reads it element by element), and
-    what only an error needs is built on the error's path."""
+    parameters (shared memory, classification) are looked into only when a tensor has some."""
     model = msg.model_name
     raw = msg.raw_input_contents
     tensors = msg.inputs[:]
@@ -162,12 +162,11 @@ def decode_request(
         inputs.append(InputTensor(name, datatype_name, shape, data))
     parameters = msg.parameters
     request = InferRequest(
-        model,
-        msg.model_version,
-        msg.id,
-        inputs,
-        None,
-        _request_parameters(parameters) if parameters else {},
+        model_name=model,
+        model_version=msg.model_version,
+        id=msg.id,
+        inputs=inputs,
+        parameters=_request_parameters(parameters) if parameters else {},
     )
     requested = msg.outputs[:]
     if requested:

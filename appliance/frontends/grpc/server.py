@@ -415,10 +415,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return self._infer_request(request, context, False)
 
     def _infer_request(
-        self, request: Any, context: grpc.ServicerContext, names_regions: bool
+        self, request: Any, context: grpc.ServicerContext, scoped: bool
     ) -> pb.ModelInferResponse:
-        """`names_regions`: the request's tensors have parameters (its outputs may name
-        regions to be written in)."""
+        """`scoped`: in a shared memory request scope, the request's tensors having parameters
+        (its outputs may name regions to write to)."""
         loop = self._loop
         assert loop is not None
         core = self.core
@@ -432,7 +432,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                     answer = _Cancel(context).wait(loop, core.infer_prepared(answer))
             except DecoupledOnUnary as exc:  # tritonserver's words first
                 raise Unsupported(f"{DECOUPLED_REFUSAL}: {exc.message}") from None
-        if names_regions:
+        if scoped:
             return encode_response(answer, shm_targets(decoded.outputs), shm)
         return encode_response(answer)
 
