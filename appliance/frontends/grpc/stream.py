@@ -45,7 +45,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from appliance.errors import ApplianceError, ErrorCode
-from appliance.frontends.grpc.codec import decode_request, encode_response
+from appliance.frontends.grpc.codec import decode_request, encode_response, names_regions
 from appliance.limits import RequestLimits
 from appliance.protocol import service_pb2 as pb
 from appliance.services.inference import InferenceService, Prepared
@@ -93,12 +93,6 @@ class _Cancelled(ApplianceError):
 
 class StreamCancelled(Exception):
     """The stream's call ended early: no more answers."""
-
-
-def may_name_regions(request: Any) -> bool:
-    """Whether a ModelInferRequest's tensors have parameters (where shared memory regions are
-    named): those without hold no region."""
-    return any(t.parameters for t in request.inputs) or any(o.parameters for o in request.outputs)
 
 
 class StreamRun:
@@ -227,7 +221,7 @@ class StreamRun:
         """A request's response when the lane ran it here; None when it went to the loop (as
         it does when `lane` is false)."""
         model, version = request.model_name, request.model_version
-        if not lane or may_name_regions(request) or self._core.is_decoupled(model, version):
+        if not lane or names_regions(request) or self._core.is_decoupled(model, version):
             self._start(self._serve(request))  # decoded and answered on the loop
             return None
         start = time.monotonic_ns()

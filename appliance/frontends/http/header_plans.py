@@ -64,7 +64,7 @@ class HeaderPlan:
         offset = 0
         for item in self.inputs:
             end = offset + item.size
-            data = np.frombuffer(binary[offset:end], dtype=item.numpy, count=item.count)
+            data = np.frombuffer(binary[offset:end], item.numpy, item.count)
             shape = item.shape
             inputs.append(InputTensor(item.name, item.datatype, shape, data.reshape(shape)))
             offset = end
