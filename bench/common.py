@@ -110,5 +110,5 @@ def wait_ready(proc: subprocess.Popen[bytes], http_port: int, started: float) ->
         except OSError:
             pass
         if proc.poll() is not None or time.monotonic() - started > 60:
-            raise RuntimeError(f"{proc.args[0]} did not become ready")
+            raise RuntimeError(f"{proc.args!r} did not become ready")
         time.sleep(0.01)
