@@ -123,7 +123,11 @@ class SchedulerBase:
                     self._idle.remove(worker)
                     self._running[worker] = jobs
                     return worker
-            self._wait_for_resources()
+            if self._idle:
+                self._wait_for_resources()
+            # Else the thread lane took the last idle instance after the caller looked (the
+            # caller reads `_idle` without the lock): the lane wakes `_dispatch` when it gives
+            # the instance back and work is queued (`Scheduler.run_here`).
         return None
 
     def run_here(self, job: Job, inline: bool = False) -> dict[str, Array] | BaseException | None:

@@ -270,3 +270,37 @@ async def test_threads_waiting_in_the_lane_get_the_instance_in_arrival_order() -
     assert scheduler.pending == 0
     assert scheduler.in_flight == 0
     await scheduler.stop(1, "test")
+
+
+async def test_the_loop_finding_the_lane_took_the_last_instance_waits_for_it() -> None:
+    """The loop looks at the idle instances without the lock; a lane thread may take the last
+    one before the loop's `_free_worker` takes the lock. Before: ValueError (min() of no idle
+    instances, CI's Python 3.10 run); now the job waits for the lane to give it back."""
+    scheduler, stats = make(Doubler(), instances=1)
+    loop = asyncio.get_running_loop()
+    free_worker = scheduler._free_worker
+    taken: list[Any] = []
+
+    def lane_takes_it_first(jobs: list[Job]) -> Any:
+        if not taken:  # what `run_here` does under the lock, between the loop's look and this
+            with scheduler._lock:
+                worker = scheduler._lane_worker()
+                assert worker is not None
+                scheduler._idle.remove(worker)
+                scheduler._running[worker] = [job(0.0)]
+                taken.append(worker)
+        return free_worker(jobs)
+
+    scheduler._free_worker = lane_takes_it_first  # type: ignore[method-assign]
+    queued = asyncio.ensure_future(scheduler.submit(job(2.0)))
+    await asyncio.sleep(0.05)
+    assert taken
+    assert not queued.done()  # waiting for the instance, not failed
+    with scheduler._lock:  # the lane gives it back, as `run_here` does, and wakes the loop
+        del scheduler._running[taken[0]]
+        scheduler._give_back_worker(taken[0])
+    loop.call_soon_threadsafe(scheduler._lane_done)
+    outputs = await asyncio.wait_for(queued, 10)
+    assert outputs["y"].tolist() == [[4.0, 4.0]]
+    assert stats.execution_count == 1  # the queued job's run (the lane's was not run here)
+    await scheduler.stop(1, "test")
