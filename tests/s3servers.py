@@ -33,6 +33,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from tests.serverproc import free_port as free_port  # one that never hands out a port twice
+
 LOOPBACK = "127.0.0.1"
 
 # SeaweedFS derives gRPC ports as http port + 10000.  Base ports are drawn from this range so that
@@ -42,13 +44,6 @@ _SEAWEED_BASE_PORTS = (10000, 22000)
 _GRPC_OFFSET = 10000
 # Unix sockets SeaweedFS always creates next to each gRPC listener; the path is hard-coded.
 _SEAWEED_GRPC_SOCKETS = "/tmp/seaweedfs-{service}-grpc-{port}.sock"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (the kernel's choice)."""
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclasses.dataclass(frozen=True)

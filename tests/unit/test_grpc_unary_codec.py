@@ -16,21 +16,7 @@ from appliance.protocol import service_pb2 as pb
 from appliance.serialization import encode_bytes
 from appliance.services.shared_memory import SharedMemoryRegistry
 from appliance.types import InferResponse, OutputTensor
-
-NUMERIC = {
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-}
+from tests.unit.test_tensors import NUMERIC  # datatype -> numpy type, one table for the tests
 
 
 def _encoded(array: np.ndarray[Any, Any], datatype: str) -> bytes:
