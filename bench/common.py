@@ -56,10 +56,20 @@ def pin_to_core(core: int) -> None:
     os.sched_setaffinity(0, {core})
 
 
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free loopback port, never one this process was given before: the kernel may hand the
+    same ephemeral port out twice in a row (CI once got one port for HTTP and gRPC). The tests
+    take theirs from here too (tests/serverproc.py)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def last_json_line(stdout: str) -> str:

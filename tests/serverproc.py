@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,22 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.common import free_port as free_port  # one race-free copy (tests import it here)
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-_GIVEN: set[int] = set()
-
-
-def free_port() -> int:
-    """A free loopback port, never one this process was given before: the kernel may hand the
-    same ephemeral port out twice in a row (CI once got one port for HTTP and gRPC)."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port not in _GIVEN:
-            _GIVEN.add(port)
-            return port
 
 
 class ServerProcess:
