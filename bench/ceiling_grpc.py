@@ -3,11 +3,13 @@ but the protocol, as a grpc.aio servicer on uvloop (as the server runs) or as th
 `grpc.server` with a thread pool.
 
     python -m bench.ceiling_grpc --mode aio|sync [--threads 64] --model-repository DIR \
-        --models simple,squeezenet_onnx --port P
+        --models simple,squeezenet_onnx --port P [--simple-compute numpy|ort]
 
 ModelInfer and ModelStreamInfer take raw_input_contents and answer raw_output_contents, computed
 by bench.ceiling_models (numpy add/sub for `simple`, raw ONNX Runtime in the handler for the ONNX
-models); ServerLive/Ready, ModelReady, ServerMetadata, ModelMetadata, ModelConfig and
+models; `--simple-compute ort` runs `simple`'s model.onnx through ONNX Runtime as well, as the
+server does: a reference for ORT's own cost, not the ceiling issue 20 measures against);
+ServerLive/Ready, ModelReady, ServerMetadata, ModelMetadata, ModelConfig and
 ModelStatistics (inference_count only) answer what perf_analyzer and tritonclient read. No
 validation beyond decoding, no limits, no scheduling.
 """
@@ -25,7 +27,7 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from bench.ceiling_models import BadRequest, CeilingModel, load_models
+from bench.ceiling_models import SIMPLE_COMPUTES, BadRequest, CeilingModel, load_models
 
 MODES = ("aio", "sync")
 # A stream holds a pool thread for its life: 8 threads hung perf_analyzer --streaming at c=8
@@ -236,8 +238,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", required=True, help="comma-separated model names")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--simple-compute",
+        choices=SIMPLE_COMPUTES,
+        default="numpy",
+        help="compute `simple` with numpy (the ceiling) or ONNX Runtime on its model.onnx",
+    )
     args = parser.parse_args(argv)
-    answers = Answers(load_models(args.model_repository, args.models.split(",")))
+    models = load_models(args.model_repository, args.models.split(","), args.simple_compute)
+    answers = Answers(models)
     address = f"{args.host}:{args.port}"
     if args.mode == "sync":
         serve_sync(answers, address, args.threads)

@@ -1,10 +1,13 @@
 """The HTTP ceiling: aiohttp on uvloop (as the server runs), KServe v2 routes, nothing else.
 
-    python -m bench.ceiling_http --model-repository DIR --models simple,squeezenet_onnx --port P
+    python -m bench.ceiling_http --model-repository DIR --models simple,squeezenet_onnx --port P \
+        [--simple-compute numpy|ort]
 
 Answers POST /v2/models/<m>[/versions/<v>]/infer with JSON tensors or Triton's binary tensor
 extension, computed by bench.ceiling_models (numpy add/sub for `simple`, raw ONNX Runtime inline
-on the loop for the ONNX models), plus the routes perf_analyzer and tritonclient read: health,
+on the loop for the ONNX models; `--simple-compute ort` runs `simple`'s model.onnx through ONNX
+Runtime as well, as the server does: a reference for ORT's own cost, not the ceiling issue 20
+measures against), plus the routes perf_analyzer and tritonclient read: health,
 server metadata, model metadata, config, readiness and statistics (inference_count only). No
 validation beyond what decoding needs, no limits, no scheduling, no access log: the least an
 aiohttp server can do per request, so the server's throughput over this one's is its own cost.
@@ -22,7 +25,7 @@ import numpy as np
 import orjson
 from aiohttp import web
 
-from bench.ceiling_models import Arrays, BadRequest, CeilingModel, load_models
+from bench.ceiling_models import SIMPLE_COMPUTES, Arrays, BadRequest, CeilingModel, load_models
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 MODELS = web.AppKey("models", dict)
@@ -173,8 +176,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", required=True, help="comma-separated model names")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--simple-compute",
+        choices=SIMPLE_COMPUTES,
+        default="numpy",
+        help="compute `simple` with numpy (the ceiling) or ONNX Runtime on its model.onnx",
+    )
     args = parser.parse_args(argv)
-    models = load_models(args.model_repository, args.models.split(","))
+    models = load_models(args.model_repository, args.models.split(","), args.simple_compute)
     try:
         import uvloop
     except ImportError:

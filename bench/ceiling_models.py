@@ -3,6 +3,12 @@ produces a correct response (numpy for `simple`, raw ONNX Runtime for the ONNX m
 
 The ceilings (bench.ceiling_http, bench.ceiling_grpc) only do the protocol around these, so the
 server's throughput divided by theirs is its own overhead on this machine.
+
+`simple_compute="ort"` (the ceilings' `--simple-compute ort`) computes `simple` with ONNX Runtime
+too, from the repository's simple/1/model.onnx, as the server does: a reference for how much of
+the server's cost on `simple` is ONNX Runtime's own (its run releases and retakes the GIL, which
+under load costs thread switches that numpy's ~1 us add/sub does not). The numpy ceilings stay the
+ones issue 20's ratios are measured against.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from bench.raw import open_session
 from edge_backends.datatypes import BY_CONFIG
 
 Arrays = dict[str, np.ndarray]
+SIMPLE_COMPUTES = ("numpy", "ort")  # how `simple` is computed; numpy is the default
 
 
 class BadRequest(Exception):
@@ -49,6 +56,7 @@ class CeilingModel:
     inputs: dict[str, TensorSpec]
     outputs: dict[str, TensorSpec]
     compute: Instance
+    computed_by: str  # "numpy" or "onnxruntime"
 
     @property
     def inference_count(self) -> int:
@@ -138,21 +146,29 @@ class Instance:
             return outputs
 
 
-def load_model(repository: Path, name: str) -> CeilingModel:
-    """The model from the repository that configs.generate writes (config.pbtxt, 1/model.onnx)."""
+def load_model(repository: Path, name: str, simple_compute: str = "numpy") -> CeilingModel:
+    """The model from the repository that configs.generate writes (config.pbtxt, 1/model.onnx);
+    `simple` computed with numpy, or with ONNX Runtime on its model.onnx when `simple_compute`
+    is "ort" (the other models always with ONNX Runtime)."""
+    if simple_compute not in SIMPLE_COMPUTES:
+        raise ValueError(f"simple_compute must be one of {SIMPLE_COMPUTES}, not {simple_compute!r}")
     folder = repository / name
     config = text_format.Parse(
         (folder / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
     )
     batched = config.max_batch_size > 0
     inputs, outputs = _specs(config.input, batched), _specs(config.output, batched)
+    by_numpy = name == "simple" and simple_compute == "numpy"
     compute: Callable[[Arrays], Arrays] = (
-        _add_sub if name == "simple" else _ort_compute(folder / "1" / "model.onnx")
+        _add_sub if by_numpy else _ort_compute(folder / "1" / "model.onnx")
     )
     platform = config.platform or config.backend
     instance = Instance(name, _reshaped(compute, config), batched)
-    return CeilingModel(name, platform, config, inputs, outputs, instance)
+    computed_by = "numpy" if by_numpy else "onnxruntime"
+    return CeilingModel(name, platform, config, inputs, outputs, instance, computed_by)
 
 
-def load_models(repository: Path, names: list[str]) -> dict[str, CeilingModel]:
-    return {name: load_model(repository, name) for name in names}
+def load_models(
+    repository: Path, names: list[str], simple_compute: str = "numpy"
+) -> dict[str, CeilingModel]:
+    return {name: load_model(repository, name, simple_compute) for name in names}

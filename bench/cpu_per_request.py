@@ -1,6 +1,6 @@
 """Server CPU per request, A/B between source trees and the ceilings, interleaved (issue 20).
 
-    python -m bench.cpu_per_request --trees /tmp/old,. [--ceilings http,aio,sync]
+    python -m bench.cpu_per_request --trees /tmp/old,. [--ceilings http,aio,sync[,sync-ort]]
         [--points simple:http,simple:grpc,simple:grpc-stream,squeezenet_onnx:grpc] [--rounds 3]
         [--seconds 3]
 
@@ -15,6 +15,12 @@ microseconds of CPU the server spends per request, which another process on the 
 disturbs far less than it disturbs throughput. Rounds alternate the order of the trees; the
 table gives each point's median over the rounds, and the ceilings (bench.ceiling_http,
 bench.ceiling_grpc) measured in the same rounds.
+
+The ceilings: http (aiohttp), aio (grpc.aio), sync (synchronous grpc), each computing `simple`
+with numpy; and http-ort, aio-ort, sync-ort, the same servers with `--simple-compute ort`, running
+`simple`'s model.onnx through ONNX Runtime as the server does (measured on `simple` points only:
+the other models run through ONNX Runtime in every ceiling). The -ort ones say how much of the
+server's cost on `simple` is ONNX Runtime's own; issue 20's ratios are against the numpy ones.
 """
 
 from __future__ import annotations
@@ -37,10 +43,15 @@ from bench.common import ROOT, free_port
 from bench.perf import DEFAULT_TOOL
 
 HZ = os.sysconf("SC_CLK_TCK")
-CEILING_ARGS = {
+_NUMPY_CEILINGS = {
     "http": ["-m", "bench.ceiling_http"],
     "aio": ["-m", "bench.ceiling_grpc", "--mode", "aio"],
     "sync": ["-m", "bench.ceiling_grpc", "--mode", "sync"],
+}
+ORT = "-ort"  # the suffix of the ceilings that compute `simple` with ONNX Runtime
+CEILING_ARGS = {
+    **_NUMPY_CEILINGS,
+    **{k + ORT: [*args, "--simple-compute", "ort"] for k, args in _NUMPY_CEILINGS.items()},
 }
 READY_S = 120.0
 
@@ -182,10 +193,22 @@ def print_table(names: Sequence[str], points: Points, results: Results, by_round
         print(f"| {model} {protocol} | " + " | ".join(cells) + " |")
 
 
+def ceiling_points(kind: str, points: Points) -> Points:
+    """The points a ceiling kind is measured on: its protocol's; an -ort one only `simple`'s."""
+    http = kind.removesuffix(ORT) == "http"
+    wanted = [(m, p) for m, p in points if (p == "http") == http]
+    return [(m, p) for m, p in wanted if m == "simple"] if kind.endswith(ORT) else wanted
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cpu_per_request")
     parser.add_argument("--trees", required=True, help="comma-separated checkouts")
-    parser.add_argument("--ceilings", default="http,aio,sync", help="of http, aio, sync; '' none")
+    parser.add_argument(
+        "--ceilings",
+        default="http,aio,sync",
+        help="of http, aio, sync (numpy computes `simple`) and http-ort, aio-ort, sync-ort "
+        "(ONNX Runtime computes it, as in the server); '' none",
+    )
     parser.add_argument("--points", default="simple:http,simple:grpc")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0)
@@ -193,6 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     trees = [Path(t).resolve() for t in args.trees.split(",") if t]
     ceilings = [c for c in args.ceilings.split(",") if c]
+    unknown = [c for c in ceilings if c not in CEILING_ARGS]
+    if unknown:
+        parser.error(f"unknown ceiling(s) {unknown}; choose from {', '.join(CEILING_ARGS)}")
     points = [tuple(p.split(":")) for p in args.points.split(",") if p]
     models = sorted({model for model, _ in points})
 
@@ -211,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not name.startswith("ceiling-"):
                 return start_tree(Path(name), repository), list(points)
             kind = name.removeprefix("ceiling-")
-            wanted = [(m, p) for m, p in points if (p == "http") == (kind == "http")]
+            wanted = ceiling_points(kind, points)
             if not wanted:
                 return None
             return start_ceiling(kind, repository, ",".join(models)), wanted

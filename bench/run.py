@@ -20,6 +20,12 @@
 4. Prints the table, whose last columns are each point's ratio to raw ORT and to its ceiling
    (HTTP: aiohttp; gRPC: the better of grpc.aio and synchronous grpc), and the goals of issue 20
    (and writes it as Markdown with --output).
+
+`--ceilings` may also name aiohttp-ort, grpc-aio-ort and grpc-sync-ort: the same ceilings
+computing `simple` with ONNX Runtime on its model.onnx (as the server does) instead of numpy.
+They are references for how much of the server's cost on `simple` is ONNX Runtime's own: measured
+for `simple` only, right after the numpy ceilings, and printed as their own table with the
+server's ratio to each, but never used for the `x ceiling` column or the targets.
 """
 
 from __future__ import annotations
@@ -42,8 +48,13 @@ from pathlib import Path
 from bench import cpu, perf
 from bench.ceilings import (
     CEILINGS,
+    KINDS,
+    ORT_CEILINGS,
+    ORT_MODELS,
     for_protocol,
     inference_count,
+    is_ort,
+    ort_for_protocol,
     start_ceiling,
     wait_listening,
 )
@@ -55,6 +66,7 @@ from bench.report import (
     RAW_ORT,
     SERVER,
     Row,
+    cpu_ratio,
     errors,
     markdown_table,
     paired_ratios,
@@ -77,6 +89,12 @@ OTHER_CPU_NOTE = (
     "other CPU: CPU time other processes on this machine used while the point ran, in % of one "
     "core (machine busy time minus this benchmark's own processes); high values mean the point "
     "was disturbed."
+)
+ORT_NOTE = (
+    "The ceilings computing `simple` with ONNX Runtime (--ceilings *-ort: the same minimal "
+    "servers running simple/1/model.onnx through ORT, as the server does, instead of numpy's "
+    "add/sub). References for ORT's own share of the server's cost only: the x ceiling column "
+    "and the targets use the numpy ceilings above."
 )
 
 
@@ -101,9 +119,12 @@ class Context:
     ceilings: dict[str, Server]
     repo: Path
 
-    def targets(self, protocol: str) -> list[tuple[str, Server]]:
-        """The server, then the ceilings that speak the protocol: measured back to back."""
+    def targets(self, protocol: str, model: str) -> list[tuple[str, Server]]:
+        """The server, then the ceilings that speak the protocol, then the ORT references (for
+        the models they compute differently): measured back to back."""
         kinds = for_protocol(protocol, self.plan.ceilings)
+        if model in ORT_MODELS:
+            kinds += ort_for_protocol(protocol, self.plan.ceilings)
         return [(SERVER, self.server), *((kind, self.ceilings[kind]) for kind in kinds)]
 
     def pids(self) -> list[int]:
@@ -143,7 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=csv_list,
         default=None,
         help=f"minimal servers to measure beside it: {','.join(CEILINGS)} or none "
-        f"(default all; {','.join(QUICK_CEILINGS)} with --quick)",
+        f"(default all three; {','.join(QUICK_CEILINGS)} with --quick); also "
+        f"{','.join(ORT_CEILINGS)}: the same computing `simple` with ONNX Runtime, shown as "
+        "references but never used for x ceiling or the targets",
     )
     p.add_argument(
         "--repeat",
@@ -182,9 +205,12 @@ def make_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Plan
         ceilings = ()
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
-    unknown = [c for c in ceilings if c not in CEILINGS]
+    unknown = [c for c in ceilings if c not in KINDS]
     if unknown:
-        parser.error(f"unknown ceiling(s) {unknown}; choose from {', '.join(CEILINGS)} or none")
+        parser.error(f"unknown ceiling(s) {unknown}; choose from {', '.join(KINDS)} or none")
+    if any(is_ort(c) for c in ceilings) and not set(ORT_MODELS) & set(args.models):
+        only = ", ".join(ORT_MODELS)
+        parser.error(f"the -ort ceilings differ from the others only on {only}: add it to --models")
     return Plan(
         models=tuple(args.models),
         protocols=tuple(args.protocols),
@@ -321,7 +347,7 @@ def measure_server(ctx: Context) -> list[Row]:
             one = [raw_row(ctx.repo, model, ctx.plan, ctx.pids())]
             for protocol in ctx.plan.protocols:
                 for concurrency in ctx.plan.concurrency:
-                    for target in ctx.targets(protocol):
+                    for target in ctx.targets(protocol, model):
                         one.append(measure_target(ctx, target, model, protocol, concurrency))
             rounds.append(one)
         rows += medians(rounds) if ctx.plan.repeat > 1 else rounds[0]
@@ -347,7 +373,8 @@ def medians(rounds: list[list[Row]]) -> list[Row]:
         error = (
             f"{len(failed)} of {len(mine)} rounds failed; first: {failed[0]}" if failed else None
         )
-        x_raw, x_ceiling = paired_ratios(rounds, key) if median.is_server else (None, None)
+        counted = [counted_rows(one) for one in rounds]  # never an ORT reference's ratio
+        x_raw, x_ceiling = paired_ratios(counted, key) if median.is_server else (None, None)
         chosen.append(
             replace(
                 median,
@@ -358,6 +385,34 @@ def medians(rounds: list[list[Row]]) -> list[Row]:
             )
         )
     return chosen
+
+
+def counted_rows(rows: Sequence[Row]) -> list[Row]:
+    """The rows the ratios and targets are taken from: all but the ORT references'."""
+    return [row for row in rows if not is_ort(row.server)]
+
+
+def ort_reference_lines(rows: Sequence[Row]) -> list[str]:
+    """The server's throughput (and CPU per inference) as a fraction of each ORT reference's,
+    at the same point."""
+    lines = []
+    for ref in rows:
+        if not is_ort(ref.server) or ref.stats is None or not ref.stats.infer_per_s:
+            continue
+        point = (ref.model, ref.protocol, ref.concurrency)
+        server = next(
+            (r for r in rows if r.is_server and (r.model, r.protocol, r.concurrency) == point),
+            None,
+        )
+        if server is None or server.stats is None:
+            continue
+        by_cpu = cpu_ratio(ref, server)
+        lines.append(
+            f"{ref.model} {ref.protocol} c={ref.concurrency}: {SERVER} "
+            f"{server.stats.infer_per_s / ref.stats.infer_per_s:.2f} of the {ref.server} "
+            "reference" + ("" if by_cpu is None else f" (by CPU per inference {by_cpu:.2f})")
+        )
+    return lines
 
 
 def measure_target(
@@ -448,7 +503,8 @@ def run_all(plan: Plan, pa: PerfAnalyzer | None, workdir: Path, log_path: Path) 
     try:
         for kind in plan.ceilings:
             log = workdir / f"ceiling-{kind}.log"
-            ceilings[kind] = start_ceiling(kind, repo, plan.models, plan.server_core, log)
+            models = [m for m in plan.models if m in ORT_MODELS] if is_ort(kind) else plan.models
+            ceilings[kind] = start_ceiling(kind, repo, models, plan.server_core, log)
         print(f"server ready in {wait_ready(server):.1f}s", flush=True)
         for kind, ceiling in ceilings.items():
             print(f"ceiling {kind} listening in {wait_listening(ceiling):.1f}s", flush=True)
@@ -471,7 +527,7 @@ def run_all(plan: Plan, pa: PerfAnalyzer | None, workdir: Path, log_path: Path) 
 
 def order(plan: Plan, rows: list[Row]) -> list[Row]:
     kinds = (RAW_ORT, *plan.protocols)
-    servers = (RAW, SERVER, *CEILINGS)
+    servers = (RAW, SERVER, *KINDS)
     return sorted(
         rows,
         key=lambda r: (
@@ -484,10 +540,17 @@ def order(plan: Plan, rows: list[Row]) -> list[Row]:
 
 
 def render(header: list[str], rows: list[Row], markdown: bool) -> str:
-    table = markdown_table(rows) if markdown else text_table(rows)
+    """The table and the targets, from every row but the ORT references'; those follow as a
+    table of their own, with the server's ratio to each."""
+    counted = counted_rows(rows)
+    references = [row for row in rows if is_ort(row.server)]
+    table = markdown_table if markdown else text_table
     bullets = "- " if markdown else ""
-    parts = [*(bullets + h for h in header), "", table, "", OTHER_CPU_NOTE, ""]
-    checks = target_checks(rows)
+    parts = [*(bullets + h for h in header), "", table(counted), "", OTHER_CPU_NOTE, ""]
+    if references:
+        parts += [ORT_NOTE, "", table(references), ""]
+        parts += [bullets + line for line in ort_reference_lines(rows)] + [""]
+    checks = target_checks(counted)
     if checks:
         parts += ["Targets:" if not markdown else "**Targets**", ""]
         parts += [bullets + c for c in checks] + [""]

@@ -1,12 +1,14 @@
 """The benchmark's ceilings (bench/ceiling_http.py, bench/ceiling_grpc.py) still answer real
-tritonclient inferences, so `python -m bench.run` never divides by a broken reference."""
+tritonclient inferences, so `python -m bench.run` never divides by a broken reference; the ORT
+references (`--simple-compute ort`) really run `simple` through ONNX Runtime, and never stand in
+for the numpy ceilings in a ratio or a target."""
 
 from __future__ import annotations
 
 import queue
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -15,16 +17,32 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from bench import cpu_per_request
+from bench import run as bench_run
+from bench.ceiling_models import _add_sub, load_model
 from bench.ceilings import (
     CEILINGS,
+    KINDS,
+    ORT_CEILINGS,
     for_protocol,
     inference_count,
+    ort_for_protocol,
     start_ceiling,
     wait_listening,
 )
 from bench.common import Stats
 from bench.raw import open_session
-from bench.report import RAW, RAW_ORT, Row, best_ceiling, of_ceiling, paired_ratios, pct_of_raw
+from bench.report import (
+    RAW,
+    RAW_ORT,
+    SERVER,
+    Row,
+    best_ceiling,
+    of_ceiling,
+    paired_ratios,
+    pct_of_raw,
+    target_checks,
+)
 from bench.server import Server, stop_server
 from configs.generate import write_repository
 
@@ -253,3 +271,146 @@ def test_ceilings_refuse_inputs_the_model_cannot_take(start: StartCeiling, kind:
     assert "model 'simple'" in caught.value.message()
     expected = "400" if kind == "aiohttp" else "StatusCode.INVALID_ARGUMENT"
     assert caught.value.status() == expected
+
+
+# ---- the ceilings that compute `simple` with ONNX Runtime (references only) ------------------
+
+ORT_UNDER_TEST = ["aiohttp-ort", "grpc-sync-ort"]  # grpc-aio-ort: the same flag, one start less
+
+
+def simple_infer(kind: str, url: str, a: np.ndarray, b: np.ndarray) -> Any:
+    module = httpclient if kind.startswith("aiohttp") else grpcclient
+    inputs = []
+    for name, data in (("INPUT0", a), ("INPUT1", b)):
+        inputs.append(module.InferInput(name, list(data.shape), "INT32"))
+        inputs[-1].set_data_from_numpy(data)
+    return module.InferenceServerClient(url).infer("simple", inputs)
+
+
+@pytest.mark.parametrize("kind", ORT_UNDER_TEST)
+def test_ort_ceiling_answers_simple_through_onnx_runtime(start: StartCeiling, kind: str) -> None:
+    """The right sum and difference, counted; and ONNX Runtime (not numpy) refuses a [1,8]
+    second input: its own error comes back, so the flag reached the server."""
+    ceiling = start(kind, ["simple"])
+    a = np.arange(-8, 8, dtype=np.int32).reshape(1, 16)
+    b = np.full((1, 16), 5, dtype=np.int32)
+    before = inference_count(kind, ceiling, "simple")
+    result = simple_infer(kind, ceiling.http_url, a, b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    assert before is not None
+    assert inference_count(kind, ceiling, "simple") == before + 1
+    with pytest.raises(InferenceServerException) as caught:
+        simple_infer(kind, ceiling.http_url, a, np.zeros((1, 8), dtype=np.int32))
+    assert "ONNXRuntimeError" in caught.value.message()
+    assert caught.value.status() == (
+        "400" if kind == "aiohttp-ort" else "StatusCode.INVALID_ARGUMENT"
+    )
+
+
+def test_numpy_ceiling_does_not_run_simple_through_onnx_runtime(start: StartCeiling) -> None:
+    """The default stays numpy: its error for the same input is numpy's broadcasting one."""
+    ceiling = start("grpc-sync")
+    a = np.zeros((1, 16), dtype=np.int32)
+    with pytest.raises(InferenceServerException) as caught:
+        simple_infer("grpc-sync", ceiling.grpc_url, a, np.zeros((1, 8), dtype=np.int32))
+    assert "broadcast" in caught.value.message()
+    assert "ONNXRuntimeError" not in caught.value.message()
+
+
+def test_load_model_picks_the_simple_compute(repository: Path) -> None:
+    numpy_model = load_model(repository, "simple")
+    ort_model = load_model(repository, "simple", "ort")
+    assert (numpy_model.computed_by, ort_model.computed_by) == ("numpy", "onnxruntime")
+    assert numpy_model.compute._compute is _add_sub
+    assert ort_model.compute._compute is not _add_sub
+    a, b = simple_inputs()
+    outputs = ort_model.compute({"INPUT0": a, "INPUT1": b})
+    np.testing.assert_array_equal(outputs["OUTPUT0"], a + b)
+    np.testing.assert_array_equal(outputs["OUTPUT1"], a - b)
+    with pytest.raises(ValueError, match="simple_compute"):
+        load_model(repository, "simple", "torch")
+
+
+def test_ort_ceilings_never_stand_for_a_protocol() -> None:
+    assert for_protocol("grpc", KINDS) == ["grpc-aio", "grpc-sync"]
+    assert for_protocol("http-binary", KINDS) == ["aiohttp"]
+    assert for_protocol("grpc", ORT_CEILINGS) == []
+    assert ort_for_protocol("grpc", KINDS) == ["grpc-aio-ort", "grpc-sync-ort"]
+    assert ort_for_protocol("http-json", KINDS) == ["aiohttp-ort"]
+    assert set(ORT_CEILINGS).isdisjoint(CEILINGS)
+
+
+def ort_point_rows(scale: float = 1.0, numpy_ceiling: bool = True) -> list[Row]:
+    """`simple` over gRPC: the server at 300, the numpy ceiling at 400, an ORT reference made
+    (unrealistically) faster than both at 1000, so picking it would change every ratio."""
+
+    def row(protocol: str, server: str, rate: float, cpu_us: float, c: int = 8) -> Row:
+        stats = Stats(rate * scale, 1.0, 2.0, 100)
+        return Row("simple", protocol, c, stats, "pa", server=server, cpu_us=cpu_us)
+
+    rows = [row(RAW_ORT, RAW, 5000.0, 200.0, 1), row("grpc", SERVER, 300.0, 300.0)]
+    if numpy_ceiling:
+        rows.append(row("grpc", "grpc-sync", 400.0, 240.0))
+    rows.append(row("grpc", "grpc-sync-ort", 1000.0, 100.0))
+    return rows
+
+
+def test_the_ratio_and_the_targets_never_use_an_ort_reference() -> None:
+    rows = ort_point_rows()
+    server = rows[1]
+    text = bench_run.render(["header"], rows, markdown=True)
+    main_table, _, rest = text.partition(bench_run.ORT_NOTE)
+    assert "| grpc-sync 400 | 0.75 (0.80) |" in main_table  # x ceiling: 300 / 400 (CPU 240 / 300)
+    assert "grpc-sync-ort" not in main_table
+    assert "grpc-sync-ort" in rest  # shown, as its own table
+    assert "simple grpc c=8: edge-appliance 0.30 of the grpc-sync-ort reference" in rest
+    assert "(by CPU per inference 0.33)" in rest
+    checks = [c for c in text.splitlines() if "of the" in c and "ceiling (goal" in c]
+    assert checks == [
+        "- PASS simple grpc c=8: 0.75 of the grpc-sync ceiling (goal >= 0.70); by CPU per "
+        "inference 0.80"
+    ]
+    # Without a numpy ceiling there is no ratio and no ceiling target, rather than the ORT one.
+    alone = ort_point_rows(numpy_ceiling=False)
+    counted = bench_run.counted_rows(alone)
+    assert best_ceiling(counted, alone[1]) is None
+    assert not [c for c in target_checks(counted) if "ceiling" in c]
+    assert "of the grpc-sync-ort ceiling" not in bench_run.render([], alone, markdown=True)
+    # With --repeat, each round's paired ratio is against the numpy ceiling too.
+    rounds = [ort_point_rows(1.0), ort_point_rows(0.5), ort_point_rows(1.0)]
+    [chosen] = [r for r in bench_run.medians(rounds) if r.is_server]
+    assert chosen.x_ceiling == pytest.approx(0.75)
+    # bench.report alone would take the fastest row of the point: the filter is what keeps it out.
+    assert of_ceiling(rows, server) == pytest.approx(0.3)
+
+
+def test_bench_run_measures_ort_references_on_simple_only(tmp_path: Path) -> None:
+    parser = bench_run.build_parser()
+    args = parser.parse_args(
+        ["--models", "simple,squeezenet_onnx", "--ceilings", "grpc-sync,grpc-sync-ort"]
+    )
+    plan = bench_run.make_plan(args, parser)
+    assert plan.ceilings == ("grpc-sync", "grpc-sync-ort")
+    assert bench_run.make_plan(parser.parse_args([]), parser).ceilings == CEILINGS  # default
+    servers = {kind: cast(Server, kind) for kind in plan.ceilings}  # only their names are read
+    ctx = bench_run.Context(plan, cast(Server, SERVER), None, tmp_path, servers, tmp_path)
+    assert [n for n, _ in ctx.targets("grpc", "simple")] == [SERVER, "grpc-sync", "grpc-sync-ort"]
+    assert [n for n, _ in ctx.targets("grpc", "squeezenet_onnx")] == [SERVER, "grpc-sync"]
+    assert [n for n, _ in ctx.targets("http-binary", "simple")] == [SERVER]
+    with pytest.raises(SystemExit):
+        bench_run.make_plan(
+            parser.parse_args(["--models", "squeezenet_onnx", "--ceilings", "grpc-sync-ort"]),
+            parser,
+        )
+
+
+def test_cpu_per_request_knows_the_ort_ceilings() -> None:
+    args = cpu_per_request.CEILING_ARGS
+    for kind in ("http", "aio", "sync"):
+        assert args[kind + "-ort"] == [*args[kind], "--simple-compute", "ort"]
+        assert "--simple-compute" not in args[kind]
+    points = [("simple", "grpc"), ("simple", "http"), ("squeezenet_onnx", "grpc")]
+    assert cpu_per_request.ceiling_points("sync", points) == [points[0], points[2]]
+    assert cpu_per_request.ceiling_points("sync-ort", points) == [points[0]]
+    assert cpu_per_request.ceiling_points("http-ort", points) == [points[1]]
