@@ -14,9 +14,10 @@
    (perf_analyzer has no JSON mode), or bench.loadgen for everything when perf_analyzer cannot
    be set up (or with --load-generator builtin). Each point is measured on the server and then,
    right after, on each ceiling that speaks its protocol (interleaved, so the machine's other
-   load hits both alike); --repeat N does all of step 3 N times and keeps each point's median,
-   and as its ratios the medians of each round's ratios (each against that round's raw ORT and
-   ceilings).
+   load hits both alike; every other round in the reverse order, the ceilings first, so that
+   an order effect cancels out); --repeat N does all of step 3 N times and keeps each point's
+   median, and as its ratios the medians of each round's ratios (each against that round's raw
+   ORT and ceilings).
 4. Prints the table, whose last columns are each point's ratio to raw ORT and to its ceiling
    (HTTP: aiohttp; gRPC: the better of grpc.aio and synchronous grpc), and the goals of issue 20
    (and writes it as Markdown with --output).
@@ -172,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--repeat",
         type=int,
         default=1,
-        help="measure each point N times, server and ceilings alternating, and keep the median",
+        help="measure each point N times, the server first in even rounds and last in odd ones "
+        "(so give an even N), and keep the median",
     )
     p.add_argument(
         "--quick", action="store_true", help="concurrency 8 only, short points, two ceilings"
@@ -339,15 +341,19 @@ def measure_point(
 
 def measure_server(ctx: Context) -> list[Row]:
     """Per model and round: raw ORT, then every point on the server and, right after, on its
-    ceilings; with --repeat, each point's median over the rounds."""
+    ceilings, in the reverse order every other round: with an even --repeat each goes first as
+    often as last (bench.cpu_per_request's server-first rounds gave the server 0.76-0.90 of the
+    aiohttp ceiling, its server-last ones 0.64-0.66: docs/benchmarks.md); with --repeat, each
+    point's median over the rounds."""
     rows: list[Row] = []
     for model in ctx.plan.models:
         rounds: list[list[Row]] = []
-        for _ in range(ctx.plan.repeat):
+        for index in range(ctx.plan.repeat):
             one = [raw_row(ctx.repo, model, ctx.plan, ctx.pids())]
             for protocol in ctx.plan.protocols:
                 for concurrency in ctx.plan.concurrency:
-                    for target in ctx.targets(protocol, model):
+                    targets = ctx.targets(protocol, model)
+                    for target in targets[::-1] if index % 2 else targets:
                         one.append(measure_target(ctx, target, model, protocol, concurrency))
             rounds.append(one)
         rows += medians(rounds) if ctx.plan.repeat > 1 else rounds[0]

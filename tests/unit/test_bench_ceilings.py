@@ -414,3 +414,34 @@ def test_cpu_per_request_knows_the_ort_ceilings() -> None:
     assert cpu_per_request.ceiling_points("sync", points) == [points[0], points[2]]
     assert cpu_per_request.ceiling_points("sync-ort", points) == [points[0]]
     assert cpu_per_request.ceiling_points("http-ort", points) == [points[1]]
+
+
+def test_bench_run_turns_the_order_round_by_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server goes first in even rounds and last in odd ones, so that neither it nor its
+    ceilings always get the same turn."""
+    parser = bench_run.build_parser()
+    args = parser.parse_args(
+        ["--models", "simple", "--protocols", "grpc", "--concurrency", "8", "--repeat", "3",
+         "--ceilings", "grpc-aio,grpc-sync"]
+    )  # fmt: skip
+    plan = bench_run.make_plan(args, parser)
+    servers = {kind: cast(Server, kind) for kind in plan.ceilings}
+    ctx = bench_run.Context(plan, cast(Server, SERVER), None, tmp_path, servers, tmp_path)
+    order: list[str] = []
+
+    def measured(
+        ctx: Any, target: tuple[str, Server], model: str, protocol: str, concurrency: int
+    ) -> bench_run.Row:
+        order.append(target[0])
+        return bench_run.Row(model, protocol, concurrency, None, "-", "not run", server=target[0])
+
+    monkeypatch.setattr(bench_run, "measure_target", measured)
+    monkeypatch.setattr(
+        bench_run, "raw_row", lambda *a: bench_run.Row("simple", "raw ORT", 1, None, "-", "no")
+    )
+    monkeypatch.setattr(bench_run.Context, "pids", lambda self: [])
+    bench_run.measure_server(ctx)
+    forward = [SERVER, "grpc-aio", "grpc-sync"]
+    assert order == forward + forward[::-1] + forward
