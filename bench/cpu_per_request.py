@@ -1,7 +1,7 @@
 """Server CPU per request, A/B between source trees and the ceilings, interleaved (issue 20).
 
     python -m bench.cpu_per_request --trees /tmp/old,. [--ceilings http,aio,sync[,sync-ort]]
-        [--points simple:http,simple:grpc,simple:grpc-stream,squeezenet_onnx:grpc] [--rounds 3]
+        [--points simple:http,simple:grpc,simple:grpc-stream,squeezenet_onnx:grpc] [--rounds 4]
         [--seconds 3]
 
 A point is MODEL:PROTOCOL, the protocol http, grpc or grpc-stream (perf_analyzer --streaming:
@@ -210,7 +210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(ONNX Runtime computes it, as in the server); '' none",
     )
     parser.add_argument("--points", default="simple:http,simple:grpc")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--rounds", type=int, default=4, help="even: each server first as often as last"
+    )
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--perf-analyzer", type=Path, default=DEFAULT_TOOL)
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """Server CPU per request of ModelStreamInfer on both of its paths, A/B between source trees,
 interleaved (issue 20).
 
-    python -m bench.grpc_stream_probe --trees /tmp/old,. [--rounds 3] [--seconds 4]
+    python -m bench.grpc_stream_probe --trees /tmp/old,. [--rounds 4] [--seconds 4]
 
 `simple` is answered on the stream's handler thread (the thread lane takes it);
 `simple_batched` is `simple` with dynamic batching (max_queue_delay_microseconds 100), which the
@@ -51,7 +51,9 @@ def repository(root: Path) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.grpc_stream_probe")
     parser.add_argument("--trees", required=True, help="comma-separated checkouts")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--rounds", type=int, default=4, help="even: each server first as often as last"
+    )
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--perf-analyzer", type=Path, default=DEFAULT_TOOL)
     args = parser.parse_args(argv)

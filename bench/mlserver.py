@@ -1,6 +1,6 @@
 """`simple` over HTTP JSON against MLServer 1.7.1 in its fastest setting, driven by wrk (issue 20).
 
-    python -m bench.mlserver [--rounds 3] [--seconds 5] [--settings w0,w1] [--venv DIR]
+    python -m bench.mlserver [--rounds 4] [--seconds 5] [--settings w0,w1] [--venv DIR]
                              [--connections 8] [--no-ceiling] [--tree DIR] [--output FILE.md]
                              [--quiet 60] [--patience 10]
 
@@ -633,7 +633,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--rounds", type=int, default=4, help="even: each server first as often as last"
+    )
     parser.add_argument("--seconds", type=int, default=5, help="per measured point")
     parser.add_argument("--connections", type=int, default=8, help="wrk -c (concurrency)")
     parser.add_argument("--settings", default="w0,w1", help="MLServer settings (Setting.parse)")
