@@ -39,19 +39,19 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from bench.ceilings import MODULE_ARGS
+from bench.ceilings import ORT_SUFFIX as ORT
 from bench.common import ROOT, free_port
 from bench.perf import DEFAULT_TOOL
 
 HZ = os.sysconf("SC_CLK_TCK")
-_NUMPY_CEILINGS = {
-    "http": ["-m", "bench.ceiling_http"],
-    "aio": ["-m", "bench.ceiling_grpc", "--mode", "aio"],
-    "sync": ["-m", "bench.ceiling_grpc", "--mode", "sync"],
-}
-ORT = "-ort"  # the suffix of the ceilings that compute `simple` with ONNX Runtime
+# This tool's short names for bench.ceilings' kinds; each also with ORT (`simple` computed
+# with ONNX Runtime).
+_KINDS = {"http": "aiohttp", "aio": "grpc-aio", "sync": "grpc-sync"}
 CEILING_ARGS = {
-    **_NUMPY_CEILINGS,
-    **{k + ORT: [*args, "--simple-compute", "ort"] for k, args in _NUMPY_CEILINGS.items()},
+    short + suffix: ["-m", *MODULE_ARGS[kind + suffix]]
+    for suffix in ("", ORT)
+    for short, kind in _KINDS.items()
 }
 READY_S = 120.0
 

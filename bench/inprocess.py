@@ -206,6 +206,7 @@ def _child(tree: str, repository: str, point: str, requests: int, rounds: int) -
         context = _Context()
         answer = pb.ModelInferResponse.FromString(serializer(behavior(raw, context)))
         out = np.frombuffer(answer.raw_output_contents[0], np.int32).tolist()
+
         def call() -> Any:
             return serializer(behavior(raw, context))
 
@@ -265,12 +266,14 @@ def measure(tree: Path, repository: str, point: str, requests: int, rounds: int,
     """One run in a fresh process: each round's us per request, and the answer's check line."""
     command = ["taskset", "-c", str(core), sys.executable, __file__, "--child", str(tree),
                str(repository), point, str(requests), str(rounds)]  # fmt: skip
+    from bench.common import last_json_line  # the parent's: the child imports no bench module
+
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith("{"):
-            result = json.loads(line)
-            return [float(v) for v in result["us"]], str(result["check"])
-    return [], f"no result (exit {done.returncode}): {done.stderr[-400:]}"
+    try:
+        result = json.loads(last_json_line(done.stdout))
+    except ValueError:
+        return [], f"no result (exit {done.returncode}): {done.stderr[-400:]}"
+    return [float(v) for v in result["us"]], str(result["check"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

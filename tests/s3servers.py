@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from tests.serverproc import free_port as free_port  # one that never hands out a port twice
+from bench.common import free_port as free_port  # one that never hands out a port twice
 
 LOOPBACK = "127.0.0.1"
 
