@@ -22,6 +22,7 @@ from appliance.errors import ApplianceError
 from appliance.frontends.grpc.server import InferenceServicer, pool_threads
 from appliance.frontends.http.server import HttpFrontend
 from appliance.gpu_metrics import GpuSource, find_gpu_source
+from appliance.header_forward import HeaderForward
 from appliance.listeners import (
     Listener,
     StartupError,
@@ -338,6 +339,9 @@ class Appliance:
             shared_memory=self.control.shared_memory,
             limits=self.settings.request_limits,
             status=self.status_service,
+            header_forward=HeaderForward.from_pattern(
+                self.settings.http_header_forward_pattern, "--http-header-forward-pattern"
+            ),
         )
         settings = self.settings
         address, port = settings.http_address, settings.http_port
@@ -410,6 +414,9 @@ class Appliance:
             shared_memory=self.control.shared_memory,
             limits=self.settings.request_limits,
             max_concurrent_rpcs=calls,
+            header_forward=HeaderForward.from_pattern(
+                self.settings.grpc_header_forward_pattern, "--grpc-header-forward-pattern"
+            ),
         )
         servicer.add_to_server(server, asyncio.get_running_loop())
         settings = self.settings

@@ -15,6 +15,7 @@ from typing import Any
 
 from appliance import logs
 from appliance.access import parse_groups
+from appliance.header_forward import compile_pattern
 from appliance.limits import RequestLimits
 from appliance.repository.rollout import (
     RolloutError,
@@ -33,10 +34,8 @@ from appliance.settings import (
 # tritonserver flags that have no meaning here (yet); accepted and reported as ignored.
 IGNORED_FLAGS = (
     "id",
-    "http-header-forward-pattern",
     "reuse-http-port",
     "http-thread-count",
-    "grpc-header-forward-pattern",
     "reuse-grpc-port",
     "grpc-infer-allocation-pool-size",
     "grpc-max-response-pool-size",
@@ -292,6 +291,15 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="the same for gRPC; the metadata key is triton-grpc-protocol-KEY; more in "
         "$EDGE_APPLIANCE_GRPC_RESTRICTED_PROTOCOL",
     )
+    for protocol, names in (("http", "HTTP headers"), ("grpc", "gRPC metadata keys")):
+        p.add_argument(
+            f"--{protocol}-header-forward-pattern",
+            default=None,
+            metavar="REGEX",
+            help=f"{names} of infer requests whose name this matches (a search, case-insensitive "
+            "unless the pattern says (?-i)) reach the model as string request parameters "
+            "(default: none)",
+        )
     p.add_argument(
         "--unix-socket-mode",
         type=lambda text: int(text, 8),
@@ -582,6 +590,16 @@ def _restricted(values: list[str], flag: str) -> tuple[tuple[str, str, str], ...
     return tuple((api, rule.key, rule.value) for api, rule in sorted(groups.items()))
 
 
+def _forward_pattern(pattern: str | None, flag: str) -> str | None:
+    """The flag's pattern, checked once here: one that does not compile stops the start."""
+    if pattern is not None:
+        try:
+            compile_pattern(pattern, flag)
+        except ValueError as exc:
+            raise SystemExit(f"edge-appliance: {exc}") from None
+    return pattern
+
+
 def default_store_dir() -> Path:
     """systemd's StateDirectory= when run as a unit, else the user's state folder."""
     state = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
@@ -672,6 +690,12 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         http_restricted=_restricted(args.http_restricted_api, "--http-restricted-api"),
         tls=_tls(args),
         grpc_restricted=_restricted(args.grpc_restricted_protocol, "--grpc-restricted-protocol"),
+        http_header_forward_pattern=_forward_pattern(
+            args.http_header_forward_pattern, "--http-header-forward-pattern"
+        ),
+        grpc_header_forward_pattern=_forward_pattern(
+            args.grpc_header_forward_pattern, "--grpc-header-forward-pattern"
+        ),
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
         allow_http=_on(args.allow_http, True),

@@ -97,6 +97,10 @@ class ServerSettings:
     tls: TlsSettings = field(default_factory=TlsSettings)
     http_restricted: tuple[tuple[str, str, str], ...] = ()
     grpc_restricted: tuple[tuple[str, str, str], ...] = ()
+    # --http-header-forward-pattern / --grpc-header-forward-pattern: headers whose name matches
+    # become request parameters (appliance/header_forward.py); None: the flag was not given.
+    http_header_forward_pattern: str | None = None
+    grpc_header_forward_pattern: str | None = None
     metrics_address: str = "127.0.0.1"
     metrics_port: int = 8002
     allow_http: bool = True

@@ -59,7 +59,13 @@ async def _serve(kind: str, port: int) -> None:
                 return None
 
             def infer_reply(
-                self, model: str, version: str, admission: Any, body: Body, headers: Any
+                self,
+                model: str,
+                version: str,
+                admission: Any,
+                body: Body,
+                headers: Any,
+                raw_headers: Any,
             ) -> Reply:
                 return Reply(200, b"application/json", [ANSWER])
 

@@ -58,7 +58,13 @@ class Route:
         return object()
 
     def infer_reply(
-        self, model: str, version: str, admission: Any, body: Body, headers: Mapping[str, str]
+        self,
+        model: str,
+        version: str,
+        admission: Any,
+        body: Body,
+        headers: Mapping[str, str],
+        raw_headers: Any,
     ) -> Reply | Coroutine[Any, Any, Reply]:
         self.bodies.append(bytes(body))
         self.types.append(type(body))

@@ -50,6 +50,7 @@ from appliance.frontends.grpc.stream import (
     StreamRun,
 )
 from appliance.frontends.status import GRPC_STATUS
+from appliance.header_forward import HeaderForward
 from appliance.limits import RequestLimits
 from appliance.logs import RATE_LIMITED
 from appliance.protocol import service_pb2 as pb
@@ -243,7 +244,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     """Every RPC the HTTP side serves; errors map through frontends/status.py.
 
     `shared_memory` is the registry requests name their tensors' regions in (the one the
-    control service registers them in); `limits` are checked on declared shapes while decoding.
+    control service registers them in); `limits` are checked on declared shapes while decoding;
+    `header_forward`: the metadata infer requests give the model as parameters (None: none).
     """
 
     def __init__(
@@ -255,6 +257,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         shared_memory: SharedMemoryRegistry,
         limits: RequestLimits,
         max_concurrent_rpcs: int = 0,
+        header_forward: HeaderForward | None = None,
     ) -> None:
         self.core = core
         self.control = control
@@ -266,6 +269,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         # Streams open, past which one is refused: each holds a pool thread for its life.
         self.streams = StreamSlots(stream_limit(max_concurrent_rpcs))
         self._loop: asyncio.AbstractEventLoop | None = None
+        # --grpc-header-forward-pattern: None without it (the infer path never looks further).
+        self.header_forward = header_forward
 
     def add_to_server(self, server: grpc.Server, loop: asyncio.AbstractEventLoop) -> None:
         """Serve every RPC on `server` (whose pool threads run the handlers; the servicer's
@@ -426,6 +431,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         # Admission before decoding: an overloaded model's refusal costs no decode or validation.
         with core.admit(request.model_name, request.model_version) as admission:
             decoded = decode_request(request, shm, self.limits)
+            if self.header_forward is not None:  # after decoding, as tritonserver
+                metadata = context.invocation_metadata() or ()
+                decoded.parameters.update(self.header_forward.parameters(metadata))
             try:
                 answer = core.infer_here(decoded, admission, loop, context.is_active)
                 if isinstance(answer, Prepared):
@@ -465,6 +473,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             self.shared_memory,
             self.limits,
             _status_of,
+            self.header_forward,
         )
         try:
             yield from run.responses()

@@ -44,12 +44,14 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from appliance.errors import ApplianceError, ErrorCode
+from appliance.errors import ApplianceError, ErrorCode, InvalidInput
 from appliance.frontends.grpc.codec import decode_request, encode_response, names_regions
+from appliance.header_forward import HeaderForward
 from appliance.limits import RequestLimits
 from appliance.protocol import service_pb2 as pb
 from appliance.services.inference import InferenceService, Prepared
 from appliance.services.shared_memory import SharedMemoryRegistry, shm_targets
+from appliance.types import InferRequest
 
 # Requests of one ModelStreamInfer stream in flight (read and not yet answered), and responses
 # waiting for the client to read them. At the bound the stream reads no further request until
@@ -109,6 +111,7 @@ class StreamRun:
         shared_memory: SharedMemoryRegistry,
         limits: RequestLimits,
         status_of: Callable[[BaseException], tuple[grpc.StatusCode, str]],
+        header_forward: HeaderForward | None = None,
     ) -> None:
         self._messages = messages
         self._loop = loop
@@ -125,6 +128,15 @@ class StreamRun:
         # The lane's last runs on this stream in a row that took longer than STREAM_LANE_LONG_NS.
         self._long_runs = 0
         self._reader: _Reader | None = None
+        # What the stream's metadata adds to each of its requests' parameters, read once (it
+        # is the call's): None without --grpc-header-forward-pattern, or the refusal every
+        # request gets when a matching key is reserved.
+        self._forwarded: dict[str, str] | InvalidInput | None = None
+        if header_forward is not None:
+            try:
+                self._forwarded = header_forward.parameters(context.invocation_metadata() or ())
+            except InvalidInput as exc:
+                self._forwarded = exc
         if not context.add_callback(self._end):
             self._ended = True
 
@@ -228,6 +240,8 @@ class StreamRun:
         try:
             with self._core.admit(model, version) as admission:
                 decoded = decode_request(request, self._shm, self._limits)
+                if self._forwarded is not None:
+                    self._forward(decoded)
                 answer = self._core.infer_here(decoded, admission, self._loop, self._active)
             if isinstance(answer, Prepared):
                 self._start(self._finish(request, answer))
@@ -247,6 +261,15 @@ class StreamRun:
         if _EMPTY_FINAL in request.parameters and request.parameters[_EMPTY_FINAL].bool_param:
             result.parameters[_FINAL].bool_param = True  # its only response is the final one
         return message
+
+    def _forward(self, decoded: InferRequest) -> None:
+        """The stream's forwarded metadata into a decoded request's parameters (after its
+        decoding, as tritonserver), or the stream's refusal of them."""
+        forwarded = self._forwarded
+        if isinstance(forwarded, InvalidInput):
+            raise forwarded
+        if forwarded:
+            decoded.parameters.update(forwarded)
 
     def _start(self, work: Coroutine[Any, Any, None]) -> None:
         future = asyncio.run_coroutine_threadsafe(work, self._loop)
@@ -301,6 +324,8 @@ class StreamRun:
                     request.model_name, request.model_version
                 )
                 decoded = decode_request(request, self._shm, self._limits)
+                if self._forwarded is not None:
+                    self._forward(decoded)
                 targets = shm_targets(decoded.outputs)
                 async for response in self._core.infer_stream(decoded):
                     message = pb.ModelStreamInferResponse()

@@ -89,10 +89,17 @@ class InferRoute(Protocol):
         ...
 
     def infer_reply(
-        self, model: str, version: str, admission: Any, body: Body, headers: Mapping[str, str]
+        self,
+        model: str,
+        version: str,
+        admission: Any,
+        body: Body,
+        headers: Mapping[str, str],
+        raw_headers: Sequence[tuple[bytes, bytes]],
     ) -> Reply | Coroutine[Any, Any, Reply]:
         """The answer to a request whose body is in (errors included), or, when it cannot
-        be answered at once, the coroutine that answers it."""
+        be answered at once, the coroutine that answers it. `raw_headers`: as they came
+        (names as sent: header forwarding gives them to the model)."""
         ...
 
     def error(self, status: int, message: str) -> Reply:
@@ -142,11 +149,14 @@ class _Message:
 class RelayHandler(RequestHandler):
     """aiohttp's connection protocol for one relayed request: tells its connection when the
     response is written (`finish_response`, which aiohttp calls for every request it answers,
-    parse errors included)."""
+    parse errors included). `raw_headers`: the request's headers as httptools gave them
+    (aiohttp's parser strips the whitespace that ends a value; header forwarding gives the
+    model the value as sent, as tritonserver)."""
 
     def __init__(self, manager: Any, on_finished: Callable[[bool], None], **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._on_finished = on_finished
+        self.raw_headers: Sequence[tuple[bytes, bytes]] = ()
 
     async def finish_response(self, request: Any, resp: Any, start_time: float | None) -> Any:
         keep_alive = False
@@ -540,7 +550,12 @@ class InferConnection(asyncio.BufferedProtocol):
         body = message.body
         if isinstance(body, list):
             return self._route.infer_reply(
-                message.model, message.version, message.admission, b"".join(body), message.fields
+                message.model,
+                message.version,
+                message.admission,
+                b"".join(body),
+                message.fields,
+                message.headers,
             )
         if message.filled != len(body):  # the connection ended the body early
             _release(message.admission)
@@ -548,7 +563,7 @@ class InferConnection(asyncio.BufferedProtocol):
                 400, f"request body has {message.filled} of its Content-Length {len(body)} bytes"
             )
         return self._route.infer_reply(
-            message.model, message.version, message.admission, body, message.fields
+            message.model, message.version, message.admission, body, message.fields, message.headers
         )
 
     async def _answer_later(self, message: _Message, answer: Coroutine[Any, Any, Reply]) -> None:
@@ -647,6 +662,7 @@ class InferConnection(asyncio.BufferedProtocol):
         self._relay = self._owner.relay_handler(
             lambda keep_alive: self._relay_finished(message, keep_alive)
         )
+        self._relay.raw_headers = message.headers
         self._relay.connection_made(self._relay_transport)
         pending, message.pending = message.pending, []
         message.pending_bytes = 0

@@ -26,6 +26,7 @@ from appliance.frontends.http.fastpath import (
     STREAMED_BYTES,
     Body,
     Buffer,
+    RelayHandler,
     Reply,
 )
 from appliance.frontends.http.generate import decode_generate, encode_generate
@@ -33,6 +34,7 @@ from appliance.frontends.http.header_plans import HeaderPlans
 from appliance.frontends.http.refusals import RefusedBodies
 from appliance.frontends.http.status_page import StatusPage
 from appliance.frontends.status import HTTP_STATUS
+from appliance.header_forward import HeaderForward
 from appliance.limits import RequestLimits
 from appliance.logs import RATE_LIMITED
 from appliance.services.control import ControlService
@@ -165,7 +167,8 @@ class HttpFrontend:
     """Builds the aiohttp Application.
 
     `shared_memory` is the registry requests name their tensors' regions in (the one the
-    control service registers them in); `limits` are checked on declared shapes while decoding.
+    control service registers them in); `limits` are checked on declared shapes while decoding;
+    `header_forward`: the headers infer requests give the model as parameters (None: none).
     """
 
     def __init__(
@@ -178,6 +181,7 @@ class HttpFrontend:
         shared_memory: SharedMemoryRegistry,
         limits: RequestLimits,
         status: StatusService | None = None,
+        header_forward: HeaderForward | None = None,
     ) -> None:
         self.core = core
         self.control = control
@@ -189,6 +193,8 @@ class HttpFrontend:
         self.refused = RefusedBodies()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.status_page = StatusPage(status) if status is not None else None
+        # --http-header-forward-pattern: None without it (the infer path never looks further).
+        self.header_forward = header_forward
 
     def build(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
@@ -258,7 +264,9 @@ class HttpFrontend:
             return await self.refused.refuse(request, refusal)
         with admission:  # released at once if the body cannot be read
             body = await read_body(request, self.max_body_bytes)
-        answer = self.infer_reply(model, version, admission, body, request.headers)
+        answer = self.infer_reply(
+            model, version, admission, body, request.headers, self._raw_headers(request)
+        )
         reply = answer if isinstance(answer, Reply) else await answer
         if reply.status != 200:
             return web.Response(
@@ -283,6 +291,16 @@ class HttpFrontend:
             resp.enable_compression()
         return resp
 
+    def _raw_headers(self, request: web.Request) -> Sequence[tuple[bytes, bytes]]:
+        """The headers as sent, for header forwarding (none without it): a request relayed
+        from fastpath.py carries them as httptools gave them."""
+        if self.header_forward is None:
+            return ()
+        protocol = request.protocol
+        if isinstance(protocol, RelayHandler) and protocol.raw_headers:
+            return protocol.raw_headers
+        return request.raw_headers
+
     # ---- the infer route without aiohttp (frontends/http/fastpath.py) -------------------------
 
     def admit(self, model: str, version: str, headers: Mapping[str, str]) -> Admission | Reply:
@@ -304,11 +322,13 @@ class HttpFrontend:
         admission: Admission,
         body: Body,
         headers: Mapping[str, str],
+        raw_headers: Sequence[tuple[bytes, bytes]],
     ) -> Reply | Coroutine[Any, Any, Reply]:
         """The answer to an infer request whose body is in (fastpath.py's, or aiohttp's route
         above), errors included. A model cheap enough to run inline runs now, on the loop
         (`InferenceService.infer_here` with `inline`): the Reply. Otherwise the coroutine that
-        queues it and answers. `headers`: case-insensitive, or with lower-case names."""
+        queues it and answers. `headers`: case-insensitive, or with lower-case names;
+        `raw_headers`: as they came, read only with --http-header-forward-pattern."""
         shm = self.shared_memory
         # The regions the request names are held until it is answered (as `request_scope`).
         holds: RequestHolds | None = None
@@ -324,6 +344,8 @@ class HttpFrontend:
                     lambda: self.control.model_config(model, version),
                     self.header_plans,
                 )
+                if self.header_forward is not None:  # after decoding, as tritonserver
+                    wire.request.parameters.update(self.header_forward.parameters(raw_headers))
                 loop = self._loop or self._set_loop()
                 outcome = self.core.infer_here(
                     wire.request, admission, loop, _connected, inline=True
