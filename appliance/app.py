@@ -358,6 +358,7 @@ class Appliance:
             infer_route=frontend,
         )
         self.http_port = listener.port
+        _log_forwarding("HTTP headers", frontend.header_forward)
         if listener.port is not None:
             log.info("Started HTTPService at %s:%s", address, listener.port)
         if settings.http_unix_socket:
@@ -419,6 +420,7 @@ class Appliance:
             ),
         )
         servicer.add_to_server(server, asyncio.get_running_loop())
+        _log_forwarding("gRPC metadata keys", servicer.header_forward)
         settings = self.settings
         unix_path = settings.grpc_unix_socket
         listener, self.grpc_port = await serve_grpc(
@@ -459,3 +461,9 @@ async def serve_forever(
     appliance = Appliance(settings, notifier, logs)
     async with appliance.running():
         appliance.begin_shutdown(await stop())
+
+
+def _log_forwarding(what: str, forward: HeaderForward | None) -> None:
+    """Say once that a protocol forwards headers to the models (they see them as parameters)."""
+    if forward is not None:
+        log.info("Forwarding %s matching '%s' to models as parameters", what, forward.pattern)

@@ -334,6 +334,12 @@ def test_with_everything_forwarded_the_clients_own_headers_arrive(
     assert "grpc" in grpc_params["user-agent"]
 
 
+def test_the_start_says_what_is_forwarded(forwarding: ServerProcess, plain: ServerProcess) -> None:
+    for what in ("HTTP headers", "gRPC metadata keys"):
+        assert f"Forwarding {what} matching 'MY_HEADER.*' to models" in forwarding.log()
+        assert f"Forwarding {what}" not in plain.log()
+
+
 # ---- without the flags ---------------------------------------------------------------------
 
 
