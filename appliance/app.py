@@ -105,6 +105,7 @@ class Appliance:
             RuntimeSettings(
                 repositories=settings.model_repositories + self.remote.roots,
                 strict_model_config=settings.strict_model_config,
+                config_name=settings.model_config_name,
                 drain_timeout_s=settings.exit_timeout_secs,
                 latency_histograms=settings.latency_histograms,
                 manifest=manifest,

@@ -16,6 +16,7 @@ from typing import Any
 from appliance import logs
 from appliance.access import parse_groups
 from appliance.limits import RequestLimits
+from appliance.model_config import check_config_name
 from appliance.repository.rollout import (
     RolloutError,
     check_device_id,
@@ -76,7 +77,6 @@ IGNORED_FLAGS = (
     "cache-directory",
     "allow-client-shm",
     "grpc-infer-thread-count",
-    "model-config-name",
 )
 
 # The ignored flags' values are checked as tritonserver checks them (bool: true/false/on/off/
@@ -317,6 +317,13 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         help=f"how old GPU readings may be when scraped (default {_D.metrics_interval_ms})",
     )
     _add_bool(p, "--strict-model-config", "refuse models without a complete config.pbtxt")
+    p.add_argument(
+        "--model-config-name",
+        default=None,
+        metavar="NAME",
+        help="each model's configuration is configs/NAME.pbtxt in its folder where that file "
+        "exists, config.pbtxt otherwise (one repository configured per kind of device)",
+    )
     _add_bool(
         p,
         "--disable-auto-complete-config",
@@ -619,6 +626,15 @@ def _fleet(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _config_name(value: str | None) -> str:
+    if value is None:
+        return ""
+    try:
+        return check_config_name(value)
+    except ValueError as exc:
+        raise SystemExit(f"edge-appliance: {exc}") from None
+
+
 def _on(value: bool | None, default: bool) -> bool:
     return default if value is None else value
 
@@ -686,6 +702,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         strict_model_config=(
             _on(args.strict_model_config, False) or _on(args.disable_auto_complete_config, False)
         ),
+        model_config_name=_config_name(args.model_config_name),
         strict_readiness=_on(args.strict_readiness, False),
         exit_on_error=_on(args.exit_on_error, False),
         log_verbose=args.log_verbose,

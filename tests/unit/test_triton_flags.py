@@ -124,8 +124,10 @@ def test_a_whole_tritonserver_command_line() -> None:
     line = [f"--{f}={v}" for f, v in TRITONSERVER_FLAGS.items() if v is not None]
     settings = _settings(*line, "--disable-auto-complete-config")
     ignored = set(settings.ignored_flags)
-    assert {"--allow-client-shm", "--grpc-infer-thread-count", "--model-config-name"} <= ignored
+    assert {"--allow-client-shm", "--grpc-infer-thread-count"} <= ignored
     assert "--backend-directory" in ignored
+    assert "--model-config-name" not in ignored
+    assert settings.model_config_name == "production"
     assert "--http-max-input-size" not in ignored  # --max-request-bytes
     assert settings.max_request_bytes == 67108864
     assert settings.strict_model_config  # --disable-auto-complete-config
@@ -150,3 +152,18 @@ def test_a_value_tritonserver_refuses_is_refused(
     with pytest.raises(SystemExit):
         _settings(flag)
     assert "error: argument" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("", "empty argument for --model-config-name"),
+        ("two words", "must not contain spaces"),
+        ("../escape", "not a path"),
+        ("sub/name", "not a path"),
+        ("..", "not a path"),
+    ],
+)
+def test_a_model_config_name_that_cannot_name_a_file_is_refused(value: str, words: str) -> None:
+    with pytest.raises(SystemExit, match=words):
+        _settings(f"--model-config-name={value}")
