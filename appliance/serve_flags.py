@@ -60,7 +60,6 @@ IGNORED_FLAGS = (
     "vertex-ai-default-model",
     "trace-config",
     "trace-log-frequency",
-    "model-load-thread-count",
     "model-load-retry-count",
     "model-namespacing",
     "enable-peer-access",
@@ -108,7 +107,6 @@ _IGNORED_INT = (
     "vertex-ai-port",
     "vertex-ai-thread-count",
     "trace-log-frequency",
-    "model-load-thread-count",
     "model-load-retry-count",
     "pinned-memory-pool-byte-size",
     "buffer-manager-thread-count",
@@ -317,6 +315,14 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         help=f"how old GPU readings may be when scraped (default {_D.metrics_interval_ms})",
     )
     _add_bool(p, "--strict-model-config", "refuse models without a complete config.pbtxt")
+    p.add_argument(
+        "--model-load-thread-count",
+        type=_positive_int,
+        default=_D.model_load_threads,
+        metavar="N",
+        help="models loading at once, at start and on repository changes (default "
+        f"{_D.model_load_threads}: each load's peak memory adds up on a small device)",
+    )
     p.add_argument(
         "--model-config-name",
         default=None,
@@ -703,6 +709,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             _on(args.strict_model_config, False) or _on(args.disable_auto_complete_config, False)
         ),
         model_config_name=_config_name(args.model_config_name),
+        model_load_threads=args.model_load_thread_count,
         strict_readiness=_on(args.strict_readiness, False),
         exit_on_error=_on(args.exit_on_error, False),
         log_verbose=args.log_verbose,

@@ -108,6 +108,7 @@ class ServerSettings:
     latency_histograms: bool = False  # --metrics-config histogram_latencies=true
     strict_model_config: bool = False
     model_config_name: str = ""  # --model-config-name: configs/<name>.pbtxt where it exists
+    model_load_threads: int = 2  # --model-load-thread-count (tritonserver's default is 4)
     strict_readiness: bool = False
     exit_on_error: bool = False
     log_verbose: int = 0

@@ -55,6 +55,7 @@ class RuntimeSettings:
             rollback_window=settings.rollback_window,
             cache_dir=settings.model_store_dir,
             rollback_latency_ratio=settings.rollback_latency_ratio,
+            load_concurrency=settings.model_load_threads,
         )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from appliance.cli import build_parser
+from appliance.runtime.settings import RuntimeSettings
 from appliance.serve_flags import settings_from_args
 from appliance.settings import ServerSettings
 
@@ -128,6 +129,8 @@ def test_a_whole_tritonserver_command_line() -> None:
     assert "--backend-directory" in ignored
     assert "--model-config-name" not in ignored
     assert settings.model_config_name == "production"
+    assert "--model-load-thread-count" not in ignored
+    assert RuntimeSettings.from_server(settings).load_concurrency == 4
     assert "--http-max-input-size" not in ignored  # --max-request-bytes
     assert settings.max_request_bytes == 67108864
     assert settings.strict_model_config  # --disable-auto-complete-config
