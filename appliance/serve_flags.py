@@ -58,7 +58,6 @@ IGNORED_FLAGS = (
     "vertex-ai-port",
     "vertex-ai-thread-count",
     "vertex-ai-default-model",
-    "trace-config",
     "trace-log-frequency",
     "model-load-retry-count",
     "model-namespacing",
@@ -439,6 +438,15 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         "--trace-count", type=int, default=_D.trace_count, help="stop after N traces (-1: never)"
     )
     p.add_argument(
+        "--trace-config",
+        action="append",
+        default=[],
+        metavar="[MODE,]SETTING=VALUE",
+        help="tritonserver's spelling of the trace flags, repeatable: rate=N, level=LEVEL, "
+        "count=N, triton,file=PATH (they win over --trace-rate, ...); OpenTelemetry mode and "
+        "triton,log-frequency are accepted and ignored",
+    )
+    p.add_argument(
         "--metrics-config",
         action="append",
         default=[],
@@ -544,6 +552,67 @@ def parse_rate_limit_resources(values: list[str]) -> tuple[tuple[str, int], ...]
             )
         resources.append((parts[0], int(parts[1])))
     return tuple(resources)
+
+
+TRACE_MODES = ("triton", "opentelemetry")
+# tritonserver's --trace-config settings that this server's trace flags carry: (mode, setting)
+# -> the ServerSettings field (mode "": a global setting).
+_TRACE_FIELDS = {
+    ("", "rate"): "trace_rate",
+    ("", "count"): "trace_count",
+    ("", "level"): "trace_level",
+    ("triton", "file"): "trace_file",
+}
+_TRACE_FORMAT = "--trace-config expects [MODE,]SETTING=VALUE (MODE: triton or opentelemetry)"
+
+
+def parse_trace_config(values: list[str]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """tritonserver's `--trace-config [MODE,]SETTING=VALUE` entries: the trace settings they set
+    (they win over --trace-rate, --trace-level, --trace-count and --trace-file, as there) and
+    the entries accepted but ignored (OpenTelemetry mode and its settings, triton's
+    log-frequency, unknown settings). A malformed entry stops the start, as it stops
+    tritonserver's."""
+    chosen: dict[str, Any] = {}
+    ignored: list[str] = []
+    levels: list[str] = []
+    for value in values:
+        head, comma, rest = value.partition(",")
+        mode, entry = (head, rest) if comma else ("", value)
+        setting, equals, setting_value = entry.partition("=")
+        if (comma and mode not in TRACE_MODES) or not (equals and setting and setting_value):
+            raise SystemExit(f"edge-appliance: {_TRACE_FORMAT}, got '{value}'")
+        if (mode, setting) == ("", "mode"):
+            if setting_value not in TRACE_MODES:
+                raise SystemExit(f"edge-appliance: {_TRACE_FORMAT}, got '{value}'")
+            if setting_value != "triton":
+                ignored.append(f"--trace-config {value}")
+            continue
+        field = _TRACE_FIELDS.get((mode, setting))
+        if field is None:
+            ignored.append(f"--trace-config {value}")
+        elif field == "trace_level":
+            level = setting_value.upper()
+            if level not in ("OFF", "TIMESTAMPS", "TENSORS"):
+                raise SystemExit(
+                    f"edge-appliance: --trace-config level must be OFF, TIMESTAMPS or TENSORS, "
+                    f"got '{setting_value}'"
+                )
+            if level == "TENSORS":  # tritonserver adds the tensors; here: the timestamps
+                ignored.append(f"--trace-config {value} (traced as TIMESTAMPS)")
+            levels.append(level)
+        elif field == "trace_file":
+            chosen[field] = setting_value
+        else:
+            try:
+                chosen[field] = int(setting_value)
+            except ValueError:
+                raise SystemExit(
+                    f"edge-appliance: --trace-config {setting} must be an integer, "
+                    f"got '{setting_value}'"
+                ) from None
+    if levels:  # tritonserver combines the levels given; OFF alone turns tracing off
+        chosen["trace_level"] = "OFF" if set(levels) == {"OFF"} else "TIMESTAMPS"
+    return chosen, tuple(ignored)
 
 
 def parse_metrics_config(values: list[str]) -> dict[str, str]:
@@ -655,6 +724,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         for key in parse_metrics_config(args.metrics_config)
         if key != "histogram_latencies"
     )
+    trace, ignored_trace = parse_trace_config(args.trace_config)
+    ignored += ignored_trace
     remote = tuple(r for r in args.model_repository if is_remote(r))
     if not args.repository_timeout_secs > 0:
         raise SystemExit("edge-appliance: --repository-timeout-secs must be above 0")
@@ -748,10 +819,10 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             max_instances_per_model=args.max_instances_per_model,
         ),
         require_manifest=_on(args.require_manifest, False),
-        trace_file=args.trace_file,
-        trace_level=args.trace_level,
-        trace_rate=args.trace_rate,
-        trace_count=args.trace_count,
+        trace_file=trace.get("trace_file", args.trace_file),
+        trace_level=trace.get("trace_level", args.trace_level),
+        trace_rate=trace.get("trace_rate", args.trace_rate),
+        trace_count=trace.get("trace_count", args.trace_count),
         response_cache_bytes=parse_cache_config(args.cache_config, args.response_cache_byte_size),
         ignored_flags=ignored,
     )

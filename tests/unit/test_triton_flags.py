@@ -170,3 +170,47 @@ def test_a_value_tritonserver_refuses_is_refused(
 def test_a_model_config_name_that_cannot_name_a_file_is_refused(value: str, words: str) -> None:
     with pytest.raises(SystemExit, match=words):
         _settings(f"--model-config-name={value}")
+
+
+def test_trace_config_sets_the_trace_flags_as_tritonserver_does() -> None:
+    settings = _settings(
+        "--trace-rate=1000",
+        "--trace-config=rate=50",  # wins over the deprecated flag, as in tritonserver
+        "--trace-config",
+        "level=TIMESTAMPS",
+        "--trace-config=count=7",
+        "--trace-config=triton,file=/var/log/trace.json",
+        "--trace-config=triton,log-frequency=50",
+        "--trace-config=mode=triton",
+    )
+    assert (settings.trace_rate, settings.trace_count) == (50, 7)
+    assert settings.trace_level == "TIMESTAMPS"
+    assert settings.trace_file == "/var/log/trace.json"
+    assert settings.ignored_flags == ("--trace-config triton,log-frequency=50",)
+    # Levels combine; OFF alone turns tracing off.
+    assert _settings("--trace-config=level=OFF", "--trace-config=level=TIMESTAMPS").trace_level == (
+        "TIMESTAMPS"
+    )
+    assert _settings("--trace-level=TIMESTAMPS", "--trace-config=level=OFF").trace_level == "OFF"
+    otel = _settings("--trace-config=mode=opentelemetry", "--trace-config=opentelemetry,url=x:4318")
+    assert otel.ignored_flags == (
+        "--trace-config mode=opentelemetry",
+        "--trace-config opentelemetry,url=x:4318",
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("rate", "expects \\[MODE,\\]SETTING=VALUE"),
+        (",rate=5", "expects \\[MODE,\\]SETTING=VALUE"),
+        ("jaeger,url=x", "expects \\[MODE,\\]SETTING=VALUE"),
+        ("mode=zipkin", "expects \\[MODE,\\]SETTING=VALUE"),
+        ("rate=", "expects \\[MODE,\\]SETTING=VALUE"),
+        ("rate=often", "rate must be an integer"),
+        ("level=LOUD", "level must be OFF, TIMESTAMPS or TENSORS"),
+    ],
+)
+def test_a_trace_config_tritonserver_refuses_is_refused(value: str, words: str) -> None:
+    with pytest.raises(SystemExit, match=words):
+        _settings(f"--trace-config={value}")
