@@ -432,7 +432,13 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="a rate limiter resource and how many there are",
     )
     p.add_argument("--trace-file", default=_D.trace_file, help="where traces go (JSON lines)")
-    p.add_argument("--trace-level", default=_D.trace_level, choices=("OFF", "TIMESTAMPS"))
+    p.add_argument(
+        "--trace-level",
+        default=None,
+        metavar="OFF|TIMESTAMPS",
+        help="tritonserver's words, any case: off/false, timestamps/true/on/min/max; tensors "
+        f"traces timestamps (default {_D.trace_level})",
+    )
     p.add_argument("--trace-rate", type=int, default=_D.trace_rate, help="trace one request in N")
     p.add_argument(
         "--trace-count", type=int, default=_D.trace_count, help="stop after N traces (-1: never)"
@@ -566,40 +572,54 @@ _TRACE_FIELDS = {
 _TRACE_FORMAT = "--trace-config expects [MODE,]SETTING=VALUE (MODE: triton or opentelemetry)"
 
 
-def parse_trace_config(values: list[str]) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """tritonserver's `--trace-config [MODE,]SETTING=VALUE` entries: the trace settings they set
-    (they win over --trace-rate, --trace-level, --trace-count and --trace-file, as there) and
-    the entries accepted but ignored (OpenTelemetry mode and its settings, triton's
-    log-frequency, unknown settings). A malformed entry stops the start, as it stops
-    tritonserver's."""
+def trace_level(text: str, flag: str) -> str:
+    """A trace level in tritonserver's words, any case: OFF (off, false) or TIMESTAMPS
+    (timestamps, true, on, min, max; tensors too: tritonserver adds the tensors, this server
+    traces the timestamps)."""
+    word = text.lower()
+    if word in ("off", "false"):
+        return "OFF"
+    if word in ("timestamps", "true", "on", "min", "max", "tensors"):
+        return "TIMESTAMPS"
+    raise SystemExit(
+        f"edge-appliance: {flag}: invalid value for trace level option: {text} (OFF, "
+        "TIMESTAMPS or TENSORS)"
+    )
+
+
+def parse_trace_config(
+    values: list[str], level_flag: str | None = None
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """tritonserver's `--trace-config [MODE,]SETTING=VALUE` entries (`level_flag`: the
+    deprecated --trace-level, if given): the trace settings they set (they win over
+    --trace-rate, --trace-count and --trace-file, and their levels combine with
+    --trace-level's, as there) and the entries accepted but ignored (OpenTelemetry mode and
+    its settings, triton's log-frequency, unknown settings, the tensors level). A malformed
+    entry stops the start, as it stops tritonserver's."""
     chosen: dict[str, Any] = {}
     ignored: list[str] = []
-    levels: list[str] = []
+    levels = [] if level_flag is None else [trace_level(level_flag, "--trace-level")]
+    if level_flag is not None and level_flag.lower() == "tensors":
+        ignored.append("--trace-level TENSORS (traced as TIMESTAMPS)")
     for value in values:
         head, comma, rest = value.partition(",")
-        mode, entry = (head, rest) if comma else ("", value)
+        mode, entry = (head.lower(), rest) if comma else ("", value)
         setting, equals, setting_value = entry.partition("=")
         if (comma and mode not in TRACE_MODES) or not (equals and setting and setting_value):
             raise SystemExit(f"edge-appliance: {_TRACE_FORMAT}, got '{value}'")
         if (mode, setting) == ("", "mode"):
-            if setting_value not in TRACE_MODES:
+            if setting_value.lower() not in TRACE_MODES:
                 raise SystemExit(f"edge-appliance: {_TRACE_FORMAT}, got '{value}'")
-            if setting_value != "triton":
+            if setting_value.lower() != "triton":
                 ignored.append(f"--trace-config {value}")
             continue
         field = _TRACE_FIELDS.get((mode, setting))
         if field is None:
             ignored.append(f"--trace-config {value}")
         elif field == "trace_level":
-            level = setting_value.upper()
-            if level not in ("OFF", "TIMESTAMPS", "TENSORS"):
-                raise SystemExit(
-                    f"edge-appliance: --trace-config level must be OFF, TIMESTAMPS or TENSORS, "
-                    f"got '{setting_value}'"
-                )
-            if level == "TENSORS":  # tritonserver adds the tensors; here: the timestamps
+            levels.append(trace_level(setting_value, "--trace-config level"))
+            if setting_value.lower() == "tensors":
                 ignored.append(f"--trace-config {value} (traced as TIMESTAMPS)")
-            levels.append(level)
         elif field == "trace_file":
             chosen[field] = setting_value
         else:
@@ -610,8 +630,9 @@ def parse_trace_config(values: list[str]) -> tuple[dict[str, Any], tuple[str, ..
                     f"edge-appliance: --trace-config {setting} must be an integer, "
                     f"got '{setting_value}'"
                 ) from None
-    if levels:  # tritonserver combines the levels given; OFF alone turns tracing off
-        chosen["trace_level"] = "OFF" if set(levels) == {"OFF"} else "TIMESTAMPS"
+    if levels:  # tritonserver combines the levels; --trace-level=OFF turns tracing off
+        off = set(levels) == {"OFF"} or (level_flag is not None and levels[0] == "OFF")
+        chosen["trace_level"] = "OFF" if off else "TIMESTAMPS"
     return chosen, tuple(ignored)
 
 
@@ -724,7 +745,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         for key in parse_metrics_config(args.metrics_config)
         if key != "histogram_latencies"
     )
-    trace, ignored_trace = parse_trace_config(args.trace_config)
+    trace, ignored_trace = parse_trace_config(args.trace_config, args.trace_level)
     ignored += ignored_trace
     remote = tuple(r for r in args.model_repository if is_remote(r))
     if not args.repository_timeout_secs > 0:
@@ -820,7 +841,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         ),
         require_manifest=_on(args.require_manifest, False),
         trace_file=trace.get("trace_file", args.trace_file),
-        trace_level=trace.get("trace_level", args.trace_level),
+        trace_level=trace.get("trace_level", _D.trace_level),
         trace_rate=trace.get("trace_rate", args.trace_rate),
         trace_count=trace.get("trace_count", args.trace_count),
         response_cache_bytes=parse_cache_config(args.cache_config, args.response_cache_byte_size),

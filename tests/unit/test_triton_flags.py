@@ -191,7 +191,16 @@ def test_trace_config_sets_the_trace_flags_as_tritonserver_does() -> None:
     assert _settings("--trace-config=level=OFF", "--trace-config=level=TIMESTAMPS").trace_level == (
         "TIMESTAMPS"
     )
-    assert _settings("--trace-level=TIMESTAMPS", "--trace-config=level=OFF").trace_level == "OFF"
+    # As there: levels combine, and the deprecated --trace-level=OFF turns tracing off.
+    assert _settings("--trace-level=TIMESTAMPS", "--trace-config=level=OFF").trace_level == (
+        "TIMESTAMPS"
+    )
+    assert _settings("--trace-level=off", "--trace-config=level=TIMESTAMPS").trace_level == "OFF"
+    tensors = _settings("--trace-level=tensors")
+    assert tensors.trace_level == "TIMESTAMPS"
+    assert tensors.ignored_flags == ("--trace-level TENSORS (traced as TIMESTAMPS)",)
+    assert _settings("--trace-level=true").trace_level == "TIMESTAMPS"  # tritonserver's words
+    assert _settings().trace_level == "OFF"
     otel = _settings("--trace-config=mode=opentelemetry", "--trace-config=opentelemetry,url=x:4318")
     assert otel.ignored_flags == (
         "--trace-config mode=opentelemetry",
@@ -208,7 +217,7 @@ def test_trace_config_sets_the_trace_flags_as_tritonserver_does() -> None:
         ("mode=zipkin", "expects \\[MODE,\\]SETTING=VALUE"),
         ("rate=", "expects \\[MODE,\\]SETTING=VALUE"),
         ("rate=often", "rate must be an integer"),
-        ("level=LOUD", "level must be OFF, TIMESTAMPS or TENSORS"),
+        ("level=LOUD", "invalid value for trace level option: LOUD"),
     ],
 )
 def test_a_trace_config_tritonserver_refuses_is_refused(value: str, words: str) -> None:
