@@ -123,6 +123,7 @@ class Appliance:
             settings.strict_readiness,
             self.tracer,
             logs,
+            server_id=settings.server_id,
         )
         # The status page's data (GET /status.json); its sampler runs while HTTP serves.
         self.status_service = StatusService(

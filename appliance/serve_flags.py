@@ -33,7 +33,6 @@ from appliance.settings import (
 
 # tritonserver flags that have no meaning here (yet); accepted and reported as ignored.
 IGNORED_FLAGS = (
-    "id",
     "http-header-forward-pattern",
     "reuse-http-port",
     "http-thread-count",
@@ -314,6 +313,13 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         help=f"how old GPU readings may be when scraped (default {_D.metrics_interval_ms})",
     )
     _add_bool(p, "--strict-model-config", "refuse models without a complete config.pbtxt")
+    p.add_argument(
+        "--id",
+        default=_D.server_id,
+        metavar="NAME",
+        help=f"the server's name in its metadata (default {_D.server_id}, which Triton's "
+        "clients and examples expect)",
+    )
     p.add_argument(
         "--model-load-thread-count",
         type=_positive_int,
@@ -802,6 +808,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         ),
         model_config_name=_config_name(args.model_config_name),
         model_load_threads=args.model_load_thread_count,
+        server_id=args.id,
         strict_readiness=_on(args.strict_readiness, False),
         exit_on_error=_on(args.exit_on_error, False),
         log_verbose=args.log_verbose,

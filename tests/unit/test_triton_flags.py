@@ -57,7 +57,7 @@ TRITONSERVER_FLAGS = {
     "http-port": "8000",
     "http-restricted-api": "model-repository:admin-key=secret",
     "http-thread-count": "8",
-    "id": "triton",
+    "id": "device-7",
     "load-model": "simple",
     "log-error": "true",
     "log-file": "",
@@ -129,6 +129,7 @@ def test_a_whole_tritonserver_command_line() -> None:
     assert "--backend-directory" in ignored
     assert "--model-config-name" not in ignored
     assert settings.model_config_name == "production"
+    assert settings.server_id == "device-7"
     assert "--model-load-thread-count" not in ignored
     assert RuntimeSettings.from_server(settings).load_concurrency == 4
     assert "--http-max-input-size" not in ignored  # --max-request-bytes
