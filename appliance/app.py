@@ -103,17 +103,8 @@ class Appliance:
             settings.repository_timeout_secs,
         )
         self.manager = ModelRuntime(
-            RuntimeSettings(
-                repositories=settings.model_repositories + self.remote.roots,
-                strict_model_config=settings.strict_model_config,
-                drain_timeout_s=settings.exit_timeout_secs,
-                latency_histograms=settings.latency_histograms,
-                manifest=manifest,
-                rollback_error_rate=settings.rollback_error_rate,
-                rollback_window=settings.rollback_window,
-                rollback_latency_ratio=settings.rollback_latency_ratio,
-                scheduling=settings.scheduling,
-                cache_dir=settings.model_store_dir,
+            RuntimeSettings.from_server(
+                settings, settings.model_repositories + self.remote.roots, manifest
             ),
             ledger,
         )
@@ -133,6 +124,7 @@ class Appliance:
             settings.strict_readiness,
             self.tracer,
             logs,
+            server_id=settings.server_id,
         )
         # The status page's data (GET /status.json); its sampler runs while HTTP serves.
         self.status_service = StatusService(

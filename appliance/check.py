@@ -21,7 +21,7 @@ from typing import Any
 
 from appliance.errors import ApplianceError
 from appliance.frontends.http import convert
-from appliance.model_config import read_config
+from appliance.model_config import check_config_name, read_config
 from appliance.protojson import message_to_dict
 from appliance.repository.local import list_versions
 from appliance.runtime.models import ModelRuntime
@@ -43,6 +43,12 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--strict-model-config", action="store_true", help="no auto-complete")
     p.add_argument("--require-manifest", action="store_true", help="versions need SHA256SUMS")
     p.add_argument(
+        "--model-config-name",
+        default="",
+        metavar="NAME",
+        help="check with configs/NAME.pbtxt where a model has it, as serve would",
+    )
+    p.add_argument(
         "--show-config", action="store_true", help="also print each model's completed config"
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -50,22 +56,23 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def runtime_settings(
-    repositories: tuple[Path, ...], strict: bool, require_manifest: bool
+    repositories: tuple[Path, ...], strict: bool, require_manifest: bool, config_name: str = ""
 ) -> RuntimeSettings:
     """The runtime `serve` would run with these flags (one model loads at a time)."""
     server = ServerSettings(
         model_repositories=repositories,
         strict_model_config=strict,
         require_manifest=require_manifest,
+        model_config_name=config_name,
     )
     return dataclasses.replace(RuntimeSettings.from_server(server), load_concurrency=1)
 
 
 async def check(
-    repositories: tuple[Path, ...], strict: bool, require_manifest: bool
+    repositories: tuple[Path, ...], strict: bool, require_manifest: bool, config_name: str = ""
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """The repository index after loading everything, and each loaded model's config."""
-    settings = runtime_settings(repositories, strict, require_manifest)
+    settings = runtime_settings(repositories, strict, require_manifest, config_name)
     manager = ModelRuntime(settings)
     try:
         await manager.load_all()
@@ -78,7 +85,9 @@ async def check(
         await manager.stop(settings.drain_timeout_s)
 
 
-def conversions(repositories: tuple[Path, ...]) -> dict[str, TensorflowAdvice]:
+def conversions(
+    repositories: tuple[Path, ...], config_name: str = ""
+) -> dict[str, TensorflowAdvice]:
     """Model name -> how to convert it, for each TensorFlow model in the repositories."""
     found: dict[str, TensorflowAdvice] = {}
     for repo in repositories:
@@ -86,7 +95,7 @@ def conversions(repositories: tuple[Path, ...]) -> dict[str, TensorflowAdvice]:
             continue
         for model_dir in sorted(p for p in repo.iterdir() if p.is_dir()):
             try:
-                config, _ = read_config(model_dir)
+                config, _ = read_config(model_dir, config_name)
             except ApplianceError:
                 continue  # the load reports the broken config
             advice = tensorflow_advice(config, model_dir, list_versions(model_dir))
@@ -106,8 +115,14 @@ def main(argv: Sequence[str]) -> int:
     args = parser(argparse.ArgumentParser(prog="edge-appliance check")).parse_args(list(argv))
     logging.basicConfig(level=logging.ERROR, format="%(message)s", stream=sys.stderr)
     try:
+        config_name = check_config_name(args.model_config_name) if args.model_config_name else ""
+    except ValueError as exc:
+        print(f"edge-appliance check: {exc}", file=sys.stderr)  # noqa: T201
+        return 2
+    repositories = tuple(args.repositories)
+    try:
         index, configs = asyncio.run(
-            check(tuple(args.repositories), args.strict_model_config, args.require_manifest)
+            check(repositories, args.strict_model_config, args.require_manifest, config_name)
         )
     except ApplianceError as exc:  # e.g. not a folder, a model name in two repositories
         print(f"edge-appliance check: {exc.message}", file=sys.stderr)  # noqa: T201
@@ -116,7 +131,7 @@ def main(argv: Sequence[str]) -> int:
     served = {entry["name"] for entry in index if entry["state"] == READY}
     tensorflow = {
         name: advice
-        for name, advice in conversions(tuple(args.repositories)).items()
+        for name, advice in conversions(repositories, config_name).items()
         if name not in served  # e.g. a model.onnx beside the SavedModel is served
     }
     if args.json:

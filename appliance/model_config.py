@@ -29,6 +29,9 @@ from edge_backends.registry import (
 )
 
 CONFIG_FILENAME = "config.pbtxt"
+# --model-config-name NAME picks `<model>/configs/NAME.pbtxt` where it exists (tritonserver's
+# custom configurations: one repository, configured per kind of device).
+CUSTOM_CONFIGS = "configs"
 ENSEMBLE = "ensemble"
 # Triton's auto-complete default for models whose first dimension is dynamic.
 DEFAULT_MAX_BATCH_SIZE = 4
@@ -64,9 +67,36 @@ class ConfigBounds:
 DEFAULT_BOUNDS = ConfigBounds()
 
 
-def read_config(model_dir: Path) -> tuple[ModelConfig, bool]:
-    """Parse `model_dir/config.pbtxt`; an absent file gives an empty config and False."""
-    path = model_dir / CONFIG_FILENAME
+def config_file(model_dir: Path, config_name: str = "") -> Path:
+    """The model's config file: `configs/<config_name>.pbtxt` when `config_name` is given and
+    that file exists, else `config.pbtxt`, as tritonserver's --model-config-name chooses (looked
+    up at every load, so adding or removing a custom file takes effect on the next one)."""
+    if config_name:
+        custom = model_dir / CUSTOM_CONFIGS / f"{config_name}.pbtxt"
+        if custom.is_file():
+            return custom
+    return model_dir / CONFIG_FILENAME
+
+
+def check_config_name(name: str) -> str:
+    """`name` if it can be a custom configuration's name (a file name without its .pbtxt), else
+    ValueError with the reason."""
+    if not name:
+        raise ValueError("empty argument for --model-config-name")
+    if any(ch.isspace() for ch in name):
+        raise ValueError(f"--model-config-name must not contain spaces, got {name!r}")
+    if "/" in name or "\\" in name or name in (".", "..") or "\0" in name:
+        raise ValueError(
+            f"--model-config-name is a file name in each model's configs/ folder (without "
+            f".pbtxt), not a path, got {name!r}"
+        )
+    return name
+
+
+def read_config(model_dir: Path, config_name: str = "") -> tuple[ModelConfig, bool]:
+    """Parse the model's config file (`config_file`); an absent file gives an empty config and
+    False."""
+    path = config_file(model_dir, config_name)
     config = mc.ModelConfig()
     if not path.is_file():
         return config, False
@@ -198,18 +228,16 @@ def complete_scheduling(config: ModelConfig) -> None:
         config.version_policy.latest.num_versions = 1
 
 
-def _where(path: Path, config: ModelConfig) -> str:
-    return f"{path / CONFIG_FILENAME} (model '{config.name}')"
-
-
 def validate_config(
     config: ModelConfig,
     model_dir: Path,
     signature: ModelSignature | None = None,
     bounds: ConfigBounds = DEFAULT_BOUNDS,
+    source: Path | None = None,
 ) -> None:
-    """Check the config on its own and, given the model's signature, against the model."""
-    where = _where(model_dir, config)
+    """Check the config on its own and, given the model's signature, against the model.
+    `source`: the file it was read from, for the messages (default config.pbtxt)."""
+    where = f"{source or model_dir / CONFIG_FILENAME} (model '{config.name}')"
     if config.name != model_dir.name:
         raise ConfigError(
             f"{where}: name '{config.name}' does not match the model folder '{model_dir.name}'"

@@ -17,6 +17,7 @@ from appliance import logs
 from appliance.access import parse_groups
 from appliance.header_forward import compile_pattern
 from appliance.limits import RequestLimits
+from appliance.model_config import check_config_name
 from appliance.repository.rollout import (
     RolloutError,
     check_device_id,
@@ -33,7 +34,6 @@ from appliance.settings import (
 
 # tritonserver flags that have no meaning here (yet); accepted and reported as ignored.
 IGNORED_FLAGS = (
-    "id",
     "reuse-http-port",
     "http-thread-count",
     "reuse-grpc-port",
@@ -56,9 +56,7 @@ IGNORED_FLAGS = (
     "vertex-ai-port",
     "vertex-ai-thread-count",
     "vertex-ai-default-model",
-    "trace-config",
     "trace-log-frequency",
-    "model-load-thread-count",
     "model-load-retry-count",
     "model-namespacing",
     "enable-peer-access",
@@ -75,7 +73,6 @@ IGNORED_FLAGS = (
     "cache-directory",
     "allow-client-shm",
     "grpc-infer-thread-count",
-    "model-config-name",
 )
 
 # The ignored flags' values are checked as tritonserver checks them (bool: true/false/on/off/
@@ -107,7 +104,6 @@ _IGNORED_INT = (
     "vertex-ai-port",
     "vertex-ai-thread-count",
     "trace-log-frequency",
-    "model-load-thread-count",
     "model-load-retry-count",
     "pinned-memory-pool-byte-size",
     "buffer-manager-thread-count",
@@ -325,6 +321,28 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         help=f"how old GPU readings may be when scraped (default {_D.metrics_interval_ms})",
     )
     _add_bool(p, "--strict-model-config", "refuse models without a complete config.pbtxt")
+    p.add_argument(
+        "--id",
+        default=_D.server_id,
+        metavar="NAME",
+        help=f"the server's name in its metadata (default {_D.server_id}, which Triton's "
+        "clients and examples expect)",
+    )
+    p.add_argument(
+        "--model-load-thread-count",
+        type=_positive_int,
+        default=_D.model_load_threads,
+        metavar="N",
+        help="models loading at once, at start and on repository changes (default "
+        f"{_D.model_load_threads}: each load's peak memory adds up on a small device)",
+    )
+    p.add_argument(
+        "--model-config-name",
+        default=None,
+        metavar="NAME",
+        help="each model's configuration is configs/NAME.pbtxt in its folder where that file "
+        "exists, config.pbtxt otherwise (one repository configured per kind of device)",
+    )
     _add_bool(
         p,
         "--disable-auto-complete-config",
@@ -428,10 +446,25 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="a rate limiter resource and how many there are",
     )
     p.add_argument("--trace-file", default=_D.trace_file, help="where traces go (JSON lines)")
-    p.add_argument("--trace-level", default=_D.trace_level, choices=("OFF", "TIMESTAMPS"))
+    p.add_argument(
+        "--trace-level",
+        default=None,
+        metavar="OFF|TIMESTAMPS",
+        help="tritonserver's words, any case: off/false, timestamps/true/on/min/max; tensors "
+        f"traces timestamps (default {_D.trace_level})",
+    )
     p.add_argument("--trace-rate", type=int, default=_D.trace_rate, help="trace one request in N")
     p.add_argument(
         "--trace-count", type=int, default=_D.trace_count, help="stop after N traces (-1: never)"
+    )
+    p.add_argument(
+        "--trace-config",
+        action="append",
+        default=[],
+        metavar="[MODE,]SETTING=VALUE",
+        help="tritonserver's spelling of the trace flags, repeatable: rate=N, level=LEVEL, "
+        "count=N, triton,file=PATH (they win over --trace-rate, ...); OpenTelemetry mode and "
+        "triton,log-frequency are accepted and ignored",
     )
     p.add_argument(
         "--metrics-config",
@@ -541,6 +574,82 @@ def parse_rate_limit_resources(values: list[str]) -> tuple[tuple[str, int], ...]
     return tuple(resources)
 
 
+TRACE_MODES = ("triton", "opentelemetry")
+# tritonserver's --trace-config settings that this server's trace flags carry: (mode, setting)
+# -> the ServerSettings field (mode "": a global setting).
+_TRACE_FIELDS = {
+    ("", "rate"): "trace_rate",
+    ("", "count"): "trace_count",
+    ("", "level"): "trace_level",
+    ("triton", "file"): "trace_file",
+}
+_TRACE_FORMAT = "--trace-config expects [MODE,]SETTING=VALUE (MODE: triton or opentelemetry)"
+
+
+def trace_level(text: str, flag: str) -> str:
+    """A trace level in tritonserver's words, any case: OFF (off, false) or TIMESTAMPS
+    (timestamps, true, on, min, max; tensors too: tritonserver adds the tensors, this server
+    traces the timestamps)."""
+    word = text.lower()
+    if word in ("off", "false"):
+        return "OFF"
+    if word in ("timestamps", "true", "on", "min", "max", "tensors"):
+        return "TIMESTAMPS"
+    raise SystemExit(
+        f"edge-appliance: {flag}: invalid value for trace level option: {text} (OFF, "
+        "TIMESTAMPS or TENSORS)"
+    )
+
+
+def parse_trace_config(
+    values: list[str], level_flag: str | None = None
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """tritonserver's `--trace-config [MODE,]SETTING=VALUE` entries (`level_flag`: the
+    deprecated --trace-level, if given): the trace settings they set (they win over
+    --trace-rate, --trace-count and --trace-file, and their levels combine with
+    --trace-level's, as there) and the entries accepted but ignored (OpenTelemetry mode and
+    its settings, triton's log-frequency, unknown settings, the tensors level). A malformed
+    entry stops the start, as it stops tritonserver's."""
+    chosen: dict[str, Any] = {}
+    ignored: list[str] = []
+    levels = [] if level_flag is None else [trace_level(level_flag, "--trace-level")]
+    if level_flag is not None and level_flag.lower() == "tensors":
+        ignored.append("--trace-level TENSORS (traced as TIMESTAMPS)")
+    for value in values:
+        head, comma, rest = value.partition(",")
+        mode, entry = (head.lower(), rest) if comma else ("", value)
+        setting, equals, setting_value = entry.partition("=")
+        if (comma and mode not in TRACE_MODES) or not (equals and setting and setting_value):
+            raise SystemExit(f"edge-appliance: {_TRACE_FORMAT}, got '{value}'")
+        if (mode, setting) == ("", "mode"):
+            if setting_value.lower() not in TRACE_MODES:
+                raise SystemExit(f"edge-appliance: {_TRACE_FORMAT}, got '{value}'")
+            if setting_value.lower() != "triton":
+                ignored.append(f"--trace-config {value}")
+            continue
+        field = _TRACE_FIELDS.get((mode, setting))
+        if field is None:
+            ignored.append(f"--trace-config {value}")
+        elif field == "trace_level":
+            levels.append(trace_level(setting_value, "--trace-config level"))
+            if setting_value.lower() == "tensors":
+                ignored.append(f"--trace-config {value} (traced as TIMESTAMPS)")
+        elif field == "trace_file":
+            chosen[field] = setting_value
+        else:
+            try:
+                chosen[field] = int(setting_value)
+            except ValueError:
+                raise SystemExit(
+                    f"edge-appliance: --trace-config {setting} must be an integer, "
+                    f"got '{setting_value}'"
+                ) from None
+    if levels:  # tritonserver combines the levels; --trace-level=OFF turns tracing off
+        off = set(levels) == {"OFF"} or (level_flag is not None and levels[0] == "OFF")
+        chosen["trace_level"] = "OFF" if off else "TIMESTAMPS"
+    return chosen, tuple(ignored)
+
+
 def parse_metrics_config(values: list[str]) -> dict[str, str]:
     """Triton's `--metrics-config key=value` pairs; unknown keys are warned about later."""
     pairs = {}
@@ -637,6 +746,15 @@ def _fleet(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _config_name(value: str | None) -> str:
+    if value is None:
+        return ""
+    try:
+        return check_config_name(value)
+    except ValueError as exc:
+        raise SystemExit(f"edge-appliance: {exc}") from None
+
+
 def _on(value: bool | None, default: bool) -> bool:
     return default if value is None else value
 
@@ -651,6 +769,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         for key in parse_metrics_config(args.metrics_config)
         if key != "histogram_latencies"
     )
+    trace, ignored_trace = parse_trace_config(args.trace_config, args.trace_level)
+    ignored += ignored_trace
     remote = tuple(r for r in args.model_repository if is_remote(r))
     if not args.repository_timeout_secs > 0:
         raise SystemExit("edge-appliance: --repository-timeout-secs must be above 0")
@@ -710,6 +830,9 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         strict_model_config=(
             _on(args.strict_model_config, False) or _on(args.disable_auto_complete_config, False)
         ),
+        model_config_name=_config_name(args.model_config_name),
+        model_load_threads=args.model_load_thread_count,
+        server_id=args.id,
         strict_readiness=_on(args.strict_readiness, False),
         exit_on_error=_on(args.exit_on_error, False),
         log_verbose=args.log_verbose,
@@ -748,10 +871,10 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             max_instances_per_model=args.max_instances_per_model,
         ),
         require_manifest=_on(args.require_manifest, False),
-        trace_file=args.trace_file,
-        trace_level=args.trace_level,
-        trace_rate=args.trace_rate,
-        trace_count=args.trace_count,
+        trace_file=trace.get("trace_file", args.trace_file),
+        trace_level=trace.get("trace_level", _D.trace_level),
+        trace_rate=trace.get("trace_rate", args.trace_rate),
+        trace_count=trace.get("trace_count", args.trace_count),
         response_cache_bytes=parse_cache_config(args.cache_config, args.response_cache_byte_size),
         ignored_flags=ignored,
     )

@@ -111,6 +111,9 @@ class ServerSettings:
     metrics_interval_ms: int = 2000  # NVML readings are at most this old
     latency_histograms: bool = False  # --metrics-config histogram_latencies=true
     strict_model_config: bool = False
+    model_config_name: str = ""  # --model-config-name: configs/<name>.pbtxt where it exists
+    model_load_threads: int = 2  # --model-load-thread-count (tritonserver's default is 4)
+    server_id: str = "triton"  # --id: the name server metadata reports
     strict_readiness: bool = False
     exit_on_error: bool = False
     log_verbose: int = 0

@@ -12,12 +12,15 @@ from google.protobuf import json_format
 
 from appliance.errors import ApplianceError, ConfigError
 from appliance.model_config import (
+    CONFIG_FILENAME,
+    CUSTOM_CONFIGS,
     DEFAULT_BOUNDS,
     ENSEMBLE,
     ConfigBounds,
     ModelConfig,
     complete_config,
     complete_scheduling,
+    config_file,
     datatype_of,
     model_shape,
     read_config,
@@ -130,20 +133,26 @@ def prepare_model(
     cache_dir: Path | None = None,
     pin: int | None = None,
     bounds: ConfigBounds = DEFAULT_BOUNDS,
+    config_name: str = "",
 ) -> PreparedModel:
     """Read, complete and validate the config, then load the instances of each chosen version.
 
     `skip`: versions not to load (they failed before, with this content); `pin`: load this
     version alone, whatever the version policy says; `bounds`: the limits on config numbers
-    (--max-instances-per-model among them). Blocking: run it in a thread. A config
+    (--max-instances-per-model among them); `config_name`: --model-config-name (the config
+    is `configs/<config_name>.pbtxt` where that exists). Blocking: run it in a thread. A config
     error raises; a version that fails to load is recorded in `failed` so the other versions
     still serve.
     """
     name = model_dir.name
+    source = None
     if override is not None:
         config, found = override, True
     else:
-        config, found = read_config(model_dir)
+        source = config_file(model_dir, config_name)
+        config, found = read_config(model_dir, config_name)
+        if source.parent.name == CUSTOM_CONFIGS:
+            log.info("model '%s': configuration from %s (--model-config-name)", name, source)
     if not found and strict:
         raise ConfigError(f"{model_dir}: config.pbtxt is missing and --strict-model-config is set")
     if not config.name:
@@ -162,7 +171,7 @@ def prepare_model(
             )
         available = [pin]
     if config.platform == ENSEMBLE:
-        return _prepare_ensemble(config, model_dir, available, bounds)
+        return _prepare_ensemble(config, model_dir, available, bounds, source)
     backend_name = resolve_backend(config, model_dir, available)
     versions = available if pin is not None else select_versions(config.version_policy, available)
     if not versions:
@@ -222,7 +231,7 @@ def prepare_model(
         complete_scheduling(config)
     else:
         complete_config(config, signature, name)
-    validate_config(config, model_dir, signature if described else None, bounds=bounds)
+    validate_config(config, model_dir, signature if described else None, bounds, source)
 
     prepared = PreparedModel(name=name, config=config, labels=read_labels(model_dir, config))
     prepared.notes.extend(placement_notes)
@@ -243,6 +252,7 @@ def prepare_model(
                 # converted forest costs seconds to open).
                 signature if version == described_version else None,
                 bounds,
+                source,
             )
         except (BackendError, ApplianceError) as exc:
             log.error("model '%s' version %d failed to load: %s", name, version, exc)
@@ -259,17 +269,22 @@ def prepare_model(
 
 
 def _prepare_ensemble(
-    config: ModelConfig, model_dir: Path, available: list[int], bounds: ConfigBounds
+    config: ModelConfig,
+    model_dir: Path,
+    available: list[int],
+    bounds: ConfigBounds,
+    source: Path | None,
 ) -> PreparedModel:
     """An ensemble has no instances of its own: check its config and wiring, and read its
     outputs' own labels (an output without `label_filename` classifies with the labels of the
     step output that makes it)."""
     if not config.input or not config.output:
         raise ConfigError(
-            f"{model_dir / 'config.pbtxt'}: an ensemble must list its inputs and outputs"
+            f"{source or model_dir / CONFIG_FILENAME}: an ensemble must list its inputs and "
+            "outputs"
         )
     complete_scheduling(config)
-    validate_config(config, model_dir, bounds=bounds)
+    validate_config(config, model_dir, bounds=bounds, source=source)
     plan = plan_from_config(config)
     versions = select_versions(config.version_policy, available or [1])
     return PreparedModel(
@@ -293,6 +308,7 @@ def _load_instances(
     on_gpu: list[int] | None = None,
     signature: ModelSignature | None = None,
     bounds: ConfigBounds = DEFAULT_BOUNDS,
+    source: Path | None = None,
 ) -> list[InstanceWorker]:
     """Create every instance of every group, placed on GPU or CPU (placement.py) from the kind
     each group `requested`; what runs elsewhere than asked is noted in `notes`, and `on_gpu`
@@ -304,7 +320,7 @@ def _load_instances(
     if signature is None:
         signature = backend.inspect(path)
     described = bool(signature.inputs or signature.outputs)
-    validate_config(config, model_dir, signature if described else None, bounds=bounds)
+    validate_config(config, model_dir, signature if described else None, bounds, source)
     config_json = message_to_dict(config)
     parameters = {k: v.string_value for k, v in config.parameters.items()}
     level = config.optimization.graph.level if config.optimization.HasField("graph") else None

@@ -62,9 +62,9 @@ async def _no_step_runner(
     raise Unsupported(f"ensemble step {step.index} has no inference service to run on")
 
 
-def _is_ensemble(model_dir: Path) -> bool:
+def _is_ensemble(model_dir: Path, config_name: str) -> bool:
     try:
-        config, _ = read_config(model_dir)
+        config, _ = read_config(model_dir, config_name)
     except ApplianceError:
         return False
     return bool(config.platform == ENSEMBLE)
@@ -130,7 +130,8 @@ class ModelRuntime:
                     await self.load(name)
 
         # Ensembles last, so that the models they call are loaded when they check them.
-        ensembles = [n for n in wanted if n in found and _is_ensemble(found[n])]
+        config_name = self._settings.config_name
+        ensembles = [n for n in wanted if n in found and _is_ensemble(found[n], config_name)]
         await asyncio.gather(*(one(n) for n in wanted if n not in ensembles))
         await asyncio.gather(*(one(n) for n in ensembles))
 
@@ -179,6 +180,7 @@ class ModelRuntime:
                     self._settings.cache_dir,
                     plan.pin,
                     ConfigBounds.from_settings(self._settings.scheduling),
+                    self._settings.config_name,
                 )
             except ApplianceError as exc:
                 self._count_load(name, "failure")

@@ -29,6 +29,8 @@ class RuntimeSettings:
     rollback_window: int
     cache_dir: Path | None  # derived files of models (engines, conversions) go under it
     load_concurrency: int = 2
+    # --model-config-name: each model's config is configs/<name>.pbtxt where that exists.
+    config_name: str = ""
     # ... or whose median latency over the window exceeds this many times the replaced one's.
     rollback_latency_ratio: float = 0.0  # 0: off
 
@@ -44,6 +46,7 @@ class RuntimeSettings:
         return cls(
             repositories=settings.model_repositories if repositories is None else repositories,
             strict_model_config=settings.strict_model_config,
+            config_name=settings.model_config_name,
             drain_timeout_s=settings.exit_timeout_secs,
             latency_histograms=settings.latency_histograms,
             manifest=manifest or ManifestPolicy(settings.require_manifest, None),
@@ -52,6 +55,7 @@ class RuntimeSettings:
             rollback_window=settings.rollback_window,
             cache_dir=settings.model_store_dir,
             rollback_latency_ratio=settings.rollback_latency_ratio,
+            load_concurrency=settings.model_load_threads,
         )
 
 

@@ -95,8 +95,11 @@ class ControlService:
         tracer: Tracer | None = None,
         logs: LogSettings | None = None,
         shared_memory: SharedMemoryRegistry | None = None,
+        server_id: str = "triton",
     ) -> None:
         self.tracer = tracer or Tracer()
+        # "triton" unless --id says otherwise: Triton's own clients and examples check it.
+        self.server_id = server_id
         self.logs = logs or LogSettings()
         # The registered regions. The front ends' codecs read tensors from the same registry;
         # the composition root hands it to them (they do not reach for it through here).
@@ -143,8 +146,8 @@ class ControlService:
     # ---- metadata ----------------------------------------------------------------------------
 
     def server_metadata(self) -> ServerMetadata:
-        # "triton": Triton's own clients and examples check the name; the version is ours.
-        return ServerMetadata("triton", __version__, self._extensions, self._build)
+        # The name is --id's ("triton" by default), as tritonserver's; the version is ours.
+        return ServerMetadata(self.server_id, __version__, self._extensions, self._build)
 
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         served = self.manager.get(name, version)

@@ -65,3 +65,18 @@ def test_not_a_folder_is_a_clear_error(tmp_path: Path) -> None:
     result = _check(str(tmp_path / "missing"))
     assert result.returncode == 1
     assert "is not a directory" in result.stderr
+
+
+def test_the_check_reads_the_named_custom_configs(tmp_path: Path) -> None:
+    _model(tmp_path, "edge_only")
+    custom = tmp_path / "edge_only" / "configs"
+    custom.mkdir()
+    (custom / "jetson.pbtxt").write_text("max_batch_size: [nope")
+    assert _check(str(tmp_path)).returncode == 0  # config.pbtxt: fine
+    result = _check(str(tmp_path), "--model-config-name=jetson", "--json")
+    assert result.returncode == 1
+    (row,) = json.loads(result.stdout)["models"]
+    assert "configs/jetson.pbtxt" in row["reason"]
+    refused = _check(str(tmp_path), "--model-config-name=../jetson")
+    assert refused.returncode == 2
+    assert "not a path" in refused.stderr

@@ -54,6 +54,18 @@ def test_grpc_health_and_server_metadata(server: ServerProcess) -> None:
     assert "binary_tensor_data" in meta["extensions"]
 
 
+def test_the_id_flag_names_the_server_in_its_metadata(start_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """tritonserver's --id: a fleet's tools can tell which device answers."""
+    repo = tmp_path / "empty"
+    repo.mkdir()
+    proc = start_server(repo, "--id=device-0042")
+    assert httpclient.InferenceServerClient(proc.http_url).get_server_metadata()["name"] == (
+        "device-0042"
+    )
+    grpc = grpcclient.InferenceServerClient(proc.grpc_url)
+    assert grpc.get_server_metadata(as_json=True)["name"] == "device-0042"
+
+
 @pytest.mark.parametrize("path", ["/v2/models/simple", "/v2/models/simple/versions/1"])
 def test_http_model_metadata(server: ServerProcess, path: str) -> None:
     with urllib.request.urlopen(f"http://{server.http_url}{path}") as resp:

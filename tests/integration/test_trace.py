@@ -79,6 +79,29 @@ def test_model_trace_settings_sample_and_record_timestamps(
     assert cleared["trace_level"] == ["OFF"]
 
 
+def test_tritonservers_trace_config_flags_trace_from_the_start(
+    model_repository: Path, start_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """A tritonserver command line of today spells the trace flags `--trace-config`."""
+    trace_file = tmp_path / "trace.jsonl"
+    server = start_server(
+        model_repository,
+        f"--trace-config=triton,file={trace_file}",
+        "--trace-config=level=TIMESTAMPS",
+        "--trace-config=rate=3",
+        "--trace-config=count=2",
+    )
+    http = httpclient.InferenceServerClient(server.http_url)
+    settings = http.get_trace_settings()
+    assert settings["trace_level"] == ["TIMESTAMPS"]
+    assert (settings["trace_rate"], settings["trace_count"]) == ("3", "2")
+    for i in range(9):
+        _infer(http, "identity_uint8", f"r{i}")
+    lines = _lines(trace_file, 2)
+    assert [line["request_id"] for line in lines] == ["r2", "r5"]  # every 3rd, 2 in all
+    assert [t["name"] for t in lines[0]["timestamps"]] == ORDER
+
+
 def test_trace_settings_over_grpc_and_errors(server: ServerProcess) -> None:
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     settings = grpc.update_trace_settings("identity_int8", {"trace_rate": "5"}, as_json=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from appliance.cli import build_parser
+from appliance.runtime.settings import RuntimeSettings
 from appliance.serve_flags import settings_from_args
 from appliance.settings import ServerSettings
 
@@ -56,7 +57,7 @@ TRITONSERVER_FLAGS = {
     "http-port": "8000",
     "http-restricted-api": "model-repository:admin-key=secret",
     "http-thread-count": "8",
-    "id": "triton",
+    "id": "device-7",
     "load-model": "simple",
     "log-error": "true",
     "log-file": "",
@@ -124,8 +125,13 @@ def test_a_whole_tritonserver_command_line() -> None:
     line = [f"--{f}={v}" for f, v in TRITONSERVER_FLAGS.items() if v is not None]
     settings = _settings(*line, "--disable-auto-complete-config")
     ignored = set(settings.ignored_flags)
-    assert {"--allow-client-shm", "--grpc-infer-thread-count", "--model-config-name"} <= ignored
+    assert {"--allow-client-shm", "--grpc-infer-thread-count"} <= ignored
     assert "--backend-directory" in ignored
+    assert "--model-config-name" not in ignored
+    assert settings.model_config_name == "production"
+    assert settings.server_id == "device-7"
+    assert "--model-load-thread-count" not in ignored
+    assert RuntimeSettings.from_server(settings).load_concurrency == 4
     assert "--http-max-input-size" not in ignored  # --max-request-bytes
     assert settings.max_request_bytes == 67108864
     assert settings.strict_model_config  # --disable-auto-complete-config
@@ -150,3 +156,71 @@ def test_a_value_tritonserver_refuses_is_refused(
     with pytest.raises(SystemExit):
         _settings(flag)
     assert "error: argument" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("", "empty argument for --model-config-name"),
+        ("two words", "must not contain spaces"),
+        ("../escape", "not a path"),
+        ("sub/name", "not a path"),
+        ("..", "not a path"),
+    ],
+)
+def test_a_model_config_name_that_cannot_name_a_file_is_refused(value: str, words: str) -> None:
+    with pytest.raises(SystemExit, match=words):
+        _settings(f"--model-config-name={value}")
+
+
+def test_trace_config_sets_the_trace_flags_as_tritonserver_does() -> None:
+    settings = _settings(
+        "--trace-rate=1000",
+        "--trace-config=rate=50",  # wins over the deprecated flag, as in tritonserver
+        "--trace-config",
+        "level=TIMESTAMPS",
+        "--trace-config=count=7",
+        "--trace-config=triton,file=/var/log/trace.json",
+        "--trace-config=triton,log-frequency=50",
+        "--trace-config=mode=triton",
+    )
+    assert (settings.trace_rate, settings.trace_count) == (50, 7)
+    assert settings.trace_level == "TIMESTAMPS"
+    assert settings.trace_file == "/var/log/trace.json"
+    assert settings.ignored_flags == ("--trace-config triton,log-frequency=50",)
+    # Levels combine; OFF alone turns tracing off.
+    assert _settings("--trace-config=level=OFF", "--trace-config=level=TIMESTAMPS").trace_level == (
+        "TIMESTAMPS"
+    )
+    # As there: levels combine, and the deprecated --trace-level=OFF turns tracing off.
+    assert _settings("--trace-level=TIMESTAMPS", "--trace-config=level=OFF").trace_level == (
+        "TIMESTAMPS"
+    )
+    assert _settings("--trace-level=off", "--trace-config=level=TIMESTAMPS").trace_level == "OFF"
+    tensors = _settings("--trace-level=tensors")
+    assert tensors.trace_level == "TIMESTAMPS"
+    assert tensors.ignored_flags == ("--trace-level TENSORS (traced as TIMESTAMPS)",)
+    assert _settings("--trace-level=true").trace_level == "TIMESTAMPS"  # tritonserver's words
+    assert _settings().trace_level == "OFF"
+    otel = _settings("--trace-config=mode=opentelemetry", "--trace-config=opentelemetry,url=x:4318")
+    assert otel.ignored_flags == (
+        "--trace-config mode=opentelemetry",
+        "--trace-config opentelemetry,url=x:4318",
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("rate", "expects \\[MODE,\\]SETTING=VALUE"),
+        (",rate=5", "expects \\[MODE,\\]SETTING=VALUE"),
+        ("jaeger,url=x", "expects \\[MODE,\\]SETTING=VALUE"),
+        ("mode=zipkin", "expects \\[MODE,\\]SETTING=VALUE"),
+        ("rate=", "expects \\[MODE,\\]SETTING=VALUE"),
+        ("rate=often", "rate must be an integer"),
+        ("level=LOUD", "invalid value for trace level option: LOUD"),
+    ],
+)
+def test_a_trace_config_tritonserver_refuses_is_refused(value: str, words: str) -> None:
+    with pytest.raises(SystemExit, match=words):
+        _settings(f"--trace-config={value}")
