@@ -340,6 +340,19 @@ def test_the_start_says_what_is_forwarded(forwarding: ServerProcess, plain: Serv
         assert f"Forwarding {what}" not in plain.log()
 
 
+@pytest.mark.parametrize("flag", ["--http-header-forward-pattern", "--grpc-header-forward-pattern"])
+def test_a_pattern_that_does_not_compile_stops_the_start(
+    models: Path, tmp_path: Path, flag: str
+) -> None:
+    proc = ServerProcess(models, f"{flag}=MY_(HEADER", log_path=tmp_path / "server.log")
+    try:
+        code = proc.proc.wait(timeout=60)
+    finally:
+        proc.stop()
+    assert code != 0
+    assert f"{flag} 'MY_(HEADER' is not a usable regular expression: missing )" in proc.log()
+
+
 # ---- without the flags ---------------------------------------------------------------------
 
 
