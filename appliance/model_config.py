@@ -182,14 +182,22 @@ def _fill_tensor(entry: mc.ModelInput | mc.ModelOutput, spec: TensorSpec, batchi
         entry.dims.extend(spec.shape[1:] if batching else spec.shape)
 
 
-def complete_config(config: ModelConfig, signature: ModelSignature, model_name: str) -> None:
-    """Triton-style auto-complete of a missing or partial config from the model's signature."""
+def complete_config(
+    config: ModelConfig,
+    signature: ModelSignature,
+    model_name: str,
+    default_max_batch: int = DEFAULT_MAX_BATCH_SIZE,
+) -> None:
+    """Triton-style auto-complete of a missing or partial config from the model's signature;
+    a model that can batch gets `default_max_batch` (--backend-config
+    default-max-batch-size; 0: it does not batch) and, above 1, the dynamic batcher."""
     if not config.name:
         config.name = model_name
     fully_auto = not config.input and not config.output
-    if fully_auto and config.max_batch_size == 0 and _batchable(signature):
-        config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
-        if not config.HasField("sequence_batching") and not config.HasField("dynamic_batching"):
+    if fully_auto and config.max_batch_size == 0 and default_max_batch and _batchable(signature):
+        config.max_batch_size = default_max_batch
+        scheduled = config.HasField("sequence_batching") or config.HasField("dynamic_batching")
+        if default_max_batch > 1 and not scheduled:
             config.dynamic_batching.SetInParent()
     batching = config.max_batch_size > 0
     for kind, entries, specs in (

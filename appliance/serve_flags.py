@@ -68,7 +68,6 @@ IGNORED_FLAGS = (
     "host-policy",
     "model-load-gpu-limit",
     "backend-directory",
-    "backend-config",
     "repoagent-directory",
     "cache-directory",
     "allow-client-shm",
@@ -458,6 +457,15 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         "--trace-count", type=int, default=_D.trace_count, help="stop after N traces (-1: never)"
     )
     p.add_argument(
+        "--backend-config",
+        action="append",
+        default=[],
+        metavar="[BACKEND,]SETTING=VALUE",
+        help="tritonserver's backend settings, repeatable: default-max-batch-size=N (the "
+        "max_batch_size auto-complete gives a model that can batch; default "
+        f"{_D.default_max_batch_size}); the backends' own settings are accepted with a warning",
+    )
+    p.add_argument(
         "--trace-config",
         action="append",
         default=[],
@@ -650,6 +658,35 @@ def parse_trace_config(
     return chosen, tuple(ignored)
 
 
+def parse_backend_config(values: list[str]) -> tuple[int | None, tuple[str, ...]]:
+    """tritonserver's `--backend-config [BACKEND,]SETTING=VALUE` entries: the
+    default-max-batch-size they set (None: not given) and the entries accepted but ignored
+    (every backend's own settings: this server's backends take theirs from each model's
+    config). A malformed entry stops the start, as it stops tritonserver's."""
+    default_max_batch: int | None = None
+    ignored: list[str] = []
+    for value in values:
+        backend, comma, entry = value.rpartition(",")
+        setting, equals, setting_value = entry.partition("=")
+        if (comma and not backend) or not (equals and setting and setting_value):
+            raise SystemExit(
+                f"edge-appliance: --backend-config expects [BACKEND,]SETTING=VALUE, got '{value}'"
+            )
+        if backend or setting != "default-max-batch-size":
+            ignored.append(f"--backend-config {value}")
+            continue
+        try:
+            default_max_batch = int(setting_value)
+        except ValueError:
+            default_max_batch = -1
+        if default_max_batch < 0:
+            raise SystemExit(
+                "edge-appliance: --backend-config default-max-batch-size must be an integer "
+                f">= 0, got '{setting_value}'"
+            )
+    return default_max_batch, tuple(ignored)
+
+
 def parse_metrics_config(values: list[str]) -> dict[str, str]:
     """Triton's `--metrics-config key=value` pairs; unknown keys are warned about later."""
     pairs = {}
@@ -770,7 +807,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         if key != "histogram_latencies"
     )
     trace, ignored_trace = parse_trace_config(args.trace_config, args.trace_level)
-    ignored += ignored_trace
+    default_max_batch, ignored_backend = parse_backend_config(args.backend_config)
+    ignored += ignored_trace + ignored_backend
     remote = tuple(r for r in args.model_repository if is_remote(r))
     if not args.repository_timeout_secs > 0:
         raise SystemExit("edge-appliance: --repository-timeout-secs must be above 0")
@@ -832,6 +870,9 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         ),
         model_config_name=_config_name(args.model_config_name),
         model_load_threads=args.model_load_thread_count,
+        default_max_batch_size=(
+            _D.default_max_batch_size if default_max_batch is None else default_max_batch
+        ),
         server_id=args.id,
         strict_readiness=_on(args.strict_readiness, False),
         exit_on_error=_on(args.exit_on_error, False),

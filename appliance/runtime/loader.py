@@ -15,6 +15,7 @@ from appliance.model_config import (
     CONFIG_FILENAME,
     CUSTOM_CONFIGS,
     DEFAULT_BOUNDS,
+    DEFAULT_MAX_BATCH_SIZE,
     ENSEMBLE,
     ConfigBounds,
     ModelConfig,
@@ -134,15 +135,17 @@ def prepare_model(
     pin: int | None = None,
     bounds: ConfigBounds = DEFAULT_BOUNDS,
     config_name: str = "",
+    default_max_batch: int = DEFAULT_MAX_BATCH_SIZE,
 ) -> PreparedModel:
     """Read, complete and validate the config, then load the instances of each chosen version.
 
     `skip`: versions not to load (they failed before, with this content); `pin`: load this
     version alone, whatever the version policy says; `bounds`: the limits on config numbers
     (--max-instances-per-model among them); `config_name`: --model-config-name (the config
-    is `configs/<config_name>.pbtxt` where that exists). Blocking: run it in a thread. A config
-    error raises; a version that fails to load is recorded in `failed` so the other versions
-    still serve.
+    is `configs/<config_name>.pbtxt` where that exists); `default_max_batch`: the
+    max_batch_size auto-complete gives a model that can batch. Blocking: run it in a thread.
+    A config error raises; a version that fails to load is recorded in `failed` so the other
+    versions still serve.
     """
     name = model_dir.name
     source = None
@@ -230,7 +233,7 @@ def prepare_model(
     if strict or not described:
         complete_scheduling(config)
     else:
-        complete_config(config, signature, name)
+        complete_config(config, signature, name, default_max_batch)
     validate_config(config, model_dir, signature if described else None, bounds, source)
 
     prepared = PreparedModel(name=name, config=config, labels=read_labels(model_dir, config))

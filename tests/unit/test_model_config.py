@@ -49,6 +49,17 @@ def test_auto_complete_of_a_batching_model() -> None:
     assert cfg.version_policy.latest.num_versions == 1
 
 
+@pytest.mark.parametrize(("default", "batcher"), [(16, True), (1, False), (0, False)])
+def test_auto_complete_uses_the_default_max_batch_size(default: int, batcher: bool) -> None:
+    """--backend-config default-max-batch-size; the dynamic batcher above 1, as tritonserver."""
+    cfg = mc.ModelConfig()
+    complete_config(cfg, BATCHED, "m", default)
+    assert cfg.max_batch_size == default
+    assert cfg.HasField("dynamic_batching") is batcher
+    # Without batching, the batch dimension is one of the tensor's own.
+    assert list(cfg.input[0].dims) == ([-1, 3] if default == 0 else [3])
+
+
 def test_auto_complete_of_a_fixed_shape_model_does_not_batch() -> None:
     cfg = mc.ModelConfig()
     complete_config(cfg, FIXED, "m")

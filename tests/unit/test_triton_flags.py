@@ -130,6 +130,7 @@ def test_a_whole_tritonserver_command_line() -> None:
     assert "--model-config-name" not in ignored
     assert settings.model_config_name == "production"
     assert settings.server_id == "device-7"
+    assert "--backend-config python,shm-default-byte-size=1048576" in ignored  # each entry
     assert "--model-load-thread-count" not in ignored
     assert RuntimeSettings.from_server(settings).load_concurrency == 4
     assert "--http-max-input-size" not in ignored  # --max-request-bytes
@@ -137,6 +138,31 @@ def test_a_whole_tritonserver_command_line() -> None:
     assert settings.strict_model_config  # --disable-auto-complete-config
     assert settings.metrics_interval_ms == 2000
     assert settings.log_verbose == 1  # --log-verbose=true
+
+
+def test_backend_config_sets_the_default_max_batch_size() -> None:
+    settings = _settings(
+        "--backend-config=default-max-batch-size=16",
+        "--backend-config=onnxruntime,enable-global-threadpool=1",
+    )
+    assert settings.default_max_batch_size == 16
+    assert RuntimeSettings.from_server(settings).default_max_batch_size == 16
+    assert settings.ignored_flags == ("--backend-config onnxruntime,enable-global-threadpool=1",)
+    assert _settings().default_max_batch_size == 4  # tritonserver's default
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("default-max-batch-size", "expects \\[BACKEND,\\]SETTING=VALUE"),
+        (",default-max-batch-size=4", "expects \\[BACKEND,\\]SETTING=VALUE"),
+        ("default-max-batch-size=-1", "must be an integer >= 0"),
+        ("default-max-batch-size=many", "must be an integer >= 0"),
+    ],
+)
+def test_a_backend_config_tritonserver_refuses_is_refused(value: str, words: str) -> None:
+    with pytest.raises(SystemExit, match=words):
+        _settings(f"--backend-config={value}")
 
 
 @pytest.mark.parametrize(
