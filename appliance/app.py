@@ -411,6 +411,7 @@ class Appliance:
             shared_memory=self.control.shared_memory,
             limits=self.settings.request_limits,
             max_concurrent_rpcs=calls,
+            compression_level=self.settings.grpc_connections.infer_compression_level,
         )
         servicer.add_to_server(server, asyncio.get_running_loop())
         settings = self.settings

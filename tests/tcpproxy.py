@@ -23,6 +23,7 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._flowing = threading.Event()
         self._flowing.set()
+        self.bytes_to_clients = 0  # what the target sent, all connections together
         self.start()
 
     def start(self) -> None:
@@ -71,11 +72,15 @@ class TcpProxy:
 
     def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         try:
+            from_target = src.getpeername() == self._target
             while True:
                 data = src.recv(65536)
                 self._flowing.wait()  # frozen: what came in (or its end) goes nowhere
                 if not data:
                     break
+                if from_target:
+                    with self._lock:
+                        self.bytes_to_clients += len(data)
                 dst.sendall(data)
         except OSError:
             pass

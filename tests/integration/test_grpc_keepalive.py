@@ -1,7 +1,8 @@
-"""tritonserver's gRPC connection flags act (issue: keepalive): keepalive pings find a client
-that vanished without closing its connection, whose ModelStreamInfer stream would otherwise hold
-its handler thread and its stream slot (frontends/grpc/admission.py StreamSlots) for good; and
---grpc-max-connection-age ends long-lived connections while clients reconnect. The flags'
+"""tritonserver's gRPC connection flags act: keepalive pings find a client that vanished
+without closing its connection, whose ModelStreamInfer stream would otherwise hold its handler
+thread and its stream slot (frontends/grpc/admission.py StreamSlots) for good;
+--grpc-max-connection-age ends long-lived connections while clients reconnect; and
+--grpc-infer-response-compression-level compresses infer responses, only those. The flags'
 parsing and Triton's defaults: tests/unit/test_grpc_connection_flags.py."""
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+from onnx import TensorProto
 
 from appliance.frontends.grpc.server import stream_limit
 from appliance.protocol import service_pb2 as pb
 from appliance.protocol import service_pb2_grpc
-from configs.generate import SIMPLE_CONFIG, save, simple_model
+from configs.generate import SIMPLE_CONFIG, identity_model, save, simple_model
 from tests.serverproc import ServerProcess
 from tests.tcpproxy import TcpProxy
 
@@ -190,3 +193,54 @@ def test_a_bad_value_stops_the_real_start_naming_the_flag(
         "error: argument --grpc-keepalive-timeout: expected a whole number from 1 to "
         "2147483647, got 0" in proc.log()
     )
+
+
+def _zeros_request(elements: int) -> pb.ModelInferRequest:
+    message = pb.ModelInferRequest(model_name="zeros")
+    tensor = message.inputs.add(name="INPUT0", datatype="FP32")
+    tensor.shape.extend([1, elements])
+    message.raw_input_contents.append(bytes(4 * elements))
+    return message
+
+
+@pytest.mark.parametrize("level", ["none", "low", "high"])
+def test_infer_responses_are_compressed_at_the_level_given(
+    repository: Path,
+    start_server,  # type: ignore[no-untyped-def]
+    level: str,
+) -> None:
+    """A 1 MiB answer of zeros, from ModelInfer (Triton's own client) and ModelStreamInfer,
+    counted on the wire by a proxy: compressed to a few KiB with a level, whole without; the
+    client decodes it either way. Other RPCs are not compressed, as tritonserver's."""
+    save(identity_model(TensorProto.FLOAT, ["batch", "n"]), repository / "zeros/1/model.onnx")
+    for i in range(40):  # models that do not load: each a long line in the index
+        (repository / f"unloadable_{'x' * 80}_{i}" / "1").mkdir(parents=True)
+    proc = start_server(repository, f"--grpc-infer-response-compression-level={level}")
+    proxy = TcpProxy(proc.grpc_url)
+    try:
+        elements = 256 * 1024
+        client = grpcclient.InferenceServerClient(proxy.address)
+        inputs = [grpcclient.InferInput("INPUT0", [1, elements], "FP32")]
+        inputs[0].set_data_from_numpy(np.zeros((1, elements), np.float32))
+        before = proxy.bytes_to_clients
+        assert not client.infer("zeros", inputs).as_numpy("OUTPUT0").any()
+        unary_bytes = proxy.bytes_to_clients - before
+        with grpc.insecure_channel(proxy.address) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            before = proxy.bytes_to_clients
+            answers = list(stub.ModelStreamInfer(iter([_zeros_request(elements)]), timeout=60))
+            stream_bytes = proxy.bytes_to_clients - before
+            assert answers[0].infer_response.raw_output_contents[0] == bytes(4 * elements)
+            # The index of 40 models that do not load: a compressible answer of another RPC,
+            # sent whole.
+            before = proxy.bytes_to_clients
+            stub.RepositoryIndex(pb.RepositoryIndexRequest(), timeout=30)
+            index_bytes = proxy.bytes_to_clients - before
+        client.close()
+    finally:
+        proxy.stop()
+    if level == "none":
+        assert min(unary_bytes, stream_bytes) > 4 * elements
+    else:
+        assert max(unary_bytes, stream_bytes) < 16 * 1024  # measured 1.4 KiB
+    assert index_bytes > 16 * 1024  # measured 17.7 KiB at every level; gzip makes it ~1 KiB
