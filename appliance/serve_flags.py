@@ -123,7 +123,8 @@ _GRPC_CONNECTION_FLAGS = {
     "grpc-http2-max-pings-without-data": (
         "http2_max_pings_without_data",
         0,
-        "pings the server sends with no data sent between them (0: any number)",
+        "pings sent with no data sent between them (0: any number; gRPC core reads it on "
+        "clients only: passed on as tritonserver does)",
     ),
     "grpc-http2-min-recv-ping-interval-without-data": (
         "http2_min_recv_ping_interval_without_data_ms",
@@ -530,8 +531,8 @@ def _add_grpc_connection_flags(p: argparse.ArgumentParser) -> None:
         type=str.lower,  # tritonserver lowercases it
         choices=COMPRESSION_LEVELS,
         default=defaults.infer_compression_level,
-        help="compress ModelInfer and ModelStreamInfer responses: low gzip, medium and high "
-        "deflate, as gRPC picks for a client that takes both (default none)",
+        help="compress ModelInfer and ModelStreamInfer responses, no other RPC's: gzip at "
+        "every level (default none)",
     )
 
 

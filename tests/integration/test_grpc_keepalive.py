@@ -27,11 +27,12 @@ from tests.tcpproxy import TcpProxy
 
 # 9 calls: stream_limit leaves 8 to unary calls, so exactly one stream may be open.
 ONE_STREAM = "--grpc-max-concurrent-rpcs=9"
-KEEPALIVE = ("--grpc-keepalive-time=500", "--grpc-keepalive-timeout=500")
-# How long the tests give keepalive to close a dead connection: its ping after 0.5 s of
-# silence, unanswered for 0.5 s (measured: freed 1.0-1.5 s after the freeze), plus a loaded
-# machine's slack. The server without the flags (Triton's 2 h) gets as long and keeps the slot.
-DETECTION_S = 4.0
+KEEPALIVE = ("--grpc-keepalive-time=1000", "--grpc-keepalive-timeout=1000")
+# How long the tests give keepalive to close a dead connection: its ping after 1 s of silence,
+# unanswered for 1 s (measured: freed 2.0 s after the freeze; the second stream is refused
+# within ms of it), plus a loaded machine's slack. The server without the flags (Triton's 2 h)
+# gets as long and keeps the slot.
+DETECTION_S = 5.0
 
 
 @pytest.fixture
