@@ -54,7 +54,7 @@ from appliance.services.control import ControlService, ServerState
 from appliance.services.inference import InferenceService
 from appliance.services.rows import index_rows
 from appliance.services.status import StatusService
-from appliance.settings import ServerSettings
+from appliance.settings import GrpcConnectionSettings, ServerSettings
 from appliance.shutdown import Deadline, kill_model_processes, shutdown_summary
 from appliance.trace import Tracer
 
@@ -398,7 +398,8 @@ class Appliance:
                 # One connection cannot open unbounded concurrent calls (each holds a handler
                 # thread while it runs; past the pool's threads, calls wait for one).
                 ("grpc.max_concurrent_streams", 256),
-            ]
+                *_connection_options(self.settings.grpc_connections),
+            ],
         )
         servicer = InferenceServicer(
             self.core,
@@ -410,6 +411,7 @@ class Appliance:
             header_forward=HeaderForward.from_pattern(
                 self.settings.grpc_header_forward_pattern, "--grpc-header-forward-pattern"
             ),
+            compression_level=self.settings.grpc_connections.infer_compression_level,
         )
         servicer.add_to_server(server, asyncio.get_running_loop())
         _log_forwarding("gRPC metadata keys", servicer.header_forward)
@@ -429,6 +431,33 @@ class Appliance:
         if self.grpc_port is not None:
             log.info("Started GRPCInferenceService at %s:%s", settings.grpc_address, self.grpc_port)
         return listener
+
+
+def _connection_options(c: GrpcConnectionSettings) -> list[tuple[str, int]]:
+    """tritonserver's keepalive and connection-age channel arguments, set as its gRPC server
+    sets them (server repository, src/grpc/grpc_server.cc): the keepalive ones always (their
+    defaults are gRPC core's own), the connection age and its grace only when not 0."""
+    options = [
+        ("grpc.keepalive_time_ms", c.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", c.keepalive_timeout_ms),
+        # gRPC core (grpcio 1.85) closes a connection whose ping goes unanswered only after
+        # its ping timeout, a minute by default, whatever the keepalive timeout: measured with
+        # a frozen proxy and keepalive 1 s / 1 s, the dead connection went after 61 s, and
+        # after 2 s with this. The keepalive timeout is then what tritonserver's flag says.
+        ("grpc.http2.ping_timeout_ms", c.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", int(c.keepalive_permit_without_calls)),
+        ("grpc.http2.max_pings_without_data", c.http2_max_pings_without_data),
+        (
+            "grpc.http2.min_ping_interval_without_data_ms",
+            c.http2_min_recv_ping_interval_without_data_ms,
+        ),
+        ("grpc.http2.max_ping_strikes", c.http2_max_ping_strikes),
+    ]
+    if c.max_connection_age_ms:
+        options.append(("grpc.max_connection_age_ms", c.max_connection_age_ms))
+    if c.max_connection_age_grace_ms:
+        options.append(("grpc.max_connection_age_grace_ms", c.max_connection_age_grace_ms))
+    return options
 
 
 def _machine_id() -> bytes | None:

@@ -26,6 +26,7 @@ from appliance.repository.rollout import (
 )
 from appliance.repository.sources import check_location, is_remote
 from appliance.settings import (
+    GrpcConnectionSettings,
     HttpConnectionLimits,
     SchedulingSettings,
     ServerSettings,
@@ -39,15 +40,6 @@ IGNORED_FLAGS = (
     "reuse-grpc-port",
     "grpc-infer-allocation-pool-size",
     "grpc-max-response-pool-size",
-    "grpc-infer-response-compression-level",
-    "grpc-keepalive-time",
-    "grpc-keepalive-timeout",
-    "grpc-keepalive-permit-without-calls",
-    "grpc-http2-max-pings-without-data",
-    "grpc-http2-min-recv-ping-interval-without-data",
-    "grpc-http2-max-ping-strikes",
-    "grpc-max-connection-age",
-    "grpc-max-connection-age-grace",
     "allow-sagemaker",
     "sagemaker-port",
     "sagemaker-safe-port-range",
@@ -79,7 +71,6 @@ IGNORED_FLAGS = (
 _IGNORED_BOOL = (
     "reuse-http-port",
     "reuse-grpc-port",
-    "grpc-keepalive-permit-without-calls",
     "allow-sagemaker",
     "allow-vertex-ai",
     "model-namespacing",
@@ -90,13 +81,6 @@ _IGNORED_INT = (
     "http-thread-count",
     "grpc-infer-allocation-pool-size",
     "grpc-max-response-pool-size",
-    "grpc-keepalive-time",
-    "grpc-keepalive-timeout",
-    "grpc-http2-max-pings-without-data",
-    "grpc-http2-min-recv-ping-interval-without-data",
-    "grpc-http2-max-ping-strikes",
-    "grpc-max-connection-age",
-    "grpc-max-connection-age-grace",
     "grpc-infer-thread-count",
     "sagemaker-port",
     "sagemaker-thread-count",
@@ -113,6 +97,52 @@ _IGNORED_NUMBER = ("min-supported-compute-capability",)
 _D = ServerSettings(model_repositories=())
 _S = _D.scheduling
 MiB = 1024 * 1024
+INT32_MAX = 2**31 - 1  # tritonserver reads these flags as C ints; gRPC's channel args are ints
+
+# tritonserver's gRPC connection flags in milliseconds or counts (src/command_line_parser.cc),
+# each the field of GrpcConnectionSettings and the gRPC channel argument of the same name:
+# flag -> (field, smallest value, help).
+_GRPC_CONNECTION_FLAGS = {
+    "grpc-keepalive-time": (
+        "keepalive_time_ms",
+        1,
+        "milliseconds after which the server pings a connection that has calls open; "
+        "a client that vanished without closing it is noticed this way",
+    ),
+    "grpc-keepalive-timeout": (
+        "keepalive_timeout_ms",
+        1,
+        "milliseconds a ping may go unanswered before the connection and its calls are closed",
+    ),
+    "grpc-http2-max-pings-without-data": (
+        "http2_max_pings_without_data",
+        0,
+        "pings sent with no data sent between them (0: any number; gRPC core reads it on "
+        "clients only: passed on as tritonserver does)",
+    ),
+    "grpc-http2-min-recv-ping-interval-without-data": (
+        "http2_min_recv_ping_interval_without_data_ms",
+        0,
+        "milliseconds: a client's pings closer than this with no data between them are strikes",
+    ),
+    "grpc-http2-max-ping-strikes": (
+        "http2_max_ping_strikes",
+        0,
+        "strikes after which a connection is closed with GOAWAY (0: any number)",
+    ),
+    "grpc-max-connection-age": (
+        "max_connection_age_ms",
+        0,
+        "milliseconds after which a connection is sent GOAWAY: its clients reconnect (0: never)",
+    ),
+    "grpc-max-connection-age-grace": (
+        "max_connection_age_grace_ms",
+        0,
+        "milliseconds the calls open at GOAWAY may still run before the connection is closed "
+        "(0: not set, they run to their end)",
+    ),
+}
+COMPRESSION_LEVELS = ("none", "low", "medium", "high")
 
 
 def parse_bool(text: str) -> bool:
@@ -424,6 +454,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         "open); more are answered UNAVAILABLE at once; health calls are never refused "
         f"(default {_D.grpc_max_concurrent_rpcs}; 0: no limit)",
     )
+    _add_grpc_connection_flags(p)
     _add_limit_flags(p)
     _add_bool(
         p,
@@ -525,6 +556,60 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
             type=_ignored_type(flag),
             help=argparse.SUPPRESS,
         )
+
+
+def _add_grpc_connection_flags(p: argparse.ArgumentParser) -> None:
+    """tritonserver's gRPC keepalive, connection-age and compression flags, its defaults."""
+    defaults = _D.grpc_connections
+    for flag, (name, minimum, what) in _GRPC_CONNECTION_FLAGS.items():
+        value = getattr(defaults, name)
+        p.add_argument(
+            f"--{flag}",
+            type=_bounded_int(minimum),
+            default=value,
+            metavar="MS" if name.endswith("_ms") else "N",
+            help=f"{what} (default {value})",
+        )
+    _add_bool(
+        p,
+        "--grpc-keepalive-permit-without-calls",
+        "also ping connections with no call open (default false)",
+    )
+    p.add_argument(
+        "--grpc-infer-response-compression-level",
+        type=str.lower,  # tritonserver lowercases it
+        choices=COMPRESSION_LEVELS,
+        default=defaults.infer_compression_level,
+        help="compress ModelInfer and ModelStreamInfer responses, no other RPC's: gzip at "
+        "every level (default none)",
+    )
+
+
+def _grpc_connections(args: argparse.Namespace) -> GrpcConnectionSettings:
+    values = {
+        name: getattr(args, flag.replace("-", "_"))
+        for flag, (name, _, _) in _GRPC_CONNECTION_FLAGS.items()
+    }
+    return GrpcConnectionSettings(
+        **values,
+        keepalive_permit_without_calls=_on(
+            args.grpc_keepalive_permit_without_calls,
+            _D.grpc_connections.keepalive_permit_without_calls,
+        ),
+        infer_compression_level=args.grpc_infer_response_compression_level,
+    )
+
+
+def _bounded_int(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = _integer(text)
+        if not minimum <= value <= INT32_MAX:
+            raise argparse.ArgumentTypeError(
+                f"expected a whole number from {minimum} to {INT32_MAX}, got {value}"
+            )
+        return value
+
+    return parse
 
 
 def _ignored_type(flag: str) -> type[str] | Callable[[str], object]:
@@ -889,6 +974,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         max_request_bytes=args.max_request_bytes,
         grpc_max_message_bytes=args.grpc_max_message_bytes,
         grpc_max_concurrent_rpcs=max(0, args.grpc_max_concurrent_rpcs),
+        grpc_connections=_grpc_connections(args),
         request_limits=RequestLimits(args.max_tensor_elements, args.max_request_tensor_bytes),
         http_connections=HttpConnectionLimits(
             max_header_bytes=args.max_request_header_bytes,

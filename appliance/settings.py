@@ -65,6 +65,30 @@ class HttpConnectionLimits:
 
 
 @dataclass(frozen=True)
+class GrpcConnectionSettings:
+    """tritonserver's gRPC keepalive and connection-age flags, with its defaults and units
+    (milliseconds; server repository, src/grpc/grpc_server.h `KeepAliveOptions`): each is the
+    gRPC core channel argument of the same name on the server (app.py). Keepalive is what
+    notices a client that vanished without closing its connection (power loss, a NAT that
+    forgot it): until then its ModelStreamInfer streams hold their handler threads."""
+
+    keepalive_time_ms: int = 7_200_000  # a ping after this long (2 h) ...
+    keepalive_timeout_ms: int = 20_000  # ... unanswered this long closes the connection
+    keepalive_permit_without_calls: bool = False  # ping connections with no call open too
+    http2_max_pings_without_data: int = 2  # pings sent with no data between them (0: any)
+    # A client's pings closer than this with no data between them are "strikes"; more than
+    # max_ping_strikes (0: any number) and the connection is closed with GOAWAY.
+    http2_min_recv_ping_interval_without_data_ms: int = 300_000
+    http2_max_ping_strikes: int = 2
+    # A connection is sent GOAWAY after this long and closed after the grace; 0: not set, as
+    # tritonserver (gRPC's default: no age; no grace, so streams open then run on).
+    max_connection_age_ms: int = 0
+    max_connection_age_grace_ms: int = 0
+    # ModelInfer and ModelStreamInfer responses: none | low | medium | high.
+    infer_compression_level: str = "none"
+
+
+@dataclass(frozen=True)
 class SchedulingSettings:
     """Server-wide scheduling rules every model version gets; a config's own values win."""
 
@@ -135,6 +159,7 @@ class ServerSettings:
     # gRPC calls in flight, all connections together (a stream is one call while open); more
     # are answered UNAVAILABLE at once. Health calls are never refused. 0: no limit.
     grpc_max_concurrent_rpcs: int = 64
+    grpc_connections: GrpcConnectionSettings = field(default_factory=GrpcConnectionSettings)
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     http_connections: HttpConnectionLimits = field(default_factory=HttpConnectionLimits)
     scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)

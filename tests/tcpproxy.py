@@ -1,4 +1,5 @@
-"""A loopback TCP forwarder that a test can switch off and on: a network outage on demand."""
+"""A loopback TCP forwarder that a test can switch off and on: a network outage on demand, or
+(`freeze`) a peer that vanished without closing its connections."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self.bytes_to_clients = 0  # what the target sent, all connections together
         self.start()
 
     def start(self) -> None:
@@ -29,6 +33,11 @@ class TcpProxy:
         listener.listen(64)
         self._listener = listener
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def freeze(self) -> None:
+        """Forward nothing more either way, a close neither, and keep every socket open: to the
+        ends, a peer that lost power or a NAT that forgot the connection (no FIN, no RST)."""
+        self._flowing.clear()
 
     def stop(self) -> None:
         """Refuse new connections and cut the open ones."""
@@ -43,6 +52,7 @@ class TcpProxy:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
             conn.close()
+        self._flowing.set()  # a frozen pipe goes on to find its sockets closed, and ends
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
@@ -60,10 +70,17 @@ class TcpProxy:
             for src, dst in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
 
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         try:
-            while data := src.recv(65536):
+            from_target = src.getpeername() == self._target
+            while True:
+                data = src.recv(65536)
+                self._flowing.wait()  # frozen: what came in (or its end) goes nowhere
+                if not data:
+                    break
+                if from_target:
+                    with self._lock:
+                        self.bytes_to_clients += len(data)
                 dst.sendall(data)
         except OSError:
             pass

@@ -76,6 +76,20 @@ UNARY_RESERVE = 8
 
 _CANCELLED = (asyncio.CancelledError, concurrent.futures.CancelledError)
 
+# tritonserver's --grpc-infer-response-compression-level sets a level on each ModelInfer and
+# ModelStreamInfer call (no other), which gRPC core turns into an algorithm the client takes:
+# low the first of gzip and deflate, medium and high the second. Both are zlib's DEFLATE at the
+# same effort (the level picks a framing, not an effort), and grpcio's Python server can only
+# name an algorithm per call, not a level, nor see what the client takes: every level is gzip
+# here, the one that gRPC clients in every language decode by default (grpc-java's default
+# registry has no deflate).
+RESPONSE_COMPRESSION = {
+    "none": None,
+    "low": grpc.Compression.Gzip,
+    "medium": grpc.Compression.Gzip,
+    "high": grpc.Compression.Gzip,
+}
+
 
 def pool_threads(max_concurrent_rpcs: int) -> int:
     """The handler threads for a call bound (0: none)."""
@@ -258,6 +272,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         limits: RequestLimits,
         max_concurrent_rpcs: int = 0,
         header_forward: HeaderForward | None = None,
+        compression_level: str = "none",
     ) -> None:
         self.core = core
         self.control = control
@@ -268,6 +283,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         self.bound = CallBound(max_concurrent_rpcs)
         # Streams open, past which one is refused: each holds a pool thread for its life.
         self.streams = StreamSlots(stream_limit(max_concurrent_rpcs))
+        # ModelInfer and ModelStreamInfer responses (None: not compressed, the default).
+        self.compression = RESPONSE_COMPRESSION[compression_level]
         self._loop: asyncio.AbstractEventLoop | None = None
         # --grpc-header-forward-pattern: None without it (the infer path never looks further).
         self.header_forward = header_forward
@@ -295,6 +312,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 )
                 continue
             run = self._infer if name == "ModelInfer" else _on_loop(loop, getattr(self, name))
+            if name == "ModelInfer" and self.compression is not None:
+                run = _compressed(run, self.compression)  # only then: nothing per call without
             guarded = _guard_unary(run, name, request.FromString, self.restrictions, self.bound)
             handlers[name] = grpc.unary_unary_rpc_method_handler(
                 guarded, response_serializer=response.SerializeToString
@@ -465,6 +484,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         except ApplianceError as exc:
             _give_back(bound, streams, taken)
             context.abort(GRPC_STATUS[exc.code], exc.message)
+        if self.compression is not None:
+            context.set_compression(self.compression)
         run = StreamRun(
             request_iterator,
             context,
@@ -486,6 +507,18 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             )
         finally:
             _give_back(bound, streams, taken)
+
+
+def _compressed(
+    run: Callable[[Any, grpc.ServicerContext], Any], compression: grpc.Compression
+) -> Callable[[Any, grpc.ServicerContext], Any]:
+    """`run` with its response compressed with `compression`."""
+
+    def compressed(request: Any, context: grpc.ServicerContext) -> Any:
+        context.set_compression(compression)
+        return run(request, context)
+
+    return compressed
 
 
 def _give_back(bound: CallBound, streams: StreamSlots, taken: list[bool]) -> None:
