@@ -15,6 +15,18 @@ from typing import Any
 
 from appliance import logs
 from appliance.access import parse_groups
+from appliance.flag_values import (
+    add_bool,
+    integer,
+    on,
+    parse_backend_config,
+    parse_bool,
+    parse_cache_config,
+    parse_metrics_config,
+    parse_rate_limit_resources,
+    parse_trace_config,
+)
+from appliance.grpc_flags import add_grpc_connection_flags, grpc_connections
 from appliance.header_forward import compile_pattern
 from appliance.limits import RequestLimits
 from appliance.model_config import check_config_name
@@ -26,7 +38,6 @@ from appliance.repository.rollout import (
 )
 from appliance.repository.sources import check_location, is_remote
 from appliance.settings import (
-    GrpcConnectionSettings,
     HttpConnectionLimits,
     SchedulingSettings,
     ServerSettings,
@@ -97,73 +108,13 @@ _IGNORED_NUMBER = ("min-supported-compute-capability",)
 _D = ServerSettings(model_repositories=())
 _S = _D.scheduling
 MiB = 1024 * 1024
-INT32_MAX = 2**31 - 1  # tritonserver reads these flags as C ints; gRPC's channel args are ints
-
-# tritonserver's gRPC connection flags in milliseconds or counts (src/command_line_parser.cc),
-# each the field of GrpcConnectionSettings and the gRPC channel argument of the same name:
-# flag -> (field, smallest value, help).
-_GRPC_CONNECTION_FLAGS = {
-    "grpc-keepalive-time": (
-        "keepalive_time_ms",
-        1,
-        "milliseconds after which the server pings a connection that has calls open; "
-        "a client that vanished without closing it is noticed this way",
-    ),
-    "grpc-keepalive-timeout": (
-        "keepalive_timeout_ms",
-        1,
-        "milliseconds a ping may go unanswered before the connection and its calls are closed",
-    ),
-    "grpc-http2-max-pings-without-data": (
-        "http2_max_pings_without_data",
-        0,
-        "pings sent with no data sent between them (0: any number; gRPC core reads it on "
-        "clients only: passed on as tritonserver does)",
-    ),
-    "grpc-http2-min-recv-ping-interval-without-data": (
-        "http2_min_recv_ping_interval_without_data_ms",
-        0,
-        "milliseconds: a client's pings closer than this with no data between them are strikes",
-    ),
-    "grpc-http2-max-ping-strikes": (
-        "http2_max_ping_strikes",
-        0,
-        "strikes after which a connection is closed with GOAWAY (0: any number)",
-    ),
-    "grpc-max-connection-age": (
-        "max_connection_age_ms",
-        0,
-        "milliseconds after which a connection is sent GOAWAY: its clients reconnect (0: never)",
-    ),
-    "grpc-max-connection-age-grace": (
-        "max_connection_age_grace_ms",
-        0,
-        "milliseconds the calls open at GOAWAY may still run before the connection is closed "
-        "(0: not set, they run to their end)",
-    ),
-}
-COMPRESSION_LEVELS = ("none", "low", "medium", "high")
-
-
-def parse_bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "on", "yes"):
-        return True
-    if value in ("0", "false", "off", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
 
 
 def _positive_int(text: str) -> int:
-    value = _integer(text)
+    value = integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
-
-
-def _add_bool(parser: argparse.ArgumentParser, flag: str, help_text: str) -> None:
-    # tritonserver takes `--flag=true`; a bare `--flag` means true here.
-    parser.add_argument(flag, type=parse_bool, nargs="?", const=True, default=None, help=help_text)
 
 
 def add_serve_flags(p: argparse.ArgumentParser) -> None:
@@ -286,8 +237,8 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="also serve gRPC on this Unix socket (with --grpc-port -1: only there)",
     )
-    _add_bool(p, "--grpc-use-ssl", "serve gRPC over TLS (--grpc-server-cert, --grpc-server-key)")
-    _add_bool(p, "--grpc-use-ssl-mutual", "TLS with client certificates signed by --grpc-root-cert")
+    add_bool(p, "--grpc-use-ssl", "serve gRPC over TLS (--grpc-server-cert, --grpc-server-key)")
+    add_bool(p, "--grpc-use-ssl-mutual", "TLS with client certificates signed by --grpc-root-cert")
     p.add_argument("--grpc-server-cert", default="", metavar="PEM")
     p.add_argument("--grpc-server-key", default="", metavar="PEM")
     p.add_argument("--grpc-root-cert", default="", metavar="PEM")
@@ -334,11 +285,11 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--metrics-address", default=_D.metrics_address)
     p.add_argument("--metrics-port", type=int, default=_D.metrics_port)
-    _add_bool(p, "--allow-http", "serve HTTP (default true)")
-    _add_bool(p, "--allow-grpc", "serve gRPC (default true)")
-    _add_bool(p, "--allow-metrics", "serve Prometheus metrics on /metrics (default true)")
-    _add_bool(p, "--allow-cpu-metrics", "include CPU utilisation and memory (default true)")
-    _add_bool(
+    add_bool(p, "--allow-http", "serve HTTP (default true)")
+    add_bool(p, "--allow-grpc", "serve gRPC (default true)")
+    add_bool(p, "--allow-metrics", "serve Prometheus metrics on /metrics (default true)")
+    add_bool(p, "--allow-cpu-metrics", "include CPU utilisation and memory (default true)")
+    add_bool(
         p,
         "--allow-gpu-metrics",
         "include GPU utilisation, memory and power from NVML or a Jetson's sysfs (default true)",
@@ -349,7 +300,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         default=_D.metrics_interval_ms,
         help=f"how old GPU readings may be when scraped (default {_D.metrics_interval_ms})",
     )
-    _add_bool(p, "--strict-model-config", "refuse models without a complete config.pbtxt")
+    add_bool(p, "--strict-model-config", "refuse models without a complete config.pbtxt")
     p.add_argument(
         "--id",
         default=_D.server_id,
@@ -372,17 +323,17 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="each model's configuration is configs/NAME.pbtxt in its folder where that file "
         "exists, config.pbtxt otherwise (one repository configured per kind of device)",
     )
-    _add_bool(
+    add_bool(
         p,
         "--disable-auto-complete-config",
         "tritonserver's spelling of --strict-model-config=true: configs are not completed",
     )
-    _add_bool(
+    add_bool(
         p,
         "--strict-readiness",
         "ready only when every model is ready (default false: a device serves what loaded)",
     )
-    _add_bool(
+    add_bool(
         p,
         "--exit-on-error",
         "exit when a model fails to load at start-up (default false: serve the others)",
@@ -394,9 +345,9 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="1: this server's debug lines; 2 and above: libraries' too (default 0)",
     )
-    _add_bool(p, "--log-info", "log INFO lines (default true)")
-    _add_bool(p, "--log-warning", "log WARNING lines (default true)")
-    _add_bool(p, "--log-error", "log ERROR lines (default true)")
+    add_bool(p, "--log-info", "log INFO lines (default true)")
+    add_bool(p, "--log-warning", "log WARNING lines (default true)")
+    add_bool(p, "--log-error", "log ERROR lines (default true)")
     p.add_argument(
         "--log-format",
         choices=logs.FORMATS,
@@ -454,9 +405,9 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         "open); more are answered UNAVAILABLE at once; health calls are never refused "
         f"(default {_D.grpc_max_concurrent_rpcs}; 0: no limit)",
     )
-    _add_grpc_connection_flags(p)
+    add_grpc_connection_flags(p)
     _add_limit_flags(p)
-    _add_bool(
+    add_bool(
         p,
         "--require-manifest",
         "load a version only when its SHA256SUMS manifest lists and matches its files",
@@ -558,65 +509,11 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         )
 
 
-def _add_grpc_connection_flags(p: argparse.ArgumentParser) -> None:
-    """tritonserver's gRPC keepalive, connection-age and compression flags, its defaults."""
-    defaults = _D.grpc_connections
-    for flag, (name, minimum, what) in _GRPC_CONNECTION_FLAGS.items():
-        value = getattr(defaults, name)
-        p.add_argument(
-            f"--{flag}",
-            type=_bounded_int(minimum),
-            default=value,
-            metavar="MS" if name.endswith("_ms") else "N",
-            help=f"{what} (default {value})",
-        )
-    _add_bool(
-        p,
-        "--grpc-keepalive-permit-without-calls",
-        "also ping connections with no call open (default false)",
-    )
-    p.add_argument(
-        "--grpc-infer-response-compression-level",
-        type=str.lower,  # tritonserver lowercases it
-        choices=COMPRESSION_LEVELS,
-        default=defaults.infer_compression_level,
-        help="compress ModelInfer and ModelStreamInfer responses, no other RPC's: gzip at "
-        "every level (default none)",
-    )
-
-
-def _grpc_connections(args: argparse.Namespace) -> GrpcConnectionSettings:
-    values = {
-        name: getattr(args, flag.replace("-", "_"))
-        for flag, (name, _, _) in _GRPC_CONNECTION_FLAGS.items()
-    }
-    return GrpcConnectionSettings(
-        **values,
-        keepalive_permit_without_calls=_on(
-            args.grpc_keepalive_permit_without_calls,
-            _D.grpc_connections.keepalive_permit_without_calls,
-        ),
-        infer_compression_level=args.grpc_infer_response_compression_level,
-    )
-
-
-def _bounded_int(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = _integer(text)
-        if not minimum <= value <= INT32_MAX:
-            raise argparse.ArgumentTypeError(
-                f"expected a whole number from {minimum} to {INT32_MAX}, got {value}"
-            )
-        return value
-
-    return parse
-
-
 def _ignored_type(flag: str) -> type[str] | Callable[[str], object]:
     if flag in _IGNORED_BOOL:
         return parse_bool
     if flag in _IGNORED_INT:
-        return _integer
+        return integer
     if flag in _IGNORED_NUMBER:
         return float
     return str
@@ -627,166 +524,13 @@ def _verbose_level(text: str) -> int:
     lowered = text.strip().lower()
     if lowered in ("true", "false"):
         return int(lowered == "true")
-    return _integer(text)
-
-
-def _integer(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
-
-
-def parse_cache_config(values: list[str], legacy_bytes: int) -> int:
-    """The response cache size from Triton's `--cache-config local,size=N` (0: no cache)."""
-    size = legacy_bytes
-    for value in values:
-        name, _, rest = value.partition(",")
-        if name != "local":
-            raise SystemExit(
-                f"edge-appliance: --cache-config: only the 'local' cache exists, got '{name}'"
-            )
-        key, _, number = rest.partition("=")
-        if key != "size" or not number.isdigit():
-            raise SystemExit(
-                f"edge-appliance: --cache-config expects local,size=BYTES, got '{value}'"
-            )
-        size = int(number)
-    return size
-
-
-def parse_rate_limit_resources(values: list[str]) -> tuple[tuple[str, int], ...]:
-    resources = []
-    for value in values:
-        parts = value.split(":")
-        if len(parts) not in (2, 3) or not parts[1].isdigit():
-            raise SystemExit(
-                f"edge-appliance: --rate-limit-resource expects NAME:COUNT[:DEVICE], got '{value}'"
-            )
-        resources.append((parts[0], int(parts[1])))
-    return tuple(resources)
-
-
-TRACE_MODES = ("triton", "opentelemetry")
-# tritonserver's --trace-config settings that this server's trace flags carry: (mode, setting)
-# -> the ServerSettings field (mode "": a global setting).
-_TRACE_FIELDS = {
-    ("", "rate"): "trace_rate",
-    ("", "count"): "trace_count",
-    ("", "level"): "trace_level",
-    ("triton", "file"): "trace_file",
-}
-_TRACE_FORMAT = "--trace-config expects [MODE,]SETTING=VALUE (MODE: triton or opentelemetry)"
-
-
-def trace_level(text: str, flag: str) -> str:
-    """A trace level in tritonserver's words, any case: OFF (off, false) or TIMESTAMPS
-    (timestamps, true, on, min, max; tensors too: tritonserver adds the tensors, this server
-    traces the timestamps)."""
-    word = text.lower()
-    if word in ("off", "false"):
-        return "OFF"
-    if word in ("timestamps", "true", "on", "min", "max", "tensors"):
-        return "TIMESTAMPS"
-    raise SystemExit(
-        f"edge-appliance: {flag}: invalid value for trace level option: {text} (OFF, "
-        "TIMESTAMPS or TENSORS)"
-    )
-
-
-def parse_trace_config(
-    values: list[str], level_flag: str | None = None
-) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """tritonserver's `--trace-config [MODE,]SETTING=VALUE` entries (`level_flag`: the
-    deprecated --trace-level, if given): the trace settings they set (they win over
-    --trace-rate, --trace-count and --trace-file, and their levels combine with
-    --trace-level's, as there) and the entries accepted but ignored (OpenTelemetry mode and
-    its settings, triton's log-frequency, unknown settings, the tensors level). A malformed
-    entry stops the start, as it stops tritonserver's."""
-    chosen: dict[str, Any] = {}
-    ignored: list[str] = []
-    levels = [] if level_flag is None else [trace_level(level_flag, "--trace-level")]
-    if level_flag is not None and level_flag.lower() == "tensors":
-        ignored.append("--trace-level TENSORS (traced as TIMESTAMPS)")
-    for value in values:
-        head, comma, rest = value.partition(",")
-        mode, entry = (head.lower(), rest) if comma else ("", value)
-        setting, equals, setting_value = entry.partition("=")
-        if (comma and mode not in TRACE_MODES) or not (equals and setting and setting_value):
-            raise SystemExit(f"edge-appliance: {_TRACE_FORMAT}, got '{value}'")
-        if (mode, setting) == ("", "mode"):
-            if setting_value.lower() not in TRACE_MODES:
-                raise SystemExit(f"edge-appliance: {_TRACE_FORMAT}, got '{value}'")
-            if setting_value.lower() != "triton":
-                ignored.append(f"--trace-config {value}")
-            continue
-        field = _TRACE_FIELDS.get((mode, setting))
-        if field is None:
-            ignored.append(f"--trace-config {value}")
-        elif field == "trace_level":
-            levels.append(trace_level(setting_value, "--trace-config level"))
-            if setting_value.lower() == "tensors":
-                ignored.append(f"--trace-config {value} (traced as TIMESTAMPS)")
-        elif field == "trace_file":
-            chosen[field] = setting_value
-        else:
-            try:
-                chosen[field] = int(setting_value)
-            except ValueError:
-                raise SystemExit(
-                    f"edge-appliance: --trace-config {setting} must be an integer, "
-                    f"got '{setting_value}'"
-                ) from None
-    if levels:  # tritonserver combines the levels; --trace-level=OFF turns tracing off
-        off = set(levels) == {"OFF"} or (level_flag is not None and levels[0] == "OFF")
-        chosen["trace_level"] = "OFF" if off else "TIMESTAMPS"
-    return chosen, tuple(ignored)
-
-
-def parse_backend_config(values: list[str]) -> tuple[int | None, tuple[str, ...]]:
-    """tritonserver's `--backend-config [BACKEND,]SETTING=VALUE` entries: the
-    default-max-batch-size they set (None: not given) and the entries accepted but ignored
-    (every backend's own settings: this server's backends take theirs from each model's
-    config). A malformed entry stops the start, as it stops tritonserver's."""
-    default_max_batch: int | None = None
-    ignored: list[str] = []
-    for value in values:
-        backend, comma, entry = value.rpartition(",")
-        setting, equals, setting_value = entry.partition("=")
-        if (comma and not backend) or not (equals and setting and setting_value):
-            raise SystemExit(
-                f"edge-appliance: --backend-config expects [BACKEND,]SETTING=VALUE, got '{value}'"
-            )
-        if backend or setting != "default-max-batch-size":
-            ignored.append(f"--backend-config {value}")
-            continue
-        try:
-            default_max_batch = int(setting_value)
-        except ValueError:
-            default_max_batch = -1
-        if default_max_batch < 0:
-            raise SystemExit(
-                "edge-appliance: --backend-config default-max-batch-size must be an integer "
-                f">= 0, got '{setting_value}'"
-            )
-    return default_max_batch, tuple(ignored)
-
-
-def parse_metrics_config(values: list[str]) -> dict[str, str]:
-    """Triton's `--metrics-config key=value` pairs; unknown keys are warned about later."""
-    pairs = {}
-    for value in values:
-        key, sep, setting = value.partition("=")
-        if not sep:
-            raise SystemExit(f"edge-appliance: --metrics-config expects KEY=VALUE, got '{value}'")
-        pairs[key] = setting
-    return pairs
+    return integer(text)
 
 
 def _tls(args: argparse.Namespace) -> TlsSettings:
-    mutual = _on(args.grpc_use_ssl_mutual, False)
+    mutual = on(args.grpc_use_ssl_mutual, False)
     tls = TlsSettings(
-        grpc=_on(args.grpc_use_ssl, False) or mutual,
+        grpc=on(args.grpc_use_ssl, False) or mutual,
         grpc_mutual=mutual,
         grpc_cert=args.grpc_server_cert,
         grpc_key=args.grpc_server_key,
@@ -877,10 +621,6 @@ def _config_name(value: str | None) -> str:
         raise SystemExit(f"edge-appliance: {exc}") from None
 
 
-def _on(value: bool | None, default: bool) -> bool:
-    return default if value is None else value
-
-
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     if not args.model_repository:
         raise SystemExit("edge-appliance: --model-repository is required")
@@ -941,17 +681,17 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         ),
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
-        allow_http=_on(args.allow_http, True),
-        allow_grpc=_on(args.allow_grpc, True),
-        allow_metrics=_on(args.allow_metrics, True),
-        allow_cpu_metrics=_on(args.allow_cpu_metrics, True),
-        allow_gpu_metrics=_on(args.allow_gpu_metrics, True),
+        allow_http=on(args.allow_http, True),
+        allow_grpc=on(args.allow_grpc, True),
+        allow_metrics=on(args.allow_metrics, True),
+        allow_cpu_metrics=on(args.allow_cpu_metrics, True),
+        allow_gpu_metrics=on(args.allow_gpu_metrics, True),
         metrics_interval_ms=max(0, round(args.metrics_interval_ms)),
         latency_histograms=parse_bool(
             parse_metrics_config(args.metrics_config).get("histogram_latencies", "false")
         ),
         strict_model_config=(
-            _on(args.strict_model_config, False) or _on(args.disable_auto_complete_config, False)
+            on(args.strict_model_config, False) or on(args.disable_auto_complete_config, False)
         ),
         model_config_name=_config_name(args.model_config_name),
         model_load_threads=args.model_load_thread_count,
@@ -959,12 +699,12 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             _D.default_max_batch_size if default_max_batch is None else default_max_batch
         ),
         server_id=args.id,
-        strict_readiness=_on(args.strict_readiness, False),
-        exit_on_error=_on(args.exit_on_error, False),
+        strict_readiness=on(args.strict_readiness, False),
+        exit_on_error=on(args.exit_on_error, False),
         log_verbose=args.log_verbose,
-        log_info=_on(args.log_info, True),
-        log_warning=_on(args.log_warning, True),
-        log_error=_on(args.log_error, True),
+        log_info=on(args.log_info, True),
+        log_warning=on(args.log_warning, True),
+        log_error=on(args.log_error, True),
         log_format=args.log_format,
         log_file=args.log_file,
         model_control_mode=args.model_control_mode,
@@ -974,7 +714,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         max_request_bytes=args.max_request_bytes,
         grpc_max_message_bytes=args.grpc_max_message_bytes,
         grpc_max_concurrent_rpcs=max(0, args.grpc_max_concurrent_rpcs),
-        grpc_connections=_grpc_connections(args),
+        grpc_connections=grpc_connections(args),
         request_limits=RequestLimits(args.max_tensor_elements, args.max_request_tensor_bytes),
         http_connections=HttpConnectionLimits(
             max_header_bytes=args.max_request_header_bytes,
@@ -997,7 +737,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             rate_limit_resources=parse_rate_limit_resources(args.rate_limit_resource),
             max_instances_per_model=args.max_instances_per_model,
         ),
-        require_manifest=_on(args.require_manifest, False),
+        require_manifest=on(args.require_manifest, False),
         trace_file=trace.get("trace_file", args.trace_file),
         trace_level=trace.get("trace_level", _D.trace_level),
         trace_rate=trace.get("trace_rate", args.trace_rate),
