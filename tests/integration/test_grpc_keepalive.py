@@ -167,7 +167,7 @@ def test_max_connection_age_ends_a_long_stream_and_unary_calls_go_on(
         assert stream.infer().error_message == ""
         answered_after_end = 0
         ended: grpc.StatusCode | None = None
-        while time.monotonic() - opened < 2.5:
+        while time.monotonic() - opened < 3.5:
             response = stub.ModelInfer(_request(), timeout=10)
             assert len(response.raw_output_contents) == 2
             if ended is None:
@@ -180,7 +180,9 @@ def test_max_connection_age_ends_a_long_stream_and_unary_calls_go_on(
             time.sleep(0.05)
         stream.close()
     assert ended == grpc.StatusCode.UNAVAILABLE
-    assert 0.9 <= ended_after < 2.0, ended_after
+    # Nominally 0.95-1.05 s from the connection's start (which may precede `opened` a little);
+    # the bounds leave room for a loaded machine.
+    assert 0.7 <= ended_after < 3.0, ended_after
     assert answered_after_end >= 3
 
 
