@@ -348,6 +348,7 @@ class Appliance:
             http_ssl_context(settings.tls),
             settings.http_connections,
             infer_route=frontend,
+            reuse_port=settings.reuse_http_port,
         )
         self.http_port = listener.port
         _log_forwarding("HTTP headers", frontend.header_forward)
@@ -394,7 +395,8 @@ class Appliance:
             options=[
                 ("grpc.max_send_message_length", size),
                 ("grpc.max_receive_message_length", size),
-                ("grpc.so_reuseport", 0),
+                # Off unless --reuse-grpc-port: a second server on the port is an error.
+                ("grpc.so_reuseport", int(self.settings.reuse_grpc_port)),
                 # One connection cannot open unbounded concurrent calls (each holds a handler
                 # thread while it runs; past the pool's threads, calls wait for one).
                 ("grpc.max_concurrent_streams", 256),

@@ -100,9 +100,11 @@ async def serve_http(
     ssl_context: ssl.SSLContext | None = None,
     limits: HttpConnectionLimits | None = None,
     infer_route: InferRoute | None = None,
+    reuse_port: bool = False,
 ) -> HttpListener:
     """Serve an aiohttp app on address:port (port -1: no TCP; 0 picks one) and on a Unix socket
-    if given; with `infer_route`, its infer requests without aiohttp (frontends/http/fastpath.py).
+    if given; with `infer_route`, its infer requests without aiohttp (frontends/http/fastpath.py);
+    `reuse_port`: SO_REUSEPORT, beside other servers listening with it.
     """
     runner = GuardedAppRunner(
         app,
@@ -114,7 +116,14 @@ async def serve_http(
     listener = HttpListener(what, runner)
     try:
         if port >= 0:
-            site = web.TCPSite(runner, address, port, reuse_address=True, ssl_context=ssl_context)
+            site = web.TCPSite(
+                runner,
+                address,
+                port,
+                reuse_address=True,
+                reuse_port=reuse_port or None,
+                ssl_context=ssl_context,
+            )
             try:
                 await site.start()
             except OSError as exc:

@@ -46,9 +46,7 @@ from appliance.settings import (
 
 # tritonserver flags that have no meaning here (yet); accepted and reported as ignored.
 IGNORED_FLAGS = (
-    "reuse-http-port",
     "http-thread-count",
-    "reuse-grpc-port",
     "grpc-infer-allocation-pool-size",
     "grpc-max-response-pool-size",
     "allow-sagemaker",
@@ -80,8 +78,6 @@ IGNORED_FLAGS = (
 # The ignored flags' values are checked as tritonserver checks them (bool: true/false/on/off/
 # 1/0; integer; number): a value tritonserver refuses is refused here too. Others: any text.
 _IGNORED_BOOL = (
-    "reuse-http-port",
-    "reuse-grpc-port",
     "allow-sagemaker",
     "allow-vertex-ai",
     "model-namespacing",
@@ -286,6 +282,14 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-address", default=_D.metrics_address)
     p.add_argument("--metrics-port", type=int, default=_D.metrics_port)
     add_bool(p, "--allow-http", "serve HTTP (default true)")
+    for protocol in ("http", "grpc"):
+        add_bool(
+            p,
+            f"--reuse-{protocol}-port",
+            f"listen on the {protocol.upper()} port beside other servers started with this flag "
+            "(SO_REUSEPORT: the kernel spreads connections; a new server can take over the port "
+            "before the old one stops; default false)",
+        )
     add_bool(p, "--allow-grpc", "serve gRPC (default true)")
     add_bool(p, "--allow-metrics", "serve Prometheus metrics on /metrics (default true)")
     add_bool(p, "--allow-cpu-metrics", "include CPU utilisation and memory (default true)")
@@ -682,6 +686,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
         allow_http=on(args.allow_http, True),
+        reuse_http_port=on(args.reuse_http_port, False),
+        reuse_grpc_port=on(args.reuse_grpc_port, False),
         allow_grpc=on(args.allow_grpc, True),
         allow_metrics=on(args.allow_metrics, True),
         allow_cpu_metrics=on(args.allow_cpu_metrics, True),

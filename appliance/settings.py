@@ -128,6 +128,9 @@ class ServerSettings:
     metrics_address: str = "127.0.0.1"
     metrics_port: int = 8002
     allow_http: bool = True
+    # --reuse-http-port / --reuse-grpc-port: SO_REUSEPORT on the TCP listener.
+    reuse_http_port: bool = False
+    reuse_grpc_port: bool = False
     allow_grpc: bool = True
     allow_metrics: bool = True
     allow_cpu_metrics: bool = True
