@@ -125,6 +125,7 @@ class Appliance:
             self.tracer,
             logs,
             server_id=settings.server_id,
+            allow_client_shm=settings.allow_client_shm,
         )
         # The status page's data (GET /status.json); its sampler runs while HTTP serves.
         self.status_service = StatusService(

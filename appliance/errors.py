@@ -80,6 +80,20 @@ class InferenceFailed(ApplianceError):
     code = ErrorCode.INTERNAL
 
 
+class ClientShmDisabled(ApplianceError):
+    """A shared memory region registered or unregistered by a client of a server started
+    without --allow-client-shm=true (tritonserver's words; it answers 501 / UNIMPLEMENTED:
+    here the server's configuration forbids it, 403 / PERMISSION_DENIED)."""
+
+    code = ErrorCode.PERMISSION_DENIED
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Client shared memory is disabled. Start the server with "
+            "'--allow-client-shm=true' to enable."
+        )
+
+
 class ConfigError(ApplianceError):
     """A config.pbtxt or model folder is invalid; the message names the file and field."""
 

@@ -71,7 +71,6 @@ IGNORED_FLAGS = (
     "backend-directory",
     "repoagent-directory",
     "cache-directory",
-    "allow-client-shm",
     "grpc-infer-thread-count",
 )
 
@@ -82,7 +81,6 @@ _IGNORED_BOOL = (
     "allow-vertex-ai",
     "model-namespacing",
     "enable-peer-access",
-    "allow-client-shm",
 )
 _IGNORED_INT = (
     "http-thread-count",
@@ -281,6 +279,13 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--metrics-address", default=_D.metrics_address)
     p.add_argument("--metrics-port", type=int, default=_D.metrics_port)
+    add_bool(
+        p,
+        "--allow-client-shm",
+        "clients may register and unregister system and CUDA shared memory regions for their "
+        "tensors (default false, as tritonserver's: a region maps any shared memory object "
+        "the service can open)",
+    )
     add_bool(p, "--allow-http", "serve HTTP (default true)")
     for protocol in ("http", "grpc"):
         add_bool(
@@ -686,6 +691,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
         allow_http=on(args.allow_http, True),
+        allow_client_shm=on(args.allow_client_shm, False),
         reuse_http_port=on(args.reuse_http_port, False),
         reuse_grpc_port=on(args.reuse_grpc_port, False),
         allow_grpc=on(args.allow_grpc, True),

@@ -128,6 +128,9 @@ class ServerSettings:
     metrics_address: str = "127.0.0.1"
     metrics_port: int = 8002
     allow_http: bool = True
+    # --allow-client-shm: clients may register shared memory regions (tritonserver's default
+    # since 2026 is false too).
+    allow_client_shm: bool = False
     # --reuse-http-port / --reuse-grpc-port: SO_REUSEPORT on the TCP listener.
     reuse_http_port: bool = False
     reuse_grpc_port: bool = False

@@ -210,6 +210,7 @@ def main() -> None:
                 "--grpc-unix-socket", socks["grpc_sock"],
                 "--max-request-bytes", big,
                 "--grpc-max-message-bytes", big,
+                "--allow-client-shm", "true",  # the shm point registers regions
             ],
         )  # fmt: skip
         try:

@@ -24,6 +24,7 @@ def server(
     proc = ServerProcess(
         model_repository,
         "--cache-config=local,size=1048576",
+        "--allow-client-shm=true",  # the shared memory tests register regions
         log_path=tmp_path_factory.mktemp("logs") / "server.log",
     )
     try:

@@ -20,7 +20,13 @@ from google.protobuf import json_format
 
 from appliance import __version__, buildinfo
 from appliance.buildinfo import JETSON_RELEASE
-from appliance.errors import ApplianceError, ConfigError, InvalidInput, ModelNotFound
+from appliance.errors import (
+    ApplianceError,
+    ClientShmDisabled,
+    ConfigError,
+    InvalidInput,
+    ModelNotFound,
+)
 from appliance.logs import LogSettings, LogState
 from appliance.protocol import model_config_pb2 as mc
 from appliance.repository.local import check_model_name
@@ -96,10 +102,15 @@ class ControlService:
         logs: LogSettings | None = None,
         shared_memory: SharedMemoryRegistry | None = None,
         server_id: str = "triton",
+        allow_client_shm: bool = False,
     ) -> None:
         self.tracer = tracer or Tracer()
         # "triton" unless --id says otherwise: Triton's own clients and examples check it.
         self.server_id = server_id
+        # --allow-client-shm: clients may register and unregister shared memory regions (off by
+        # default, as in tritonserver since 2026: a region maps any /dev/shm object the
+        # service can open, other processes' included). Status stays open.
+        self.allow_client_shm = allow_client_shm
         self.logs = logs or LogSettings()
         # The registered regions. The front ends' codecs read tensors from the same registry;
         # the composition root hands it to them (they do not reach for it through here).
@@ -219,6 +230,7 @@ class ControlService:
         self, name: str, key: str, offset: int, byte_size: int
     ) -> None:
         """Map a window of the POSIX shared memory object `key` under `name`."""
+        self._check_client_shm()
         if "\0" in key:  # the file system would refuse it with ValueError
             raise InvalidInput(
                 f"shared memory region '{name}': key {key!r} contains a NUL character, which "
@@ -228,7 +240,12 @@ class ControlService:
 
     def unregister_system_shared_memory(self, name: str = "") -> None:
         """Forget one system region ('': all of them)."""
+        self._check_client_shm()
         self.shared_memory.unregister(name)
+
+    def _check_client_shm(self) -> None:
+        if not self.allow_client_shm:
+            raise ClientShmDisabled()
 
     def system_shared_memory_status(self, name: str = "") -> list[SystemSharedMemoryRegion]:
         """The registered system regions by name ('': all; an unknown name: NOT_FOUND)."""
@@ -242,12 +259,14 @@ class ControlService:
     ) -> None:
         """Open a client's CUDA IPC handle under `name` (UNSUPPORTED where there is no CUDA
         IPC). Opening a device and a handle blocks, so it runs on a thread."""
+        self._check_client_shm()
         await asyncio.to_thread(
             self.shared_memory.register_cuda, name, raw_handle, device_id, byte_size
         )
 
     def unregister_cuda_shared_memory(self, name: str = "") -> None:
         """Close one CUDA region ('': all of them)."""
+        self._check_client_shm()
         self.shared_memory.unregister_cuda(name)
 
     def cuda_shared_memory_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:

@@ -74,7 +74,12 @@ async def services(tmp_path: Path) -> AsyncIterator[Services]:
     runtime = ModelRuntime(RuntimeSettings.from_server(settings))
     await runtime.load_all(["simple", "versioned", "broken"])
     control = ControlService(
-        runtime, ServerState(loading_done=True), "explicit", False, logs=LogSettings()
+        runtime,
+        ServerState(loading_done=True),
+        "explicit",
+        False,
+        logs=LogSettings(),
+        allow_client_shm=True,
     )
     try:
         yield Services(runtime, control, InferenceService(runtime))

@@ -75,6 +75,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, temp_dir: Path) -> Iterator
         "--model-control-mode=explicit",
         "--load-model=*",
         "--http-restricted-api=logging:admin-key=s3cret",
+        "--allow-client-shm=true",
         log_path=tmp_path_factory.mktemp("logs") / "server.log",
         env={"TMPDIR": str(temp_dir)},
     )

@@ -43,7 +43,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         'input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
         'output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
     )
-    proc = ServerProcess(root, log_path=tmp_path_factory.mktemp("hostile_logs") / "server.log")
+    proc = ServerProcess(
+        root,
+        "--allow-client-shm=true",
+        log_path=tmp_path_factory.mktemp("hostile_logs") / "server.log",
+    )
     try:
         proc.wait_ready()
         yield proc

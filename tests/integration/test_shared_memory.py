@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import threading
 import uuid
 from collections.abc import Iterator
@@ -300,3 +301,39 @@ def test_unregistering_an_output_region_while_a_request_runs(
         assert client.is_server_live()
     finally:
         shm.destroy_shared_memory_region(region)
+
+
+DISABLED = (
+    "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
+)
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient])
+def test_without_allow_client_shm_regions_cannot_be_registered(  # type: ignore[no-untyped-def]
+    start_server, model_repository, regions: dict, module: Any
+) -> None:
+    """tritonserver's default since 2026: a client may not map the device's shared memory
+    objects unless the server allows it; status stays open (and empty)."""
+    proc = start_server(model_repository)
+    client = proc.client(module)
+    http = module is httpclient
+    with pytest.raises(InferenceServerException) as info:
+        _register(client, regions)
+    assert info.value.message().endswith(DISABLED)
+    assert info.value.status() == ("403" if http else "StatusCode.PERMISSION_DENIED")
+    for unregister in (
+        client.unregister_system_shared_memory,
+        client.unregister_cuda_shared_memory,
+    ):
+        with pytest.raises(InferenceServerException, match="Client shared memory is disabled"):
+            unregister()
+    handle = base64.b64encode(bytes(64)) if http else bytes(64)  # as each client takes it
+    with pytest.raises(InferenceServerException, match="Client shared memory is disabled"):
+        client.register_cuda_shared_memory("gpu", handle, 0, 64)
+    status = client.get_system_shared_memory_status()
+    assert (status if http else list(status.regions)) == []
+    # A request naming a region finds none (and the server goes on serving).
+    inputs, outputs = _io(module, f"in-{regions['tag']}", f"out-{regions['tag']}")
+    with pytest.raises(InferenceServerException, match="Unable to find shared memory region"):
+        client.infer("simple", inputs, outputs=outputs)
+    assert client.is_server_live()

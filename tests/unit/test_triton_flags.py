@@ -125,7 +125,8 @@ def test_a_whole_tritonserver_command_line() -> None:
     line = [f"--{f}={v}" for f, v in TRITONSERVER_FLAGS.items() if v is not None]
     settings = _settings(*line, "--disable-auto-complete-config")
     ignored = set(settings.ignored_flags)
-    assert {"--allow-client-shm", "--grpc-infer-thread-count"} <= ignored
+    assert "--grpc-infer-thread-count" in ignored
+    assert settings.allow_client_shm  # --allow-client-shm=true
     assert "--backend-directory" in ignored
     assert "--model-config-name" not in ignored
     assert settings.model_config_name == "production"
@@ -250,3 +251,10 @@ def test_trace_config_sets_the_trace_flags_as_tritonserver_does() -> None:
 def test_a_trace_config_tritonserver_refuses_is_refused(value: str, words: str) -> None:
     with pytest.raises(SystemExit, match=words):
         _settings(f"--trace-config={value}")
+
+
+def test_client_shared_memory_is_off_unless_allowed() -> None:
+    """tritonserver's default since April 2026; a bare flag means true, as other booleans."""
+    assert _settings().allow_client_shm is False
+    assert _settings("--allow-client-shm").allow_client_shm is True
+    assert _settings("--allow-client-shm=false").allow_client_shm is False
