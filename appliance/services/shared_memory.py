@@ -171,6 +171,9 @@ _SIZE_MAX = 2**64 - 1
 
 # Keys of the Python backend's own regions, which no client may register (as tritonserver).
 RESERVED_KEY_PREFIX = "triton_python_backend_shm_region_"
+# This server's Python-model tensor arenas (edge_backends/python/shm.py PREFIX): named in
+# /dev/shm only until both sides have mapped them, but a client must never map one meanwhile.
+ARENA_KEY_PREFIX = "edge-py-"
 
 
 def _open(name: str, key: str, offset: int, byte_size: int) -> _Descriptor:
@@ -181,11 +184,12 @@ def _open(name: str, key: str, offset: int, byte_size: int) -> _Descriptor:
         raise InvalidInput(
             f"cannot register shared memory region '{name}' - invalid shm key '{key}'"
         )
-    if object_name.startswith(RESERVED_KEY_PREFIX):
-        raise InvalidInput(
-            f"cannot register shared memory region '{name}' with key '{key}' as the key "
-            f"contains the reserved prefix '{RESERVED_KEY_PREFIX}'"
-        )
+    for reserved in (RESERVED_KEY_PREFIX, ARENA_KEY_PREFIX):
+        if object_name.startswith(reserved):
+            raise InvalidInput(
+                f"cannot register shared memory region '{name}' with key '{key}' as the key "
+                f"contains the reserved prefix '{reserved}'"
+            )
     try:
         if "/" in object_name:  # shm_open refuses it too
             raise FileNotFoundError(2, "not a POSIX shared memory name")

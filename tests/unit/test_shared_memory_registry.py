@@ -13,6 +13,7 @@ import pytest
 
 from appliance.errors import ErrorCode, InvalidInput, ModelNotFound
 from appliance.services.shared_memory import (
+    ARENA_KEY_PREFIX,
     SHM_ROOT,
     RegionExists,
     RegionNotFound,
@@ -166,6 +167,25 @@ def test_registration_errors_get_tritonservers_texts(key_text: str, message: str
     with pytest.raises(InvalidInput) as err:
         SharedMemoryRegistry().register("r", key_text, 0, 16)
     assert str(err.value).startswith(message), str(err.value)
+
+
+def test_a_python_model_arena_cannot_be_registered(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The server's own tensor arenas (their names are edge_backends/python/shm.py's PREFIX)
+    are never a client's region, even while one is named in /dev/shm."""
+    from edge_backends.python.shm import PREFIX
+
+    assert PREFIX.lstrip("/") == ARENA_KEY_PREFIX
+    key = f"{PREFIX}client-{uuid.uuid4().hex[:8]}"
+    fd = os.open(f"/dev/shm{key}", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, 64)
+        with pytest.raises(
+            InvalidInput, match=f"contains the reserved prefix '{ARENA_KEY_PREFIX}'"
+        ):
+            SharedMemoryRegistry().register("r", key, 0, 16)
+    finally:
+        os.close(fd)
+        os.unlink(f"/dev/shm{key}")
 
 
 def test_a_window_past_the_object_is_invalid_args(key: str) -> None:
