@@ -144,33 +144,34 @@ def parse_trace_config(
     return chosen, tuple(ignored)
 
 
-def parse_backend_config(values: list[str]) -> tuple[int | None, tuple[str, ...]]:
+def parse_backend_config(values: list[str]) -> tuple[dict[str, int], tuple[str, ...]]:
     """tritonserver's `--backend-config [BACKEND,]SETTING=VALUE` entries: the
-    default-max-batch-size they set (None: not given) and the entries accepted but ignored
-    (every backend's own settings: this server's backends take theirs from each model's
-    config). A malformed entry stops the start, as it stops tritonserver's."""
-    default_max_batch: int | None = None
+    default-max-batch-size they set, by backend ('': every backend, the global setting) and
+    the entries accepted but ignored (the backends' own settings: this server's backends take
+    theirs from each model's config). A malformed entry stops the start, as it stops
+    tritonserver's."""
+    batch_defaults: dict[str, int] = {}
     ignored: list[str] = []
     for value in values:
-        backend, comma, entry = value.rpartition(",")
-        setting, equals, setting_value = entry.partition("=")
-        if (comma and not backend) or not (equals and setting and setting_value):
+        comma, equals = value.find(","), value.find("=")
+        backend, entry = ("", value)
+        if comma != -1 and (equals == -1 or comma < equals):
+            backend, entry = value[:comma], value[comma + 1 :]
+        setting, equals_sign, setting_value = entry.partition("=")
+        if (comma == 0) or not (equals_sign and setting and setting_value):
             raise SystemExit(
                 f"edge-appliance: --backend-config expects [BACKEND,]SETTING=VALUE, got '{value}'"
             )
-        if backend or setting != "default-max-batch-size":
+        if setting != "default-max-batch-size":
             ignored.append(f"--backend-config {value}")
             continue
-        try:
-            default_max_batch = int(setting_value)
-        except ValueError:
-            default_max_batch = -1
-        if default_max_batch < 0:
+        if not setting_value.isdigit():
             raise SystemExit(
                 "edge-appliance: --backend-config default-max-batch-size must be an integer "
                 f">= 0, got '{setting_value}'"
             )
-    return default_max_batch, tuple(ignored)
+        batch_defaults[backend] = int(setting_value)
+    return batch_defaults, tuple(ignored)
 
 
 def parse_metrics_config(values: list[str]) -> dict[str, str]:

@@ -452,9 +452,10 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="[BACKEND,]SETTING=VALUE",
-        help="tritonserver's backend settings, repeatable: default-max-batch-size=N (the "
-        "max_batch_size auto-complete gives a model that can batch; default "
-        f"{_D.default_max_batch_size}); the backends' own settings are accepted with a warning",
+        help="tritonserver's backend settings, repeatable: [BACKEND,]default-max-batch-size=N "
+        "(the max_batch_size auto-complete gives a model that can batch, for every backend or "
+        f"one; default {_D.default_max_batch_size}); the backends' own settings are accepted "
+        "with a warning",
     )
     p.add_argument(
         "--trace-config",
@@ -641,7 +642,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         if key != "histogram_latencies"
     )
     trace, ignored_trace = parse_trace_config(args.trace_config, args.trace_level)
-    default_max_batch, ignored_backend = parse_backend_config(args.backend_config)
+    batch_defaults, ignored_backend = parse_backend_config(args.backend_config)
     ignored += ignored_trace + ignored_backend
     remote = tuple(r for r in args.model_repository if is_remote(r))
     if not args.repository_timeout_secs > 0:
@@ -707,9 +708,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         ),
         model_config_name=_config_name(args.model_config_name),
         model_load_threads=args.model_load_thread_count,
-        default_max_batch_size=(
-            _D.default_max_batch_size if default_max_batch is None else default_max_batch
-        ),
+        default_max_batch_size=batch_defaults.pop("", _D.default_max_batch_size),
+        backend_max_batch_sizes=tuple(sorted(batch_defaults.items())),
         server_id=args.id,
         strict_readiness=on(args.strict_readiness, False),
         exit_on_error=on(args.exit_on_error, False),

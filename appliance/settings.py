@@ -143,9 +143,11 @@ class ServerSettings:
     strict_model_config: bool = False
     model_config_name: str = ""  # --model-config-name: configs/<name>.pbtxt where it exists
     model_load_threads: int = 2  # --model-load-thread-count (tritonserver's default is 4)
-    # --backend-config default-max-batch-size: auto-complete's max_batch_size for a model
-    # that can batch (0: auto-completed models do not batch).
+    # --backend-config [BACKEND,]default-max-batch-size=N: auto-complete's max_batch_size for
+    # a model that can batch (0: auto-completed models do not batch), for every backend and
+    # (backend, N) where one backend was given its own.
     default_max_batch_size: int = 4
+    backend_max_batch_sizes: tuple[tuple[str, int], ...] = ()
     server_id: str = "triton"  # --id: the name server metadata reports
     strict_readiness: bool = False
     exit_on_error: bool = False

@@ -554,8 +554,10 @@ class S3Source:
                 return False
             await self._fetch_version(name, version, files, wanted, held)
         except _Rejected as exc:
-            self._set_pending(key, f"rejected: {exc}", logging.ERROR)
+            # Recorded before it is shown: a device stopped once the status says "rejected"
+            # never fetches the same listing again.
             await asyncio.to_thread(self._reject, name, version, files, str(exc))
+            self._set_pending(key, f"rejected: {exc}", logging.ERROR)
             return False
         except (_ObjectChanged, DiskReserveError) as exc:
             self._set_pending(key, str(exc), logging.WARNING)

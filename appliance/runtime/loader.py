@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,7 +136,7 @@ def prepare_model(
     pin: int | None = None,
     bounds: ConfigBounds = DEFAULT_BOUNDS,
     config_name: str = "",
-    default_max_batch: int = DEFAULT_MAX_BATCH_SIZE,
+    default_max_batch: Mapping[str, int] | None = None,
 ) -> PreparedModel:
     """Read, complete and validate the config, then load the instances of each chosen version.
 
@@ -143,7 +144,8 @@ def prepare_model(
     version alone, whatever the version policy says; `bounds`: the limits on config numbers
     (--max-instances-per-model among them); `config_name`: --model-config-name (the config
     is `configs/<config_name>.pbtxt` where that exists); `default_max_batch`: the
-    max_batch_size auto-complete gives a model that can batch. Blocking: run it in a thread.
+    max_batch_size auto-complete gives a model that can batch, by backend ('': the others;
+    default DEFAULT_MAX_BATCH_SIZE). Blocking: run it in a thread.
     A config error raises; a version that fails to load is recorded in `failed` so the other
     versions still serve.
     """
@@ -233,7 +235,11 @@ def prepare_model(
     if strict or not described:
         complete_scheduling(config)
     else:
-        complete_config(config, signature, name, default_max_batch)
+        batch_defaults = default_max_batch or {}
+        batch_default = batch_defaults.get(
+            backend_name, batch_defaults.get("", DEFAULT_MAX_BATCH_SIZE)
+        )
+        complete_config(config, signature, name, batch_default)
     validate_config(config, model_dir, signature if described else None, bounds, source)
 
     prepared = PreparedModel(name=name, config=config, labels=read_labels(model_dir, config))

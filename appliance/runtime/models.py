@@ -181,7 +181,7 @@ class ModelRuntime:
                     plan.pin,
                     ConfigBounds.from_settings(self._settings.scheduling),
                     self._settings.config_name,
-                    self._settings.default_max_batch_size,
+                    self._settings.default_max_batch_sizes,
                 )
             except ApplianceError as exc:
                 self._count_load(name, "failure")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from appliance.repository.manifest import ManifestPolicy
@@ -31,9 +32,9 @@ class RuntimeSettings:
     load_concurrency: int = 2
     # --model-config-name: each model's config is configs/<name>.pbtxt where that exists.
     config_name: str = ""
-    # Auto-complete's max_batch_size for a model that can batch (--backend-config
-    # default-max-batch-size).
-    default_max_batch_size: int = 4
+    # Auto-complete's max_batch_size for a model that can batch, by backend ('': the others;
+    # --backend-config [BACKEND,]default-max-batch-size).
+    default_max_batch_sizes: Mapping[str, int] = field(default_factory=lambda: {"": 4})
     # ... or whose median latency over the window exceeds this many times the replaced one's.
     rollback_latency_ratio: float = 0.0  # 0: off
 
@@ -59,7 +60,10 @@ class RuntimeSettings:
             cache_dir=settings.model_store_dir,
             rollback_latency_ratio=settings.rollback_latency_ratio,
             load_concurrency=settings.model_load_threads,
-            default_max_batch_size=settings.default_max_batch_size,
+            default_max_batch_sizes={
+                "": settings.default_max_batch_size,
+                **dict(settings.backend_max_batch_sizes),
+            },
         )
 
 

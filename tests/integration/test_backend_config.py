@@ -13,7 +13,20 @@ from tests.integration.models import _add_constant_model
 
 
 @pytest.mark.parametrize(
-    ("flags", "batch"), [(("--backend-config=default-max-batch-size=8",), 8), ((), 4)]
+    ("flags", "batch"),
+    [
+        (("--backend-config=default-max-batch-size=8",), 8),
+        # A backend's own value wins for its models, and only for them.
+        (
+            (
+                "--backend-config=default-max-batch-size=8",
+                "--backend-config=onnxruntime,default-max-batch-size=2",
+            ),
+            2,
+        ),
+        (("--backend-config=python,default-max-batch-size=2",), 4),
+        ((), 4),
+    ],
 )
 def test_auto_completed_models_batch_up_to_the_default(  # type: ignore[no-untyped-def]
     start_server, tmp_path: Path, flags: tuple[str, ...], batch: int

@@ -170,7 +170,7 @@ def test_tritonserver_flag_spellings_are_accepted(
         "--log-verbose=1",
         "--strict-readiness",
         "true",
-        "--backend-config=onnxruntime,default-max-batch-size=4",
+        "--backend-config=python,shm-default-byte-size=1048576",
         "--http-thread-count",
         "4",
         "--id=edge",
@@ -178,7 +178,10 @@ def test_tritonserver_flag_spellings_are_accepted(
     client = httpclient.InferenceServerClient(proc.http_url)
     assert client.is_server_ready()
     log = proc.log()
-    assert "--backend-config is a tritonserver flag that edge-appliance ignores" in log
+    assert (
+        "--backend-config python,shm-default-byte-size=1048576 is a tritonserver flag that "
+        "edge-appliance ignores" in log
+    )
     assert "--http-thread-count is a tritonserver flag that edge-appliance ignores" in log
     assert "GRPCInferenceService" not in log  # --allow-grpc=false
 

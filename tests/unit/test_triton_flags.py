@@ -144,12 +144,16 @@ def test_a_whole_tritonserver_command_line() -> None:
 def test_backend_config_sets_the_default_max_batch_size() -> None:
     settings = _settings(
         "--backend-config=default-max-batch-size=16",
+        "--backend-config=onnxruntime,default-max-batch-size=8",  # one backend's own
         "--backend-config=onnxruntime,enable-global-threadpool=1",
     )
     assert settings.default_max_batch_size == 16
-    assert RuntimeSettings.from_server(settings).default_max_batch_size == 16
+    assert settings.backend_max_batch_sizes == (("onnxruntime", 8),)
+    runtime = RuntimeSettings.from_server(settings)
+    assert runtime.default_max_batch_sizes == {"": 16, "onnxruntime": 8}
     assert settings.ignored_flags == ("--backend-config onnxruntime,enable-global-threadpool=1",)
     assert _settings().default_max_batch_size == 4  # tritonserver's default
+    assert RuntimeSettings.from_server(_settings()).default_max_batch_sizes == {"": 4}
 
 
 @pytest.mark.parametrize(
