@@ -65,8 +65,6 @@ def parse_rate_limit_resources(values: list[str]) -> tuple[tuple[str, int], ...]
 
 
 TRACE_MODES = ("triton", "opentelemetry")
-
-
 # tritonserver's --trace-config settings that this server's trace flags carry: (mode, setting)
 # -> the ServerSettings field (mode "": a global setting).
 _TRACE_FIELDS = {
@@ -75,8 +73,6 @@ _TRACE_FIELDS = {
     ("", "level"): "trace_level",
     ("triton", "file"): "trace_file",
 }
-
-
 _TRACE_FORMAT = "--trace-config expects [MODE,]SETTING=VALUE (MODE: triton or opentelemetry)"
 
 

@@ -14,7 +14,6 @@ from google.protobuf import json_format
 from appliance.errors import ApplianceError, ConfigError
 from appliance.model_config import (
     CONFIG_FILENAME,
-    CUSTOM_CONFIGS,
     DEFAULT_BOUNDS,
     DEFAULT_MAX_BATCH_SIZE,
     ENSEMBLE,
@@ -156,7 +155,7 @@ def prepare_model(
     else:
         source = config_file(model_dir, config_name)
         config, found = read_config(model_dir, config_name)
-        if source.parent.name == CUSTOM_CONFIGS:
+        if source != model_dir / CONFIG_FILENAME:
             log.info("model '%s': configuration from %s (--model-config-name)", name, source)
     if not found and strict:
         raise ConfigError(f"{model_dir}: config.pbtxt is missing and --strict-model-config is set")
