@@ -291,6 +291,11 @@ def validate_config(
             seen.add(entry.name)
             if entry.data_type == mc.TYPE_INVALID:
                 raise ConfigError(f"{label}: data_type is missing")
+            if mc.DataType.Name(entry.data_type) not in BY_CONFIG:  # TYPE_BF16
+                raise ConfigError(
+                    f"{label}: data_type {mc.DataType.Name(entry.data_type)} is not supported "
+                    f"here (supported: {', '.join(BY_CONFIG)})"
+                )
             if any(d < -1 or d == 0 for d in entry.dims):
                 raise ConfigError(f"{label}: dims must be positive or -1, got {list(entry.dims)}")
             if len(entry.dims) > MAX_DIMS:

@@ -126,8 +126,13 @@ class ModelRuntime:
 
         async def one(name: str) -> None:
             async with gate:
-                with contextlib.suppress(ApplianceError):  # recorded and logged by load()
+                try:
                     await self.load(name)
+                except ApplianceError:  # recorded and logged by load()
+                    pass
+                except Exception as exc:  # a bug in one model's load stops no other model
+                    log.error("model '%s' failed to load: internal error", name, exc_info=exc)
+                    self._mark_failed(name, f"internal error ({type(exc).__name__}); see the log")
 
         # Ensembles last, so that the models they call are loaded when they check them.
         config_name = self._settings.config_name
@@ -340,6 +345,13 @@ class ModelRuntime:
             name,
             f"pinned to version {version}" if version is not None else "unpinned",
         )
+
+    def _mark_failed(self, name: str, reason: str) -> None:
+        """A model whose load ended in an unexpected error: UNAVAILABLE with `reason` unless
+        versions of it serve."""
+        record = self.registry.find(name)
+        if record is not None and not record.versions:
+            record.state, record.reason = UNAVAILABLE, reason
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(work)
