@@ -109,6 +109,18 @@ _JSON_TYPES: dict[str, frozenset[type]] = {
 }
 
 
+# Lists in a JSON tensor's `data` may nest this deep (tritonserver's HTTP_MAX_JSON_NESTING_DEPTH).
+JSON_MAX_NESTING = 100
+
+
+def _nesting(data: Any) -> int:
+    """How deep lists nest in `data`, along the first elements (row-major data nests evenly)."""
+    depth = 0
+    while type(data) is list and data:
+        data, depth = data[0], depth + 1
+    return depth
+
+
 def _check_json_types(data: list[Any], name: str, where: str) -> None:
     allowed = _JSON_TYPES.get(name, _INTEGERS)
     kinds = set(map(type, data))
@@ -120,6 +132,10 @@ def _check_json_types(data: list[Any], name: str, where: str) -> None:
         kinds = set(map(type, flat))
     bad = kinds.difference(allowed)
     if bad:
+        if list in bad and _nesting(data) > JSON_MAX_NESTING:  # lists left past numpy's dims
+            raise InvalidInput(
+                f"{where}: JSON nesting depth exceeds maximum allowed limit ({JSON_MAX_NESTING})"
+            )
         first = next(v for v in flat if type(v) in bad)
         raise InvalidInput(
             f"{where}: data is not a list of {name} values: it holds {first!r} "

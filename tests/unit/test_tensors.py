@@ -271,3 +271,23 @@ def test_to_list_values() -> None:
     assert floats[1:] == [np.inf, -0.0]
     assert str(floats[2]) == "-0.0"
     assert to_list(objects([b"\xc3\xa9", b"", b"\xff"]), "BYTES") == ["\u00e9", "", "\ufffd"]
+
+
+@pytest.mark.parametrize(("name", "leaf"), [("BYTES", "hello"), ("INT64", 123)])
+def test_json_data_nested_past_tritonservers_limit_gets_its_words(name: str, leaf: object) -> None:
+    """Triton's L0_http test_json_recursion_depth_limit: 120 levels are refused in its words,
+    50 levels holding one value are a [1, 1] tensor (as there)."""
+
+    def nested(depth: int) -> object:
+        value: object = leaf
+        for _ in range(depth):
+            value = [value]
+        return value
+
+    with pytest.raises(
+        InvalidInput, match=r"JSON nesting depth exceeds maximum allowed limit \(100\)"
+    ):
+        from_list(nested(120), name, (1, 1), "model 'm' input 'INPUT0'")
+    array = from_list(nested(50), name, (1, 1), "model 'm' input 'INPUT0'")
+    assert array.shape == (1, 1)
+    assert array[0, 0] == (leaf.encode() if isinstance(leaf, str) else leaf)
