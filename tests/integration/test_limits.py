@@ -195,3 +195,24 @@ def test_limits_do_not_apply_below_them(limited: ServerProcess, tmp_path: Path) 
     data = np.array([[b"a", b"bc", b""]], dtype=np.object_)
     inp.set_data_from_numpy(data)
     assert client.infer("identity_bytes", [inp]).as_numpy("OUTPUT0").tolist() == data.tolist()
+
+
+@pytest.mark.parametrize("route", ["infer", "load"])
+def test_a_body_over_max_request_bytes_is_413_in_tritonservers_words(  # type: ignore[no-untyped-def]
+    start_server, tmp_path: Path, route: str
+) -> None:
+    """The infer route (httptools) and aiohttp's routes (a model load with a file override, as
+    Triton's L0_http test_loading_large_invalid_model) refuse it alike."""
+    repo = tmp_path / "empty"
+    repo.mkdir()
+    proc = start_server(repo, "--max-request-bytes=4096", "--model-control-mode=explicit")
+    path = "/v2/models/m/infer" if route == "infer" else "/v2/repository/models/m/load"
+    body = json.dumps({"parameters": {"file:1/model.onnx": "A" * 8192}}).encode()
+    conn = http.client.HTTPConnection(proc.http_url, timeout=30)
+    conn.request("POST", path, body, {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 413
+    error = json.loads(response.read())["error"]
+    assert error.startswith("request JSON size exceeds the maximum allowed input size: ")
+    assert "4096" in error
+    assert "--max-request-bytes" in error

@@ -146,6 +146,14 @@ class _Message:
         self.filled = 0
 
 
+def body_too_large(detail: str) -> str:
+    """The refusal of a request body over --max-request-bytes: tritonserver's words first."""
+    return (
+        f"request JSON size exceeds the maximum allowed input size: {detail} (raise it with "
+        "--max-request-bytes)"
+    )
+
+
 class RelayHandler(RequestHandler):
     """aiohttp's connection protocol for one relayed request: tells its connection when the
     response is written (`finish_response`, which aiohttp calls for every request it answers,
@@ -608,8 +616,7 @@ class InferConnection(asyncio.BufferedProtocol):
         limit = self._route.max_body_bytes
         return self._route.error(
             413,
-            f"request body too large: Maximum request body size {limit} exceeded, "
-            f"actual body size {size}",
+            body_too_large(f"Maximum request body size {limit} exceeded, actual body size {size}"),
         )
 
     def _drop_waiting(self) -> None:

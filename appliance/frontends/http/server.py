@@ -28,6 +28,7 @@ from appliance.frontends.http.fastpath import (
     Buffer,
     RelayHandler,
     Reply,
+    body_too_large,
 )
 from appliance.frontends.http.generate import decode_generate, encode_generate
 from appliance.frontends.http.header_plans import HeaderPlans
@@ -103,7 +104,7 @@ def _guard(handler: Handler, api: str = "", restrictions: Restrictions | None = 
         except ApplianceError as exc:
             return error_response(HTTP_STATUS[exc.code], exc.message)
         except web.HTTPRequestEntityTooLarge as exc:
-            return error_response(413, f"request body too large: {exc.text}")
+            return error_response(413, body_too_large(str(exc.text).rstrip(".")))
         except web.HTTPException as exc:
             return error_response(exc.status, exc.reason)
         except web.RequestPayloadError as exc:
