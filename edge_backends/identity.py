@@ -5,8 +5,10 @@ and its own test suites, perf_analyzer's examples and many users' smoke tests bu
 it. The same rules as Triton's: the config lists as many inputs as outputs, named INPUT<n> and
 OUTPUT<n>, each pair with the same datatype and dims; `parameters` `execute_delay_ms` (each
 execution sleeps that long, times the instance's index when `instance_wise_delay_multiplier`
-is set) and `creation_delay_sec` (each instance takes that long to load). An output whose input
-the request left out (an optional input) is left out of the response.
+is set) and `creation_delay_sec` (each instance takes that long to load). A requested output
+whose input is `optional` and left out of the request is zeros, as Triton's: the input's config
+shape (`reshape` when it has one) with each -1 as 1, after the batch size of the request's first
+input when the model batches (empty strings for TYPE_STRING).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from edge_backends.api import (
     Arrays,
@@ -25,6 +29,7 @@ from edge_backends.api import (
     ModelSignature,
     Outputs,
 )
+from edge_backends.datatypes import BY_CONFIG
 
 
 def _int_parameter(parameters: Mapping[str, str], name: str) -> int:
@@ -80,13 +85,37 @@ def check_config(config: Mapping[str, Any]) -> None:
             )
 
 
-class IdentityInstance(InstanceBase):
-    """Copies INPUT<n> to OUTPUT<n>, after the configured delay."""
+def optional_inputs(config: Mapping[str, Any]) -> dict[str, tuple[np.dtype[Any], list[int]]]:
+    """Each optional input's numpy dtype and its model shape with -1 as 1 (no batch dim)."""
+    optional = {}
+    for entry in config.get("input", []):
+        kind = BY_CONFIG.get(str(entry.get("data_type", "")))
+        if not entry.get("optional") or kind is None:
+            continue
+        reshape = entry.get("reshape")
+        if isinstance(reshape, Mapping):  # the model's shape, as the backend sees the input
+            dims = [int(d) for d in reshape.get("shape", [])]
+        else:
+            dims = _dims(entry)
+        optional[str(entry.get("name", ""))] = (kind.numpy, [1 if d == -1 else d for d in dims])
+    return optional
 
-    def __init__(self, delay_s: float) -> None:
+
+class IdentityInstance(InstanceBase):
+    """Copies INPUT<n> to OUTPUT<n>, after the configured delay; zeros for an optional input
+    left out."""
+
+    def __init__(
+        self,
+        delay_s: float,
+        batching: bool = False,
+        optional: Mapping[str, tuple[np.dtype[Any], list[int]]] | None = None,
+    ) -> None:
         self.delay_s = delay_s
         # A delayed execution sleeps: it must not run on the server's event loop.
         self.runs_inline = delay_s == 0
+        self.batching = batching
+        self.optional = dict(optional or {})
 
     def execute(self, inputs: Arrays, output_names: Sequence[str]) -> Outputs:
         if self.delay_s:
@@ -94,9 +123,21 @@ class IdentityInstance(InstanceBase):
         outputs: Outputs = {}
         for name in output_names:
             source = "INPUT" + name[len("OUTPUT") :]
-            if name.startswith("OUTPUT") and source in inputs:
+            if not name.startswith("OUTPUT"):
+                continue
+            if source in inputs:
                 outputs[name] = inputs[source]
+            elif source in self.optional:
+                outputs[name] = self._zeros(inputs, *self.optional[source])
         return outputs
+
+    def _zeros(self, inputs: Arrays, dtype: np.dtype[Any], dims: list[int]) -> np.ndarray[Any, Any]:
+        first = next(iter(inputs.values()), None)
+        if self.batching:  # the batch of the request's first input (1 when it gave none)
+            dims = [first.shape[0] if first is not None and first.ndim else 1, *dims]
+        if dtype.kind == "O":
+            return np.full(dims, b"", dtype=object)
+        return np.zeros(dims, dtype=dtype)
 
     def close(self) -> None:
         pass
@@ -122,7 +163,9 @@ class IdentityBackend(BackendBase):
         multiplier = _int_parameter(parameters, "instance_wise_delay_multiplier")
         if delay_ms > 0 and multiplier > 0:
             delay_ms *= max(multiplier * _instance_index(spec.instance_name), 1)
-        return IdentityInstance(max(delay_ms, 0) / 1000.0)
+        config = spec.model_config or {}
+        batching = int(config.get("max_batch_size", 0) or 0) > 0
+        return IdentityInstance(max(delay_ms, 0) / 1000.0, batching, optional_inputs(config))
 
 
 def _instance_index(instance_name: str) -> int:

@@ -13,9 +13,20 @@ log = logging.getLogger(__name__)
 
 
 def check_model_name(name: str) -> None:
-    """A model name is one folder name: it can never point outside the repository."""
-    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
-        raise InvalidInput(f"'{name}' is not a valid model name (one folder name expected)")
+    """A model name is one folder name: it can never point outside the repository. The
+    refusals start with tritonserver's words: it trims ASCII whitespace first, so an empty or
+    whitespace-only name is refused before any lookup, and ' ..' is a traversal."""
+    trimmed = name.strip(_ASCII_SPACE)
+    if not trimmed:
+        raise InvalidInput("Model name cannot be empty. Please enter a valid name to deploy.")
+    if name == "." or trimmed == ".." or any(c in name for c in "/\\\0"):
+        raise InvalidInput(
+            f"invalid model name '{name}', model name must not contain path traversal "
+            "characters (one folder name expected)"
+        )
+
+
+_ASCII_SPACE = " \t\n\v\f\r"  # what tritonserver's trim removes (C isspace)
 
 
 def escapes(path: Path, root: Path) -> bool:

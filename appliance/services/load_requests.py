@@ -7,6 +7,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import errno
 import shutil
 import tempfile
 from pathlib import Path
@@ -105,16 +106,22 @@ def _write_override(name: str, root: Path, relative: str, content: Any) -> None:
     path = (root / relative).resolve()
     if root.resolve() not in path.parents or not relative:
         raise ConfigError(f"model '{name}': file override path {relative!r} is not allowed")
-    # A file the file system refuses fails the load as tritonserver's poll fails it: INTERNAL,
-    # "failed to poll from model repository" (Triton's model-control example checks both).
+    # A name the file system refuses (too long, a path both file and folder) is the client's
+    # input: 400 / INVALID_ARGUMENT with the words of tritonserver's failed poll (which answers
+    # 500 there; its own test says 400 is the right status). A full or read-only disk is ours.
     failed = f"failed to load '{name}', failed to poll from model repository: {where}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(content)
     except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
-        raise ApplianceError(
+        raise InvalidInput(
             f"{failed} cannot be written: {exc.strerror}; the overrides name a path as both "
             "a file and a folder"
         ) from None
-    except OSError as exc:  # e.g. a name longer than the file system allows
-        raise ApplianceError(f"{failed} cannot be written: {exc.strerror}") from None
+    except OSError as exc:
+        refusal = InvalidInput if exc.errno in _REFUSED_NAMES else ApplianceError
+        raise refusal(f"{failed} cannot be written: {exc.strerror}") from None
+
+
+# errno values that say the file's name is at fault, not the server's disk
+_REFUSED_NAMES = frozenset({errno.ENAMETOOLONG, errno.EINVAL, errno.EILSEQ, errno.ELOOP})

@@ -278,12 +278,13 @@ def test_file_overrides_the_file_system_refuses(server, temp_dir, module, case: 
     with pytest.raises(InferenceServerException) as info:
         client.load_model("fresh", config=json.dumps(FRESH), files=files)
     assert message in str(info.value)
-    if "cannot be written" in message:  # the file system refused: tritonserver's INTERNAL
+    if "cannot be written" in message:  # the file system refused: tritonserver's words
         assert "failed to load 'fresh', failed to poll from model repository" in str(info.value)
-        assert info.value.status() in ("500", "StatusCode.INTERNAL")
-    else:
-        assert info.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+    # the client's input: 400, where tritonserver answers 500 for a name the file system
+    # refuses (its test_load_oversized_file_parameter: "TODO: 400 is more appropriate")
+    assert info.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
     assert _override_folders(temp_dir) == []
+    assert client.is_server_live()
 
 
 def test_a_number_as_file_content_allocates_nothing(server, stub, temp_dir) -> None:  # type: ignore[no-untyped-def]

@@ -40,7 +40,7 @@ def test_symlinks_out_of_the_repository_are_not_followed(start_server, tmp_path:
     assert "links outside the repository" in proc.log()
 
 
-@pytest.mark.parametrize("name", ["../evil", "a/b", ".."])
+@pytest.mark.parametrize("name", ["../evil", "a/b", "..", " ..", ".. "])
 def test_model_names_cannot_leave_the_repository(start_server, tmp_path: Path, name: str) -> None:
     repo = tmp_path / "repo"
     _model(repo, "good")
@@ -49,12 +49,52 @@ def test_model_names_cannot_leave_the_repository(start_server, tmp_path: Path, n
     client = grpcclient.InferenceServerClient(proc.grpc_url)
     model = _add_constant_model(2).SerializeToString()
     config = '{"backend": "onnxruntime", "max_batch_size": 4}'
-    with pytest.raises(InferenceServerException, match="not a valid model name") as err:
+    with pytest.raises(InferenceServerException) as err:
         client.load_model(name, config=config, files={"file:1/model.onnx": model})
     assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
+    # tritonserver's words (ValidateModelName), then ours
+    assert err.value.message() == (
+        f"invalid model name '{name}', model name must not contain path traversal characters "
+        "(one folder name expected)"
+    )
     assert not list(Path("/tmp").glob("evil*"))
     assert not list(tmp_path.glob("evil*"))
     assert client.is_server_live()
+
+
+EMPTY_NAME = "Model name cannot be empty. Please enter a valid name to deploy."
+
+
+def test_empty_and_whitespace_names_are_refused_before_the_lookup(
+    start_server, tmp_path: Path
+) -> None:
+    """tritonserver trims the name first: an empty or whitespace-only name is INVALID_ARG
+    with its words, not a missing model folder (NOT_FOUND); '...' and '..my_model' are
+    names like any other (a missing folder)."""
+    repo = tmp_path / "repo"
+    _model(repo, "good")
+    for blank in (" ", "   ", "\t", "\n", "\r", "\f", "\v", " \t \n "):
+        (repo / blank).mkdir()  # even a folder of that name is not loaded
+    proc = start_server(repo, "--model-control-mode=explicit")
+    http = httpclient.InferenceServerClient(proc.http_url)
+    grpc = grpcclient.InferenceServerClient(proc.grpc_url)
+    for name in ("", " ", "   ", "\t", "\n", "\r", "\f", "\v", " \t \n "):
+        with pytest.raises(InferenceServerException) as err:
+            grpc.load_model(name)
+        assert (err.value.status(), err.value.message()) == (
+            "StatusCode.INVALID_ARGUMENT",
+            EMPTY_NAME,
+        ), repr(name)
+        if name:  # HTTP: an empty name is a different path (the repository index)
+            with pytest.raises(InferenceServerException) as err:
+                http.load_model(name)
+            assert (err.value.status(), err.value.message()) == ("400", EMPTY_NAME), repr(name)
+    for name in ("...", "..my_model", "model..1"):
+        with pytest.raises(InferenceServerException) as err:
+            grpc.load_model(name)
+        assert "failed to poll from model repository" in err.value.message(), name
+    http.load_model("good")
+    assert http.is_model_ready("good")
 
 
 def test_file_overrides_cannot_leave_their_folder(start_server, tmp_path: Path) -> None:

@@ -33,6 +33,62 @@ output [
 {extra}
 """
 
+# Both inputs optional, as Triton's L0_optional_input identity_2_float32.
+IDENTITY_PAIR = """\
+name: "identity_pair"
+backend: "identity"
+max_batch_size: 4
+input [
+  { name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ], optional: true },
+  { name: "INPUT1", data_type: TYPE_FP32, dims: [ 1 ], optional: true }
+]
+output [
+  { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] },
+  { name: "OUTPUT1", data_type: TYPE_FP32, dims: [ 1 ] }
+]
+"""
+
+# Its second step is given INPUT1 alone: OUTPUT0 comes from a missing optional input.
+PIPELINE_PAIR = """\
+name: "pipeline_pair"
+platform: "ensemble"
+max_batch_size: 4
+input [
+  { name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ], optional: true },
+  { name: "INPUT1", data_type: TYPE_FP32, dims: [ 1 ], optional: true }
+]
+output [
+  { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] },
+  { name: "OUTPUT1", data_type: TYPE_FP32, dims: [ 1 ] }
+]
+ensemble_scheduling { step [
+  { model_name: "identity_pair", model_version: -1,
+    input_map { key: "INPUT0", value: "INPUT0" }, input_map { key: "INPUT1", value: "INPUT1" },
+    output_map { key: "OUTPUT0", value: "between" } },
+  { model_name: "identity_pair", model_version: -1,
+    input_map { key: "INPUT1", value: "between" },
+    output_map { key: "OUTPUT0", value: "OUTPUT0" },
+    output_map { key: "OUTPUT1", value: "OUTPUT1" } }
+] }
+"""
+
+# No batching; optional inputs with a variable dimension and of strings.
+IDENTITY_ZEROS = """\
+name: "identity_zeros"
+backend: "identity"
+max_batch_size: 0
+input [
+  { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] },
+  { name: "INPUT1", data_type: TYPE_INT32, dims: [ -1, 3 ], optional: true },
+  { name: "INPUT2", data_type: TYPE_STRING, dims: [ 2 ], optional: true }
+]
+output [
+  { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] },
+  { name: "OUTPUT1", data_type: TYPE_INT32, dims: [ -1, 3 ] },
+  { name: "OUTPUT2", data_type: TYPE_STRING, dims: [ 2 ] }
+]
+"""
+
 DELAYED = 'parameters [ { key: "execute_delay_ms", value: { string_value: "400" } } ]'
 
 # Triton's identity backend refuses a config whose pairs do not match, with these texts.
@@ -101,6 +157,13 @@ def _repository(root: Path) -> Path:
         (models / name / "config.pbtxt").write_text(
             IDENTITY.format(name=name, mbs=mbs, dtype=dtype, extra=extra)
         )
+    for name, config in (
+        ("identity_pair", IDENTITY_PAIR),
+        ("pipeline_pair", PIPELINE_PAIR),
+        ("identity_zeros", IDENTITY_ZEROS),
+    ):
+        (models / name / "1").mkdir(parents=True)
+        (models / name / "config.pbtxt").write_text(config)
     for name, (config, _) in BAD_IDENTITY.items():
         (models / name / "1").mkdir(parents=True)
         (models / name / "config.pbtxt").write_text(config)
@@ -121,6 +184,9 @@ def qa_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProces
         "--load-model=identity_bytes",
         "--load-model=identity_delayed",
         "--load-model=imported_hook",
+        "--load-model=identity_pair",
+        "--load-model=pipeline_pair",
+        "--load-model=identity_zeros",
         log_path=root / "server.log",
     )
     with proc:
@@ -144,12 +210,12 @@ def test_identity_backend_copies_each_input_to_its_output(
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), y)
 
-    # An optional input left out: its output is left out of the response.
+    # An optional input left out: its output is zeros, of the batch given (tests below).
     only = [module.InferInput("INPUT0", [1, 2], "FP32")]
     only[0].set_data_from_numpy(np.array([[7.0, 8.0]], dtype=np.float32))
     result = client.infer("identity_fp32", only)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), [[7.0, 8.0]])
-    assert result.as_numpy("OUTPUT1") is None
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), np.zeros((1, 2), np.float32))
 
     # BYTES pass through unchanged, in a model that does not batch.
     words = np.array([b"hello", b"\x00\xffraw", b""], dtype=np.object_)
@@ -157,6 +223,52 @@ def test_identity_backend_copies_each_input_to_its_output(
     strings[0].set_data_from_numpy(words)
     result = client.infer("identity_bytes", strings)
     assert list(result.as_numpy("OUTPUT0")) == list(words)
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_identity_backend_zeros_for_a_missing_optional_input(
+    qa_server: ServerProcess, module: Any
+) -> None:
+    """Triton's identity backend: a requested OUTPUT<n> whose optional INPUT<n> is missing is
+    zeros of the input's config dims (-1 as 1), after the batch when the model batches."""
+    client = qa_server.client(module)
+    given = [module.InferInput("INPUT0", [3, 2], "FP32")]
+    given[0].set_data_from_numpy(np.ones((3, 2), dtype=np.float32))
+    asked = [module.InferRequestedOutput("OUTPUT1")]
+    result = client.infer("identity_fp32", given, outputs=asked)
+    zeros = result.as_numpy("OUTPUT1")
+    assert (zeros.dtype, zeros.shape) == (np.float32, (3, 2))
+    assert not zeros.any()
+    assert result.as_numpy("OUTPUT0") is None  # not asked for
+
+    # Given INPUT1 alone, as the pipeline's second step below: OUTPUT0 is [[0.]].
+    second = [module.InferInput("INPUT1", [1, 1], "FP32")]
+    second[0].set_data_from_numpy(np.array([[5.0]], dtype=np.float32))
+    result = client.infer("identity_pair", second)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.zeros((1, 1), np.float32))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), [[5.0]])
+
+    # Triton's L0_optional_input test_ensemble_optional_pipeline: OUTPUT0 is always zero,
+    # OUTPUT1 is INPUT0 (OUTPUT0 was None before).
+    both = [
+        module.InferInput("INPUT0", [1, 1], "FP32"),
+        module.InferInput("INPUT1", [1, 1], "FP32"),
+    ]
+    both[0].set_data_from_numpy(np.array([[2.5]], dtype=np.float32))
+    both[1].set_data_from_numpy(np.array([[9.0]], dtype=np.float32))
+    result = client.infer("pipeline_pair", both)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.zeros((1, 1), np.float32))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), [[2.5]])
+
+    # No batching: no batch dimension; -1 is 1; strings are empty.
+    plain = [module.InferInput("INPUT0", [4], "FP32")]
+    plain[0].set_data_from_numpy(np.arange(4, dtype=np.float32))
+    result = client.infer("identity_zeros", plain)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.arange(4, dtype=np.float32))
+    ints = result.as_numpy("OUTPUT1")
+    assert (ints.dtype, ints.shape) == (np.int32, (1, 3))
+    assert not ints.any()
+    assert list(result.as_numpy("OUTPUT2")) == [b"", b""]
 
 
 def test_identity_backend_execute_delay_ms(qa_server: ServerProcess) -> None:
