@@ -18,11 +18,17 @@ As Triton's ensemble scheduler does (core `ensemble_scheduler.cc`):
 - steps none of whose outputs the request needs (directly or through later steps) do not run;
 - a step's error reaches the client with its code, its text prefixed `in ensemble '<name>', `;
 - a decoupled step (any number of responses per request) runs the steps after it once per
-  response: each ensemble tensor keeps the values its producers made in order (an iteration
-  count per tensor), a step runs for iteration i once all its inputs have one, and the
-  ensemble answers whenever every requested output has iteration i. An ensemble with a
-  decoupled step is itself decoupled (its responses stream, then a final flag); the load
-  refuses a step whose inputs come from different decoupled steps (`decoupled_labels`).
+  response: each ensemble tensor keeps its values by iteration (a decoupled step's responses
+  in the order it sent them; a later step's outputs at the iteration of the inputs it ran
+  on), a step runs for iteration i once all its inputs have one, and the ensemble answers
+  iteration i as soon as every requested output has it and i - 1 was answered: responses
+  stream while the decoupled step still runs, in order. (Triton pairs a step's outputs with
+  iterations in the order its runs end; here they stay with the response they came from.)
+  An ensemble with a decoupled step is itself decoupled (its responses stream, then a final
+  flag); the load refuses a step whose inputs come from different decoupled steps
+  (`decoupled_labels`);
+- a successful request counts one execution of batch size max(1, batch) in the ensemble's
+  statistics (Triton's DecrementCounter); the steps' compute times are their models' own.
 """
 
 from __future__ import annotations
@@ -235,30 +241,32 @@ class _Run:
         # None: absent (an optional ensemble input not given, an output a step did not make).
         self.tensors: dict[str, dict[int, StepTensor | None]] = {}
         self.launched: set[tuple[int, int]] = set()  # (step index, iteration)
-        self.running: dict[asyncio.Task[dict[str, StepTensor]], EnsembleStep] = {}
-        self.responses = 0
+        # Each running step and the iteration it runs for; the step tasks a decoupled step's
+        # responses launch join while `run` waits, and `finished` wakes it for each that ends.
+        self.running: dict[asyncio.Task[dict[str, StepTensor]], tuple[EnsembleStep, int]] = {}
+        self.finished = asyncio.Event()
+        self.responses = 0  # answered so far: the next response is that iteration's
 
-    def add(self, values: Mapping[str, StepTensor | None]) -> None:
-        """New values of ensemble tensors, each at its tensor's next iteration: launch the
-        steps they make ready and answer for the iterations every requested output has."""
+    def add(self, values: Mapping[str, StepTensor | None], iteration: int | None = None) -> None:
+        """New values of ensemble tensors, each at `iteration` (a non-decoupled step's run for
+        that iteration) or else at its tensor's next one (the ensemble's inputs, a decoupled
+        step's responses in order): launch the steps they make ready and answer, in order,
+        for the iterations every requested output has."""
         updated: list[tuple[str, int]] = []
         for name, value in values.items():
             made = self.tensors.setdefault(name, {})
-            updated.append((name, len(made)))
-            made[len(made)] = value
-        for name, iteration in updated:
+            at = len(made) if iteration is None else iteration
+            updated.append((name, at))
+            made[at] = value
+        for name, at in updated:
             for step in self.steps:
                 if name in step.inputs.values():
-                    self._launch_if_ready(step, iteration)
-        answered: set[int] = set()
-        for name, iteration in updated:
-            if (
-                name in self.requested
-                and iteration not in answered
-                and all(iteration in self.tensors.get(o, {}) for o in self.requested)
-            ):
-                answered.add(iteration)
-                self._answer(iteration)
+                    self._launch_if_ready(step, at)
+        if not self.requested:
+            return
+        # Steps of different iterations may finish in any order; the responses keep theirs.
+        while all(self.responses in self.tensors.get(o, {}) for o in self.requested):
+            self._answer(self.responses)
 
     def _launch_if_ready(self, step: EnsembleStep, iteration: int) -> None:
         key = (step.index, iteration)
@@ -281,7 +289,9 @@ class _Run:
             work = self.run_step(step, feed, self.request, each)
         else:
             work = self.run_step(step, feed, self.request)
-        self.running[asyncio.ensure_future(work)] = step
+        task = asyncio.ensure_future(work)
+        task.add_done_callback(lambda _: self.finished.set())
+        self.running[task] = (step, iteration)
 
     def _answer(self, iteration: int) -> None:
         outputs = {}
@@ -298,13 +308,19 @@ class _Run:
         try:
             self.add(given)
             while self.running:
-                done, _ = await asyncio.wait(self.running, return_when=asyncio.FIRST_COMPLETED)
-                # In launch order: a tensor's values keep the order their steps were run in.
-                for task in [t for t in self.running if t in done]:
-                    step = self.running.pop(task)
+                # Every step task, those launched while waiting included, sets `finished`
+                # when it ends: each step's outputs go on (and out) as soon as it is done.
+                self.finished.clear()
+                done = [t for t in self.running if t.done()]
+                if not done:
+                    await self.finished.wait()
+                    continue
+                for task in done:  # in launch order
+                    step, iteration = self.running.pop(task)
                     produced = task.result()  # a failed step fails the ensemble request
                     if step.index not in self.plan.decoupled_steps:
-                        self.add({name: produced.get(out) for out, name in step.outputs.items()})
+                        values = {name: produced.get(out) for out, name in step.outputs.items()}
+                        self.add(values, iteration)
         finally:
             for task in self.running:
                 task.cancel()
@@ -353,7 +369,7 @@ class EnsembleScheduler:
         self._label = label
         self._plan = plan
         self._run_step = run_step
-        self._stats = stats  # the ensemble's own: a failed run is counted there (see submit)
+        self._stats = stats  # the ensemble's own: each run is counted there (see submit)
         self._active = 0
         self._closing = False
         self._idle = asyncio.Event()
@@ -408,6 +424,11 @@ class EnsembleScheduler:
             self._active -= 1
             if not self._active:
                 self._idle.set()
+        if self._stats is not None:
+            # One execution per successful request, as Triton's ensemble scheduler counts
+            # it; compute times stay 0 (each step's model records its own).
+            self._stats.record_execution(max(1, job.batch_size), 1, 0, 0, 0)
+            self._stats.last_inference_ms = time.time_ns() // 1_000_000
         return self._shaped(made)
 
     def _shaped(self, made: dict[str, StepTensor]) -> dict[str, Array]:

@@ -10,7 +10,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from appliance.errors import ConfigError
+from appliance.errors import ConfigError, InvalidInput
 from appliance.model_config import ModelConfig
 from appliance.runtime.specs import with_decoupled_steps
 from appliance.scheduling.ensemble import (
@@ -92,9 +92,62 @@ async def test_a_response_waits_for_every_requested_output_of_its_iteration() ->
         ),
     )
     assert len(responses) == 2
-    # OUT_D's values in order 4, 8; OUT_S's in the order 'slow' finished: 4.5 (second
-    # response, quicker) then 2.5, as Triton pairs them.
-    assert responses == [(4.0, 4.5), (8.0, 2.5)]
+    # 'slow' finishes its run for the second response (4.5) first; each value still goes
+    # with the response it was made from (Triton pairs them in the order the runs end:
+    # (4.0, 4.5), (8.0, 2.5)), and the responses keep their order.
+    assert responses == [(4.0, 2.5), (8.0, 4.5)]
+
+
+async def test_each_response_goes_out_as_soon_as_its_steps_are_done() -> None:
+    """The step after a decoupled step answers each response while the decoupled step is
+    still running (not when it ends), in order even when a later run finishes first; a
+    failed run fails the request at once and cancels the decoupled step."""
+    events: list[str] = []
+    release = asyncio.Event()
+
+    async def run_step(
+        step: EnsembleStep,
+        inputs: dict[str, StepTensor],
+        request: StepRequest,
+        each: StepEmit | None = None,
+    ) -> dict[str, StepTensor]:
+        x = inputs["x"].data
+        if each is not None:
+            for i in range(3):
+                each({"y": StepTensor(x + i, 0)})
+                events.append(f"sent {i}")
+                await asyncio.sleep(0.01)
+            await release.wait()  # ends only once the test saw the responses
+            events.append("fan done")
+            return {}
+        if float(x[0]) < 0:
+            raise InvalidInput("negative")
+        await asyncio.sleep(0.005 if float(x[0]) == 0 else 0)  # the first run ends last
+        return {"y": StepTensor(x * 2, 0)}
+
+    plan = _plan(FAN, DOUBLE, outputs=("OUT_D",), decoupled=frozenset({0}))
+    got: list[float] = []
+
+    def emit(made: dict[str, StepTensor]) -> None:
+        got.append(float(made["OUT_D"].data[0]))
+        events.append(f"answered {len(got) - 1}")
+        if len(got) == 3:
+            release.set()
+
+    await asyncio.wait_for(
+        run_ensemble(plan, {"IN": StepTensor(np.array([0.0]), 0)}, run_step, emit=emit), 5
+    )
+    assert got == [0.0, 2.0, 4.0]
+    assert events.index("answered 0") < events.index("sent 2")
+    assert events[-1] == "fan done"
+
+    release.clear()
+    got.clear()
+    with pytest.raises(InvalidInput, match="negative"):
+        await asyncio.wait_for(
+            run_ensemble(plan, {"IN": StepTensor(np.array([-5.0]), 0)}, run_step, emit=emit), 5
+        )
+    assert events[-1] != "fan done"  # cancelled, not waited for
 
 
 async def test_without_a_decoupled_step_one_response_is_returned() -> None:
