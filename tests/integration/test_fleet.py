@@ -416,7 +416,16 @@ def test_a_fleet_rolls_out_by_stage_halts_a_bad_version_and_rides_out_a_lost_lin
             numbers["start_all_s"] = round(time.monotonic() - started, 1)
             print("fleet: all ready after", numbers["start_all_s"], "s")  # noqa: T201
             assert all(d.value() == 1.0 for d in devices)
-            wait_for("every device reports", lambda: len(reports(bucket)) == DEVICES)
+            # Every device's report names `m` before the link is cut: a device whose first
+            # report went out before `m` loaded, and whose next one meets the cut, is never
+            # counted in the stage (two clean-clone runs saw it: 21 of 22).
+            wait_for(
+                "every device reports serving m",
+                lambda: (
+                    [r["models"].get("m", {}).get("serving") for r in reports(bucket).values()]
+                    == [[1]] * DEVICES
+                ),
+            )
 
             # -- v2 at 10%: the devices the hash picks switch, the others do not -----------------
             in_v2 = {d.id for d in devices if rollout.hash_share(d.id, "m", 2) < 10}
@@ -488,9 +497,8 @@ def test_a_fleet_rolls_out_by_stage_halts_a_bad_version_and_rides_out_a_lost_lin
             # the cut device is silent and behind; the rest are not
             # newer reports than the advance (every other device switched), older: the cut one
             # Reports are written on change: on a busy CI machine one can lag the switch it
-            # reports by a few polls (one CI run saw 21 of 22 after 30 s, the rest reported by
-            # then on every other run), so the view is read until it settles (60 s at most).
-            settle_by = time.monotonic() + 60
+            # reports by a poll or two, so the view is read until it settles (30 s at most).
+            settle_by = time.monotonic() + 30
             while True:
                 now = time.monotonic()
                 silent_after = now - (advanced + cut_at) / 2
