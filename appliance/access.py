@@ -86,6 +86,14 @@ class Restrictions:
     def __bool__(self) -> bool:
         return bool(self._restricted)
 
+    def restricts(self, api: str) -> bool:
+        return api in self._restricted
+
+    def check_all(self, apis: Sequence[str], headers: Mapping[str, str]) -> None:
+        """`check` for each of `apis`: an endpoint that shows what several APIs show."""
+        for api in apis:
+            self.check(api, headers)
+
     def check(self, api: str, headers: Mapping[str, str]) -> None:
         """Raise PermissionDenied unless the call may use `api`."""
         rule = self._restricted.get(api)

@@ -20,6 +20,7 @@ from appliance.access import GRPC_HEADER_PREFIX, Restriction, Restrictions
 from appliance.cache import ResponseCache
 from appliance.errors import ApplianceError
 from appliance.frontends.grpc.server import InferenceServicer, pool_threads
+from appliance.frontends.http.origins import RequestOrigins
 from appliance.frontends.http.server import HttpFrontend
 from appliance.gpu_metrics import GpuSource, find_gpu_source
 from appliance.header_forward import HeaderForward
@@ -53,6 +54,7 @@ from appliance.runtime.settings import RuntimeSettings
 from appliance.services.control import ControlService, ServerState
 from appliance.services.inference import InferenceService
 from appliance.services.rows import index_rows
+from appliance.services.shared_memory import SharedMemoryRegistry, region_cap
 from appliance.services.status import StatusService
 from appliance.settings import GrpcConnectionSettings, ServerSettings
 from appliance.shutdown import Deadline, kill_model_processes, shutdown_summary
@@ -126,6 +128,7 @@ class Appliance:
             logs,
             server_id=settings.server_id,
             allow_client_shm=settings.allow_client_shm,
+            shared_memory=SharedMemoryRegistry(max_regions=_shm_region_cap(settings)),
         )
         # The status page's data (GET /status.json); its sampler runs while HTTP serves.
         self.status_service = StatusService(
@@ -335,6 +338,11 @@ class Appliance:
             header_forward=HeaderForward.from_pattern(
                 self.settings.http_header_forward_pattern, "--http-header-forward-pattern"
             ),
+            origins=RequestOrigins(
+                self.settings.http_allowed_hosts,
+                self.settings.http_address,
+                bool(self.settings.tls.http_cert),
+            ),
         )
         settings = self.settings
         address, port = settings.http_address, settings.http_port
@@ -491,3 +499,22 @@ def _log_forwarding(what: str, forward: HeaderForward | None) -> None:
     """Say once that a protocol forwards headers to the models (they see them as parameters)."""
     if forward is not None:
         log.info("Forwarding %s matching '%s' to models as parameters", what, forward.pattern)
+
+
+def _shm_region_cap(settings: ServerSettings) -> int:
+    """--max-shm-regions, lowered to half the open-file limit (cli.py raised it to the hard
+    limit first) so that regions can never take the descriptors connections need."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = soft if soft != resource.RLIM_INFINITY else 1 << 20
+    cap = region_cap(settings.max_shm_regions, limit)
+    if settings.allow_client_shm and cap < settings.max_shm_regions:
+        log.warning(
+            "at most %d shared memory regions (--max-shm-regions %d is more than half the "
+            "open-file limit of %d; raise LimitNOFILE)",
+            cap,
+            settings.max_shm_regions,
+            limit,
+        )
+    return cap

@@ -11,6 +11,7 @@ import contextlib
 import faulthandler
 import logging
 import multiprocessing
+import resource
 import signal
 import sys
 import threading
@@ -127,6 +128,20 @@ class ExitSignals:
         self._loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
+        # SIGHUP's default ends the process with no drain (a closed terminal, `kill -HUP`,
+        # a `systemctl reload` someone adds): services read it as "reload", and this server
+        # reloads nothing from its command line, so it is logged and ignored.
+        signal.signal(signal.SIGHUP, self._hangup)
+
+    def _hangup(self, signum: int, frame: FrameType | None) -> None:
+        loop = self._loop
+        if loop is not None:  # logged on the loop: this handler may interrupt a log call
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(
+                    log.info,
+                    "SIGHUP: ignored (nothing to reload: the model repository is followed by "
+                    "--model-control-mode; stop with SIGTERM)",
+                )
 
     async def wait(self) -> Deadline:
         await self._event.wait()
@@ -212,6 +227,22 @@ async def _serve(settings: ServerSettings, log_settings: logs.LogSettings) -> in
     return 0
 
 
+def raise_open_file_limit() -> tuple[int, int]:
+    """Raise the soft open-file limit to the hard one (systemd starts services at 1024 soft,
+    524288 hard: a few hundred connections and shared memory regions would exhaust 1024, after
+    which every new connection fails). The limits now, (soft, hard); logged when raised."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft == resource.RLIM_INFINITY or soft >= hard:
+        return soft, hard
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError) as exc:
+        log.warning("cannot raise the open-file limit from %d to %d: %s", soft, hard, exc)
+        return soft, hard
+    log.info("open-file limit raised from %d to %d (RLIMIT_NOFILE)", soft, hard)
+    return hard, hard
+
+
 def serve(argv: Sequence[str]) -> int:
     # A hang the watchdog ends with SIGABRT leaves every thread's stack in the journal.
     faulthandler.enable()
@@ -236,6 +267,7 @@ def serve(argv: Sequence[str]) -> int:
         ) from None
     for flag in settings.ignored_flags:
         log.warning("%s is a tritonserver flag that edge-appliance ignores", flag)
+    raise_open_file_limit()
     _install_event_loop_policy()
     return asyncio.run(_serve(settings, log_settings))
 

@@ -355,7 +355,32 @@ def _prefixed(text: str, record: logging.LogRecord) -> str:
     return "\n".join(prefix + line for line in text.split("\n"))
 
 
+# Control characters (C0, DEL, C1) in what a client or a repository names (a model name from
+# a load request's path, a folder name): a newline would forge a log line, an escape sequence
+# would drive the terminal that reads the log. Shown as \xNN instead.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def escape_controls(text: str) -> str:
+    """`text` with every control character written as \\xNN (a backslash, x, two digits)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def _escaped_args(args: Any) -> Any:
+    """A record's %-arguments with control characters escaped: strings, and objects shown by
+    str() (exceptions carry names); numbers stay numbers for %d and %g."""
+    if not isinstance(args, tuple):
+        return args  # a mapping (logging's `%(key)s` form): left as it is
+    return tuple(
+        a if isinstance(a, (int, float)) else escape_controls(a if isinstance(a, str) else str(a))
+        for a in args
+    )
+
+
 class TextFormatter(logging.Formatter):
+    """The text formats. The record's arguments (names, errors) are written with control
+    characters escaped, so that every entry is the lines its message and traceback make."""
+
     def __init__(self, fmt: str, journal: bool = False, iso: bool = False) -> None:
         super().__init__(fmt)
         self._journal = journal
@@ -365,7 +390,13 @@ class TextFormatter(logging.Formatter):
         return _iso(record.created) if self._iso else super().formatTime(record, datefmt)
 
     def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
+        args = record.args
+        if args:
+            record.args = _escaped_args(args)
+        try:
+            text = super().format(record)
+        finally:
+            record.args = args
         return _prefixed(text, record) if self._journal else text
 
 

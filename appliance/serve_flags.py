@@ -286,6 +286,21 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         "tensors (default false, as tritonserver's: a region maps any shared memory object "
         "the service can open)",
     )
+    p.add_argument(
+        "--max-shm-regions",
+        type=int,
+        default=_D.max_shm_regions,
+        metavar="N",
+        help="most shared memory regions registered at once (default %(default)s; never more "
+        "than half the open-file limit, so that connections keep the rest)",
+    )
+    p.add_argument(
+        "--http-allowed-hosts",
+        default="",
+        metavar="NAME,...",
+        help="DNS names HTTP requests may give in Host besides localhost and this machine's "
+        "own names (IP addresses are always accepted); '*': any Host and any Origin",
+    )
     add_bool(p, "--allow-http", "serve HTTP (default true)")
     for protocol in ("http", "grpc"):
         add_bool(
@@ -693,6 +708,10 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         metrics_port=args.metrics_port,
         allow_http=on(args.allow_http, True),
         allow_client_shm=on(args.allow_client_shm, False),
+        max_shm_regions=max(0, args.max_shm_regions),
+        http_allowed_hosts=tuple(
+            name.strip().lower() for name in args.http_allowed_hosts.split(",") if name.strip()
+        ),
         reuse_http_port=on(args.reuse_http_port, False),
         reuse_grpc_port=on(args.reuse_grpc_port, False),
         allow_grpc=on(args.allow_grpc, True),

@@ -131,6 +131,10 @@ class ServerSettings:
     # --allow-client-shm: clients may register shared memory regions (tritonserver's default
     # since 2026 is false too).
     allow_client_shm: bool = False
+    # --max-shm-regions: regions registered at once (each system region holds a descriptor).
+    max_shm_regions: int = 1024
+    # --http-allowed-hosts: DNS names accepted in Host (and same-origin Origin); "*": any.
+    http_allowed_hosts: tuple[str, ...] = ()
     # --reuse-http-port / --reuse-grpc-port: SO_REUSEPORT on the TCP listener.
     reuse_http_port: bool = False
     reuse_grpc_port: bool = False

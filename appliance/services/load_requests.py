@@ -32,7 +32,8 @@ def pin_parameters(name: str, parameters: dict[str, Any]) -> int | None:
             raise InvalidInput(f"model '{name}': 'unpin' must be true")
         return None
     value = parameters["pin_version"]
-    if isinstance(value, str) and value.isdigit():
+    # ASCII digits only: str.isdigit() is true for '²' too, which int() refuses.
+    if isinstance(value, str) and value.isascii() and value.isdigit():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise InvalidInput(f"model '{name}': 'pin_version' must be a version number, got {value!r}")

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import os
+import stat
 import threading
 import weakref
 from collections.abc import Iterator
@@ -50,6 +52,27 @@ SHM_ROOT = "/dev/shm"
 
 class RegionExists(ApplianceError):
     code = ErrorCode.ALREADY_EXISTS
+
+
+class TooManyRegions(ApplianceError):
+    """The cap on registered regions is reached (--max-shm-regions): each system region holds
+    a file descriptor, and descriptors past the process's limit make every new connection
+    fail. RESOURCE_EXHAUSTED, gRPC's code for a quota; HTTP answers 429."""
+
+    code = ErrorCode.RESOURCE_EXHAUSTED
+
+
+# Regions registered at once, by default (--max-shm-regions). Each system region holds a file
+# descriptor; the server keeps at most half of its descriptor limit for regions, so that the
+# rest stays for connections, model files and the Python models' pipes (`region_cap`).
+DEFAULT_MAX_REGIONS = 1024
+
+
+def region_cap(wanted: int, nofile_limit: int) -> int:
+    """The regions that may be registered at once: `wanted`, but never more than half of the
+    process's descriptor limit (RLIMIT_NOFILE), which keeps the rest for accepting
+    connections."""
+    return max(0, min(wanted, nofile_limit // 2))
 
 
 class RegionNotFound(InvalidInput):
@@ -193,13 +216,31 @@ def _open(name: str, key: str, offset: int, byte_size: int) -> _Descriptor:
     try:
         if "/" in object_name:  # shm_open refuses it too
             raise FileNotFoundError(2, "not a POSIX shared memory name")
-        fd = os.open(os.path.join(SHM_ROOT, object_name), os.O_RDWR)
+        # As glibc's shm_open: never through a symbolic link (a local user could link
+        # /dev/shm/x to a file only root may read, and read and write it through inferences);
+        # O_NONBLOCK so that a FIFO planted there cannot hold the registration open.
+        fd = os.open(
+            os.path.join(SHM_ROOT, object_name),
+            os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+        )
     except OSError as exc:
-        raise InvalidInput(
-            f"Unable to open shared memory region: '{key}' ({exc.strerror})"
-        ) from None
+        reason = exc.strerror
+        if exc.errno == errno.ELOOP:
+            reason = "it is a symbolic link, which shared memory objects never are"
+        raise InvalidInput(f"Unable to open shared memory region: '{key}' ({reason})") from None
     descriptor = _Descriptor(fd)
-    size = os.fstat(fd).st_size
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # a device, FIFO or socket is no shared memory object
+        raise InvalidInput(
+            f"Unable to open shared memory region: '{key}' (not a shared memory object: not "
+            "a regular file)"
+        )
+    if info.st_nlink > 1:  # a hard link to a file outside /dev/shm (tmpfs is one mount)
+        raise InvalidInput(
+            f"Unable to open shared memory region: '{key}' (it has {info.st_nlink} links; a "
+            "shared memory object has one)"
+        )
+    size = info.st_size
     if offset + byte_size > size:
         raise InvalidInput(
             f"failed to register shared memory region '{name}': invalid args (key '{key}' is "
@@ -212,7 +253,10 @@ class SharedMemoryRegistry:
     """The registered system and CUDA shared memory regions, by name (one namespace, as in
     Triton). Thread-safe."""
 
-    def __init__(self, cuda: CudaMemoryAccess | None = None) -> None:
+    def __init__(
+        self, cuda: CudaMemoryAccess | None = None, max_regions: int = DEFAULT_MAX_REGIONS
+    ) -> None:
+        self.max_regions = max_regions  # system and CUDA regions together
         self._regions: dict[str, Region | CudaRegion] = {}
         self._lock = threading.Lock()
         self._cuda = cuda or CudaMemoryAccess()
@@ -286,15 +330,15 @@ class SharedMemoryRegistry:
         if not name:
             raise InvalidInput("a CUDA shared memory region needs a name")
         with self._lock:
-            if name in self._regions:
-                raise RegionExists(f"shared memory region '{name}' already in manager")
+            self._check_room(name)
         region = self._cuda.open(name, raw_handle, device_id, byte_size)
-        with self._lock:
-            if name not in self._regions:
+        try:
+            with self._lock:
+                self._check_room(name)
                 self._regions[name] = region
-                return
-        self._cuda.close(region)
-        raise RegionExists(f"shared memory region '{name}' already in manager")
+        except ApplianceError:
+            self._cuda.close(region)
+            raise
 
     def unregister_cuda(self, name: str = "") -> None:
         """Unregister one CUDA region ('': all); one a request holds goes when it is done."""
@@ -331,13 +375,22 @@ class SharedMemoryRegistry:
         if type(byte_size) is not int or byte_size <= 0:
             raise InvalidInput(f"shared memory region '{name}': byte_size must be an integer > 0")
         with self._lock:
-            if name in self._regions:
-                raise RegionExists(f"shared memory region '{name}' already in manager")
+            self._check_room(name)
         descriptor = _open(name, key, offset, byte_size)
         with self._lock:
-            if name in self._regions:
-                raise RegionExists(f"shared memory region '{name}' already in manager")
+            self._check_room(name)
             self._regions[name] = Region(name, key, offset, byte_size, descriptor)
+
+    def _check_room(self, name: str) -> None:
+        """Under the lock: `name` is free and the cap leaves room for one more region."""
+        if name in self._regions:
+            raise RegionExists(f"shared memory region '{name}' already in manager")
+        if len(self._regions) >= self.max_regions:
+            raise TooManyRegions(
+                f"cannot register shared memory region '{name}': {len(self._regions)} regions "
+                f"are registered, the most this server allows (--max-shm-regions "
+                f"{self.max_regions}); unregister regions no longer used"
+            )
 
     def unregister(self, name: str = "") -> None:
         """Unregister one system region ('': all). One a request holds stays registered until

@@ -65,6 +65,28 @@ def test_http_restricted_apis_need_their_header(restricted) -> None:  # type: ig
     assert client.get_log_settings(headers={"admin-key": "s3cret"})["log_verbose_level"] == 0
 
 
+def test_status_data_is_restricted_with_what_it_shows(restricted) -> None:  # type: ignore[no-untyped-def]
+    """/status.json shows the repository index and each model's configuration summary: with
+    model-repository and model-config restricted, it needs their header too (issue 31, 12);
+    the page itself shows nothing and stays open."""
+    import urllib.error
+    import urllib.request
+
+    url = f"http://{restricted.http_url}/status.json"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url, timeout=10)
+    assert refused.value.code == 403
+    assert b"expecting header 'admin-key'" in refused.value.read()
+    sent = urllib.request.Request(url, headers={"admin-key": "s3cret"})
+    with urllib.request.urlopen(sent, timeout=10) as answer:
+        assert b'"simple"' in answer.read()
+    with urllib.request.urlopen(f"http://{restricted.http_url}/status", timeout=10) as page:
+        assert page.status == 200
+    assert "/status.json) shows what the restricted model-repository, model-config" in (
+        restricted.log()
+    )
+
+
 def test_grpc_restricted_protocols_need_their_metadata(restricted) -> None:  # type: ignore[no-untyped-def]
     client = grpcclient.InferenceServerClient(restricted.grpc_url)
     assert client.is_server_live()

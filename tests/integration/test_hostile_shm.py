@@ -10,6 +10,7 @@ refusal or a short read reported as an error, never a dead server.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -215,3 +216,109 @@ def test_shrinking_during_the_copies_never_kills_the_server(
     assert [(e.status(), "shared memory region" in e.message()) for e in refusals] == [
         ("400", True)
     ] * len(refusals), [e.message() for e in refusals]
+
+
+# ---- a symbolic link in /dev/shm (issue 31, item 4) --------------------------------------------
+
+
+@pytest.fixture
+def planted_link(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """/dev/shm/<name> -> a file of the test's own outside /dev/shm (standing in for one only
+    root may read): a local user's attempt to read and overwrite it through inferences."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"S" * BYTES * 2)
+    tag = uuid.uuid4().hex[:8]
+    link = Path("/dev/shm") / f"edge_link_{tag}"
+    link.symlink_to(secret)
+    try:
+        yield f"/{link.name}", secret
+    finally:
+        link.unlink()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_symbolic_link_in_dev_shm_is_refused(
+    server: ServerProcess, planted_link: tuple[str, Path], protocol: str
+) -> None:
+    key, secret = planted_link
+    module, client = _client(server, protocol)
+    with pytest.raises(InferenceServerException) as caught:
+        client.register_system_shared_memory("planted", key, BYTES * 2)
+    assert caught.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+    message = caught.value.message()
+    assert f"Unable to open shared memory region: '{key}'" in message
+    assert "symbolic link" in message
+    assert "planted" not in str(client.get_system_shared_memory_status())
+    # Nothing reaches the file through the name: an infer naming it finds no region.
+    inputs, outputs = _simple_request(module, "planted", "planted")
+    with pytest.raises(InferenceServerException, match="Unable to find shared memory region"):
+        client.infer("simple", inputs, outputs=outputs)
+    assert secret.read_bytes() == b"S" * BYTES * 2
+
+
+def test_a_fifo_in_dev_shm_is_refused_without_blocking(server: ServerProcess) -> None:
+    """Not a regular file: refused at once (O_NONBLOCK: opening a FIFO never waits)."""
+    name = f"edge_fifo_{uuid.uuid4().hex[:8]}"
+    fifo = Path("/dev/shm") / name
+    os.mkfifo(fifo)
+    try:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=10)
+        with pytest.raises(InferenceServerException, match="not a regular file") as caught:
+            client.register_system_shared_memory("fifo", f"/{name}", BYTES)
+        assert caught.value.status() == "400"
+    finally:
+        fifo.unlink()
+
+
+# ---- the cap on registered regions (issue 31, item 7) ------------------------------------------
+
+OPEN_FILES = 256  # the server's open-file limit in the test below: regions may take half
+
+
+def test_regions_are_capped_below_the_open_file_limit(
+    tmp_path: Path, make_region: Callable[[int], Region]
+) -> None:
+    """With 256 descriptors and the default --max-shm-regions, 128 regions register, the next
+    is refused with RESOURCE_EXHAUSTED (HTTP 429) naming the cap, and new connections still
+    work. Without the cap a client takes every descriptor and the server accepts none."""
+    root = tmp_path / "models"
+    save(simple_model(), root / "simple" / "1" / "model.onnx")
+    (root / "simple" / "config.pbtxt").write_text(SIMPLE_CONFIG)
+    # Soft and hard at 256: the server cannot raise it further.
+    launcher = (
+        sys.executable,
+        "-c",
+        "import os, resource, sys; "
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, ({OPEN_FILES}, {OPEN_FILES})); "
+        "os.execv(sys.argv[1], sys.argv[1:])",
+    )
+    region = make_region(BYTES)
+    cap = OPEN_FILES // 2
+    with ServerProcess(
+        root, "--allow-client-shm=true", log_path=tmp_path / "server.log", launcher=launcher
+    ) as proc:
+        client = httpclient.InferenceServerClient(proc.http_url)
+        for i in range(cap):
+            client.register_system_shared_memory(f"r{i}", region.key, BYTES)
+        with pytest.raises(InferenceServerException) as caught:
+            client.register_system_shared_memory("one-more", region.key, BYTES)
+        assert caught.value.status() == "429"
+        assert f"{cap} regions are registered" in caught.value.message()
+        assert "--max-shm-regions" in caught.value.message()
+        grpc_client = grpcclient.InferenceServerClient(proc.grpc_url)
+        with pytest.raises(InferenceServerException) as caught:
+            grpc_client.register_system_shared_memory("one-more", region.key, BYTES)
+        assert caught.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        # Fresh connections are accepted and served.
+        for _ in range(20):
+            fresh = httpclient.InferenceServerClient(proc.http_url)
+            assert fresh.is_server_live()
+            fresh.close()
+        inputs, outputs = _simple_request(httpclient, "missing", None)
+        with pytest.raises(InferenceServerException, match="Unable to find"):
+            client.infer("simple", inputs, outputs=outputs)
+        # Unregistering makes room again.
+        client.unregister_system_shared_memory("r0")
+        client.register_system_shared_memory("one-more", region.key, BYTES)
+        client.unregister_system_shared_memory()
+        assert "the most this server allows" not in proc.log()

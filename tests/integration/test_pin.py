@@ -119,6 +119,8 @@ def test_grpc_pins_with_the_load_request_parameter_and_bad_requests_are_refused(
     assert dev.added() == 1.0
     for parameters, message in [
         ({"pin_version": param(string_param="one")}, "'pin_version' must be a version number"),
+        # str.isdigit() is true for a superscript two, which int() refuses (issue 31, item 12).
+        ({"pin_version": param(string_param="\u00b2")}, "'pin_version' must be a version number"),
         ({"unpin": param(bool_param=False)}, "'unpin' must be true"),
         (
             {"pin_version": param(int64_param=2), "config": param(string_param="{}")},

@@ -102,6 +102,26 @@ def test_formats() -> None:
     assert doc == {"ts": doc["ts"], "level": "warning", "logger": "appliance.x", "msg": "disk low"}
 
 
+def test_control_characters_in_names_are_escaped() -> None:
+    """A model name from a load request's path (%0A, %1B) cannot forge a log line or drive
+    the terminal that shows the log (issue 31, item 12); the record itself is left as it was."""
+    name = "m\nINFO appliance.app: all models verified\x1b[2J\x7f\x9b"
+    record = logging.LogRecord(
+        "appliance.x", logging.INFO, "f", 1, "model '%s' (%d versions): %s", (name, 2,
+        ValueError(name)), None
+    )
+    for text in (formatter("default").format(record), formatter("ISO8601").format(record)):
+        assert "\n" not in text and "\x1b" not in text and "\x7f" not in text
+        assert "model 'm\\x0aINFO appliance.app: all models verified\\x1b[2J\\x7f\\x9b'" in text
+        assert "(2 versions)" in text
+    journal = formatter("default", journal=True).format(record)
+    assert journal.count("\n") == 0 and journal.startswith("<6>")
+    assert record.args is not None and record.args[0] == name  # other handlers see it whole
+    # Messages without arguments, and tracebacks, keep their lines.
+    plain = logging.LogRecord("appliance.x", logging.INFO, "f", 1, "a\nb", (), None)
+    assert formatter("default").format(plain).endswith("a\nb")
+
+
 def test_json_and_journal_keep_exceptions_whole() -> None:
     try:
         raise ValueError("bad")

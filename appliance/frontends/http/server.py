@@ -32,15 +32,16 @@ from appliance.frontends.http.fastpath import (
 )
 from appliance.frontends.http.generate import decode_generate, encode_generate
 from appliance.frontends.http.header_plans import HeaderPlans
+from appliance.frontends.http.origins import RequestOrigins
 from appliance.frontends.http.refusals import RefusedBodies
-from appliance.frontends.http.status_page import StatusPage
+from appliance.frontends.http.status_page import DATA_APIS, StatusPage
 from appliance.frontends.status import HTTP_STATUS
 from appliance.header_forward import HeaderForward
 from appliance.limits import RequestLimits
 from appliance.logs import RATE_LIMITED
 from appliance.services.control import ControlService
 from appliance.services.inference import Admission, InferenceService, Prepared
-from appliance.services.shared_memory import RequestHolds, SharedMemoryRegistry
+from appliance.services.shared_memory import RequestHolds, SharedMemoryRegistry, TooManyRegions
 from appliance.services.status import StatusService
 from appliance.types import InferRequest
 
@@ -50,6 +51,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _JSON = "application/json"
 # tritonserver's refusal of a decoupled model on /infer (our explanation follows it).
 DECOUPLED_REFUSAL = "HTTP end point doesn't support models with decoupled transaction policy"
+# The cap on registered shared memory regions (RESOURCE_EXHAUSTED, whose HTTP status is 413
+# for bodies): 429, a limit the client reached, which unregistering regions lifts.
+REGION_CAP_STATUS = 429
 
 
 def error_response(status: int, message: str) -> web.Response:
@@ -88,15 +92,35 @@ def _payload_problem(request: web.Request, exc: web.RequestPayloadError) -> str:
     return f"request body cannot be read: {str(reason).strip()}"
 
 
-def _guard(handler: Handler, api: str = "", restrictions: Restrictions | None = None) -> Handler:
-    """Check the API's restriction, and turn every error into Triton's error body."""
+def _guard(
+    handler: Handler,
+    api: str | tuple[str, ...] = "",
+    restrictions: Restrictions | None = None,
+    origins: RequestOrigins | None = None,
+) -> Handler:
+    """Refuse what a web page may not send (origins.py), check the API's restriction (every
+    one of them, for an endpoint that shows what several APIs show), and turn every error
+    into Triton's error body."""
+    apis = (api,) if isinstance(api, str) else api
+    control = "inference" not in apis
 
     async def guarded(request: web.Request) -> web.StreamResponse:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("HTTP request: %s %s", request.method, request.path)
+        if origins is not None:
+            headers = request.headers
+            refused = origins.problem(
+                request.method,
+                headers.get(hdrs.HOST),
+                headers.get(hdrs.ORIGIN),
+                control and request.method == "POST",
+                headers.get(hdrs.CONTENT_TYPE),
+            )
+            if refused is not None:
+                return error_response(*refused)
         try:
             if restrictions:
-                restrictions.check(api, request.headers)
+                restrictions.check_all(apis, request.headers)
             problem = _encoding_problem(request.headers)
             if problem:
                 return error_response(415, problem)
@@ -183,8 +207,11 @@ class HttpFrontend:
         limits: RequestLimits,
         status: StatusService | None = None,
         header_forward: HeaderForward | None = None,
+        origins: RequestOrigins | None = None,
     ) -> None:
         self.core = core
+        # Host / Origin / Content-Type checks against web pages (None: none, as in unit tests).
+        self.origins = origins
         self.control = control
         self.max_body_bytes = max_body_bytes
         self.restrictions = restrictions
@@ -194,12 +221,20 @@ class HttpFrontend:
         self.refused = RefusedBodies()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.status_page = StatusPage(status) if status is not None else None
+        if self.status_page is not None and restrictions:
+            hidden = [a for a in DATA_APIS[1:] if restrictions.restricts(a)]
+            if hidden:
+                log.info(
+                    "the status page's data (/status.json) shows what the restricted %s API "
+                    "shows: it needs their headers too",
+                    ", ".join(hidden),
+                )
         # --http-header-forward-pattern: None without it (the infer path never looks further).
         self.header_forward = header_forward
 
     def build(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
-        routes: list[tuple[str, str, Handler, str]] = [
+        routes: list[tuple[str, str, Handler, str | tuple[str, ...]]] = [
             ("GET", "/v2/health/live", self.live, "health"),
             ("GET", "/v2/health/ready", self.ready, "health"),
             ("GET", "/v2", self.server_metadata, "metadata"),
@@ -243,8 +278,10 @@ class HttpFrontend:
         if self.status_page is not None:  # GET /, /status, /status.json, /openapi.json
             routes += self.status_page.routes()
         for method, path, handler, api in routes:
-            app.router.add_route(method, path, _guard(handler, api, self.restrictions))
-        app.router.add_route("*", "/{tail:.*}", _guard(self.not_found))
+            app.router.add_route(
+                method, path, _guard(handler, api, self.restrictions, self.origins)
+            )
+        app.router.add_route("*", "/{tail:.*}", _guard(self.not_found, origins=self.origins))
         return app
 
     @staticmethod
@@ -309,6 +346,13 @@ class HttpFrontend:
         with a Content-Encoding never comes here: fastpath.py relays it to aiohttp's route)."""
         if log.isEnabledFor(logging.DEBUG):
             log.debug("HTTP request: POST %s/%s infer", model, version)
+        origins = self.origins
+        if origins is not None:
+            refused = origins.problem(
+                "POST", headers.get("host"), headers.get("origin"), False, None
+            )
+            if refused is not None:
+                return self.error(*refused)
         try:
             if self.restrictions:
                 self.restrictions.check("inference", headers)
@@ -495,9 +539,12 @@ class HttpFrontend:
         if type(key) is not str:
             raise InvalidInput(f"shared memory region '{name}': 'key' must be a string")
         # Offset and size are JSON values of any type here: the registry checks and names them.
-        self.control.register_system_shared_memory(
-            name, key, body.get("offset", 0), body.get("byte_size", 0)
-        )
+        try:
+            self.control.register_system_shared_memory(
+                name, key, body.get("offset", 0), body.get("byte_size", 0)
+            )
+        except TooManyRegions as exc:
+            return error_response(REGION_CAP_STATUS, exc.message)
         return web.Response()
 
     async def shm_unregister(self, request: web.Request) -> web.StreamResponse:
@@ -524,9 +571,12 @@ class HttpFrontend:
                 f"CUDA shared memory region '{name}': raw_handle.b64 is not base64"
             ) from None
         # Device id and size are JSON values of any type here: the registry checks them.
-        await self.control.register_cuda_shared_memory(
-            name, raw, body.get("device_id", 0), body.get("byte_size", 0)
-        )
+        try:
+            await self.control.register_cuda_shared_memory(
+                name, raw, body.get("device_id", 0), body.get("byte_size", 0)
+            )
+        except TooManyRegions as exc:
+            return error_response(REGION_CAP_STATUS, exc.message)
         return web.Response()
 
     async def cuda_unregister(self, request: web.Request) -> web.StreamResponse:

@@ -28,6 +28,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # later poll (?since=: 1.7 KB for one model) goes as it is, not worth the CPU.
 GZIP_JSON_BYTES = 4096
 API = "status"  # the restricted-API group (appliance/access.py)
+# /status.json shows each model's configuration summary, versions and reasons (the repository
+# index), and its request counts and latencies (statistics): a client that may not read those
+# through their own APIs may not read them here either. The page and its files show nothing.
+DATA_APIS = (API, "model-repository", "statistics", "model-config")
 
 # name -> content type; the page's own files (static/).
 ASSETS = {
@@ -65,11 +69,11 @@ class StatusPage:
         self._assets = {name: read_asset(name) for name in ASSETS}
         self._gzipped = {n: gzip.compress(data, 9, mtime=0) for n, data in self._assets.items()}
 
-    def routes(self) -> list[tuple[str, str, Handler, str]]:
+    def routes(self) -> list[tuple[str, str, Handler, str | tuple[str, ...]]]:
         return [
             ("GET", "/", self.root, API),
             ("GET", "/status", self.page, API),
-            ("GET", "/status.json", self.data, API),
+            ("GET", "/status.json", self.data, DATA_APIS),
             ("GET", "/status/{asset}", self.asset, API),
             ("GET", "/openapi.json", self.openapi, API),
         ]

@@ -1,0 +1,140 @@
+"""Requests a web page in a browser on the device may not make: cross-site and DNS rebinding.
+
+A page of any site, open in a browser on the device (or on a machine that reaches it), can
+send requests to `http://127.0.0.1:8000`. Without a preflight it may POST a body with a
+"simple" Content-Type (text/plain, a form), which would unload models or load one with a
+`file:` override (code, where the repository API is open). It cannot read the answers, but it
+does not need to. A page may also rebind its own DNS name to 127.0.0.1 after it loaded: its
+requests are then same-origin for the browser, and it can read the answers too; they carry
+the page's name in `Host`.
+
+So every HTTP request is checked, before anything else runs:
+
+- `Host` must be an IP address (a rebinding needs a DNS name), `localhost`, one of this
+  machine's names (its host name, short and with `.local`), the name the server listens on,
+  or a name given with `--http-allowed-hosts`. Otherwise 403.
+- A request other than GET / HEAD / OPTIONS that carries `Origin` (browsers send it on every
+  such request) must come from the server's own origin: the Origin's host and port are the
+  request's `Host`. Otherwise 403.
+- A control POST (everything but inference) may not have a body typed `text/plain` or
+  `multipart/form-data`, the types an HTML form sends in a browser that sends no `Origin`:
+  415. `application/x-www-form-urlencoded` stays accepted: Triton's C++ client (libcurl's
+  default, so perf_analyzer's shared memory registration) sends it on every control POST,
+  with a JSON body; a form can only send an encoded body that is no JSON object, or an
+  empty one, and the browsers that send forms without Origin are a decade old.
+
+Triton's clients send no Origin and an IP or `localhost` in Host, so nothing changes for
+them. `--http-allowed-hosts '*'` turns the checks off (a proxy in front that does them).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
+# Methods a page may send cross-site whose answers it cannot read and that change nothing here.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# The Content-Types an HTML form sends (the third simple one, urlencoded: see above).
+FORM_TYPES = ("text/plain", "multipart/form-data")
+
+
+def _shown(text: str) -> str:
+    return text[:80].encode("unicode_escape").decode("ascii")
+
+
+def split_host(value: str) -> tuple[str, int | None]:
+    """`name[:port]` or `[v6]:port` -> (lower-case name without a final dot, port or None);
+    ('', None) when it cannot be read."""
+    value = value.strip()
+    if value.startswith("["):
+        end = value.find("]")
+        if end < 0:
+            return "", None
+        name, rest = value[1:end], value[end + 1 :]
+        if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+            return "", None
+        return name.lower(), int(rest[1:]) if rest else None
+    name, colon, port = value.rpartition(":")
+    if not colon:
+        name, port = value, ""
+    elif not (port.isascii() and port.isdigit()):
+        return "", None
+    return name.lower().rstrip("."), int(port) if port else None
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def machine_names() -> set[str]:
+    """This machine's own names: its host name, short, and its mDNS `.local` name."""
+    full = socket.gethostname().lower().rstrip(".")
+    short = full.split(".")[0]
+    return {name for name in (full, short, f"{short}.local") if name}
+
+
+class RequestOrigins:
+    """The Host, Origin and Content-Type checks for one HTTP listener."""
+
+    def __init__(self, allowed_hosts: Iterable[str], listen_address: str, tls: bool) -> None:
+        names = {name.strip().lower().rstrip(".") for name in allowed_hosts if name.strip()}
+        self.off = "*" in names
+        self._names = {"localhost", "localhost.localdomain", *machine_names(), *names}
+        if listen_address and not _is_ip(listen_address):
+            self._names.add(listen_address.lower().rstrip("."))
+        self._default_port = 443 if tls else 80
+
+    def host_allowed(self, name: str) -> bool:
+        return self.off or _is_ip(name) or name in self._names or name.endswith(".localhost")
+
+    def problem(
+        self, method: str, host: str | None, origin: str | None, control: bool,
+        content_type: str | None,
+    ) -> tuple[int, str] | None:
+        """(status, message) when the request is refused, else None. `control`: a POST of a
+        control endpoint (not inference)."""
+        if self.off:
+            return None
+        host_name, host_port = split_host(host) if host is not None else ("", None)
+        if host is not None and not self.host_allowed(host_name):
+            return 403, (
+                f"Host '{_shown(host)}' is not a name of this server: add it to "
+                "--http-allowed-hosts (a web page that points its own DNS name at this device "
+                "sends its name here)"
+            )
+        cross_origin = origin is not None and not self._same_origin(origin, host_name, host_port)
+        if cross_origin and method not in SAFE_METHODS:
+            return 403, (
+                f"cross-origin request refused: Origin '{_shown(origin or '')}' is not this "
+                f"server's own (Host '{_shown(host or '')}'); a page of another site may not "
+                "use this API"
+            )
+        if control and content_type is not None:
+            media = content_type.split(";")[0].strip().lower()
+            if media in FORM_TYPES:
+                return 415, (
+                    f"Content-Type '{_shown(media)}' is not accepted on this endpoint: send the "
+                    "body as application/json (or with no Content-Type)"
+                )
+        return None
+
+    def _same_origin(self, origin: str, host_name: str, host_port: int | None) -> bool:
+        if not host_name:
+            return False
+        try:
+            parts = urlsplit(origin.strip())
+            origin_port = parts.port
+        except ValueError:
+            return False
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return False  # "null" (a sandboxed page, a file), or no origin of the web
+        port = origin_port or (443 if parts.scheme == "https" else 80)
+        return parts.hostname.lower().rstrip(".") == host_name and port == (
+            host_port or self._default_port
+        )
