@@ -29,7 +29,9 @@ ALLOWED = "device.example"
 
 
 @pytest.fixture(scope="module")
-def proc(model_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def proc(
+    model_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
     server = ServerProcess(
         model_repository,
         "--model-control-mode=explicit",

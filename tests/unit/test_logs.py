@@ -111,12 +111,16 @@ def test_control_characters_in_names_are_escaped() -> None:
         ValueError(name)), None
     )
     for text in (formatter("default").format(record), formatter("ISO8601").format(record)):
-        assert "\n" not in text and "\x1b" not in text and "\x7f" not in text
+        assert "\n" not in text
+        assert "\x1b" not in text
+        assert "\x7f" not in text
         assert "model 'm\\x0aINFO appliance.app: all models verified\\x1b[2J\\x7f\\x9b'" in text
         assert "(2 versions)" in text
     journal = formatter("default", journal=True).format(record)
-    assert journal.count("\n") == 0 and journal.startswith("<6>")
-    assert record.args is not None and record.args[0] == name  # other handlers see it whole
+    assert journal.count("\n") == 0
+    assert journal.startswith("<6>")
+    assert record.args is not None
+    assert record.args[0] == name
     # Messages without arguments, and tracebacks, keep their lines.
     plain = logging.LogRecord("appliance.x", logging.INFO, "f", 1, "a\nb", (), None)
     assert formatter("default").format(plain).endswith("a\nb")
