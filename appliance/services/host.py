@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 _END = object()
+# Responses of a BLS stream (a model calling a decoupled model) handed to the calling thread
+# and not yet passed on: the stream is read no further until it takes one.
+STREAM_WINDOW = 16
 
 
 class ModelControl(Protocol):
@@ -64,6 +67,10 @@ class BlockingHost(InferenceHost):
         """The responses are handed over to this thread, so `emit` never runs on the loop;
         if `emit` raises, the request is cancelled and the exception raised here."""
         responses: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # At most STREAM_WINDOW responses wait for this thread: while `emit` is held (the
+        # calling model reads slowly), the stream is not read further, the called model is
+        # held in turn, and a stream nobody reads is cancelled as a client's would be.
+        room = asyncio.Semaphore(STREAM_WINDOW)
 
         async def consume() -> None:
             try:
@@ -75,6 +82,7 @@ class BlockingHost(InferenceHost):
                     dict(request.parameters),
                     request.request_id,
                 ):
+                    await room.acquire()
                     responses.put(outputs)
             finally:
                 responses.put(_END)
@@ -82,6 +90,7 @@ class BlockingHost(InferenceHost):
         future = asyncio.run_coroutine_threadsafe(consume(), self._loop)
         try:
             while (item := responses.get()) is not _END:
+                self._loop.call_soon_threadsafe(room.release)
                 emit(item)
         except BaseException:
             future.cancel()

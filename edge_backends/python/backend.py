@@ -65,6 +65,52 @@ class StreamCancelled(Exception):
     """The model cancelled its BLS call to a decoupled model (ResponseIterator.cancel)."""
 
 
+class StreamNotRead(Exception):
+    """A model left its BLS call's responses unread (STREAM_READ_WAIT_S): the call fails."""
+
+
+# As the server's streams (services/inference.py DECOUPLED_READER_WAIT_S): a reader that takes
+# nothing for this long while responses wait has stopped reading.
+STREAM_READ_WAIT_S = 10.0
+# Responses of a BLS call to a decoupled model sent to the model process and not yet taken
+# from its ResponseIterator: the model process grants more as it takes them (channel.py's
+# Stream), so a model that iterates slowly, or stops, holds no more than this many there.
+STREAM_WINDOW = 32
+
+
+class _Credits:
+    """How many more responses of one BLS stream the model process may be sent unread."""
+
+    def __init__(self, window: int) -> None:
+        self._left = window
+        self._closed = False
+        self._changed = threading.Condition()
+
+    def take(self, wait_s: float) -> bool:
+        """Wait for room for one response; False once closed (cancelled, process gone).
+        StreamNotRead when the model took none for `wait_s`."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._left > 0 or self._closed, wait_s):
+                raise StreamNotRead(
+                    f"the model read none of this BLS call's responses for {wait_s:g} s while "
+                    f"{STREAM_WINDOW} waited; the call is cancelled"
+                )
+            if self._closed:
+                return False
+            self._left -= 1
+            return True
+
+    def give(self, count: int) -> None:
+        with self._changed:
+            self._left += count
+            self._changed.notify()
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+
 class PythonInstance(InstanceBase):
     """One worker process running TritonPythonModel."""
 
@@ -80,6 +126,8 @@ class PythonInstance(InstanceBase):
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._calls = ThreadPoolExecutor(HOST_CALL_THREADS, f"bls-{spec.instance_name}")
         self._cancelled_streams: set[int] = set()
+        self._credits: dict[int, _Credits] = {}  # BLS streams going on, by call id
+        self._credits_lock = threading.Lock()
         # Decoupled requests the model goes on answering after execute() returned, by tag.
         self._pending: dict[int, tuple[Emit, Future[None]]] = {}
         self._pending_lock = threading.Lock()
@@ -187,13 +235,29 @@ class PythonInstance(InstanceBase):
                     self._answer_metric(connection, call_id, operation, arguments)
                 elif operation == "cancel":
                     self._cancelled_streams.add(arguments[0])
+                    self._stream_credits(arguments[0], close=True)
+                elif operation == "credit":  # the model took responses of a BLS stream
+                    self._stream_credits(arguments[0], give=arguments[1])
                 else:
                     self._calls.submit(self._answer_call, connection, call_id, operation, arguments)
         except (EOFError, OSError):
             pass
         finally:
             self._fail_pending("the Python model's process exited before its last response")
+            with self._credits_lock:
+                streams = list(self._credits.values())
+            for credits in streams:  # a BLS stream's thread waiting to send stops
+                credits.close()
             inbox.put(_EOF)
+
+    def _stream_credits(self, call_id: int, give: int = 0, close: bool = False) -> None:
+        with self._credits_lock:
+            credits = self._credits.get(call_id)
+        if credits is not None:
+            if close:
+                credits.close()
+            else:
+                credits.give(give)
 
     def _stream_message(self, kind: str, tag: int, *payload: Any) -> None:
         """A decoupled request's response, final flag or failure (from the reader thread)."""
@@ -252,9 +316,13 @@ class PythonInstance(InstanceBase):
             if operation == "infer":
                 result: Any = host.infer(_host_request(arguments))
             elif operation == "infer_stream":
+                credits = _Credits(STREAM_WINDOW)
+                with self._credits_lock:
+                    self._credits[call_id] = credits
 
                 def emit(outputs: Outputs) -> None:
-                    if call_id in self._cancelled_streams:
+                    # Held while the model process has STREAM_WINDOW responses unread.
+                    if not credits.take(STREAM_READ_WAIT_S) or call_id in self._cancelled_streams:
                         raise StreamCancelled("the model cancelled the request")
                     self._reply(connection, "item", call_id, outputs)
 
@@ -262,6 +330,8 @@ class PythonInstance(InstanceBase):
                     host.infer_stream(_host_request(arguments), emit)
                 finally:
                     self._cancelled_streams.discard(call_id)
+                    with self._credits_lock:
+                        self._credits.pop(call_id, None)
                 result = None
             elif operation == "load_model":
                 name, config, files = arguments

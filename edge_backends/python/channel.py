@@ -20,6 +20,7 @@ response of a streamed call.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import threading
@@ -28,6 +29,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 GONE = "the server closed its connection to this model process"
+# A BLS stream's responses taken between two grants of more to the server (a half of
+# backend.STREAM_WINDOW: the server never waits on a model that keeps reading).
+CREDIT_BATCH = 16
 
 
 class CallFailed(Exception):
@@ -44,10 +48,20 @@ class Stream:
         self._ended = False
 
     def __iter__(self) -> Iterator[Any]:
-        """Each response's outputs; raises CallFailed when the call fails."""
+        """Each response's outputs; raises CallFailed when the call fails. The server sends
+        at most backend.STREAM_WINDOW responses ahead of what is taken here: every
+        CREDIT_BATCH taken, it is told it may send that many more."""
+        taken = 0
         while not self._ended:
             kind, payload = self._replies.get()
             if kind == "item":
+                taken += 1
+                if taken == CREDIT_BATCH:
+                    taken = 0
+                    with contextlib.suppress(OSError, ValueError):  # the server is gone
+                        self._channel.send(
+                            "call", next(self._channel.ids), "credit", self._id, CREDIT_BATCH
+                        )
                 yield payload[0]
                 continue
             self._ended = True

@@ -43,7 +43,7 @@ from appliance.services.control import ControlService
 from appliance.services.inference import Admission, InferenceService, Prepared
 from appliance.services.shared_memory import RequestHolds, SharedMemoryRegistry, TooManyRegions
 from appliance.services.status import StatusService
-from appliance.types import InferRequest
+from appliance.types import InferRequest, InferResponse
 
 log = logging.getLogger(__name__)
 
@@ -443,12 +443,23 @@ class HttpFrontend:
         """One response; a decoupled model's responses must come one by one (generate_stream)."""
         infer = await self._generate_request(request)
         model = infer.model_name
-        responses = [r async for r in self.core.infer_stream(infer)]
-        if len(responses) != 1:
-            raise InvalidInput(
-                f"model '{model}' gave {len(responses)} responses; use generate_stream"
-            )
-        return json_response(encode_generate(responses[0]))
+        first: InferResponse | None = None
+        stream = self.core.infer_stream(infer)
+        try:
+            async for response in stream:
+                if first is not None:
+                    # Refused at the second: a decoupled model may send responses without
+                    # end, and none may pile up here (the request is cancelled on close).
+                    raise InvalidInput(
+                        f"expected a single response, got more: model '{model}' is decoupled "
+                        "and sent a second one; the request is cancelled (use generate_stream)"
+                    )
+                first = response
+        finally:
+            await stream.aclose()
+        if first is None:
+            raise InvalidInput(f"expected a single response, got 0 from model '{model}'")
+        return json_response(encode_generate(first))
 
     async def generate_stream(self, request: web.Request) -> web.StreamResponse:
         """Server-sent events: one `data:` line per response; errors as an `error` event."""
