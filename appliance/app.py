@@ -489,10 +489,29 @@ async def serve_forever(
     notifier: Notifier | None = None,
     logs: LogSettings | None = None,
 ) -> None:
-    """Serve until `stop()` returns the shutdown deadline, then shut down under it."""
+    """Serve until `stop()` returns the shutdown deadline, then shut down under it. A stop
+    during start-up does not wait for every model to load: the start is cancelled where it
+    is (the loads in progress with it) and what started shuts down under the deadline."""
     appliance = Appliance(settings, notifier, logs)
-    async with appliance.running():
-        appliance.begin_shutdown(await stop())
+    stopping = asyncio.ensure_future(stop())
+
+    async def serve() -> None:
+        async with appliance.running():
+            appliance.begin_shutdown(await asyncio.shield(stopping))
+
+    serving = asyncio.ensure_future(serve())
+    try:
+        await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not serving.done() and not appliance.state.loading_done:
+            appliance.begin_shutdown(stopping.result())
+            log.info("stopping during start-up: the model loads in progress are cancelled")
+            serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+        if serving.cancelled() and not stopping.done():
+            raise asyncio.CancelledError  # this call itself was cancelled
+    finally:
+        stopping.cancel()
 
 
 def _log_forwarding(what: str, forward: HeaderForward | None) -> None:

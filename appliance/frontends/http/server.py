@@ -6,8 +6,8 @@ import asyncio
 import base64
 import binascii
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import Any, cast
 
 import orjson
 from aiohttp import hdrs, web
@@ -444,7 +444,8 @@ class HttpFrontend:
         infer = await self._generate_request(request)
         model = infer.model_name
         first: InferResponse | None = None
-        stream = self.core.infer_stream(infer)
+        # infer_stream is an async generator: closed here, it cancels the request.
+        stream = cast(AsyncGenerator[InferResponse, None], self.core.infer_stream(infer))
         try:
             async for response in stream:
                 if first is not None:
