@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # The Content-Types an HTML form sends (the third simple one, urlencoded: see above).
 FORM_TYPES = ("text/plain", "multipart/form-data")
+HOSTS_REMEMBERED = 256
 
 
 def _shown(text: str) -> str:
@@ -89,9 +90,20 @@ class RequestOrigins:
         if listen_address and not _is_ip(listen_address):
             self._names.add(listen_address.lower().rstrip("."))
         self._default_port = 443 if tls else 80
+        # Host values seen -> whether allowed: every request asks, and parsing one costs
+        # 10 us, more than the infer fast path's own work; bounded (a client sends few).
+        self._hosts: dict[str, bool] = {}
 
     def host_allowed(self, name: str) -> bool:
         return self.off or _is_ip(name) or name in self._names or name.endswith(".localhost")
+
+    def _host_value_allowed(self, host: str) -> bool:
+        allowed = self._hosts.get(host)
+        if allowed is None:
+            allowed = self.host_allowed(split_host(host)[0])
+            if len(self._hosts) < HOSTS_REMEMBERED:
+                self._hosts[host] = allowed
+        return allowed
 
     def problem(
         self, method: str, host: str | None, origin: str | None, control: bool,
@@ -101,17 +113,19 @@ class RequestOrigins:
         control endpoint (not inference)."""
         if self.off:
             return None
-        host_name, host_port = split_host(host) if host is not None else ("", None)
-        if host is not None and not self.host_allowed(host_name):
+        if host is not None and not self._host_value_allowed(host):
             return 403, (
                 f"Host '{_shown(host)}' is not a name of this server: add it to "
                 "--http-allowed-hosts (a web page that points its own DNS name at this device "
                 "sends its name here)"
             )
-        cross_origin = origin is not None and not self._same_origin(origin, host_name, host_port)
-        if cross_origin and method not in SAFE_METHODS:
+        if (
+            origin is not None
+            and method not in SAFE_METHODS
+            and not self._same_origin(origin, *split_host(host or ""))
+        ):
             return 403, (
-                f"cross-origin request refused: Origin '{_shown(origin or '')}' is not this "
+                f"cross-origin request refused: Origin '{_shown(origin)}' is not this "
                 f"server's own (Host '{_shown(host or '')}'); a page of another site may not "
                 "use this API"
             )
