@@ -125,7 +125,7 @@ def test_http_client_that_disconnects_is_dropped_and_counted(server: ServerProce
     host, port = server.http_url.split(":")
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(
-            b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\n"
+            b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             b"Content-Type: application/json\r\nContent-Length: "
             + str(len(body)).encode()
             + b"\r\n\r\n"

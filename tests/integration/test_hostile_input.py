@@ -358,7 +358,7 @@ def test_a_nul_in_a_shared_memory_key(server) -> None:  # type: ignore[no-untype
 def test_a_non_ascii_restricted_api_key_is_refused_not_an_error(server, value: bytes) -> None:  # type: ignore[no-untyped-def]
     answer = _raw(
         server,
-        b"GET /v2/logging HTTP/1.1\r\nHost: x\r\nConnection: close\r\nadmin-key: "
+        b"GET /v2/logging HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nadmin-key: "
         + value
         + b"\r\n\r\n",
     )
@@ -366,7 +366,8 @@ def test_a_non_ascii_restricted_api_key_is_refused_not_an_error(server, value: b
     assert b"expecting header 'admin-key' with the configured value (logging API)" in answer
     ok = _raw(
         server,
-        b"GET /v2/logging HTTP/1.1\r\nHost: x\r\nConnection: close\r\nadmin-key: s3cret\r\n\r\n",
+        b"GET /v2/logging HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        b"admin-key: s3cret\r\n\r\n",
     )
     assert ok.startswith(b"HTTP/1.1 200 ")
 

@@ -82,7 +82,7 @@ def test_dribbled_headers_are_cut_off_while_others_are_served(guarded: ServerPro
 
     def dribble() -> None:
         try:
-            sock.sendall(b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\n")
+            sock.sendall(b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             line = b"X-Slow: 1\r\n"
             for i in range(GIVE_UP_S * 10):  # one byte each 0.1 s: never a whole request
                 if stop.is_set():
@@ -110,7 +110,7 @@ def test_a_body_that_never_comes_is_cut_off(guarded: ServerProcess) -> None:
         {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
     ).encode()
     sock.sendall(
-        b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\n"
+        b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         + f"Content-Length: {len(header) + 1000}\r\n\r\n".encode()
         + header[:10]
     )
@@ -129,7 +129,7 @@ def test_a_client_that_never_sends_a_request_is_cut_off(guarded: ServerProcess) 
 
 def test_idle_keepalive_connection_is_closed(guarded: ServerProcess) -> None:
     sock = _connect(guarded)
-    sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+    sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     answer = _read_until_closed(sock)  # the answer, then EOF once the connection idled
     sock.close()
     assert answer.startswith(b"HTTP/1.1 200 OK"), answer
@@ -156,7 +156,7 @@ def test_a_client_that_does_not_read_its_response_is_cut_off(guarded: ServerProc
     body = header + np.zeros(elements, np.float32).tobytes()
     sock = _connect(guarded)
     sock.sendall(
-        b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\n"
+        b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         + f"Inference-Header-Content-Length: {len(header)}\r\n".encode()
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body
