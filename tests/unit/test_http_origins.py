@@ -50,3 +50,31 @@ def test_decisions() -> None:
     assert RequestOrigins(["*"], "", tls=False).problem(
         "POST", "evil.example", "http://evil.example", True, "text/plain"
     ) is None
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "::1", "[::1]", "localhost", "127.0.0.2"])
+def test_a_local_listener_checks_host(address: str) -> None:
+    refused = RequestOrigins([], address, tls=False).problem(
+        "GET", "edge-appliance:8000", None, False, None
+    )
+    assert refused is not None
+    assert refused[0] == 403
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0", "::", "", "192.168.1.20", "edge.lan"])
+def test_a_network_listener_takes_the_names_the_network_gives_it(address: str) -> None:
+    # A container's --http-address=0.0.0.0 is called by its Compose / Kubernetes Service name.
+    origins = RequestOrigins([], address, tls=False)
+    assert origins.problem("GET", "edge-appliance.default.svc:8000", None, False, None) is None
+    # The Origin and form checks stay.
+    cross = origins.problem(
+        "POST", "edge-appliance:8000", "http://evil.example", False, None
+    )
+    assert cross is not None
+    assert cross[0] == 403
+    assert origins.problem("POST", "edge-appliance:8000", None, True, "text/plain") is not None
+    # Naming hosts turns the Host check on again.
+    named = RequestOrigins(["edge.lan"], address, tls=False)
+    refused = named.problem("GET", "edge-appliance:8000", None, False, None)
+    assert refused is not None
+    assert refused[0] == 403

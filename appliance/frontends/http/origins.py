@@ -25,6 +25,13 @@ So every HTTP request is checked, before anything else runs:
 
 Triton's clients send no Origin and an IP or `localhost` in Host, so nothing changes for
 them. `--http-allowed-hosts '*'` turns the checks off (a proxy in front that does them).
+
+The Host check applies where the listener is the device's own (a loopback address or name,
+the default), or where `--http-allowed-hosts` names the hosts. A server listening on the
+network without that flag (a container's `--http-address=0.0.0.0`) is called by whatever
+name the network gives it (a Compose service, a Kubernetes Service's DNS name), which this
+server cannot know; there the Host check is off, as Jupyter's is for remote access, and the
+Origin and Content-Type checks stay: anyone on that network could call the API anyway.
 """
 
 from __future__ import annotations
@@ -73,6 +80,17 @@ def _is_ip(name: str) -> bool:
     return True
 
 
+def is_loopback(address: str) -> bool:
+    """Whether a listen address reaches only this machine (127.0.0.0/8, ::1, localhost)."""
+    name = address.strip().strip("[]").lower().rstrip(".")
+    if name in ("localhost", "localhost.localdomain") or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 def machine_names() -> set[str]:
     """This machine's own names: its host name, short, and its mDNS `.local` name."""
     full = socket.gethostname().lower().rstrip(".")
@@ -86,6 +104,8 @@ class RequestOrigins:
     def __init__(self, allowed_hosts: Iterable[str], listen_address: str, tls: bool) -> None:
         names = {name.strip().lower().rstrip(".") for name in allowed_hosts if name.strip()}
         self.off = "*" in names
+        # Off on a network listener that names no hosts (the module's docstring).
+        self._check_host = bool(names) or is_loopback(listen_address)
         self._names = {"localhost", "localhost.localdomain", *machine_names(), *names}
         if listen_address and not _is_ip(listen_address):
             self._names.add(listen_address.lower().rstrip("."))
@@ -95,7 +115,9 @@ class RequestOrigins:
         self._hosts: dict[str, bool] = {}
 
     def host_allowed(self, name: str) -> bool:
-        return self.off or _is_ip(name) or name in self._names or name.endswith(".localhost")
+        if self.off or not self._check_host or _is_ip(name):
+            return True
+        return name in self._names or name.endswith(".localhost")
 
     def _host_value_allowed(self, host: str) -> bool:
         allowed = self._hosts.get(host)
