@@ -386,6 +386,7 @@ def test_a_rollout_document_is_followed_only_with_a_good_signature(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
     )
+    fleet.bucket.put_model_files({"config.pbtxt": CONFIG.encode()}, key)
     for version in (1, 2):
         files = fleet.bucket.put_version(version, version)
         fleet.bucket.put(f"m/{version}/SHA256SUMS.sig", key.sign(files["SHA256SUMS"]))
