@@ -118,7 +118,7 @@ def damage_of(version_dir: Path) -> tuple[str, dict[str, str]]:
     """Whether a stored version still holds the bytes it was stored with: ('' and each file's
     sha256, checked) or (what is wrong, {}). A folder without a record with hashes (a local
     repository, a version stored before hashes were kept) says ('', {}) (blocking: hashes
-    every file; about 2 GB/s: docs/model-updates.md)."""
+    every file; 87 ms for a 32.7 MB DenseNet-121 here: docs/model-updates.md)."""
     checked: dict[str, str] = {}
     for rel, entry in sorted(read_record(version_dir).items()):
         if not isinstance(entry, list) or len(entry) < 3 or not isinstance(entry[2], str):
