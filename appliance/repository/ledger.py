@@ -71,6 +71,9 @@ class LedgerEntry:
     # it ends. Found set when the file is read at start, it means that version's load killed
     # the process (the OOM killer, a crash in native code): it is recorded failed.
     loading: int | None = None
+    # Unfinished loads of the last good version in a row (a power cut at boot looks the same
+    # as a kill: the last good one is held back only at the second).
+    last_good_deaths: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -79,6 +82,7 @@ class LedgerEntry:
             "rollout": self.rollout,
             "rollout_revision": self.rollout_revision,
             "loading": self.loading,
+            "last_good_deaths": self.last_good_deaths,
             "failed": {
                 str(v): {"stage": f.stage, "reason": f.reason, "content": f.content, "at": f.at}
                 for v, f in sorted(self.failed.items())
@@ -107,6 +111,7 @@ class LedgerEntry:
             version(data.get("rollout")),
             version(data.get("rollout_revision")),
             version(data.get("loading")),
+            version(data.get("last_good_deaths")) or 0,
         )
 
 
@@ -187,7 +192,9 @@ class ModelLedger:
         """A load marker left by an earlier process: the version it names killed that process
         while loading (nothing else leaves one: a load that fails or ends clears it, and so
         does a shutdown). Recorded failed with its content, so it is held back until it
-        changes; the file is written at once (call with the lock held)."""
+        changes; but the last good version only the second time in a row (a power cut during
+        the boot's load looks the same). The file is written at once (call with the lock
+        held)."""
         version = entry.loading
         assert version is not None
         entry.loading = None
@@ -195,8 +202,21 @@ class ModelLedger:
             f"the server process died while loading version {version} (killed, e.g. by the "
             "kernel's out-of-memory killer, or crashed in native code)"
         )
-        record_failure(version, LOAD, reason, content_id(model_dir / str(version)))(entry)
-        log.error("model '%s' version %d: %s; holding it back", model_dir.name, version, reason)
+        if version == entry.last_good and entry.last_good_deaths == 0:
+            entry.last_good_deaths = 1
+            log.warning(
+                "model '%s' version %d: %s; it served well before, so it is tried once more "
+                "(held back if that happens again)",
+                model_dir.name,
+                version,
+                reason,
+            )
+        else:
+            entry.last_good_deaths = 0
+            record_failure(version, LOAD, reason, content_id(model_dir / str(version)))(entry)
+            log.error(
+                "model '%s' version %d: %s; holding it back", model_dir.name, version, reason
+            )
         data = json.dumps(entry.to_json(), indent=1, sort_keys=True)
         try:
             write_atomically(path, data.encode() + b"\n")
@@ -258,6 +278,7 @@ def record_good(version: int) -> Callable[[LedgerEntry], None]:
     def edit(entry: LedgerEntry) -> None:
         entry.failed.pop(version, None)
         entry.last_good = version
+        entry.last_good_deaths = 0
 
     return edit
 

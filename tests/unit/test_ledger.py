@@ -165,3 +165,23 @@ def test_the_highest_rollout_revision_is_kept_across_restarts(tmp_path: Path) ->
     assert not ledger.change(model, record_rollout_revision(2))  # never lowered
     ledger.save(model)
     assert ModelLedger(tmp_path / "state").entry(model).rollout_revision == 3
+
+
+def test_the_last_good_version_is_held_back_only_at_its_second_death_in_a_row(
+    tmp_path: Path,
+) -> None:
+    # A power cut while the boot loads the last good version leaves the same marker as a kill.
+    model = tmp_path / "repo" / "m"
+    _version(model, 1)
+
+    def dies_loading() -> ModelLedger:
+        ledger = ModelLedger(tmp_path / "state")
+        ledger.change(model, record_loading(1))
+        ledger.save(model)
+        return ModelLedger(tmp_path / "state")  # the next start
+
+    ledger = ModelLedger(tmp_path / "state")
+    ledger.change(model, record_good(1))
+    ledger.save(model)
+    assert 1 not in dies_loading().entry(model).failed  # tried once more
+    assert "died while loading version 1" in dies_loading().entry(model).failed[1].reason
