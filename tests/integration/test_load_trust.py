@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,26 @@ def test_signed_mode_refuses_unsigned_model_level_files(start_server, tmp_path: 
     (model / "config.pbtxt").write_text(CONFIG.replace("4", "2"))  # changed, unsigned
     assert "'config.pbtxt' does not match its sha256 in the model-level" in _load_error(proc)
     assert _added(proc.http_url) == 1.0  # what served keeps serving
+
+
+def test_a_shutdown_during_a_load_does_not_blame_the_version(tmp_path: Path) -> None:
+    # SIGTERM (a systemd stop) while a version loads leaves no marker behind: the start-up
+    # load ends (its marker cleared), then the server stops; the runtime's stop clears any
+    # marker still set. Only a process that dies leaves one.
+    repo = tmp_path / "repo"
+    model = repo / "m"
+    model.mkdir(parents=True)
+    (model / "config.pbtxt").write_text(PY_FP32_CONFIG.replace("{name}", "m"))
+    _python_version(model, 1, 1)
+    with ServerProcess(repo, log_path=tmp_path / "first.log") as proc:
+        assert _added(proc.http_url) == 1.0
+    _python_version(model, 2, 2, "import time; time.sleep(3)")
+    stopped = ServerProcess(repo, log_path=tmp_path / "stopped.log")
+    deadline = time.monotonic() + 60
+    while "loading model 'm'" not in stopped.log():
+        assert time.monotonic() < deadline, stopped.log()
+        time.sleep(0.05)
+    stopped.stop()
+    with ServerProcess(repo, log_path=tmp_path / "again.log") as proc:
+        assert _added(proc.http_url) == 2.0
+        assert "died while loading" not in proc.log()
