@@ -78,15 +78,23 @@ def version(argv: Sequence[str]) -> int:
 def manifest_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.description = (
         "Write SHA256SUMS for each version folder, listing every file in it; with --sign-key, "
-        "also SHA256SUMS.sig (what --manifest-public-key checks)."
+        "also SHA256SUMS.sig (what --manifest-public-key checks). A model folder (a name that "
+        "is not a version number) gets its model-level manifest (config.pbtxt and every other "
+        "file beside the version folders) and one in each of its version folders."
     )
-    p.add_argument("folders", nargs="+", type=Path, metavar="VERSION_DIR")
+    p.add_argument("folders", nargs="+", type=Path, metavar="VERSION_OR_MODEL_DIR")
     p.add_argument("--sign-key", type=Path, metavar="PEM", help="Ed25519 private key")
     return p
 
 
 def manifest(argv: Sequence[str]) -> int:
-    from appliance.repository.manifest import ManifestError, load_private_key, write_manifest
+    from appliance.repository.local import list_versions
+    from appliance.repository.manifest import (
+        ManifestError,
+        load_private_key,
+        write_manifest,
+        write_model_manifest,
+    )
 
     args = manifest_parser(argparse.ArgumentParser(prog="edge-appliance manifest")).parse_args(
         list(argv)
@@ -94,8 +102,13 @@ def manifest(argv: Sequence[str]) -> int:
     try:
         key = load_private_key(args.sign_key) if args.sign_key else None
         for folder in args.folders:
-            written = write_manifest(folder, key)
-            print(f"wrote {written}" + (" and its signature" if key else ""))  # noqa: T201
+            if folder.is_dir() and not folder.resolve().name.isdigit():  # a model folder
+                written = [write_model_manifest(folder, key)]
+                written += [write_manifest(folder / str(v), key) for v in list_versions(folder)]
+            else:
+                written = [write_manifest(folder, key)]
+            for path in written:
+                print(f"wrote {path}" + (" and its signature" if key else ""))  # noqa: T201
     except ManifestError as exc:
         print(f"edge-appliance manifest: {exc}", file=sys.stderr)  # noqa: T201
         return 1

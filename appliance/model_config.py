@@ -236,6 +236,37 @@ def complete_scheduling(config: ModelConfig) -> None:
         config.version_policy.latest.num_versions = 1
 
 
+def plain_file_name(name: str) -> bool:
+    """Whether `name` is one file name (no folder part, not '.' or '..'): what a config field
+    naming a file inside the version folder or the model folder may hold."""
+    return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0")
+
+
+def check_file_names(config: ModelConfig, where: str) -> None:
+    """Every config field that names a file is a plain file name, so that it cannot point
+    outside the version folder (default_model_filename, cc_model_filenames: the model file;
+    Python models: model.py), the model folder (label_filename) or `warmup/`
+    (input_data_file): '../x', 'a/b' and absolute paths are refused."""
+    named = [("default_model_filename", config.default_model_filename)]
+    named += [(f"cc_model_filenames['{k}']", v) for k, v in config.cc_model_filenames.items()]
+    named += [(f"output '{o.name}' label_filename", o.label_filename) for o in config.output]
+    for sample in config.model_warmup:
+        for input_name, data in sample.inputs.items():
+            if data.WhichOneof("input_data_type") == "input_data_file":
+                named.append(
+                    (
+                        f"model_warmup '{sample.name}' input '{input_name}' input_data_file",
+                        data.input_data_file,
+                    )
+                )
+    for field_name, value in named:
+        if value and not plain_file_name(value):
+            raise ConfigError(
+                f"{where}: {field_name} must be a plain file name (no '/', no '..'), got "
+                f"{value!r}"
+            )
+
+
 def validate_config(
     config: ModelConfig,
     model_dir: Path,

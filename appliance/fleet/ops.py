@@ -66,6 +66,15 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     _common(pub)
     pub.add_argument("folder", type=Path, metavar="DIR", help="the version's folder")
     pub.add_argument("--version", type=int, required=True, metavar="N")
+    pub.add_argument(
+        "--model-files",
+        type=Path,
+        metavar="DIR",
+        help="a folder of the model's files beside its version folders (config.pbtxt, "
+        "labels, ...): listed in the model-level SHA256SUMS (signed with --sign-key: devices "
+        "with --manifest-public-key take no model-level file it does not list) and uploaded "
+        "before the version",
+    )
     _key_flag(pub)
     pub.add_argument(
         "--stages",
@@ -195,6 +204,7 @@ def run(args: argparse.Namespace) -> list[str]:
             if args.probation_window > 0
             else None,
             halt=(args.halt_max_failed_share, args.halt_min_verdicts, not args.no_halt_rollback),
+            model_files=args.model_files,
         )
         return publish.publish(bucket, plan, key)
     if command == "advance":

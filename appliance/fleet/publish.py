@@ -4,9 +4,12 @@ The order makes every moment safe for a device that polls in between:
 
 1. the rollout document with the new target at stage -1 (nobody takes it) — so even a model that
    had no document yet never sees the version appear under today's "newest wins" policy;
-2. the version's files, then SHA256SUMS.sig, then SHA256SUMS last: a device takes a version only
+2. with --model-files, the model-level files (config.pbtxt, labels, ...: what devices with
+   --manifest-public-key take only when the model's own signed manifest lists them), their
+   SHA256SUMS.sig, then their SHA256SUMS;
+3. the version's files, then SHA256SUMS.sig, then SHA256SUMS last: a device takes a version only
    once every file its manifest lists is there and matches (appliance/repository/s3.py);
-3. with --start, the next revision at stage 0.
+4. with --start, the next revision at stage 0.
 
 The first version of a model (nothing to roll out from) is uploaded without a document.
 """
@@ -28,7 +31,9 @@ from appliance.repository.manifest import (
     SIGNATURE,
     ManifestError,
     files_in,
+    model_level_files,
     write_manifest,
+    write_model_manifest,
 )
 from appliance.repository.rollout import RolloutDocument, RolloutError
 
@@ -50,6 +55,8 @@ class Plan:
     # window_requests, max_error_rate, max_latency_ratio (None: latency not judged)
     probation: tuple[int, float, float | None] | None = (50, 0.05, None)
     halt: tuple[float, int, bool] = (0.2, 2, True)  # max_failed_share, min_verdicts, rollback
+    # --model-files: the folder of the files beside the version folders (config.pbtxt, ...)
+    model_files: Path | None = None
 
 
 def stage_json(spec: str) -> dict[str, Any]:
@@ -144,6 +151,8 @@ def check_folder(plan: Plan) -> None:
         raise FleetError(f"MODEL: {exc}") from None
     if plan.version < 1:
         raise FleetError(f"--version must be a positive integer, got {plan.version}")
+    if plan.model_files is not None and not plan.model_files.is_dir():
+        raise FleetError(f"--model-files '{plan.model_files}' is not a folder")
 
 
 def prepare(bucket: FleetBucket, plan: Plan, key: Any, already: bool) -> None:
@@ -163,15 +172,35 @@ def prepare(bucket: FleetBucket, plan: Plan, key: Any, already: bool) -> None:
             )
 
 
+def upload_model_files(bucket: FleetBucket, plan: Plan, key: Any) -> int:
+    """--model-files: write their model-level manifest (signed with the key) and upload them,
+    the manifest last; how many files."""
+    folder = plan.model_files
+    if folder is None:
+        return 0
+    try:
+        write_model_manifest(folder, key)
+    except ManifestError as exc:
+        raise FleetError(f"--model-files: {exc}") from None
+    names = [f for f in model_level_files(folder) if f not in (MANIFEST, SIGNATURE)]
+    if key is not None:
+        names.append(SIGNATURE)
+    for name in [*names, MANIFEST]:
+        bucket.put_file(f"{plan.model}/{name}", folder / name)
+    return len(names) + 1
+
+
 def upload(bucket: FleetBucket, plan: Plan, key: Any) -> int:
-    """Upload the prepared folder, the manifest last; how many files."""
+    """Upload the model-level files (--model-files), then the prepared folder, each manifest
+    last; how many files."""
+    count = upload_model_files(bucket, plan, key)
     prefix = f"{plan.model}/{plan.version}/"
     names = [f for f in files_in(plan.folder) if f not in (MANIFEST, SIGNATURE)]
     if key is not None:
         names.append(SIGNATURE)
     for name in [*names, MANIFEST]:
         bucket.put_file(prefix + name, plan.folder / name)
-    return len(names) + 1
+    return count + len(names) + 1
 
 
 def publish(bucket: FleetBucket, plan: Plan, key: Any) -> list[str]:

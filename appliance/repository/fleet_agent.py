@@ -30,7 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from appliance import __version__
-from appliance.repository.ledger import LedgerEntry, ModelLedger, listing_id, record_rollout
+from appliance.repository.ledger import (
+    LedgerEntry,
+    ModelLedger,
+    listing_id,
+    record_rollout,
+    record_rollout_revision,
+)
 from appliance.repository.manifest import ManifestError, verify_signature
 from appliance.repository.rollout import (
     FAILED,
@@ -119,6 +125,7 @@ class FleetAgent:
         self.states: dict[str, RolloutState] = {}
         self._read: dict[str, tuple[tuple[str, str], RolloutDocument | str]] = {}
         self._acted: dict[str, RolloutDocument] = {}
+        self._stale_logged: dict[str, int] = {}  # model -> the refused revision, logged once
         self._passed: set[tuple[str, int]] = set()
         self._markers: dict[tuple[str, int], _Marker] = {}
         self._written: set[_Marker] = set()
@@ -141,9 +148,9 @@ class FleetAgent:
         fetch: dict[str, frozenset[int]] = {}
         switch: set[str] = set()
         for name, model in sorted(remote.items()):
-            document, frozen = await self._document(name, model.rollout)
             folder = self.source.store.root / name
             entry = await asyncio.to_thread(self.ledger.entry, folder)
+            document, frozen = await self._document(name, model.rollout, entry.rollout_revision)
             if document is None:
                 self.states.pop(name, None)
                 if frozen:  # an unreadable first document: take nothing new
@@ -154,6 +161,7 @@ class FleetAgent:
                     switch.add(name)
                 continue
             self._seen_rollout = True
+            await self._record_revision(name, folder, document.revision)
             state = await self._decide(name, document, model, entry)
             previous = self.states.get(name)
             self.states[name] = state
@@ -244,11 +252,21 @@ class FleetAgent:
             except OSError as exc:  # serves all the same; a restart decides again
                 log.error("model '%s': cannot write its record to the ledger: %s", name, exc)
 
+    async def _record_revision(self, name: str, folder: Path, revision: int) -> None:
+        """Keep the highest revision acted on in the ledger (on disk before the device acts on
+        it), so that a lower one is refused after a restart too."""
+        if self.ledger.change(folder, record_rollout_revision(revision)):
+            try:
+                await asyncio.to_thread(self.ledger.save, folder)
+            except OSError as exc:
+                log.error("model '%s': cannot write its record to the ledger: %s", name, exc)
+
     async def _document(
-        self, name: str, objects: dict[str, RemoteObject]
+        self, name: str, objects: dict[str, RemoteObject], recorded_revision: int | None = None
     ) -> tuple[RolloutDocument | None, bool]:
         """The document to act on (None: none), and whether the model is frozen (its document
-        cannot be read or verified and no earlier one was)."""
+        cannot be read or verified and no earlier one was). `recorded_revision`: the highest
+        revision acted on before (the ledger's, across restarts): a lower one is refused."""
         found = objects.get(ROLLOUT)
         if found is None:
             self._read.pop(name, None)
@@ -277,6 +295,21 @@ class FleetAgent:
             return acted, acted is None
         if acted is not None and result.revision < acted.revision:
             return acted, False  # a stale read (an eventually consistent copy): ignored
+        if acted is None and recorded_revision is not None and result.revision < recorded_revision:
+            # A stale or replayed document after a restart: refused; the ledger's choice of
+            # version keeps serving, and nothing new is fetched until a newer revision.
+            if self._stale_logged.get(name) != result.revision:
+                self._stale_logged[name] = result.revision
+                log.error(
+                    "model '%s': %s revision %d ignored: revision %d was acted on before "
+                    "(a stale or replayed document); keeping the version it chose",
+                    name,
+                    found.key,
+                    result.revision,
+                    recorded_revision,
+                )
+                self._changed()
+            return None, True
         self._acted[name] = result
         return result, False
 

@@ -64,12 +64,25 @@ class LedgerEntry:
     failed: dict[int, Failure] = field(default_factory=dict)
     # The version a fleet rollout (repository/rollout.py) has this device serve; a pin wins.
     rollout: int | None = None
+    # The highest rollout.json revision acted on: a lower one (a stale or replayed copy, even
+    # validly signed) is refused, after a restart too.
+    rollout_revision: int | None = None
+    # The version being loaded now: written (fsynced) before its load starts and cleared when
+    # it ends. Found set when the file is read at start, it means that version's load killed
+    # the process (the OOM killer, a crash in native code): it is recorded failed.
+    loading: int | None = None
+    # Unfinished loads of the last good version in a row (a power cut at boot looks the same
+    # as a kill: the last good one is held back only at the second).
+    last_good_deaths: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
             "last_good": self.last_good,
             "pinned": self.pinned,
             "rollout": self.rollout,
+            "rollout_revision": self.rollout_revision,
+            "loading": self.loading,
+            "last_good_deaths": self.last_good_deaths,
             "failed": {
                 str(v): {"stage": f.stage, "reason": f.reason, "content": f.content, "at": f.at}
                 for v, f in sorted(self.failed.items())
@@ -96,6 +109,9 @@ class LedgerEntry:
             version(data.get("pinned")),
             failed,
             version(data.get("rollout")),
+            version(data.get("rollout_revision")),
+            version(data.get("loading")),
+            version(data.get("last_good_deaths")) or 0,
         )
 
 
@@ -166,8 +182,46 @@ class ModelLedger:
                 entry = LedgerEntry.from_json(data if isinstance(data, dict) else {})
             except (OSError, ValueError) as exc:
                 log.warning("the ledger of '%s' cannot be read (%s); starting afresh", path, exc)
+            if entry.loading is not None:
+                self._unfinished_load(model_dir, path, entry)
         self._entries[key] = entry
         return entry
+
+    @staticmethod
+    def _unfinished_load(model_dir: Path, path: Path, entry: LedgerEntry) -> None:
+        """A load marker left by an earlier process: the version it names killed that process
+        while loading (nothing else leaves one: a load that fails or ends clears it, and so
+        does a shutdown). Recorded failed with its content, so it is held back until it
+        changes; but the last good version only the second time in a row (a power cut during
+        the boot's load looks the same). The file is written at once (call with the lock
+        held)."""
+        version = entry.loading
+        assert version is not None
+        entry.loading = None
+        reason = (
+            f"the server process died while loading version {version} (killed, e.g. by the "
+            "kernel's out-of-memory killer, or crashed in native code)"
+        )
+        if version == entry.last_good and entry.last_good_deaths == 0:
+            entry.last_good_deaths = 1
+            log.warning(
+                "model '%s' version %d: %s; it served well before, so it is tried once more "
+                "(held back if that happens again)",
+                model_dir.name,
+                version,
+                reason,
+            )
+        else:
+            entry.last_good_deaths = 0
+            record_failure(version, LOAD, reason, content_id(model_dir / str(version)))(entry)
+            log.error(
+                "model '%s' version %d: %s; holding it back", model_dir.name, version, reason
+            )
+        data = json.dumps(entry.to_json(), indent=1, sort_keys=True)
+        try:
+            write_atomically(path, data.encode() + b"\n")
+        except OSError as exc:
+            log.error("the ledger of '%s' cannot be written: %s", path, exc)
 
     def entry(self, model_dir: Path) -> LedgerEntry:
         """A copy of a model's record (reads its file the first time: blocking once)."""
@@ -224,6 +278,7 @@ def record_good(version: int) -> Callable[[LedgerEntry], None]:
     def edit(entry: LedgerEntry) -> None:
         entry.failed.pop(version, None)
         entry.last_good = version
+        entry.last_good_deaths = 0
 
     return edit
 
@@ -246,5 +301,24 @@ def record_rollout(version: int | None) -> Callable[[LedgerEntry], None]:
 
     def edit(entry: LedgerEntry) -> None:
         entry.rollout = version
+
+    return edit
+
+
+def record_rollout_revision(revision: int) -> Callable[[LedgerEntry], None]:
+    """A ledger edit: a rollout document of `revision` was acted on (the highest is kept)."""
+
+    def edit(entry: LedgerEntry) -> None:
+        if entry.rollout_revision is None or revision > entry.rollout_revision:
+            entry.rollout_revision = revision
+
+    return edit
+
+
+def record_loading(version: int | None) -> Callable[[LedgerEntry], None]:
+    """A ledger edit: `version`'s load starts (None: the load ended, however it ended)."""
+
+    def edit(entry: LedgerEntry) -> None:
+        entry.loading = version
 
     return edit

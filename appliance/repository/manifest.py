@@ -15,6 +15,13 @@ Signed manifests (--manifest-public-key): `SHA256SUMS.sig` beside the manifest h
 `edge-appliance manifest --sign-key key.pem DIR`). With a key, every version needs a manifest
 with a good signature, and a version folder may hold no file the manifest does not list: an
 unlisted file would be unverified code or weights.
+
+Model-level files (config.pbtxt, labels, `configs/`, `warmup/`: everything beside the version
+folders) decide what runs as much as the weights do. With a key they are covered by a manifest
+of their own, `<model>/SHA256SUMS` and `<model>/SHA256SUMS.sig`, written the same way in the
+model folder (`edge-appliance manifest --sign-key key.pem MODEL_DIR` writes it and each
+version's); a model whose model-level files are not all listed in a good signed manifest is
+refused, in a local repository as in the store.
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ SIGNATURE = "SHA256SUMS.sig"
 # Files the sync writes beside a version's own; never part of a manifest.
 SYNC_RECORD = ".edge-sync.json"  # what a remote sync fetched for this folder (s3.py)
 BOOKKEEPING = frozenset({MANIFEST, SIGNATURE, SYNC_RECORD})
+# Beside the version folders but never a model file: a rollout document is signed on its own
+# (repository/rollout.py) and never loaded.
+_ROLLOUT_FILES = frozenset({"rollout.json", "rollout.json.sig"})
 _CHUNK = 1 << 20
 
 
@@ -188,8 +198,12 @@ def read_checked(version_dir: Path, policy: ManifestPolicy) -> dict[str, str] | 
     return files
 
 
-def check_version(version_dir: Path, policy: ManifestPolicy) -> str:
-    """'' when the version is complete (and trusted), else why not."""
+def check_version(
+    version_dir: Path, policy: ManifestPolicy, hashed: dict[str, str] | None = None
+) -> str:
+    """'' when the version is complete (and trusted), else why not. `hashed`: files whose
+    sha256 was just checked (the store's record): not hashed again when the manifest says
+    the same."""
     try:
         files = read_checked(version_dir, policy)
     except ManifestError as exc:
@@ -198,6 +212,8 @@ def check_version(version_dir: Path, policy: ManifestPolicy) -> str:
         path = version_dir / name
         if not path.is_file():
             return f"incomplete: '{name}' listed in {MANIFEST} is missing"
+        if (hashed or {}).get(name) == expected:
+            continue
         if sha256_of(path) != expected:
             return f"incomplete: '{name}' does not match its sha256 in {MANIFEST}"
     return ""
@@ -213,4 +229,70 @@ def write_manifest(version_dir: Path, private_key: Any = None) -> Path:
     manifest.write_text(text, encoding="utf-8")
     if private_key is not None:
         (version_dir / SIGNATURE).write_bytes(private_key.sign(text.encode("utf-8")))
+    return manifest
+
+
+def _is_version_folder(entry: Path) -> bool:
+    return entry.is_dir() and entry.name.isdigit() and str(int(entry.name)) == entry.name
+
+
+def model_level_files(model_dir: Path) -> dict[str, Path]:
+    """Every file of a model folder outside its version folders (its manifest and signature
+    too; the sync's record and rollout documents not), by relative POSIX path (blocking)."""
+    found: dict[str, Path] = {}
+    for entry in sorted(model_dir.iterdir()):
+        if _is_version_folder(entry):
+            continue
+        if entry.is_dir():
+            for rel in files_in(entry):
+                found[f"{entry.name}/{rel}"] = entry / rel
+        elif entry.name not in _ROLLOUT_FILES and entry.name != SYNC_RECORD:
+            found[entry.name] = entry
+    return found
+
+
+def check_model_level(files: dict[str, Path], policy: ManifestPolicy) -> str:
+    """'' when the model-level files (`model_level_files`, or the same from a sync's staging)
+    are all covered by the model's signed manifest and match it, else why not. Without a key
+    nothing is asked (blocking: hashes them)."""
+    if not policy.signed:
+        return ""
+    manifest, signature = files.get(MANIFEST), files.get(SIGNATURE)
+    if manifest is None or signature is None:
+        missing = MANIFEST if manifest is None else SIGNATURE
+        return (
+            f"no model-level {missing} beside the version folders and --manifest-public-key is "
+            "set: config.pbtxt and every other model-level file must be signed"
+        )
+    try:
+        raw = manifest.read_bytes()
+        verify_signature(policy.public_key, raw, signature.read_bytes())
+        listed = parse_manifest(raw.decode("utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"cannot read the model-level {MANIFEST}: {exc}"
+    except ManifestError as exc:
+        return f"model-level {exc}"
+    unlisted = sorted(rel for rel in files if rel not in listed and rel not in BOOKKEEPING)
+    if unlisted:
+        return f"model-level files not in the signed {MANIFEST}: {', '.join(unlisted)}"
+    for rel, expected in sorted(listed.items()):
+        path = files.get(rel)
+        if path is None:
+            return f"'{rel}' listed in the model-level {MANIFEST} is missing"
+        if sha256_of(path) != expected:
+            return f"'{rel}' does not match its sha256 in the model-level {MANIFEST}"
+    return ""
+
+
+def write_model_manifest(model_dir: Path, private_key: Any = None) -> Path:
+    """Write the model-level SHA256SUMS (and its signature) of a model folder: every file
+    beside the version folders."""
+    names = sorted(r for r in model_level_files(model_dir) if r not in BOOKKEEPING)
+    if not names:
+        raise ManifestError(f"'{model_dir}' has no model-level files to list")
+    text = "".join(f"{sha256_of(model_dir / n)}  {n}\n" for n in names)
+    manifest = model_dir / MANIFEST
+    manifest.write_text(text, encoding="utf-8")
+    if private_key is not None:
+        (model_dir / SIGNATURE).write_bytes(private_key.sign(text.encode("utf-8")))
     return manifest

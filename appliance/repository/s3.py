@@ -29,6 +29,7 @@ import hashlib
 import logging
 import os
 import re
+import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ from appliance.repository.manifest import (
     SIGNATURE,
     ManifestError,
     ManifestPolicy,
+    check_model_level,
     parse_manifest,
     verify_signature,
 )
@@ -190,7 +192,7 @@ def _signature(files: dict[str, RemoteObject]) -> frozenset[tuple[str, str, int]
 
 
 def _recorded(record: dict[str, list[Any]]) -> frozenset[tuple[str, str, int]]:
-    return frozenset((rel, str(v[0]), int(v[1])) for rel, v in record.items() if len(v) == 2)
+    return frozenset((rel, str(v[0]), int(v[1])) for rel, v in record.items() if len(v) >= 2)
 
 
 @dataclass(frozen=True)
@@ -272,6 +274,8 @@ class S3Source:
         # The last listing ran into the fleet area (.fleet/: device reports and verdicts) at a
         # page's end: the next one starts with a one-key page to skip it at once.
         self._fleet_area_big = False
+        # model -> why its model-level files were refused (signed mode), logged once
+        self._untrusted: dict[str, tuple[str, frozenset[tuple[str, str, int]]]] = {}
 
     @property
     def root(self) -> Path:
@@ -512,6 +516,8 @@ class S3Source:
         gone = [rel for rel in record if rel not in files]
         if not fresh and not gone:
             return False
+        if self._untrusted.get(name, ("", None))[1] == _signature(files):
+            return False  # refused as it is (unsigned): not fetched again until it changes
         staging = self.store.staging / name / ".model"
         for rel, obj in sorted(fresh.items()):
             try:
@@ -519,6 +525,9 @@ class S3Source:
             except (_ObjectChanged, _Rejected) as exc:
                 log.warning("model '%s': %s: %s; retrying on the next poll", name, rel, exc)
                 return False
+        untrusted = await asyncio.to_thread(self._untrusted_model_files, name, files, fresh)
+        if untrusted:
+            return False
         new_record = {rel: [obj.etag, obj.size] for rel, obj in files.items()}
 
         def publish() -> None:
@@ -533,6 +542,27 @@ class S3Source:
         await asyncio.to_thread(publish)
         log.info("model '%s': fetched %s", name, ", ".join(sorted(fresh)) or "(removals)")
         return True
+
+    def _untrusted_model_files(
+        self, name: str, files: dict[str, RemoteObject], fresh: dict[str, RemoteObject]
+    ) -> str:
+        """With --manifest-public-key: why the model-level files just fetched (`fresh`, in
+        staging) with those already held are not all covered by the model's signed manifest
+        ('' when they are); the fetched ones are then thrown away and nothing is published
+        (blocking). The model's versions sync on; its load refuses unsigned model files."""
+        if not self.manifest.signed:
+            return ""
+        staging, folder = self.store.staging / name / ".model", self.store.root / name
+        paths = {rel: (staging if rel in fresh else folder) / rel for rel in files}
+        why = check_model_level(paths, self.manifest)
+        if why:
+            shutil.rmtree(staging, ignore_errors=True)
+            if self._untrusted.get(name, ("", None))[0] != why:
+                log.error("model '%s': model-level files not taken: %s", name, why)
+            self._untrusted[name] = (why, _signature(files))
+        else:
+            self._untrusted.pop(name, None)
+        return why
 
     async def _sync_version(
         self, name: str, version: int, files: dict[str, RemoteObject], bucket_now: float | None

@@ -25,7 +25,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from appliance.repository.manifest import SYNC_RECORD
+from appliance.repository.manifest import (
+    MANIFEST,
+    SYNC_RECORD,
+    ManifestError,
+    parse_manifest,
+    sha256_of,
+)
 
 MiB = 1024 * 1024
 # The free space downloads leave by default: the smaller of these, so that a small store
@@ -80,7 +86,8 @@ def write_atomically(path: Path, data: bytes) -> None:
 
 
 def read_record(folder: Path) -> dict[str, list[Any]]:
-    """What a sync fetched into `folder`: relative path -> [etag, size]; {} when unknown."""
+    """What a sync fetched into `folder`: relative path -> [etag, size, sha256] (the sha256
+    only in versions stored since it was kept); {} when unknown."""
     try:
         data = json.loads((folder / SYNC_RECORD).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -90,6 +97,54 @@ def read_record(folder: Path) -> dict[str, list[Any]]:
 
 def write_record(folder: Path, record: dict[str, list[Any]]) -> None:
     write_atomically(folder / SYNC_RECORD, json.dumps(record, sort_keys=True).encode())
+
+
+def with_hashes(folder: Path, record: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """`record` with each file's sha256 added: the manifest's (the sync checked every listed
+    file against it) where the folder has one, else computed (blocking)."""
+    listed: dict[str, str] = {}
+    if (folder / MANIFEST).is_file():
+        try:
+            listed = parse_manifest((folder / MANIFEST).read_text(encoding="utf-8"))
+        except (ManifestError, UnicodeDecodeError):
+            listed = {}
+    return {
+        rel: [*entry[:2], listed.get(rel) or sha256_of(folder / rel)]
+        for rel, entry in record.items()
+    }
+
+
+def damage_of(version_dir: Path) -> tuple[str, dict[str, str]]:
+    """Whether a stored version still holds the bytes it was stored with: ('' and each file's
+    sha256, checked) or (what is wrong, {}). A folder without a record with hashes (a local
+    repository, a version stored before hashes were kept) says ('', {}) (blocking: hashes
+    every file; 87 ms for a 32.7 MB DenseNet-121 here: docs/model-updates.md)."""
+    checked: dict[str, str] = {}
+    for rel, entry in sorted(read_record(version_dir).items()):
+        if not isinstance(entry, list) or len(entry) < 3 or not isinstance(entry[2], str):
+            continue
+        path = version_dir / rel
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return f"damaged in the store: '{rel}' is missing", {}
+        if size != entry[1]:
+            return f"damaged in the store: '{rel}' is {size} bytes, stored with {entry[1]}", {}
+        if sha256_of(path) != entry[2]:
+            return f"damaged in the store: '{rel}' no longer matches its stored sha256", {}
+        checked[rel] = entry[2]
+    return "", checked
+
+
+def remove_damaged(version_dir: Path) -> None:
+    """Take a damaged version out of the store (renamed aside first, then deleted): the next
+    sync finds it missing and fetches it again (blocking)."""
+    aside = version_dir.with_name(f".damaged-{version_dir.name}-{uuid.uuid4().hex[:8]}")
+    try:
+        os.replace(version_dir, aside)
+    except OSError:
+        return
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 class PartFile:
@@ -228,7 +283,7 @@ class ModelStore:
     def publish(self, model: str, version: int, record: dict[str, list[Any]]) -> None:
         """Move a fully verified staging folder into the repository in one rename."""
         staged = self.staging_dir(model, version)
-        write_record(staged, record)
+        write_record(staged, with_hashes(staged, record))
         for root, _, _ in os.walk(staged):
             fsync_dir(Path(root))
         target = self.version_dir(model, version)

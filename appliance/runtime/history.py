@@ -24,6 +24,7 @@ from appliance.repository.ledger import (
     content_id,
     record_failure,
     record_good,
+    record_loading,
 )
 from appliance.repository.local import list_versions
 from appliance.runtime.loader import PreparedModel
@@ -57,6 +58,8 @@ class UpdateHistory:
     ) -> None:
         self.ledger = ledger
         self._spawn = spawn  # runs a background write, owned by the runtime
+        self._loading: set[Path] = set()  # models whose "loading" marker is set now
+        self._ended = False  # the runtime is stopping: no marker is set any more
 
     def plan(
         self, path: Path, from_repository: bool, pin: int | Recorded | None = RECORDED
@@ -79,7 +82,12 @@ class UpdateHistory:
     ) -> None:
         """Record the versions a load could not bring into service (not those skipped), each
         with its content and stage; on disk when this returns."""
-        failed = {v: why for v, why in prepared.failed.items() if v not in plan.skip}
+        # Not a version found damaged in the store: it is fetched again, same content.
+        failed = {
+            v: why
+            for v, why in prepared.failed.items()
+            if v not in plan.skip and v not in prepared.damaged
+        }
 
         def write() -> None:
             changed = False
@@ -122,3 +130,30 @@ class UpdateHistory:
             return
         if what:
             log.info("model '%s': %s: kept in the ledger across restarts", name, what)
+
+    def loading(self, name: str, path: Path) -> Callable[[int | None], None]:
+        """The durable "loading version N" marker of a model (None: the load ended): on disk
+        before the load goes on (blocking: call it from the loading thread). A marker found
+        at the next start means N killed the process (ledger.py records it failed)."""
+
+        def mark(version: int | None) -> None:
+            if version is not None and self._ended:
+                return  # shutting down: a load still under way is not the version's fault
+            if self.ledger.change(path, record_loading(version)):
+                try:
+                    self.ledger.save(path)
+                except OSError as exc:  # the load goes on; only this protection is lost
+                    log.error("model '%s': cannot write its record to the ledger: %s", name, exc)
+            if version is None:
+                self._loading.discard(path)
+            else:
+                self._loading.add(path)
+
+        return mark
+
+    def end_loads(self) -> None:
+        """Clear every marker still set (a shutdown during a load: not the version's fault;
+        blocking)."""
+        self._ended = True
+        for path in list(self._loading):
+            self.loading(path.name, path)(None)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from appliance.model_config import (
     ENSEMBLE,
     ConfigBounds,
     ModelConfig,
+    check_file_names,
     complete_config,
     complete_scheduling,
     config_file,
@@ -32,7 +33,14 @@ from appliance.protocol import model_config_pb2 as mc
 from appliance.protojson import message_to_dict
 from appliance.repository.ledger import LOAD, VERIFICATION, WARM_UP
 from appliance.repository.local import escapes, list_versions
-from appliance.repository.manifest import NO_MANIFEST_RULES, ManifestPolicy, check_version
+from appliance.repository.manifest import (
+    NO_MANIFEST_RULES,
+    ManifestPolicy,
+    check_model_level,
+    check_version,
+    model_level_files,
+)
+from appliance.repository.store import damage_of, read_record, remove_damaged
 from appliance.runtime.placement import onnx_substitute, place_group, tensorrt_problem
 from appliance.runtime.specs import plan_from_config
 from appliance.runtime.version_policy import select_versions
@@ -90,6 +98,9 @@ class PreparedModel:
     failed: dict[int, str] = field(default_factory=dict)  # version -> reason
     # version -> where it failed (ledger.VERIFICATION, LOAD, WARM_UP), for the durable record
     failed_stage: dict[int, str] = field(default_factory=dict)
+    # versions found damaged in the store (also in `failed`): taken out of it to be fetched
+    # again, so not recorded as failed content
+    damaged: set[int] = field(default_factory=set)
 
 
 def tensor_rules(entries: Any) -> dict[str, TensorRule]:
@@ -136,6 +147,7 @@ def prepare_model(
     bounds: ConfigBounds = DEFAULT_BOUNDS,
     config_name: str = "",
     default_max_batch: Mapping[str, int] | None = None,
+    loading: Callable[[int], None] | None = None,
 ) -> PreparedModel:
     """Read, complete and validate the config, then load the instances of each chosen version.
 
@@ -144,12 +156,18 @@ def prepare_model(
     (--max-instances-per-model among them); `config_name`: --model-config-name (the config
     is `configs/<config_name>.pbtxt` where that exists); `default_max_batch`: the
     max_batch_size auto-complete gives a model that can batch, by backend ('': the others;
-    default DEFAULT_MAX_BATCH_SIZE). Blocking: run it in a thread.
+    default DEFAULT_MAX_BATCH_SIZE); `loading(version)`: told before a version's model file
+    is opened (the ledger's durable "loading" marker; the caller clears it). Blocking: run it
+    in a thread.
     A config error raises; a version that fails to load is recorded in `failed` so the other
     versions still serve.
     """
     name = model_dir.name
     source = None
+    if manifest.signed:  # before a byte of config.pbtxt is read
+        untrusted = check_model_level(model_level_files(model_dir), manifest)
+        if untrusted:
+            raise ConfigError(f"model '{name}' not loaded: {untrusted}")
     if override is not None:
         config, found = override, True
     else:
@@ -161,6 +179,7 @@ def prepare_model(
         raise ConfigError(f"{model_dir}: config.pbtxt is missing and --strict-model-config is set")
     if not config.name:
         config.name = name
+    check_file_names(config, f"{source or model_dir / CONFIG_FILENAME} (model '{name}')")
     skip = skip or {}
     available = [v for v in list_versions(model_dir) if v not in skip]  # e.g. rolled back
     if pin is not None:
@@ -178,10 +197,14 @@ def prepare_model(
         return _prepare_ensemble(config, model_dir, available, bounds, source)
     backend_name = resolve_backend(config, model_dir, available)
     versions = available if pin is not None else select_versions(config.version_policy, available)
+    versions, damaged, hashed = _damaged_in_store(
+        model_dir, config, available, versions, pin is not None
+    )
     if not versions:
         raise ConfigError(
             f"model '{name}': no version folder matches the version policy "
             f"(found {available or 'no numbered folders'} in '{model_dir}')"
+            + "".join(f"; version {v} {why}" for v, why in sorted(damaged.items()))
         )
     # The newest version that can be read describes the model; unreadable ones fail alone.
     unreadable: dict[int, str] = {}
@@ -206,13 +229,15 @@ def prepare_model(
             )
             unverified.add(version)
             continue
-        why = check_version(model_dir / str(version), manifest)
+        why = check_version(model_dir / str(version), manifest, hashed.get(version))
         if why:
             unreadable[version] = why
             unverified.add(version)
     signature, described_version = None, 0
     for version in (v for v in versions if v not in unreadable):
         newest_file = model_dir / str(version) / config.default_model_filename
+        if loading is not None:
+            loading(version)
         try:
             signature, described_version = backend.inspect(newest_file), version
             break
@@ -222,7 +247,13 @@ def prepare_model(
     if signature is None:  # no version to describe the model: each failed on its own
         for version, reason in unreadable.items():
             log.error("model '%s' version %d failed to load: %s", name, version, reason)
-        return PreparedModel(name=name, config=config, failed=unreadable, failed_stage=stages)
+        return PreparedModel(
+            name=name,
+            config=config,
+            failed={**damaged, **unreadable},
+            failed_stage=stages,
+            damaged=set(damaged),
+        )
     described = bool(signature.inputs or signature.outputs)  # Python models say nothing
     if not strict:
         try:
@@ -243,6 +274,8 @@ def prepare_model(
 
     prepared = PreparedModel(name=name, config=config, labels=read_labels(model_dir, config))
     prepared.notes.extend(placement_notes)
+    prepared.failed.update(damaged)
+    prepared.damaged.update(damaged)
     for version, reason in unreadable.items():
         log.error("model '%s' version %d failed to load: %s", name, version, reason)
         prepared.failed[version] = reason
@@ -252,6 +285,8 @@ def prepare_model(
     requested = [mc.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group]
     on_gpu = [0] * len(requested)
     for version in (v for v in versions if v not in unreadable):
+        if loading is not None:
+            loading(version)
         try:
             workers = _load_instances(
                 backend_name, config, model_dir, version, prepared.notes, host, cache_dir,
@@ -274,6 +309,44 @@ def prepare_model(
                 mc.ModelInstanceGroup.KIND_GPU if gpu_instances else mc.ModelInstanceGroup.KIND_CPU
             )
     return prepared
+
+
+def _damaged_in_store(
+    model_dir: Path, config: ModelConfig, available: list[int], versions: list[int], pinned: bool
+) -> tuple[list[int], dict[int, str], dict[int, dict[str, str]]]:
+    """Check the chosen versions' files against the hashes the store recorded for them
+    (store.damage_of: damage at rest, a flipped bit); a damaged version is taken out of the
+    store, so the next sync fetches it again, and the version policy chooses again among the
+    others within this load (the model keeps serving the version below). Returns the versions
+    to load, the damaged ones with why, and each checked version's hashes (the manifest check
+    then hashes nothing again)."""
+    damaged: dict[int, str] = {}
+    hashed: dict[int, dict[str, str]] = {}
+    while True:
+        found = {}
+        for version in (v for v in versions if v not in damaged and v not in hashed):
+            folder = model_dir / str(version)
+            why, checked = damage_of(folder)
+            if not why and not checked and read_record(folder):  # stored without hashes
+                problem = check_version(folder, NO_MANIFEST_RULES)
+                why = f"damaged in the store: {problem}" if problem else ""
+            if why:
+                found[version] = why
+                log.error(
+                    "model '%s' version %d is %s; taken out of the store to be fetched again",
+                    model_dir.name,
+                    version,
+                    why,
+                )
+                remove_damaged(folder)
+            else:
+                hashed[version] = checked
+        damaged.update(found)
+        if not found or pinned:
+            return [v for v in versions if v not in damaged], damaged, hashed
+        versions = select_versions(
+            config.version_policy, [v for v in available if v not in damaged]
+        )
 
 
 def _prepare_ensemble(

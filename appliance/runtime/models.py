@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import shutil
 from collections.abc import Awaitable, Callable, Coroutine
@@ -173,9 +174,11 @@ class ModelRuntime:
                 self._plan, path, source is None, pin, frozenset(record.versions)
             )
             skip = plan.skip
+            marker = self.history.loading(name, path) if source is None else None
             try:
                 prepared = await asyncio.to_thread(
-                    prepare_model,
+                    self._prepare,
+                    marker,
                     path,
                     self._settings.strict_model_config,
                     override,
@@ -267,6 +270,16 @@ class ModelRuntime:
             await self._retire(retire)
             for folder in unused:  # after the versions that used it have drained
                 await asyncio.to_thread(shutil.rmtree, folder, True)
+
+    @staticmethod
+    def _prepare(marker: Callable[[int | None], None] | None, *args: Any) -> PreparedModel:
+        """prepare_model with the ledger's "loading version N" marker set around each
+        version's load and cleared when it ends, however it ends (blocking)."""
+        try:
+            return functools.partial(prepare_model, loading=marker)(*args)
+        finally:
+            if marker is not None:
+                marker(None)
 
     def _plan(
         self, path: Path, from_repository: bool, pin: int | Recorded | None, serving: frozenset[int]
@@ -464,6 +477,8 @@ class ModelRuntime:
         """Stop every version at once: in-flight requests get timeout_s, the rest fail with
         "server is shutting down". One line per version that had work cancelled."""
         self._stopping = True
+        # A load cut short by the shutdown is not the version's fault.
+        await asyncio.to_thread(self.history.end_loads)
         versions: list[ServedVersion] = []
         for record in self.registry.records():
             versions += list(record.versions.values()) + self._guard.drop(record.name)

@@ -403,8 +403,11 @@ def test_a_fleet_rolls_out_by_stage_halts_a_bad_version_and_rides_out_a_lost_lin
             assert code == 0, err
             return out
 
-        bucket.put("m/config.pbtxt", CONFIG.encode())
-        fleet("publish", url, "m", version_folder(tmp_path, 1, _model_bytes(1)), "--version", 1)
+        model_files = tmp_path / "m"  # signed too: devices with the key take nothing unsigned
+        model_files.mkdir()
+        (model_files / "config.pbtxt").write_text(CONFIG)
+        first = version_folder(tmp_path, 1, _model_bytes(1))
+        fleet("publish", url, "m", first, "--version", 1, "--model-files", model_files)
         started = time.monotonic()
         key_flag = f"--manifest-public-key={public}"
         devices = [Device(i, s3, bucket, tmp_path, key_flag) for i in range(DEVICES)]

@@ -428,3 +428,27 @@ def test_of_two_operators_on_one_revision_the_second_fails_and_changes_nothing(
         assert rollout.RolloutDocument.parse(written, model).revision == 2
         if key:
             keys.public.verify(signature, written)
+
+
+def test_publish_signs_and_uploads_the_model_level_files(
+    bucket: Bucket, keys: Keys, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 31 item 1: what devices with --manifest-public-key ask of config.pbtxt & co.
+    model_files = tmp_path / "model-files"
+    (model_files / "configs").mkdir(parents=True)
+    (model_files / "config.pbtxt").write_text(CONFIG)
+    (model_files / "configs" / "orin.pbtxt").write_text(CONFIG)
+    code, out, err = fleet(
+        capsys, "publish", bucket.url, "m", version_dir(tmp_path, 1), "--version", 1,
+        "--model-files", model_files, "--sign-key", keys.private,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "7 files uploaded" in out  # each folder: its files, signature and manifest
+    manifest = get(bucket, "m/SHA256SUMS")
+    assert manifest is not None
+    keys.public.verify(get(bucket, "m/SHA256SUMS.sig"), manifest)  # raises if it does not
+    assert sorted(line.split()[1] for line in manifest.decode().splitlines()) == [
+        "config.pbtxt",
+        "configs/orin.pbtxt",
+    ]
+    assert get(bucket, "m/configs/orin.pbtxt") == CONFIG.encode()

@@ -386,6 +386,7 @@ def test_a_rollout_document_is_followed_only_with_a_good_signature(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
     )
+    fleet.bucket.put_model_files({"config.pbtxt": CONFIG.encode()}, key)
     for version in (1, 2):
         files = fleet.bucket.put_version(version, version)
         fleet.bucket.put(f"m/{version}/SHA256SUMS.sig", key.sign(files["SHA256SUMS"]))
@@ -543,3 +544,19 @@ def test_a_target_that_fails_its_warm_up_is_a_failed_verdict(fleet: Fleet) -> No
     assert "warm-up sample 'zeros' failed" in marker["reason"]
     assert _serves(proc, 1.0)  # it never served
     _wait_for(lambda: _model_report(fleet, inside).get("probation") == "failed")
+
+
+def test_a_replayed_older_revision_is_refused_after_a_restart_too(fleet: Fleet) -> None:
+    # Issue 31 item 6: the highest revision acted on is kept in the ledger, so a stale or
+    # replayed (validly signed) older document is not obeyed after a reboot either.
+    fleet.bucket.put_version(2, 2)
+    (device,) = _ids(_document(stages=[{"percent": 100}]), True)
+    fleet.publish(_document(revision=3, stage=0, stages=[{"percent": 100}]))
+    proc = fleet.device(device)
+    _wait_for(lambda: _serves(proc, 2.0))
+    proc.stop()
+    # The replay: revision 2, not started (every device serves the baseline, version 1).
+    fleet.publish(_document(revision=2, stage=-1, stages=[{"percent": 100}]))
+    again = fleet.device(device)
+    _wait_for(lambda: "revision 2 ignored: revision 3 was acted on before" in again.log())
+    assert _serves(again, 2.0)

@@ -98,8 +98,14 @@ def test_a_corrupt_new_version_rolls_back_until_fixed(start_server, tmp_path: Pa
     client = httpclient.InferenceServerClient(proc.http_url)
     _version(repo, 2, None)
     _wait_for(lambda: "version 2 failed to load" in proc.log())
+
+    def index_rows() -> dict[tuple[str, str | None], dict[str, str]]:
+        return {(e["name"], e.get("version")): e for e in client.get_model_repository_index()}
+
+    # The log line comes before the load's end (its ledger writes, fsynced): the index then.
+    _wait_for(lambda: ("m", "2") in index_rows())
     assert _added(client) == 1.0  # version 1 keeps serving
-    index = {(e["name"], e.get("version")): e for e in client.get_model_repository_index()}
+    index = index_rows()
     assert index[("m", "1")]["state"] == "READY"
     assert index[("m", "2")]["state"] == "UNAVAILABLE"
     assert "onnxruntime cannot load" in index[("m", "2")]["reason"]

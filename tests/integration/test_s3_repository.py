@@ -59,6 +59,15 @@ class Bucket:
         self.put("m/config.pbtxt", CONFIG.encode())
         self.put_version(1, 1)
 
+    def put_model_files(self, files: dict[str, bytes], key: Any, model: str = "m") -> None:
+        """Model-level files (config.pbtxt, ...) with their model-level manifest, signed by
+        `key` (what --manifest-public-key asks of them)."""
+        manifest = _manifest(files)
+        for name, data in files.items():
+            self.put(f"{model}/{name}", data)
+        self.put(f"{model}/SHA256SUMS.sig", key.sign(manifest))
+        self.put(f"{model}/SHA256SUMS", manifest)
+
     def put_version(
         self,
         version: int,
@@ -381,7 +390,7 @@ def test_signed_manifests_are_verified_before_anything_loads(
         )
     )
     bucket = Bucket(s3)
-    bucket.put("m/config.pbtxt", CONFIG.encode())
+    bucket.put_model_files({"config.pbtxt": CONFIG.encode()}, key)
     files = bucket.put_version(1, 1)
     bucket.put("m/1/SHA256SUMS.sig", key.sign(files["SHA256SUMS"]))
     proc = _start(
@@ -399,6 +408,75 @@ def test_signed_manifests_are_verified_before_anything_loads(
     assert _added(proc.http_url) == 1.0
     bucket.put("m/2/SHA256SUMS.sig", key.sign(files["SHA256SUMS"]))
     _wait_for(lambda: _added(proc.http_url) == 2.0)
+
+
+def test_signed_mode_takes_no_unsigned_model_level_file_from_the_bucket(
+    start_server, s3: S3Server, tmp_path: Path
+) -> None:
+    # Issue 31 item 1: bucket write without the key: an unsigned config naming a file outside
+    # the signed version folder, and that file. Neither is taken; the signed version serves.
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    public = tmp_path / "release.pub"
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    bucket = Bucket(s3)
+    bucket.put_model_files({"config.pbtxt": CONFIG.encode()}, key)
+    files = bucket.put_version(1, 1)
+    bucket.put("m/1/SHA256SUMS.sig", key.sign(files["SHA256SUMS"]))
+    store = tmp_path / "store"
+    proc = _start(start_server, bucket, s3, store, *POLL, f"--manifest-public-key={public}")
+    assert _added(proc.http_url) == 1.0
+    bucket.put("m/evil.onnx", _model_bytes(9))
+    bucket.put("m/config.pbtxt", (CONFIG + 'default_model_filename: "../evil.onnx"\n').encode())
+    _wait_for(lambda: "model-level files not taken" in proc.log())
+    assert "model-level files not in the signed SHA256SUMS: evil.onnx" in proc.log()
+    assert _added(proc.http_url) == 1.0
+    assert not list(store.glob("models/*/m/evil.onnx"))
+    assert proc.log().count("model-level files not taken") == 1  # not fetched at every poll
+
+
+@pytest.mark.parametrize("manifest", [False, True])
+def test_a_flipped_byte_in_the_store_is_found_at_load_and_fetched_again(
+    start_server, s3: S3Server, tmp_path: Path, manifest: bool
+) -> None:
+    # Issue 31 item 5: without a manifest the damaged version served wrong answers as READY;
+    # with one, the model went down (the version below was not tried) and the damaged version
+    # was never fetched again. Now each file's sha256 is in the store's record, checked at
+    # load: the version below serves within the same load and the damaged one is re-fetched.
+    bucket = Bucket(s3)
+    bucket.put("m/config.pbtxt", CONFIG.encode())
+    bucket.put_version(1, 1, manifest=manifest)
+    bucket.put_version(2, 2, manifest=manifest)
+    store = tmp_path / "store"
+    proc = _start(start_server, bucket, s3, store, *POLL)
+    _wait_for(lambda: _added(proc.http_url) == 2.0)
+    proc.stop()
+    (stored,) = store.glob("models/*/m/2/model.onnx")
+    data = bytearray(stored.read_bytes())
+    two = np.float32(2.0).tobytes()
+    assert data.count(two) == 1
+    data[data.index(two) + 2] ^= 0x80  # one bit of one byte: the constant 2.0 becomes 4.0
+    stored.write_bytes(bytes(data))
+
+    again = _start(start_server, bucket, s3, store, *POLL)
+    _wait_for(lambda: "model 'm' version 2 is READY" in again.log())
+    log = again.log()
+    assert "version 2 is damaged in the store: 'model.onnx' no longer matches" in log
+    # The same load served version 1 before the sync fetched version 2 again.
+    assert log.index("model 'm' version 1 is READY") < log.index("model 'm' version 2 is READY")
+    assert _added(again.http_url) == 2.0
+    assert stored.read_bytes() == bucket_bytes(bucket, "m/2/model.onnx")
+
+
+def bucket_bytes(bucket: Bucket, key: str) -> bytes:
+    body = bucket.client.get_object(Bucket=bucket.name, Key=f"models/{key}")["Body"]
+    return bytes(body.read())
 
 
 def test_s3_repository_merges_with_a_local_one_and_removed_models_unload(

@@ -20,7 +20,9 @@ from appliance.repository.ledger import (
     listing_id,
     record_failure,
     record_good,
+    record_loading,
     record_pin,
+    record_rollout_revision,
 )
 from appliance.repository.store import write_record
 
@@ -125,3 +127,61 @@ def test_an_unreadable_record_starts_afresh(tmp_path: Path) -> None:
     entry = ModelLedger(tmp_path / "state").entry(model)
     assert entry.last_good is None
     assert list(entry.failed) == [2]
+
+
+def test_a_loading_marker_left_by_an_earlier_process_is_that_versions_failure(
+    tmp_path: Path,
+) -> None:
+    # Issue 31 item 11: the marker is on disk before the load; a new process finding it
+    # records the version failed (its load killed the old one) and writes that at once.
+    model = tmp_path / "repo" / "m"
+    _version(model, 1)
+    _version(model, 2, b"too big for memory")
+    ledger = ModelLedger(tmp_path / "state")
+    ledger.change(model, record_good(1))
+    ledger.change(model, record_loading(2))
+    ledger.save(model)  # ... and the process dies here
+    after = ModelLedger(tmp_path / "state")
+    entry = after.entry(model)
+    assert entry.loading is None
+    assert entry.last_good == 1
+    assert "died while loading version 2" in entry.failed[2].reason
+    assert after.held_back(model, [1, 2]).keys() == {2}
+    on_disk = json.loads(next((tmp_path / "state" / "ledger").rglob("m.json")).read_text())
+    assert on_disk["loading"] is None
+    assert "2" in on_disk["failed"]
+    # A load that ended cleared its marker: nothing is blamed.
+    ledger.change(model, record_loading(None))
+    ledger.save(model)
+    assert 1 not in ModelLedger(tmp_path / "state").entry(model).failed
+
+
+def test_the_highest_rollout_revision_is_kept_across_restarts(tmp_path: Path) -> None:
+    # Issue 31 item 6.
+    model = tmp_path / "repo" / "m"
+    _version(model, 1)
+    ledger = ModelLedger(tmp_path / "state")
+    assert ledger.change(model, record_rollout_revision(3))
+    assert not ledger.change(model, record_rollout_revision(2))  # never lowered
+    ledger.save(model)
+    assert ModelLedger(tmp_path / "state").entry(model).rollout_revision == 3
+
+
+def test_the_last_good_version_is_held_back_only_at_its_second_death_in_a_row(
+    tmp_path: Path,
+) -> None:
+    # A power cut while the boot loads the last good version leaves the same marker as a kill.
+    model = tmp_path / "repo" / "m"
+    _version(model, 1)
+
+    def dies_loading() -> ModelLedger:
+        ledger = ModelLedger(tmp_path / "state")
+        ledger.change(model, record_loading(1))
+        ledger.save(model)
+        return ModelLedger(tmp_path / "state")  # the next start
+
+    ledger = ModelLedger(tmp_path / "state")
+    ledger.change(model, record_good(1))
+    ledger.save(model)
+    assert 1 not in dies_loading().entry(model).failed  # tried once more
+    assert "died while loading version 1" in dies_loading().entry(model).failed[1].reason

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,9 +13,12 @@ from appliance.repository.manifest import (
     SIGNATURE,
     ManifestError,
     ManifestPolicy,
+    check_model_level,
     check_version,
     load_public_key,
+    model_level_files,
     write_manifest,
+    write_model_manifest,
 )
 
 
@@ -127,3 +131,47 @@ def test_public_key_formats(tmp_path: Path) -> None:
     (tmp_path / "bad.key").write_text("hello")
     with pytest.raises(ManifestError, match="neither PEM nor 32 raw"):
         load_public_key(tmp_path / "bad.key")
+
+
+def _signed_model(tmp_path: Path) -> tuple[Path, ManifestPolicy]:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    model = tmp_path / "m"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.onnx").write_bytes(b"weights")
+    (model / "config.pbtxt").write_text('name: "m"\n')
+    (model / "warmup").mkdir()
+    (model / "warmup" / "x.bin").write_bytes(b"\0" * 16)
+    (model / "rollout.json").write_text("{}")  # signed on its own: never a model file
+    write_model_manifest(model, key)
+    write_manifest(model / "1", key)
+    return model, ManifestPolicy(public_key=key.public_key())
+
+
+def test_model_level_files_are_covered_by_a_signed_model_manifest(tmp_path: Path) -> None:
+    model, policy = _signed_model(tmp_path)
+    listed = (model / MANIFEST).read_text()
+    assert "config.pbtxt" in listed
+    assert "warmup/x.bin" in listed
+    assert "model.onnx" not in listed
+    assert "rollout.json" not in listed
+    assert check_model_level(model_level_files(model), policy) == ""
+    assert check_model_level({}, ManifestPolicy()) == ""  # nothing asked without a key
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda m: (m / "labels.txt").write_text("cat"), "not in the signed SHA256SUMS: labels"),
+        (lambda m: (m / "config.pbtxt").write_text("x"), "'config.pbtxt' does not match"),
+        (lambda m: (m / SIGNATURE).unlink(), "no model-level SHA256SUMS.sig"),
+        (lambda m: (m / MANIFEST).write_text(""), "does not verify"),
+    ],
+)
+def test_an_unsigned_or_changed_model_level_file_is_refused(
+    tmp_path: Path, change: Any, expected: str
+) -> None:
+    model, policy = _signed_model(tmp_path)
+    change(model)
+    assert expected in check_model_level(model_level_files(model), policy)

@@ -9,7 +9,13 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.errors import ConfigError
-from appliance.model_config import complete_config, read_config, validate_config
+from appliance.model_config import (
+    check_file_names,
+    complete_config,
+    parse_config_text,
+    read_config,
+    validate_config,
+)
 from appliance.runtime.version_policy import select_versions
 from edge_backends.api import ModelSignature, TensorSpec
 
@@ -141,3 +147,31 @@ def test_validate_rejects_zero_dims(tmp_path: Path) -> None:
 def test_version_policy(policy: str, expected: list[int]) -> None:
     parsed = text_format.Parse(policy, mc.ModelVersionPolicy())
     assert select_versions(parsed, [1, 3, 5]) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'default_model_filename: "../x.onnx"',
+        'default_model_filename: "/opt/x.onnx"',
+        'default_model_filename: "sub/model.onnx"',
+        'default_model_filename: ".."',
+        'cc_model_filenames { key: "8.7" value: "../engine.plan" }',
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] label_filename: "../../l" } ]',
+        'model_warmup [ { name: "w" inputs { key: "x" value: { data_type: TYPE_FP32 '
+        'dims: [ 1 ] input_data_file: "../../secret" } } } ]',
+    ],
+)
+def test_a_config_field_naming_a_file_must_be_a_plain_name(text: str) -> None:
+    config = parse_config_text(text, "config.pbtxt")
+    with pytest.raises(ConfigError, match="must be a plain file name"):
+        check_file_names(config, "config.pbtxt")
+
+
+def test_plain_file_names_pass() -> None:
+    config = parse_config_text(
+        'default_model_filename: "model.savedmodel" '
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] label_filename: "labels.txt" } ]',
+        "config.pbtxt",
+    )
+    check_file_names(config, "config.pbtxt")
