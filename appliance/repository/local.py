@@ -47,7 +47,7 @@ def version_number(name: str) -> int | None:
 
 def looks_like_version(name: str) -> bool:
     """A name of digits that no version can have: other scripts' digits or superscripts
-    (str.isdigit: '²', '١'), or more digits than an int64 ('01' is a plain folder, as ever)."""
+    (str.isdigit: '²', U+0661), or more digits than an int64 ('01' is a plain folder, as ever)."""
     if not name.isdigit() or version_number(name) is not None:
         return False
     return not (name.isascii() and len(name) <= _MAX_VERSION_DIGITS)

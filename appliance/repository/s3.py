@@ -91,6 +91,7 @@ MAX_LISTING_PAGES = 500
 # read is bounded by timeout_s; a page that trickles in just under it is not).
 LISTING_DEADLINE_S = 300.0
 _SHOWN_NAMES = 10  # file names a reason lists before "and N more"
+_SHOWN_SKIPPED = 100  # keys left out of a sync that are named (in the log and the status)
 
 
 class SourceError(Exception):
@@ -372,6 +373,7 @@ class S3Source:
         # Objects of the listing left out of the sync (key -> why): names the store cannot
         # hold; a model that failed this poll (name -> why), each logged once.
         self.skipped: dict[str, str] = {}
+        self._skipped_count = 0
         self._failing_models: dict[str, str] = {}
         self._last_listing: dict[tuple[str, int], frozenset[tuple[str, str, int]]] = {}
         # The fetch under way: (model, version, total, bytes staged before it, downloaded_bytes
@@ -505,10 +507,13 @@ class S3Source:
             for version, why in sorted(model.bad_versions.items()):
                 self._set_pending((name, version), f"not synced: {why}", logging.WARNING)
             skipped.update(model.skipped)
-        for key, why in sorted(skipped.items()):
+        kept = dict(sorted(skipped.items())[:_SHOWN_SKIPPED])  # a status, not a copy
+        for key, why in kept.items():
             if self.skipped.get(key) != why:
                 log.warning("%s: '%s' left out of the sync: %s", self.url, key, why)
-        self.skipped = skipped
+        if len(skipped) > len(kept) and len(skipped) != self._skipped_count:
+            log.warning("%s: %d more keys left out of the sync", self.url, len(skipped) - len(kept))
+        self.skipped, self._skipped_count = kept, len(skipped)
 
     def _mark_unreachable(self, why: str) -> None:
         if self.reachable is not False or why != self.last_error:
