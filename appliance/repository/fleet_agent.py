@@ -309,8 +309,8 @@ class FleetAgent:
                     f"{ROLLOUT_SIGNATURE} does not verify with the --manifest-public-key key "
                     "(changed, signed by another key, or its signature is still to come)"
                 )
-        try:
-            return RolloutDocument.parse(data, model=name)
+        try:  # ~2 ms at the caps (100 stages, 64 KiB): in a thread all the same
+            return await asyncio.to_thread(RolloutDocument.parse, data, name)
         except RolloutError as exc:
             return str(exc)
 

@@ -78,9 +78,10 @@ _MD5_ETAG = re.compile(r"^[0-9a-f]{32}$")
 
 # What one sync believes of the endpoint. A bucket (or whoever answers for it) can list any
 # number of keys and send any body; these bound what a device spends on it.
-# A version's SHA256SUMS: a line is 66 bytes and a name, so 4 MiB lists some 30,000 files
-# (a real version has a handful); a 256 MiB one took 1.9 GB of RSS and a minute of the loop.
-MAX_MANIFEST_BYTES = 4 << 20
+# A version's SHA256SUMS: a line is 66 bytes and a name, so 1 MiB lists some 8,000 files
+# (a real version has a handful); parsed in a thread, ~150 ms at the cap. A 256 MiB one took
+# 1.9 GB of RSS and a minute of the loop.
+MAX_MANIFEST_BYTES = 1 << 20
 MAX_SIGNATURE_BYTES = 1024  # an Ed25519 signature is 64 bytes
 # A listing keeps at most this many keys (~400 bytes each: 20 MB) and asks for at most this
 # many pages (1,000 keys a page from AWS, MinIO, SeaweedFS, moto); an endpoint that is always
