@@ -150,3 +150,19 @@ async def test_rollout_documents_over_their_cap_are_not_read_whole(
     assert (source.root / "ok" / "1" / "model.onnx").is_file()
     assert not (source.root / "m" / "1").exists()
     assert source.reachable is True
+
+
+async def test_a_reason_names_a_few_files_not_every_one(lying: LyingS3, tmp_path: Path) -> None:
+    """A manifest naming thousands of missing files made a 42 MB log line at every poll."""
+    names = [f"weights-{i:05d}.bin" for i in range(5000)]
+    manifest = "".join(f"{'0' * 64}  {name}\n" for name in names).encode()
+    assert len(manifest) <= MAX_MANIFEST_BYTES
+    lying.objects["models/m/1/SHA256SUMS"] = Listed(len(manifest), manifest)
+    lying.objects["models/m/1/weights-00000.bin"] = Listed(1, b"w")
+    source = _source(lying, tmp_path)
+    async with source.opened():
+        await asyncio.wait_for(source.sync(), _SYNC_S)
+    shown = ", ".join(names[1:11])
+    assert source.pending[("m", 1)] == (
+        f"incomplete: waiting for {shown} and 4989 more (listed in SHA256SUMS)"
+    )
