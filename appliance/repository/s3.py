@@ -567,25 +567,18 @@ class S3Source:
                     bucket_now = email.utils.parsedate_to_datetime(date).timestamp()
             contents = page.get("Contents", [])
             for item in contents:
-                if item["Key"].startswith(fleet):
+                if str(item.get("Key", "")).startswith(fleet):
                     continue
                 if len(objects) >= MAX_LISTED_KEYS:
                     raise SourceError(
                         f"{self.url}: listing failed: more than {MAX_LISTED_KEYS} keys under "
                         f"'{self.location.prefix}'"
                     )
-                objects.append(
-                    RemoteObject(
-                        key=item["Key"],
-                        size=int(item["Size"]),
-                        etag=str(item.get("ETag", "")).strip('"'),
-                        modified=item["LastModified"].timestamp(),
-                    )
-                )
+                objects.append(_listed(self.url, item))
             if not page.get("IsTruncated"):
                 self._fleet_area_big = jumped
                 return objects, bucket_now
-            if contents and contents[-1]["Key"].startswith(fleet):
+            if contents and str(contents[-1].get("Key", "")).startswith(fleet):
                 token, start_after, jumped = None, after_fleet, True
             else:
                 token = page.get("NextContinuationToken")
@@ -988,6 +981,22 @@ class S3Source:
             if held is None or (version not in held.versions and version not in held.bad_versions):
                 del self.pending[(model, version)]
         return changed
+
+
+def _listed(url: str, item: dict[str, Any]) -> RemoteObject:
+    """One entry of a listing page; SourceError for one that is not an object's."""
+    try:
+        size = int(item["Size"])
+        if size < 0:
+            raise ValueError(f"size {size}")
+        return RemoteObject(
+            key=str(item["Key"]),
+            size=size,
+            etag=str(item.get("ETag", "")).strip('"'),
+            modified=item["LastModified"].timestamp(),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise SourceError(f"{url}: listing failed: a malformed entry ({exc!r})") from None
 
 
 def _check_size(obj: RemoteObject, most: int) -> None:
