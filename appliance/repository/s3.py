@@ -498,6 +498,7 @@ class S3Source:
                 exc_info=not isinstance(exc, OSError),
             )
         self._failing_models[name] = why
+        self.skipped[f"{self.location.prefix}{name}/"] = f"model not synced: {why}"
 
     def _report_unsyncable(self, remote: dict[str, RemoteModel]) -> None:
         """Log once, and show as pending, what the listing holds that cannot be synced."""

@@ -525,3 +525,31 @@ def test_a_failing_remote_source_and_bad_local_entries_leave_local_models_polled
     staging.rename(local / "new")  # a local model arrives while the server polls
     _wait_for(lambda: _added(proc.http_url, "new") == 6.0)
     assert "is not a version folder" in proc.log()
+
+
+async def test_a_model_whose_store_folder_cannot_be_written_fails_alone(
+    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31 item 2: an OSError of one model's folder failed the whole sync and marked the
+    source unreachable; now that model alone waits, reported, and the others sync."""
+    from appliance.repository.manifest import NO_MANIFEST_RULES
+    from appliance.repository.s3 import S3Source
+
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    bucket = Bucket(s3)
+    for model in ("a", "blocked", "z"):
+        bucket.put(f"{model}/config.pbtxt", CONFIG.encode())
+        bucket.put_version(1, 1, model=model)
+    source = S3Source(bucket.url, tmp_path / "store", 0, NO_MANIFEST_RULES)
+    async with source.opened():
+        (source.root / "blocked").write_text("a file where the model's folder goes")
+        assert await source.sync() == {"a", "z"}
+        assert source.reachable is True
+        why = source.skipped["models/blocked/"]
+        assert why.startswith("model not synced: ")
+        assert (source.root / "a" / "1" / "model.onnx").is_file()
+        assert (source.root / "z" / "1" / "model.onnx").is_file()
+        (source.root / "blocked").unlink()
+        assert await source.sync() == {"blocked"}
+        assert "models/blocked/" not in source.skipped
