@@ -19,9 +19,13 @@ from typing import Any
 from appliance.fleet import control
 from appliance.fleet.bucket import FleetBucket, FleetError
 from appliance.repository import rollout
+from appliance.repository.local import version_number
 from appliance.repository.rollout import RolloutDocument
 
 DEFAULT_SILENT_AFTER_S = 900.0  # three of the devices' default report intervals (300 s)
+# A device's report is a few hundred bytes a model; one over this is not read (a device, or
+# whoever can write its key, must not make the operator's command fetch gigabytes).
+MAX_REPORT_BYTES = 1 << 20
 _READERS = 16  # reports fetched at once
 ALL, NO_LABEL, NO_REPORT = "all", "-", "?"
 
@@ -92,23 +96,49 @@ class FleetView:
 
 
 def parse_report(key: str, modified_s: float, data: bytes) -> DeviceReport:
-    """A report from its bytes; ValueError when it is not one."""
-    raw = json.loads(data.decode("utf-8"))
+    """A report from its bytes; ValueError saying what is wrong when it is not one."""
+    if len(data) > MAX_REPORT_BYTES:
+        raise ValueError(f"{len(data)} bytes, more than the {MAX_REPORT_BYTES} a report may have")
+    try:
+        raw = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8") from None
+    except RecursionError:
+        raise ValueError("not JSON: nested too deep") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("device"), str):
         raise ValueError("not a device report")
+    if not rollout.DEVICE_ID.fullmatch(raw["device"]):
+        raise ValueError("'device' is not a device id")
     models = raw.get("models") or {}
     labels = raw.get("labels") or {}
     if not isinstance(models, dict) or not isinstance(labels, dict):
         raise ValueError("'models' and 'labels' must be objects")
+    if not all(isinstance(v, str) for v in labels.values()):
+        raise ValueError("'labels' values must be strings")
     poll_ok = raw.get("last_poll_ok")
     return DeviceReport(
         device=raw["device"],
         labels={str(k): str(v) for k, v in labels.items()},
         modified_s=modified_s,
-        models={str(k): v for k, v in models.items() if isinstance(v, dict)},
+        models={str(k): _model_entry(str(k), v) for k, v in models.items()},
         last_poll_ok=poll_ok if isinstance(poll_ok, bool) else None,
         server_version=str(raw.get("server_version", "")),
     )
+
+
+def _model_entry(model: str, entry: Any) -> dict[str, Any]:
+    """One model of a report, checked for what the view reads of it (ValueError if wrong)."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"'models.{model}' must be an object")
+    serving = entry.get("serving") or []
+    if not isinstance(serving, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in serving
+    ):
+        raise ValueError(f"'models.{model}.serving' must be a list of versions")
+    for field_name in ("probation", "reason"):
+        if not isinstance(entry.get(field_name, ""), str):
+            raise ValueError(f"'models.{model}.{field_name}' must be a string")
+    return entry
 
 
 def gather(bucket: FleetBucket, only: str | None = None) -> Snapshot:
@@ -120,14 +150,20 @@ def gather(bucket: FleetBucket, only: str | None = None) -> Snapshot:
         return obj, bucket.get(obj.key[len(bucket.prefix) :])
 
     reports = [o for o in listed if o.key.endswith(".json")]
+    for obj in reports:
+        if obj.size > MAX_REPORT_BYTES:  # not fetched at all
+            snapshot.unreadable.append(
+                f"{obj.key}: {obj.size} bytes, more than the {MAX_REPORT_BYTES} a report may have"
+            )
+    reports = [o for o in reports if o.size <= MAX_REPORT_BYTES]
     with ThreadPoolExecutor(max_workers=_READERS) as pool:
         for obj, data in pool.map(fetch, reports):
             if data is None:
                 continue  # deleted since the listing
             try:
                 snapshot.reports.append(parse_report(obj.key, obj.modified_s, data))
-            except (ValueError, UnicodeDecodeError):
-                snapshot.unreadable.append(obj.key)
+            except ValueError as exc:  # this device's report only: the rest is shown
+                snapshot.unreadable.append(f"{obj.key}: malformed report: {exc}")
     models = {m for m in bucket.folders() if not m.startswith(".")}
     models |= {m for r in snapshot.reports for m in r.models}
     for model in sorted(models):
@@ -149,7 +185,7 @@ def read_verdicts(bucket: FleetBucket, model: str) -> dict[int, dict[str, str]]:
     found: dict[int, dict[str, str]] = defaultdict(dict)
     for obj in objects:
         version, _, _ = obj.key[len(bucket.key(base)) :].partition("/")
-        if not version.isdigit():
+        if version_number(version) is None:  # '²' is isdigit() and no int()
             continue
         listed = rollout.verdict_prefix(bucket.prefix, model, int(version))
         parsed = rollout.parse_verdict_key(listed, obj.key)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 from pathlib import Path
 
 from appliance.errors import ConfigError, InvalidInput
@@ -28,6 +29,37 @@ def check_model_name(name: str) -> None:
 
 _ASCII_SPACE = " \t\n\v\f\r"  # what tritonserver's trim removes (C isspace)
 
+# The longest folder or file name a repository entry may have, in UTF-8 bytes: the file
+# system's 255 less what the store and the ledger add to a name (`.part-etag`, the ledger's
+# `.<model>.json.<8 hex>.tmp`), so that no write of an accepted name fails ENAMETOOLONG.
+MAX_NAME_BYTES = 200
+# A version is a positive int64 in Triton: at most 18 decimal digits (a longer folder name
+# would not fit, and int() of thousands of digits raises).
+_MAX_VERSION_DIGITS = 18
+_VERSION = re.compile(r"0|[1-9][0-9]{0,17}")
+
+
+def version_number(name: str) -> int | None:
+    """The version a folder name stands for: canonical ASCII digits ('1', not '01', not '²',
+    which str.isdigit() accepts and int() refuses), else None."""
+    return int(name) if _VERSION.fullmatch(name) else None
+
+
+def looks_like_version(name: str) -> bool:
+    """A name of digits that no version can have: other scripts' digits or superscripts
+    (str.isdigit: '²', U+0661), or more digits than an int64 ('01' is a plain folder, as ever)."""
+    if not name.isdigit() or version_number(name) is not None:
+        return False
+    return not (name.isascii() and len(name) <= _MAX_VERSION_DIGITS)
+
+
+def name_problem(name: str) -> str:
+    """Why a model or file name cannot be kept in a repository ('' when it can)."""
+    size = len(name.encode("utf-8", "surrogateescape"))
+    if size > MAX_NAME_BYTES:
+        return f"its name is {size} bytes, more than the {MAX_NAME_BYTES} a name may have"
+    return ""
+
 
 def escapes(path: Path, root: Path) -> bool:
     """Whether `path`, symlinks resolved, lies outside `root`."""
@@ -45,7 +77,11 @@ def list_models(repositories: list[Path]) -> dict[str, Path]:
         if not repo.is_dir():
             raise ConfigError(f"model repository '{repo}' is not a directory")
         for entry in sorted(repo.iterdir()):
-            if not entry.is_dir() or entry.name.startswith("."):
+            if entry.name.startswith(".") or not _is_dir(entry):
+                continue
+            problem = name_problem(entry.name)
+            if problem:
+                _warn_once(f"model folder '{entry}' skipped: {problem}")
                 continue
             if entry.is_symlink() and escapes(entry, repo):
                 log.warning(
@@ -64,12 +100,42 @@ def list_models(repositories: list[Path]) -> dict[str, Path]:
 
 
 def list_versions(model_dir: Path) -> list[int]:
-    """The numbered version folders of a model (folders with other names are ignored)."""
+    """The numbered version folders of a model (folders with other names are ignored; a name
+    of digits that is no version, such as '²', is skipped with a warning)."""
     versions = []
     for entry in model_dir.iterdir():
-        if entry.is_dir() and entry.name.isdigit() and str(int(entry.name)) == entry.name:
-            versions.append(int(entry.name))
+        version = version_number(entry.name)
+        if version is not None:
+            if _is_dir(entry):
+                versions.append(version)
+            else:
+                _warn_once(f"'{entry}' is not a folder; version {version} skipped")
+        elif looks_like_version(entry.name):
+            _warn_once(f"'{entry}' is not a version folder (versions are ASCII digits); skipped")
     return sorted(versions)
+
+
+def _is_dir(entry: Path) -> bool:
+    """is_dir() that says False for an entry it cannot look at (a name too long, a loop of
+    symlinks, no permission) instead of raising."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+_warned: set[str] = set()
+_MAX_WARNED = 4096  # a folder churning bad names must not grow this for ever
+
+
+def _warn_once(message: str) -> None:
+    """A repository problem, logged once (every poll scans the folders again)."""
+    if message in _warned:
+        return
+    if len(_warned) >= _MAX_WARNED:
+        _warned.clear()
+    _warned.add(message)
+    log.warning("%s", message)
 
 
 def fingerprint(model_dir: Path) -> str:

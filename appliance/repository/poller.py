@@ -127,8 +127,12 @@ class RepositoryPoller:
     async def poll_once(self) -> Changes:
         reached = True
         if self._remote is not None:
-            await self._remote.sync(self._only, self._arrived)
-            reached = self._remote.reachable()
+            try:
+                await self._remote.sync(self._only, self._arrived)
+                reached = self._remote.reachable()
+            except Exception:  # the local folders are scanned all the same
+                log.exception("syncing the remote repositories failed")
+                reached = False
         try:
             now, in_store = await asyncio.to_thread(self._scan)
         except (ApplianceError, OSError) as exc:

@@ -30,6 +30,14 @@ VERDICTS = (PASSED, FAILED)
 NONE, RUNNING, HALTED = "none", "running", "halted"
 PROBATION_STATES = (NONE, RUNNING, PASSED, FAILED, HALTED)
 
+# A rollout document is read by every device at every change and parsed on the loop: a real
+# one is under 2 KB (a few stages), so 64 KiB and 100 stages leave room and keep a parse under
+# a millisecond (a million stages stalled the loop for seconds at every poll). The signature
+# is 64 bytes.
+MAX_ROLLOUT_BYTES = 64 * 1024
+MAX_STAGES = 100
+MAX_ROLLOUT_SIGNATURE_BYTES = 1024
+
 DEVICE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _LABEL_KEY = re.compile(r"[A-Za-z0-9._/-]{1,128}")
 _LABEL_VALUE = re.compile(r"[^,=\s]{1,256}")
@@ -116,10 +124,17 @@ class RolloutDocument:
         """The document from its bytes; RolloutError says which field is wrong.
 
         With `model`, the document must be for that model (the folder it was read from)."""
-        try:
-            raw = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise RolloutError(f"{ROLLOUT} is not UTF-8 JSON: {exc}") from None
+        if len(data) > MAX_ROLLOUT_BYTES:
+            raise RolloutError(
+                f"{ROLLOUT} is {len(data)} bytes, more than the {MAX_ROLLOUT_BYTES} it may have"
+            )
+        raw = load_json(data, ROLLOUT)
+        stages = raw.get("stages") if isinstance(raw, dict) else None
+        if isinstance(stages, list) and len(stages) > MAX_STAGES:
+            raise RolloutError(
+                f"{_where('stages')} has {len(stages)} stages, more than the {MAX_STAGES} a "
+                "rollout may have"
+            )
         document = from_mapping(raw)
         if model is not None and document.model != model:
             raise RolloutError(f"{ROLLOUT} in folder '{model}' is for model '{document.model}'")
@@ -159,6 +174,17 @@ class RolloutDocument:
         body["halted"] = self.halted
         body["reason"] = self.reason
         return (json.dumps(body, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def load_json(data: bytes, what: str) -> Any:
+    """JSON from bytes; RolloutError when it is not UTF-8 JSON, nested too deep included
+    (json raises RecursionError past about a thousand levels)."""
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise RolloutError(f"{what} is not UTF-8 JSON: {exc}") from None
+    except RecursionError:
+        raise RolloutError(f"{what} is not UTF-8 JSON: nested too deep") from None
 
 
 def _number(value: float) -> int | float:

@@ -36,11 +36,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from appliance.errors import InvalidInput
 from appliance.repository.ledger import (
     VERIFICATION,
     ModelLedger,
     listing_id,
     record_failure,
+)
+from appliance.repository.local import (
+    check_model_name,
+    looks_like_version,
+    name_problem,
+    version_number,
 )
 from appliance.repository.manifest import (
     BOOKKEEPING,
@@ -71,6 +78,24 @@ _REQUEST_ATTEMPTS = 2  # the SDK's attempts per request (a listing page, a GET)
 _BACKOFF_S = 0.5
 _MD5_ETAG = re.compile(r"^[0-9a-f]{32}$")
 
+# What one sync believes of the endpoint. A bucket (or whoever answers for it) can list any
+# number of keys and send any body; these bound what a device spends on it.
+# A version's SHA256SUMS: a line is 66 bytes and a name, so 1 MiB lists some 8,000 files
+# (a real version has a handful); parsed in a thread, ~150 ms at the cap. A 256 MiB one took
+# 1.9 GB of RSS and a minute of the loop.
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_SIGNATURE_BYTES = 1024  # an Ed25519 signature is 64 bytes
+# A listing keeps at most this many keys (~400 bytes each: 20 MB) and asks for at most this
+# many pages (1,000 keys a page from AWS, MinIO, SeaweedFS, moto); an endpoint that is always
+# "truncated", or repeats its continuation token, fails the listing instead of growing it.
+MAX_LISTED_KEYS = 50_000
+MAX_LISTING_PAGES = 500
+# The whole listing of one sync, every page: a slow-dripping endpoint fails it here (each
+# read is bounded by timeout_s; a page that trickles in just under it is not).
+LISTING_DEADLINE_S = 300.0
+_SHOWN_NAMES = 10  # file names a reason lists before "and N more"
+_SHOWN_SKIPPED = 100  # keys left out of a sync that are named (in the log and the status)
+
 
 class SourceError(Exception):
     """The source cannot be read now: unreachable, refused, or misconfigured."""
@@ -86,6 +111,24 @@ class _ObjectChanged(Exception):
 
 class _Rejected(Exception):
     """The content is wrong (checksum, manifest, signature); not retried until it changes."""
+
+
+class ObjectTooLarge(Exception):
+    """A small object (a rollout document) is larger than its reader accepts."""
+
+
+def _some(names: list[str]) -> str:
+    """Names for a reason: the first few, and how many more (a reason is one log line)."""
+    more = f" and {len(names) - _SHOWN_NAMES} more" if len(names) > _SHOWN_NAMES else ""
+    return ", ".join(names[:_SHOWN_NAMES]) + more
+
+
+def _parse_manifest_bytes(raw: bytes) -> dict[str, str]:
+    """parse_manifest of the raw bytes (run in a thread: up to MAX_MANIFEST_BYTES)."""
+    try:
+        return parse_manifest(raw.decode("utf-8"))
+    except (ManifestError, UnicodeDecodeError) as exc:
+        raise _Rejected(str(exc)) from exc
 
 
 @dataclass(frozen=True)
@@ -144,6 +187,12 @@ class RemoteModel:
     versions: dict[int, dict[str, RemoteObject]] = field(default_factory=dict)
     # rollout.json and its signature (fleet_agent.py reads them; never synced as model files)
     rollout: dict[str, RemoteObject] = field(default_factory=dict)
+    # What this listing cannot be synced as, and why (logged once, shown as the source's
+    # pending reasons): the whole model (`problem`), versions (kept as the store holds them)
+    # and single objects left out (by key).
+    problem: str = ""
+    bad_versions: dict[int, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -163,7 +212,12 @@ class FleetHook(Protocol):
 
 
 def group_objects(prefix: str, objects: list[RemoteObject]) -> dict[str, RemoteModel]:
-    """Pure: a listing -> model name -> model-level files and numbered versions' files."""
+    """Pure: a listing -> model name -> model-level files and numbered versions' files.
+
+    A key the store cannot hold as it is named is left out with its reason, never the whole
+    listing: a model whose name is not a folder name, a version folder of digits that is no
+    version ('²'), a name too long for the file system, a file that is also a folder
+    (`m/2` beside `m/2/...`: the object is left out; `m/3/a` beside `m/3/a/b`: version 3)."""
     models: dict[str, RemoteModel] = {}
     for obj in objects:
         rel = obj.key[len(prefix) :]
@@ -173,13 +227,68 @@ def group_objects(prefix: str, objects: list[RemoteObject]) -> dict[str, RemoteM
         if "." in parts or ".." in parts:
             continue  # "m/../../x" would be written outside the model's folder
         model = models.setdefault(parts[0], RemoteModel())
-        if len(parts) >= 3 and parts[1].isdigit() and str(int(parts[1])) == parts[1]:
-            model.versions.setdefault(int(parts[1]), {})["/".join(parts[2:])] = obj
+        if not model.problem:
+            model.problem = _model_name_problem(parts[0])
+        version = version_number(parts[1]) if len(parts) >= 3 else None
+        if model.problem:
+            if version is not None:
+                model.bad_versions[version] = model.problem
+            continue
+        bad = next(filter(None, (name_problem(p) for p in parts[1:])), "")
+        if bad:
+            if version is not None:
+                model.bad_versions[version] = f"'{'/'.join(parts[2:])}': {bad}"
+            else:
+                model.skipped[obj.key] = bad
+        elif version is not None:
+            model.versions.setdefault(version, {})["/".join(parts[2:])] = obj
+        elif looks_like_version(parts[1]):
+            model.skipped[obj.key] = (
+                f"'{parts[1]}' is not a version folder (versions are ASCII digits)"
+            )
         elif len(parts) == 2 and parts[1] in (ROLLOUT, ROLLOUT_SIGNATURE):
             model.rollout[parts[1]] = obj
         else:
             model.files["/".join(parts[1:])] = obj
+    for model in models.values():
+        _leave_out_clashes(model)
     return models
+
+
+def _model_name_problem(name: str) -> str:
+    problem = name_problem(name)
+    if not problem:
+        try:
+            check_model_name(name)
+        except InvalidInput as exc:
+            problem = str(exc)
+    return f"model skipped: {problem}" if problem else ""
+
+
+def _folders(paths: list[str]) -> set[str]:
+    """Every folder the paths lie in ('a/b/c' -> 'a', 'a/b')."""
+    found: set[str] = set()
+    for path in paths:
+        parts = path.split("/")
+        found.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    return found
+
+
+def _leave_out_clashes(model: RemoteModel) -> None:
+    """A path that is both a file and a folder cannot be written: such a version is not
+    fetched, such a model-level file is left out (a version folder wins over a file `m/2`)."""
+    for version in model.bad_versions:
+        model.versions.pop(version, None)
+    for version, files in list(model.versions.items()):
+        clash = sorted(set(files) & _folders(list(files)))
+        if clash:
+            model.bad_versions[version] = f"'{clash[0]}' is both a file and a folder"
+            del model.versions[version]
+    taken = _folders(list(model.files)) | {str(v) for v in model.versions}
+    taken |= {str(v) for v in model.bad_versions}
+    for rel in sorted(set(model.files) & taken):
+        obj = model.files.pop(rel)
+        model.skipped[obj.key] = f"'{rel}' is both a file and a folder"
 
 
 def _listing_id(files: dict[str, RemoteObject]) -> str:
@@ -264,6 +373,11 @@ class S3Source:
         self.requests = 0  # S3 API calls made (listing pages and GETs)
         # (model, version) -> why it is not in the store at its listed content.
         self.pending: dict[tuple[str, int], str] = {}
+        # Objects of the listing left out of the sync (key -> why): names the store cannot
+        # hold; a model that failed this poll (name -> why), each logged once.
+        self.skipped: dict[str, str] = {}
+        self._skipped_count = 0
+        self._failing_models: dict[str, str] = {}
         self._last_listing: dict[tuple[str, int], frozenset[tuple[str, str, int]]] = {}
         # The fetch under way: (model, version, total, bytes staged before it, downloaded_bytes
         # when it began, wall clock); read through `download`.
@@ -324,29 +438,14 @@ class S3Source:
         """
         async with self._lock:
             try:
-                objects, bucket_now = await self._list()
+                objects, bucket_now = await self._list_in_time()
             except SourceError as exc:
                 self._mark_unreachable(str(exc))
                 raise
-            changed: set[str] = set()
             remote = group_objects(self.location.prefix, objects)
+            self._report_unsyncable(remote)
             try:
-                plan = FleetPlan({}, frozenset())
-                if self.fleet is not None:
-                    plan = await self.fleet.plan(
-                        {n: m for n, m in remote.items() if only is None or n in only}
-                    )
-                for name in sorted(remote):
-                    if only is not None and name not in only:
-                        continue
-                    fetched = await self._sync_model(
-                        name, remote[name], bucket_now, plan.fetch.get(name)
-                    )
-                    if fetched or name in plan.switch:
-                        changed.add(name)
-                        if arrived is not None:
-                            await arrived(name)
-                changed |= await asyncio.to_thread(self._remove_gone, remote, only)
+                changed = await self._sync_listed(remote, bucket_now, only, arrived)
             except SourceError as exc:
                 self._mark_unreachable(str(exc))
                 raise
@@ -358,12 +457,84 @@ class S3Source:
                 self.fleet.synced(True)
             return changed
 
+    async def _sync_listed(
+        self,
+        remote: dict[str, RemoteModel],
+        bucket_now: float | None,
+        only: set[str] | None,
+        arrived: Callable[[str], Awaitable[None]] | None,
+    ) -> set[str]:
+        """Sync every model of a good listing; one model's failure is its own (logged, and
+        the next poll tries it again), never the others'."""
+        wanted = {
+            n: m for n, m in remote.items() if not m.problem and (only is None or n in only)
+        }
+        plan = FleetPlan({}, frozenset())
+        if self.fleet is not None:
+            plan = await self.fleet.plan(wanted)
+        changed: set[str] = set()
+        for name in sorted(wanted):
+            try:
+                fetched = await self._sync_model(
+                    name, wanted[name], bucket_now, plan.fetch.get(name)
+                )
+            except (SourceError, DiskReserveError):
+                raise  # the endpoint or the store's disk: the next models would fail alike
+            except Exception as exc:  # this model's objects or folder: it fails alone
+                self._model_failed(name, exc)
+                continue
+            self._failing_models.pop(name, None)
+            if fetched or name in plan.switch:
+                changed.add(name)
+                if arrived is not None:
+                    await arrived(name)
+        changed |= await asyncio.to_thread(self._remove_gone, remote, only)
+        return changed
+
+    def _model_failed(self, name: str, exc: Exception) -> None:
+        why = f"{type(exc).__name__}: {exc}"
+        if self._failing_models.get(name) != why:  # once, not at every poll
+            log.error(
+                "model '%s' from %s not synced (the other models are): %s",
+                name,
+                self.url,
+                why,
+                exc_info=not isinstance(exc, OSError),
+            )
+        self._failing_models[name] = why
+        self.skipped[f"{self.location.prefix}{name}/"] = f"model not synced: {why}"
+
+    def _report_unsyncable(self, remote: dict[str, RemoteModel]) -> None:
+        """Log once, and show as pending, what the listing holds that cannot be synced."""
+        skipped: dict[str, str] = {}
+        for name, model in sorted(remote.items()):
+            if model.problem and not model.bad_versions:
+                skipped[f"{self.location.prefix}{name}/"] = model.problem
+            for version, why in sorted(model.bad_versions.items()):
+                self._set_pending((name, version), f"not synced: {why}", logging.WARNING)
+            skipped.update(model.skipped)
+        kept = dict(sorted(skipped.items())[:_SHOWN_SKIPPED])  # a status, not a copy
+        for key, why in kept.items():
+            if self.skipped.get(key) != why:
+                log.warning("%s: '%s' left out of the sync: %s", self.url, key, why)
+        if len(skipped) > len(kept) and len(skipped) != self._skipped_count:
+            log.warning("%s: %d more keys left out of the sync", self.url, len(skipped) - len(kept))
+        self.skipped, self._skipped_count = kept, len(skipped)
+
     def _mark_unreachable(self, why: str) -> None:
         if self.reachable is not False or why != self.last_error:
             log.error("model source unreachable, serving the cached models: %s", why)
         self.reachable, self.last_error = False, why
         if self.fleet is not None:
             self.fleet.synced(False)
+
+    async def _list_in_time(self) -> tuple[list[RemoteObject], float | None]:
+        try:
+            return await asyncio.wait_for(self._list(), LISTING_DEADLINE_S)
+        except asyncio.TimeoutError:
+            raise SourceError(
+                f"{self.url}: listing failed: not done in {LISTING_DEADLINE_S:.0f} s"
+            ) from None
 
     async def _list(self) -> tuple[list[RemoteObject], float | None]:
         """Every object under the prefix but the fleet area (`.fleet/`: one report per device
@@ -377,7 +548,8 @@ class S3Source:
         token: str | None = None
         start_after: str | None = None
         first, jumped = True, False
-        while True:
+        tokens: set[str] = set()
+        for _ in range(MAX_LISTING_PAGES):
             kwargs: dict[str, Any] = {
                 "Bucket": self.location.bucket,
                 "Prefix": self.location.prefix,
@@ -400,34 +572,50 @@ class S3Source:
                     bucket_now = email.utils.parsedate_to_datetime(date).timestamp()
             contents = page.get("Contents", [])
             for item in contents:
-                if item["Key"].startswith(fleet):
+                if str(item.get("Key", "")).startswith(fleet):
                     continue
-                objects.append(
-                    RemoteObject(
-                        key=item["Key"],
-                        size=int(item["Size"]),
-                        etag=str(item.get("ETag", "")).strip('"'),
-                        modified=item["LastModified"].timestamp(),
+                if len(objects) >= MAX_LISTED_KEYS:
+                    raise SourceError(
+                        f"{self.url}: listing failed: more than {MAX_LISTED_KEYS} keys under "
+                        f"'{self.location.prefix}'"
                     )
-                )
+                objects.append(_listed(self.url, item))
             if not page.get("IsTruncated"):
                 self._fleet_area_big = jumped
                 return objects, bucket_now
-            if contents and contents[-1]["Key"].startswith(fleet):
+            if contents and str(contents[-1].get("Key", "")).startswith(fleet):
                 token, start_after, jumped = None, after_fleet, True
             else:
                 token = page.get("NextContinuationToken")
+                if not token or token in tokens:
+                    raise SourceError(
+                        f"{self.url}: listing failed: a truncated page without a new "
+                        "continuation token"
+                    )
+                tokens.add(token)
+        raise SourceError(
+            f"{self.url}: listing failed: still truncated after {MAX_LISTING_PAGES} pages"
+        )
 
     # ---- small objects (fleet_agent.py: rollout documents, reports, verdicts) -------------
 
-    async def read_object(self, key: str) -> bytes | None:
-        """A small object's bytes (None: there is no such key); SourceError if unreadable."""
+    async def read_object(self, key: str, max_bytes: int) -> bytes | None:
+        """A small object's bytes (None: there is no such key); SourceError if unreadable,
+        ObjectTooLarge once more than `max_bytes` arrived (nothing more is read)."""
         self.requests += 1
         try:
             response = await self._client.get_object(Bucket=self.location.bucket, Key=key)
             async with response["Body"] as body:
-                data: bytes = await body.read()
-                return data
+                data = bytearray()
+                while chunk := await body.read(min(_CHUNK, max_bytes + 1 - len(data))):
+                    data += chunk
+                    if len(data) > max_bytes:
+                        raise ObjectTooLarge(
+                            f"'{key}' is larger than the {max_bytes} bytes it may have"
+                        )
+                return bytes(data)
+        except ObjectTooLarge:
+            raise
         except Exception as exc:
             response = getattr(exc, "response", None)
             if isinstance(response, dict) and response.get("Error", {}).get("Code") in (
@@ -460,7 +648,7 @@ class S3Source:
         """Every key under `prefix` (keys only)."""
         keys: list[str] = []
         kwargs: dict[str, Any] = {"Bucket": self.location.bucket, "Prefix": prefix}
-        while True:
+        for _ in range(MAX_LISTING_PAGES):
             self.requests += 1
             try:
                 page = await self._client.list_objects_v2(**kwargs)
@@ -469,7 +657,11 @@ class S3Source:
             keys += [item["Key"] for item in page.get("Contents", [])]
             if not page.get("IsTruncated"):
                 return keys
-            kwargs["ContinuationToken"] = page.get("NextContinuationToken")
+            token = page.get("NextContinuationToken")
+            if len(keys) > MAX_LISTED_KEYS or not token or token == kwargs.get("ContinuationToken"):
+                break
+            kwargs["ContinuationToken"] = token
+        raise SourceError(f"{self.url}: listing '{prefix}' failed: too many keys or pages")
 
     def _explain(self, exc: Exception, what: str) -> str:
         """A one-line reason naming the source and what failed."""
@@ -644,16 +836,15 @@ class S3Source:
                 self._set_pending(key, "waiting for the upload to settle", logging.INFO)
                 return None
             return dict.fromkeys(files)
+        _check_size(files[MANIFEST], MAX_MANIFEST_BYTES)
         await self._fetch(files[MANIFEST], staging / MANIFEST, None)
         raw = await asyncio.to_thread((staging / MANIFEST).read_bytes)
-        try:
-            listed = parse_manifest(raw.decode("utf-8"))
-        except (ManifestError, UnicodeDecodeError) as exc:
-            raise _Rejected(str(exc)) from exc
+        listed = await asyncio.to_thread(_parse_manifest_bytes, raw)
         if self.manifest.signed:
             if SIGNATURE not in files:
                 self._set_pending(key, f"waiting for {SIGNATURE}", logging.INFO)
                 return None
+            _check_size(files[SIGNATURE], MAX_SIGNATURE_BYTES)
             await self._fetch(files[SIGNATURE], staging / SIGNATURE, None)
             signature = await asyncio.to_thread((staging / SIGNATURE).read_bytes)
             try:
@@ -662,12 +853,12 @@ class S3Source:
                 raise _Rejected(str(exc)) from exc
             unlisted = sorted(f for f in files if f not in listed and f not in BOOKKEEPING)
             if unlisted:
-                raise _Rejected(f"files not in the signed {MANIFEST}: {', '.join(unlisted)}")
+                raise _Rejected(f"files not in the signed {MANIFEST}: {_some(unlisted)}")
         missing = sorted(f for f in listed if f not in files)
         if missing:
             self._set_pending(
                 key,
-                f"incomplete: waiting for {', '.join(missing)} (listed in {MANIFEST})",
+                f"incomplete: waiting for {_some(missing)} (listed in {MANIFEST})",
                 logging.INFO,
             )
             return None
@@ -713,6 +904,9 @@ class S3Source:
                 try:
                     await self._download_into(part, obj)
                     break
+                except _Rejected:
+                    await asyncio.to_thread(part.discard)  # nothing of a lying body is kept
+                    raise
                 except _Transient as exc:
                     if attempt == _FETCH_ATTEMPTS - 1:
                         raise SourceError(
@@ -749,22 +943,34 @@ class S3Source:
             response = await self._client.get_object(**kwargs)
             if response.get("ServerSideEncryption") == "aws:kms":
                 part.etag_is_md5 = False  # a KMS-encrypted object's ETag is not its MD5
-            started, received = time.monotonic(), 0
             async with response["Body"] as body:
-                while chunk := await body.read(chunk_size):
-                    await asyncio.to_thread(part.write, chunk)
-                    self.downloaded_bytes += len(chunk)
-                    received += len(chunk)
-                    if rate:  # pace to the configured link share
-                        ahead = received / rate - (time.monotonic() - started)
-                        if ahead > 0:
-                            await asyncio.sleep(ahead)
+                await self._read_body(body, part, obj, chunk_size)
+        except _Rejected:
+            raise
         except OSError as exc:
             if isinstance(exc, ConnectionError | TimeoutError):
                 raise _Transient(str(exc)) from exc
             raise DiskReserveError(f"cannot write '{part.part}': {exc.strerror}") from exc
         except Exception as exc:
             raise self._classify(exc, obj) from exc
+
+    async def _read_body(self, body: Any, part: PartFile, obj: RemoteObject, chunk: int) -> None:
+        """Append the body to the part, never past the listed size: a longer body fails the
+        object and nothing beyond the size is written (the disk reserve was checked for it)."""
+        rate = self.rate_bytes_s
+        started, received = time.monotonic(), 0
+        while data := await body.read(max(1, min(chunk, obj.size - part.size + 1))):
+            if part.size + len(data) > obj.size:
+                raise _Rejected(
+                    f"'{obj.key}' is longer than the {obj.size} bytes the listing gives"
+                )
+            await asyncio.to_thread(part.write, data)
+            self.downloaded_bytes += len(data)
+            received += len(data)
+            if rate:  # pace to the configured link share
+                ahead = received / rate - (time.monotonic() - started)
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
 
     def _classify(self, exc: Exception, obj: RemoteObject) -> Exception:
         response = getattr(exc, "response", None)
@@ -794,17 +1000,41 @@ class S3Source:
                 self.store.remove_model(name)
                 changed.add(name)
                 continue
+            listed = remote[name].versions.keys() | remote[name].bad_versions.keys()
             for entry in folder.iterdir():
-                if entry.is_dir() and entry.name.isdigit():
-                    version = int(entry.name)
-                    if version not in remote[name].versions:
-                        self.store.remove_version(name, version)
-                        self._last_listing.pop((name, version), None)
-                        changed.add(name)
+                version = version_number(entry.name)
+                if version is not None and version not in listed and entry.is_dir():
+                    self.store.remove_version(name, version)
+                    self._last_listing.pop((name, version), None)
+                    changed.add(name)
         for model, version in list(self.pending):
-            if model not in remote or version not in remote[model].versions:
+            held = remote.get(model)
+            if held is None or (version not in held.versions and version not in held.bad_versions):
                 del self.pending[(model, version)]
         return changed
+
+
+def _listed(url: str, item: dict[str, Any]) -> RemoteObject:
+    """One entry of a listing page; SourceError for one that is not an object's."""
+    try:
+        size = int(item["Size"])
+        if size < 0:
+            raise ValueError(f"size {size}")
+        return RemoteObject(
+            key=str(item["Key"]),
+            size=size,
+            etag=str(item.get("ETag", "")).strip('"'),
+            modified=item["LastModified"].timestamp(),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise SourceError(f"{url}: listing failed: a malformed entry ({exc!r})") from None
+
+
+def _check_size(obj: RemoteObject, most: int) -> None:
+    """_Rejected, before a byte is fetched, for a bookkeeping file over its cap."""
+    if obj.size > most:
+        name = obj.key.rsplit("/", 1)[-1]
+        raise _Rejected(f"{name} is {obj.size} bytes, more than the {most} it may have")
 
 
 def _mismatch(part: PartFile, obj: RemoteObject, sha256: str | None) -> str:

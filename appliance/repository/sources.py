@@ -128,6 +128,9 @@ class RemoteSources:
                 except OSError as exc:  # the store's disk: the next sync tries again
                     source.reachable = False
                     log.error("syncing %s into the model store failed: %s", source.url, exc)
+                except Exception:  # a bug: this source alone, the others still sync
+                    source.reachable = False
+                    log.exception("syncing %s failed", source.url)
         finally:
             _SYNCING.reset(token)
         return changed

@@ -76,6 +76,8 @@ class UpdateSource(Protocol):
     @property
     def pending(self) -> dict[tuple[str, int], str]: ...
     @property
+    def skipped(self) -> dict[str, str]: ...  # keys left out of the sync -> why
+    @property
     def download(self) -> DownloadProgress | None: ...
 
 
@@ -309,7 +311,8 @@ class StatusService:
                         for (m, v), why in sorted(
                             {**source.pending, **self._downloading([source])}.items()
                         )
-                    ),
+                    )
+                    + tuple(f"'{key}' left out: {why}" for key, why in source.skipped.items()),
                     download=self._download(source.download, rate),
                 )
                 for source, rate in zip(self._sources, self._download_rates, strict=True)

@@ -452,3 +452,32 @@ def test_publish_signs_and_uploads_the_model_level_files(
         "configs/orin.pbtxt",
     ]
     assert get(bucket, "m/configs/orin.pbtxt") == CONFIG.encode()
+
+
+def test_status_shows_a_malformed_report_as_that_devices_and_the_rest_of_the_fleet(
+    bucket: Bucket, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 31 item 12: one device's malformed report (a version list that is a number, JSON
+    nested deeper than json parses, a verdict folder '²') stopped `fleet status` for all."""
+    bucket.put_version(1, 1)
+    fleet(capsys, "publish", bucket.url, "m", version_dir(tmp_path, 2), "--version", 2,
+          "--stages", "100", "--start")  # fmt: skip
+    bucket.put(".fleet/devices/good.json", report("good", {"site": "berlin"}, [2]))
+    bucket.put(".fleet/devices/number.json", report("number", {}, 5))  # type: ignore[arg-type]
+    bucket.put(".fleet/devices/deep.json", b'{"device": "deep", "models": ' + b"[" * 30_000)
+    bucket.put(".fleet/verdicts/m/\u00b2/failed/good.json", b"{}")
+    bucket.put(".fleet/verdicts/m/2/passed/good.json", b"{}")
+    for extra in ((), ("--devices",), ("--json",)):
+        code, out, err = fleet(capsys, "status", bucket.url, *extra)
+        assert code == 0, err
+        if extra == ("--json",):
+            view = json.loads(out)
+            assert [r["device"] for r in view["reports"]] == ["good"]
+            unreadable = "\n".join(view["unreadable"])
+        else:
+            unreadable = out
+        assert "number.json: malformed report: 'models.m.serving' must be a list" in unreadable
+        assert "deep.json: malformed report: not JSON: nested too deep" in unreadable
+    code, out, _ = fleet(capsys, "status", bucket.url)
+    assert "1 devices reporting" in out
+    assert "verdicts 1 passed, 0 failed" in out

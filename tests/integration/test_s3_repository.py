@@ -513,3 +513,121 @@ def test_add_model_helper_builds_a_loadable_model() -> None:
     )
     out = session.run(None, {"INPUT0": np.zeros((1, 4), np.float32)})[0]
     assert out.tolist() == [[3.0] * 4]
+
+
+async def test_one_bad_object_or_model_never_stops_the_sync(
+    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31 item 2: each of these made every sync of the source fail (rollbacks and
+    removals included); now each is left out and reported, and the rest syncs."""
+    from appliance.repository.fleet_agent import FleetAgent
+    from appliance.repository.manifest import NO_MANIFEST_RULES
+    from appliance.repository.rollout import DeviceIdentity
+    from appliance.repository.s3 import S3Source
+
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    bucket = Bucket(s3)
+    bucket.seed()
+    bucket.put_version(2, 2)
+    bucket.put("m/\u00b2/model.onnx", b"isdigit() and no int()")
+    bucket.put("m/2", b"a file where version 2's folder is")
+    bucket.put_version(3, 3)
+    bucket.put("m/3/model.onnx/x", b"version 3's model file is also a folder")
+    long_name = "n" * 300
+    bucket.put(f"{long_name}/1/model.onnx", b"a name no file system holds")
+    bucket.put("r/config.pbtxt", CONFIG.encode())
+    bucket.put_version(1, 1, model="r")
+    bucket.put("r/rollout.json", b"[" * 30_000 + b"]" * 30_000)  # RecursionError in json
+    bucket.put("ok/config.pbtxt", CONFIG.encode())
+    bucket.put_version(1, 4, model="ok")
+    store = tmp_path / "store"
+    source = S3Source(bucket.url, store, 0, NO_MANIFEST_RULES)
+    FleetAgent(source, DeviceIdentity("dev-1"), 0, False)
+
+    def versions(model: str) -> list[str]:
+        folder = source.root / model
+        return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+
+    async with source.opened():
+        assert await source.sync() == {"m", "ok", "r"}
+        assert source.reachable is True
+        assert versions("m") == ["1", "2"]
+        assert versions("ok") == ["1"]
+        assert versions("r") == []  # its first document cannot be read: nothing new taken
+        assert source.pending[("m", 3)] == "not synced: 'model.onnx' is both a file and a folder"
+        assert source.pending[(long_name, 1)].startswith(
+            "not synced: model skipped: its name is 300 bytes, more than the 200"
+        )
+        assert sorted(source.skipped) == ["models/m/2", "models/m/\u00b2/model.onnx"]
+        # A version deleted from the bucket still leaves the store (the sync runs on).
+        for name in ("model.onnx", "SHA256SUMS"):
+            bucket.delete(f"m/1/{name}")
+        assert await source.sync() == {"m"}
+        assert versions("m") == ["2"]
+        # Fixed in the bucket: version 3 is fetched.
+        bucket.delete("m/3/model.onnx/x")
+        assert await source.sync() == {"m"}
+        assert versions("m") == ["2", "3"]
+        assert ("m", 3) not in source.pending
+
+
+def test_a_failing_remote_source_and_bad_local_entries_leave_local_models_polled(
+    start_server, s3: S3Server, tmp_path: Path
+) -> None:
+    """Issue 31: in poll mode a source whose every sync failed stopped the rescans of the
+    local folders too; a bad entry in a local folder must not stop the others either."""
+    local = tmp_path / "local"
+    (local / "here" / "1").mkdir(parents=True)
+    (local / "here" / "config.pbtxt").write_text(CONFIG.replace('"m"', '"here"'))
+    (local / "here" / "1" / "model.onnx").write_bytes(_model_bytes(4))
+    (local / "here" / "\u00b2").mkdir()  # '²': not a version
+    (local / "here" / "3").write_text("a file where a version folder would be")
+    (local / ("x" * 240)).mkdir()  # longer than a model name may be
+    bucket = Bucket(s3)
+    bucket.seed()
+    bucket.put("m/\u00b2/model.onnx", b"made every sync of the old code fail")
+    proc = start_server(
+        [local, bucket.url],
+        f"--model-store-dir={tmp_path / 'store'}",
+        "--repository-sync-wait-secs=60",
+        *POLL,
+        env=s3.env(),
+    )
+    assert _added(proc.http_url, "here") == 4.0
+    assert _added(proc.http_url) == 1.0
+    staging = tmp_path / "new"
+    (staging / "1").mkdir(parents=True)
+    (staging / "config.pbtxt").write_text(CONFIG.replace('"m"', '"new"'))
+    (staging / "1" / "model.onnx").write_bytes(_model_bytes(6))
+    staging.rename(local / "new")  # a local model arrives while the server polls
+    _wait_for(lambda: _added(proc.http_url, "new") == 6.0)
+    assert "is not a version folder" in proc.log()
+
+
+async def test_a_model_whose_store_folder_cannot_be_written_fails_alone(
+    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 31 item 2: an OSError of one model's folder failed the whole sync and marked the
+    source unreachable; now that model alone waits, reported, and the others sync."""
+    from appliance.repository.manifest import NO_MANIFEST_RULES
+    from appliance.repository.s3 import S3Source
+
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    bucket = Bucket(s3)
+    for model in ("a", "blocked", "z"):
+        bucket.put(f"{model}/config.pbtxt", CONFIG.encode())
+        bucket.put_version(1, 1, model=model)
+    source = S3Source(bucket.url, tmp_path / "store", 0, NO_MANIFEST_RULES)
+    async with source.opened():
+        (source.root / "blocked").write_text("a file where the model's folder goes")
+        assert await source.sync() == {"a", "z"}
+        assert source.reachable is True
+        why = source.skipped["models/blocked/"]
+        assert why.startswith("model not synced: ")
+        assert (source.root / "a" / "1" / "model.onnx").is_file()
+        assert (source.root / "z" / "1" / "model.onnx").is_file()
+        (source.root / "blocked").unlink()
+        assert await source.sync() == {"blocked"}
+        assert "models/blocked/" not in source.skipped

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +34,7 @@ class Source:
     downloaded_bytes: int = 10
     pending: dict[tuple[str, int], str] | None = None
     download: DownloadProgress | None = None
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -41,3 +41,18 @@ def test_fingerprint_follows_content_size_and_time(tmp_path: Path) -> None:
     (tmp_path / "2").mkdir()
     (tmp_path / "2" / "model.onnx").write_bytes(b"x")
     assert fingerprint(tmp_path) not in (first, second)
+
+
+def test_bad_entries_in_a_local_folder_are_skipped(tmp_path: Path) -> None:
+    """Issue 31: a version folder '²' (int() raises) or a file named like a version stopped
+    the scan of every model."""
+    from appliance.repository.local import list_models, list_versions
+
+    model = tmp_path / "m"
+    for name in ("1", "\u00b2", "07", "9" * 30):
+        (model / name).mkdir(parents=True)
+    (model / "3").write_text("a file where version 3's folder would be")
+    assert list_versions(model) == [1]
+    (tmp_path / ("x" * 240)).mkdir()  # longer than a model name may be
+    (tmp_path / "file").write_text("not a model")
+    assert list(list_models([tmp_path])) == ["m"]

@@ -11,6 +11,8 @@ import pytest
 
 from appliance.repository.rollout import (
     FAILED,
+    MAX_ROLLOUT_BYTES,
+    MAX_STAGES,
     PASSED,
     DeviceIdentity,
     HaltRule,
@@ -173,6 +175,22 @@ def test_bad_documents_say_which_field(changes: dict[str, Any], message: str) ->
 def test_unreadable_documents(data: bytes, message: str) -> None:
     with pytest.raises(RolloutError, match=message):
         RolloutDocument.parse(data)
+
+
+def test_documents_are_bounded_in_size_stages_and_depth() -> None:
+    """Issue 31 items 2 and 9: a million stages stalled every poll; a document nested deep
+    raised RecursionError (not a RolloutError), which stopped every update of its source."""
+    many = json.dumps(_raw(stages=[{"percent": 1}] * (MAX_STAGES + 1))).encode()
+    assert len(many) < MAX_ROLLOUT_BYTES
+    with pytest.raises(RolloutError, match=f"has {MAX_STAGES + 1} stages, more than the 100"):
+        RolloutDocument.parse(many)
+    most = json.dumps(_raw(stages=[{"percent": 1}] * MAX_STAGES)).encode()
+    assert len(RolloutDocument.parse(most).stages) == MAX_STAGES
+    with pytest.raises(RolloutError, match="nested too deep"):
+        RolloutDocument.parse(b"[" * 30_000 + b"]" * 30_000)  # under the size cap
+    big = json.dumps(_raw(reason="x" * MAX_ROLLOUT_BYTES)).encode()
+    with pytest.raises(RolloutError, match=f"more than the {MAX_ROLLOUT_BYTES} it may have"):
+        RolloutDocument.parse(big)
 
 
 def test_a_document_in_another_models_folder_is_refused() -> None:

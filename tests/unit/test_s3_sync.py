@@ -141,3 +141,51 @@ def test_a_refusal_for_space_gives_the_numbers(tmp_path: Path) -> None:
         f"'{tmp_path}', and 15.0 MiB must stay free (--model-store-reserve-mb: by default the "
         "smaller of 256 MiB and 10% of the 150 MiB file system)"
     )
+
+
+def test_a_key_the_store_cannot_hold_is_left_out_alone() -> None:
+    """Issue 31 item 2: one such object stopped the whole listing (int('²') raised)."""
+    long_name = "x" * 300
+    models = group_objects(
+        "repo/",
+        [
+            _obj("repo/m/config.pbtxt"),
+            _obj("repo/m/1/model.onnx"),
+            _obj("repo/m/\u00b2/model.onnx"),  # '²'.isdigit() and int('²') raises
+            _obj("repo/m/\u0661/model.onnx"),  # an Arabic-Indic one
+            _obj("repo/m/2"),  # a file where version 2's folder is
+            _obj("repo/m/2/model.onnx"),
+            _obj("repo/m/3/model.onnx"),
+            _obj("repo/m/3/model.onnx/x"),  # version 3 cannot be written
+            _obj("repo/m/4/" + long_name),
+            _obj("repo/m/" + "9" * 40 + "/model.onnx"),  # no int64 version
+            _obj(f"repo/{long_name}/1/model.onnx"),
+            _obj("repo/b\\ad/1/model.onnx"),
+            _obj("repo/ok/1/model.onnx"),
+        ],
+    )
+    m = models["m"]
+    assert sorted(m.versions) == [1, 2]
+    assert sorted(m.files) == ["config.pbtxt"]
+    assert m.bad_versions == {
+        3: "'model.onnx' is both a file and a folder",
+        4: f"'{long_name}': its name is 300 bytes, more than the 200 a name may have",
+    }
+    assert sorted(m.skipped) == [
+        "repo/m/2",
+        "repo/m/" + "9" * 40 + "/model.onnx",
+        "repo/m/\u00b2/model.onnx",
+        "repo/m/\u0661/model.onnx",
+    ]
+    assert m.skipped["repo/m/2"] == "'2' is both a file and a folder"
+    assert "is not a version folder" in m.skipped["repo/m/\u00b2/model.onnx"]
+    assert models[long_name].problem.startswith("model skipped: its name is 300 bytes")
+    assert models[long_name].bad_versions == {1: models[long_name].problem}
+    assert "path traversal" in models["b\\ad"].problem
+    assert sorted(models["ok"].versions) == [1]
+
+
+def test_model_level_files_that_clash_with_each_other_are_left_out() -> None:
+    m = group_objects("", [_obj("m/labels"), _obj("m/labels/en.txt"), _obj("m/1/a")])["m"]
+    assert sorted(m.files) == ["labels/en.txt"]
+    assert m.skipped == {"m/labels": "'labels' is both a file and a folder"}
