@@ -196,6 +196,7 @@ class HttpFrontend:
         self.status_page = StatusPage(status) if status is not None else None
         # --http-header-forward-pattern: None without it (the infer path never looks further).
         self.header_forward = header_forward
+        self.route_groups: dict[tuple[str, str], str] = {}  # filled by build()
 
     def build(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
@@ -242,9 +243,13 @@ class HttpFrontend:
             ]
         if self.status_page is not None:  # GET /, /status, /status.json, /openapi.json
             routes += self.status_page.routes()
+        # (method, path) -> its restricted-API group, for tests/security/test_route_groups.py,
+        # which fails on any route of the app that is not here with a group.
+        self.route_groups = {}
         for method, path, handler, api in routes:
             app.router.add_route(method, path, _guard(handler, api, self.restrictions))
-        app.router.add_route("*", "/{tail:.*}", _guard(self.not_found))
+            self.route_groups[(method, path)] = api
+        app.router.add_route("*", "/{tail:.*}", _guard(self.not_found))  # 404s, in no group
         return app
 
     @staticmethod
