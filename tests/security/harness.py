@@ -4,6 +4,7 @@ memory (the server and its children, VmRSS) grew by less than 50 MB."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from dataclasses import dataclass, field
@@ -69,10 +70,9 @@ class Http:
         """Send `raw` (a whole request) and read the answer to the end: (status, body).
         Status 0: the server closed the connection without an answer."""
         with self.connect() as sock:
-            try:
+            # The server may answer and close before the whole body is in.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 sock.sendall(raw)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the server answered and closed before the whole body was in
             data = b""
             try:
                 while chunk := sock.recv(65536):

@@ -101,7 +101,8 @@ def test_the_infer_fast_path_takes_only_inference_routes() -> None:
 
 def test_every_rpc_is_in_a_group() -> None:
     names = [method.name for method in SERVICE.methods]
-    assert "ModelInfer" in names and "RepositoryModelLoad" in names
+    assert "ModelInfer" in names
+    assert "RepositoryModelLoad" in names
     outside = [name for name in names if API_OF.get(name) not in APIS]
     assert not outside, f"RPCs in no restricted-API group: {outside}"
     assert set(API_OF) <= set(names), set(API_OF) - set(names)
@@ -170,7 +171,10 @@ class _Tls(Http):
 
 def test_a_locked_server_refuses_every_route_on_every_listener(locked) -> None:  # type: ignore[no-untyped-def]
     proc, sockets, cert = locked
-    listeners = {"tls": _Tls(proc.http_port, cert), "unix": Http(unix_path=str(sockets / "http.sock"))}
+    listeners = {
+        "tls": _Tls(proc.http_port, cert),
+        "unix": Http(unix_path=str(sockets / "http.sock")),
+    }
     routes = [r for r in _served_routes() if (r[0], r[1]) not in UNRESTRICTED]
     for where, http in listeners.items():
         for method, path, group in routes:
@@ -184,7 +188,9 @@ def test_a_locked_server_refuses_every_route_on_every_listener(locked) -> None: 
         # The fast path's infer with a binary body, and a path the router does not know.
         header = b'{"inputs": []}'
         status, _ = http.request(
-            "POST", "/v2/models/simple/infer", header,
+            "POST",
+            "/v2/models/simple/infer",
+            header,
             {"Inference-Header-Content-Length": str(len(header))},
         )
         assert status == 403, where
