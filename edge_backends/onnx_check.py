@@ -51,6 +51,10 @@ class OnnxFileProblem(ValueError):
     """Why an .onnx file is refused before it is opened."""
 
 
+class _Unparsed(OnnxFileProblem):
+    """Not protobuf as this reads it: ONNX Runtime's parser refuses it with its own words."""
+
+
 def load_budget_bytes() -> int:
     """Half the machine's physical memory: the most weights one load may declare."""
     try:
@@ -63,7 +67,7 @@ def _varint(data: memoryview, pos: int) -> tuple[int, int]:
     value = shift = 0
     while True:
         if pos >= len(data) or shift > 63:
-            raise OnnxFileProblem("not a valid ONNX protobuf (a truncated varint)")
+            raise _Unparsed("a truncated varint")
         byte = data[pos]
         pos += 1
         value |= (byte & 0x7F) << shift
@@ -84,13 +88,13 @@ def _fields(data: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
         elif wire == 2:
             size, pos = _varint(data, pos)
             if pos + size > len(data):
-                raise OnnxFileProblem("not a valid ONNX protobuf (a field past the end)")
+                raise _Unparsed("a field past the end")
             yield number, wire, data[pos : pos + size]
             pos += size
         elif wire in (1, 5):
             pos += 8 if wire == 1 else 4
         else:
-            raise OnnxFileProblem(f"not a valid ONNX protobuf (wire type {wire})")
+            raise _Unparsed(f"wire type {wire}")
 
 
 def _dims(number: int, wire: int, value: int | memoryview) -> list[int]:
@@ -194,6 +198,19 @@ def check_onnx_file(path: Path, budget_bytes: int | None = None) -> None:
         raise OnnxFileProblem(f"the file has {size} bytes, over protobuf's 2 GB limit")
     with open(path, "rb") as file:
         data = memoryview(file.read())
+    try:
+        _walk_model(walk, data)
+    except _Unparsed:
+        return  # ONNX Runtime says what is wrong with it
+    budget = load_budget_bytes() if budget_bytes is None else budget_bytes
+    if walk.declared > budget:
+        raise OnnxFileProblem(
+            f"its tensors declare {walk.declared} bytes, more than this load's budget of "
+            f"{budget} bytes (half the machine's memory)"
+        )
+
+
+def _walk_model(walk: _Walk, data: memoryview) -> None:
     for number, _, value in _fields(data):
         if number == 7 and isinstance(value, memoryview):  # ModelProto.graph
             walk.graph(value, 0)
@@ -203,9 +220,3 @@ def check_onnx_file(path: Path, budget_bytes: int | None = None) -> None:
                     for attr_no, _, attr in _fields(node):
                         if attr_no == 5 and isinstance(attr, memoryview):
                             walk.attribute(attr, 1)
-    budget = load_budget_bytes() if budget_bytes is None else budget_bytes
-    if walk.declared > budget:
-        raise OnnxFileProblem(
-            f"its tensors declare {walk.declared} bytes, more than this load's budget of "
-            f"{budget} bytes (half the machine's memory)"
-        )

@@ -49,6 +49,18 @@ def tree_rss_bytes(pid: int) -> int:
     return total
 
 
+def _complete(data: bytes) -> bool:
+    """Whether `data` holds a whole answer with a Content-Length."""
+    head, sep, body = data.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(body) >= int(value)
+    return False
+
+
 @dataclass
 class Http:
     """One raw HTTP/1.1 exchange per call, over TCP or a Unix socket (Connection: close)."""
@@ -77,6 +89,8 @@ class Http:
             try:
                 while chunk := sock.recv(65536):
                     data += chunk
+                    if _complete(data):  # the server may linger, reading a refused body
+                        break
             except ConnectionResetError:
                 pass
         if not data.startswith(b"HTTP/1."):
