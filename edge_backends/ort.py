@@ -31,6 +31,7 @@ from edge_backends.api import (
     TensorSpec,
 )
 from edge_backends.datatypes import BY_ONNX
+from edge_backends.onnx_check import OnnxFileProblem, check_onnx_file
 from edge_backends.ort_providers import CPU, CUDA, fallen_back, plan_providers
 from edge_backends.params import Parameters, threads_per_instance
 
@@ -72,6 +73,10 @@ def _open_session(
 ) -> ort.InferenceSession:
     if not path.is_file():
         raise ModelLoadError(f"model file '{path}' does not exist")
+    try:
+        check_onnx_file(path)  # what it would read and allocate, before ORT does
+    except (OnnxFileProblem, OSError) as exc:
+        raise ModelLoadError(f"onnxruntime will not load '{path}': {exc}") from None
     try:
         return ort.InferenceSession(
             str(path), sess_options=opts, providers=providers or [(CPU, {})]

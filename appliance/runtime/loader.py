@@ -125,6 +125,13 @@ def read_labels(model_dir: Path, config: ModelConfig) -> dict[str, list[str]]:
     for output in config.output:
         if output.label_filename:
             path = model_dir / output.label_filename
+            if escapes(path, model_dir):
+                # An absolute or '../' name (or a link out) would hand any file the server
+                # can read to clients as class names (tests/security/test_cve_classes.py).
+                raise ConfigError(
+                    f"model '{config.name}' output '{output.name}': label_filename "
+                    f"'{output.label_filename}' lies outside the model folder"
+                )
             try:
                 labels[output.name] = path.read_text(encoding="utf-8").splitlines()
             except OSError as exc:
