@@ -93,7 +93,10 @@ class FleetView:
 
 def parse_report(key: str, modified_s: float, data: bytes) -> DeviceReport:
     """A report from its bytes; ValueError when it is not one."""
-    raw = json.loads(data.decode("utf-8"))
+    try:
+        raw = json.loads(data.decode("utf-8"))
+    except RecursionError:  # found by fuzzing: nested deeper than json can read
+        raise ValueError("nested too deeply to be a device report") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("device"), str):
         raise ValueError("not a device report")
     models = raw.get("models") or {}
@@ -165,7 +168,9 @@ def read_verdicts(bucket: FleetBucket, model: str) -> dict[int, dict[str, str]]:
 
 
 def _served(entry: dict[str, Any]) -> list[int]:
-    serving = entry.get("serving") or []
+    serving = entry.get("serving")
+    if not isinstance(serving, list):  # found by fuzzing: a number here raised TypeError
+        return []
     return [v for v in serving if isinstance(v, int) and not isinstance(v, bool)]
 
 

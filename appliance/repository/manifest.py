@@ -196,10 +196,13 @@ def check_version(version_dir: Path, policy: ManifestPolicy) -> str:
         return str(exc)
     for name, expected in (files or {}).items():
         path = version_dir / name
-        if not path.is_file():
-            return f"incomplete: '{name}' listed in {MANIFEST} is missing"
-        if sha256_of(path) != expected:
-            return f"incomplete: '{name}' does not match its sha256 in {MANIFEST}"
+        try:  # OSError: found by fuzzing (a listed name longer than a file name can be)
+            if not path.is_file():
+                return f"incomplete: '{name}' listed in {MANIFEST} is missing"
+            if sha256_of(path) != expected:
+                return f"incomplete: '{name}' does not match its sha256 in {MANIFEST}"
+        except OSError as exc:
+            return f"incomplete: '{name}' listed in {MANIFEST} cannot be read: {exc.strerror}"
     return ""
 
 

@@ -120,6 +120,8 @@ class RolloutDocument:
             raw = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
             raise RolloutError(f"{ROLLOUT} is not UTF-8 JSON: {exc}") from None
+        except RecursionError:  # found by fuzzing: nested deeper than json can read
+            raise RolloutError(f"{ROLLOUT} is nested too deeply to be a rollout document") from None
         document = from_mapping(raw)
         if model is not None and document.model != model:
             raise RolloutError(f"{ROLLOUT} in folder '{model}' is for model '{document.model}'")

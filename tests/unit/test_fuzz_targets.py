@@ -74,3 +74,15 @@ def test_config_file_with_a_number_out_of_range_is_a_config_error(tmp_path: Path
     (tmp_path / "config.pbtxt").write_text('name: "m"\nmax_batch_size: 99999999999999999999\n')
     with pytest.raises(ConfigError, match="out of range"):
         read_config(tmp_path)
+
+
+def test_a_ledger_key_of_other_digits_does_not_lose_the_record() -> None:
+    """Finding (ledger target): a 'failed' key such as '²' passed isdigit() and made int()
+    raise, so the whole record was read as unreadable and started afresh."""
+    from appliance.repository.ledger import LedgerEntry
+
+    entry = LedgerEntry.from_json(
+        {"last_good": 2, "failed": {"²": {}, "3": {"stage": "load", "reason": "bad"}}}
+    )
+    assert entry.last_good == 2
+    assert list(entry.failed) == [3]
