@@ -6,8 +6,10 @@ only exception allowed out.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from appliance.runtime.loader import read_labels
 from appliance.services.inference import classify
 
 _SCRATCH = Path(tempfile.mkdtemp(prefix="edge-fuzz-"))  # one per process, reused by every run
+atexit.register(shutil.rmtree, _SCRATCH, True)
 
 
 def _scratch(name: str) -> Path:

@@ -47,7 +47,23 @@ def _save(name: str, data: bytes) -> Path:
     return path
 
 
-def run_atheris(name: str, seconds: int, merge_from: str = "") -> int:
+def _merge_command(name: str) -> str:
+    """An executable for libFuzzer's merge, which runs its inner passes as `argv[0] FLAGS...`:
+    a script that starts this target again with those flags."""
+    FINDINGS.mkdir(exist_ok=True)
+    script = FINDINGS / f"merge-{name}.sh"  # fuzz/findings/ is not tracked
+    root = Path(__file__).resolve().parent.parent
+    script.write_text(
+        f'#!/bin/sh\ncd "{root}" && exec "{sys.executable}" -m fuzz.run {name} '
+        '--engine=atheris --inner "$@"\n'
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
+def run_atheris(
+    name: str, seconds: int, merge_from: str = "", inner: list[str] | None = None
+) -> int:
     """Fuzz `name` for `seconds` from its corpus (fuzz/corpus/<name>/ and the seeds), growing a
     working corpus in a temporary folder (its path is printed). With `merge_from` (a working
     corpus of an earlier run), merge instead: the inputs of it that reach code the repository's
@@ -61,9 +77,11 @@ def run_atheris(name: str, seconds: int, merge_from: str = "") -> int:
     target = TARGETS[name]
     FINDINGS.mkdir(exist_ok=True)
     kept = CORPUS / name
-    if merge_from:
+    if inner is not None:  # a pass of libFuzzer's merge
+        argv = [sys.argv[0], *inner]
+    elif merge_from:
         argv = [
-            sys.argv[0],
+            _merge_command(name),
             "-merge=1",
             "-max_len=4096",
             "-rss_limit_mb=2048",
@@ -175,6 +193,7 @@ def main() -> int:
     parser.add_argument(
         "--merge-from", default="", metavar="DIR", help="atheris: merge DIR into the corpus"
     )
+    parser.add_argument("--inner", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     engine = args.engine
     if engine == "auto":
@@ -188,7 +207,7 @@ def main() -> int:
     if args.target == "all":
         return run_all(args.seconds, engine)
     if engine == "atheris":
-        return run_atheris(args.target, args.seconds, args.merge_from)
+        return run_atheris(args.target, args.seconds, args.merge_from, args.inner)
     return run_hypothesis(args.target, args.seconds)
 
 
