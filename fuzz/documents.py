@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -33,7 +34,9 @@ from appliance.repository.manifest import (
 from appliance.runtime.loader import read_labels
 from appliance.services.inference import classify
 
-_SCRATCH = Path(tempfile.mkdtemp(prefix="edge-fuzz-"))  # one per process, reused by every run
+# One folder per process, reused by every run; removed at exit. libFuzzer's exit skips atexit:
+# under atheris, fuzz.run names the folder (EDGE_FUZZ_SCRATCH) and removes it.
+_SCRATCH = Path(os.environ.get("EDGE_FUZZ_SCRATCH") or tempfile.mkdtemp(prefix="edge-fuzz-"))
 atexit.register(shutil.rmtree, _SCRATCH, True)
 
 

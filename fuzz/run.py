@@ -10,6 +10,8 @@ A finding prints its input and the traceback, is saved under fuzz/findings/, and
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import re
 import shutil
 import subprocess
@@ -47,6 +49,17 @@ def _save(name: str, data: bytes) -> Path:
     return path
 
 
+def _scratch(name: str) -> Path:
+    """The folder a target's files go to under atheris (removed by run_all after each)."""
+    return Path(tempfile.gettempdir()) / f"edge-fuzz-{name}-{os.getuid()}"
+
+
+def _clean(name: str) -> None:
+    shutil.rmtree(_scratch(name), ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.unlink(f"/dev/shm/edge-fuzz-{name}")
+
+
 def _merge_command(name: str) -> str:
     """An executable for libFuzzer's merge, which runs its inner passes as `argv[0] FLAGS...`:
     a script that starts this target again with those flags."""
@@ -70,6 +83,8 @@ def run_atheris(
     corpus does not are added to fuzz/corpus/<name>/ (libFuzzer's -merge=1 keeps the smallest)."""
     import atheris  # type: ignore[import-untyped]  # no stubs
 
+    os.environ["EDGE_FUZZ_SCRATCH"] = str(_scratch(name))
+    os.environ["EDGE_FUZZ_SHM"] = f"edge-fuzz-{name}"
     with atheris.instrument_imports(include=["appliance", "fuzz"]):
         from fuzz.targets import TARGETS
     from fuzz.targets import CORPUS, corpus, seeds
@@ -105,7 +120,7 @@ def run_atheris(
             "-max_len=4096",
             str(work),
         ]
-    atheris.Setup(argv, target)
+    atheris.Setup(argv, target)  # before Fuzz: the targets read these at their first run
     atheris.Fuzz()  # exits the process: 0 when time is up, non-zero on a finding
     return 0
 
@@ -176,6 +191,7 @@ def run_all(seconds: int, engine: str) -> int:
             merge = [*command, "--engine=atheris", f"--merge-from={work.group(1)}"]
             subprocess.call(merge, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             shutil.rmtree(work.group(1), ignore_errors=True)
+        _clean(name)
     if rows:
         print(f"\n| target | runs ({seconds} s) | coverage (edges) | features | corpus | finding |")
         print("|---|---|---|---|---|---|")

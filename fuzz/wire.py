@@ -187,7 +187,8 @@ def grpc_control(data: bytes) -> None:
 
 # -- the shared memory registry ------------------------------------------------------------------
 
-SHM_NAME = f"edge-fuzz-{os.getpid()}"
+# Removed at exit; under atheris (whose exit skips atexit) fuzz.run names it and removes it.
+SHM_NAME = os.environ.get("EDGE_FUZZ_SHM") or f"edge-fuzz-{os.getpid()}"
 SHM_BYTES = 256
 _made: list[str] = []
 
