@@ -165,13 +165,13 @@ def run_hypothesis(name: str, seconds: int) -> int:
 _DONE = re.compile(r"#(\d+)\s+DONE\s+cov: (\d+) ft: (\d+) corp: (\d+)/")
 
 
-def run_all(seconds: int, engine: str) -> int:
+def run_all(seconds: int, engine: str, names: tuple[str, ...] = NAMES) -> int:
     """Every target in its own process, one after the other; with atheris, each run's new
     inputs are then merged into the repository's corpus, and a table of the counts printed
     (docs/fuzzing.md keeps the last long run's)."""
     failed, rows = [], []
     FINDINGS.mkdir(exist_ok=True)
-    for name in NAMES:
+    for name in names:
         command = [sys.executable, "-m", "fuzz.run", name, f"--seconds={seconds}"]
         log_path = FINDINGS / f"{name}.log"
         with log_path.open("w") as log:
@@ -203,7 +203,9 @@ def run_all(seconds: int, engine: str) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m fuzz.run", description=__doc__)
-    parser.add_argument("target", choices=[*NAMES, "all"])
+    parser.add_argument(
+        "target", help=f"one of {', '.join(NAMES)}; several, comma-separated; or all"
+    )
     parser.add_argument("--seconds", type=int, default=60, help="per target")
     parser.add_argument("--engine", choices=("auto", "atheris", "hypothesis"), default="auto")
     parser.add_argument(
@@ -220,8 +222,12 @@ def main() -> int:
             engine = "hypothesis"
         else:
             engine = "atheris"
-    if args.target == "all":
-        return run_all(args.seconds, engine)
+    names = NAMES if args.target == "all" else tuple(args.target.split(","))
+    unknown = [n for n in names if n not in NAMES]
+    if unknown:
+        parser.error(f"unknown target(s): {', '.join(unknown)}")
+    if len(names) > 1:
+        return run_all(args.seconds, engine, names)
     if engine == "atheris":
         return run_atheris(args.target, args.seconds, args.merge_from, args.inner)
     return run_hypothesis(args.target, args.seconds)
