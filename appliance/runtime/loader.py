@@ -113,7 +113,13 @@ def read_labels(model_dir: Path, config: ModelConfig) -> dict[str, list[str]]:
     labels = {}
     for output in config.output:
         if output.label_filename:
-            path = model_dir / output.label_filename
+            name = Path(output.label_filename)
+            if name.is_absolute() or ".." in name.parts:  # labels are served to clients
+                raise ConfigError(
+                    f"model '{config.name}' output '{output.name}': label_filename "
+                    f"'{output.label_filename}' must name a file inside the model folder"
+                )
+            path = model_dir / name
             try:
                 labels[output.name] = path.read_text(encoding="utf-8").splitlines()
             except OSError as exc:

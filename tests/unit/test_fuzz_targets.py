@@ -86,3 +86,21 @@ def test_a_ledger_key_of_other_digits_does_not_lose_the_record() -> None:
     )
     assert entry.last_good == 2
     assert list(entry.failed) == [3]
+
+
+@pytest.mark.parametrize("name", ["../secret.txt", "/etc/hostname", "sub/../../secret.txt"])
+def test_a_label_file_outside_the_model_folder_is_refused(tmp_path: Path, name: str) -> None:
+    """Labels go to clients in classification results: a label_filename may not reach out of
+    the model folder (an absolute path or '..'), else a config could serve any file's lines."""
+    from appliance.runtime.loader import read_labels
+
+    (tmp_path / "secret.txt").write_text("root:x:0:0\n")
+    model = tmp_path / "m"
+    model.mkdir()
+    config = parse_config_text(
+        'name: "m"\noutput [ { name: "P", data_type: TYPE_FP32, dims: [ 2 ], '
+        f'label_filename: "{name}" }} ]\n',
+        "config.pbtxt",
+    )
+    with pytest.raises(ConfigError, match="must name a file inside the model folder"):
+        read_labels(model, config)
