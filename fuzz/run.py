@@ -3,8 +3,12 @@
 
     python -m fuzz.run http_json --seconds 120
     python -m fuzz.run all --seconds 120      # each target in its own process
+    python -m fuzz.run rollout,ledger --seconds 300
 
-A finding prints its input and the traceback, is saved under fuzz/findings/, and exits 1.
+A run starts from the target's corpus in the repository (fuzz/corpus/<target>/) and grows a
+working copy; with several targets, each run's new inputs are merged back into the corpus
+(libFuzzer's -merge=1) and a table of the counts is printed (docs/fuzzing.md). A finding
+prints its input and the traceback, is saved under fuzz/findings/, and exits non-zero.
 """
 
 from __future__ import annotations
