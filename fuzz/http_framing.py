@@ -194,7 +194,9 @@ class Harness:
         if not transport.closed:
             connection.eof_received()
             self._settle()
-            transport.close()
+        if not transport.closed:  # the client goes away: the socket's end, not a close()
+            transport.closed = True
+            connection.connection_lost(None)
         self._settle(16)
         out = b"".join(transport.written)
         problems = [r.getMessage() for r in self.errors.records]
