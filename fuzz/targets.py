@@ -8,6 +8,7 @@ guided) and hypothesis (random bytes) drive the same code.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,9 @@ from appliance.protocol import service_pb2 as pb
 from appliance.repository.s3 import RemoteObject, S3Location, group_objects
 from appliance.serialization import decode_bytes
 from appliance.services.shared_memory import SharedMemoryRegistry
+from fuzz.documents import fleet_report, labels, ledger, manifest, rollout_document
+from fuzz.http_framing import http_framing
+from fuzz.wire import grpc_control, grpc_stream, shm_registry
 
 LIMITS = RequestLimits()
 
@@ -114,11 +118,28 @@ def s3_listing(data: bytes) -> None:
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "http_json": http_json,
     "http_binary": http_binary,
+    "http_framing": http_framing,
     "bytes": bytes_tensor,
     "grpc": grpc_request,
+    "grpc_stream": grpc_stream,
+    "grpc_control": grpc_control,
+    "shm_registry": shm_registry,
     "config": config_pbtxt,
+    "manifest": manifest,
+    "rollout": rollout_document,
+    "ledger": ledger,
+    "labels": labels,
+    "fleet_report": fleet_report,
     "s3": s3_listing,
 }
+CORPUS = Path(__file__).parent / "corpus"
+
+
+def corpus(name: str) -> list[Path]:
+    """The target's corpus files in the repository (fuzz/corpus/<name>/): seeds, and the
+    inputs the long runs found (findings, once fixed, and new coverage), minimized."""
+    folder = CORPUS / name
+    return sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
 
 
 def seeds() -> dict[str, list[bytes]]:
@@ -146,4 +167,102 @@ def seeds() -> dict[str, list[bytes]]:
             b"dynamic_batching { max_queue_delay_microseconds: 100 }\n"
         ],
         "s3": [b"\x05repo/\x14repo/m/1/model.onnx\x05\x02e1\x00\x13repo/m/config.pbtxt\x01"],
+        **_more_seeds(header, blob, message),
+    }
+
+
+def _framed(*messages: bytes) -> bytes:
+    return b"".join(len(m).to_bytes(2, "little") + m for m in messages)
+
+
+def _more_seeds(
+    header: bytes, blob: bytes, message: pb.ModelInferRequest
+) -> dict[str, list[bytes]]:
+    import gzip
+    import json
+
+    infer = b'{"inputs":[{"name":"INPUT0","datatype":"INT32","shape":[1,2],"data":[1,2]}]}'
+    binary = header + blob
+    zipped = gzip.compress(b'{"x": 1}')
+    load = pb.RepositoryModelLoadRequest(model_name="m")
+    load.parameters["config"].string_param = '{"max_batch_size": 4}'
+    pin = pb.RepositoryModelLoadRequest(model_name="m")
+    pin.parameters["pin_version"].int64_param = 3
+    unload = pb.RepositoryModelUnloadRequest(model_name="m")
+    unload.parameters["unload_dependents"].bool_param = True
+    shm = pb.SystemSharedMemoryRegisterRequest(name="r", key="/nothere", offset=0, byte_size=64)
+    logs = pb.LogSettingsRequest()
+    logs.settings["log_verbose_level"].uint32_param = 1
+    trace = pb.TraceSettingRequest()
+    trace.settings["trace_rate"].value.append("10")
+    stream = message.SerializeToString()
+    manifest_text = b"%s  model.onnx\n" % hashlib.sha256(b"weights").hexdigest().encode()
+    rollout = {
+        "format": 1,
+        "model": "m",
+        "revision": 1,
+        "target": 2,
+        "baseline": 1,
+        "stage": 0,
+        "stages": [{"percent": 10}, {"labels": {"site": "berlin"}}],
+        "probation": {"window_requests": 100, "max_error_rate": 0.01, "max_latency_ratio": 1.5},
+        "halt": {"max_failed_share": 0.2, "min_verdicts": 2, "rollback": True},
+    }
+    ledger = {
+        "last_good": 2,
+        "pinned": None,
+        "rollout": 3,
+        "failed": {"3": {"stage": "load", "reason": "bad", "content": "files:x", "at": "t"}},
+    }
+    report = {
+        "format": 1,
+        "device": "dev-1",
+        "labels": {"site": "berlin"},
+        "time": "t",
+        "server_version": "0.1",
+        "last_poll": None,
+        "last_poll_ok": True,
+        "models": {
+            "m": {
+                "serving": [1, 2],
+                "rollout_revision": 2,
+                "target": 2,
+                "in_stage": True,
+                "probation": "running",
+                "requests": 5,
+            }
+        },
+    }
+    return {
+        "http_framing": [
+            b"\x80POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(infer), infer),
+            b"\x40POST /v2/models/m/versions/1/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
+            b"Inference-Header-Content-Length: %d\r\n\r\n%s" % (len(binary), len(header), binary),
+            b"\x20POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b'5\r\n{"inp\r\n0\r\n\r\nGET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n',
+            b"\x10POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(zipped), zipped),
+            b"\x90POST /v2/models/refused/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"
+            b"GET /v2 HTTP/1.0\r\nHost: x\r\n\r\n",
+        ],
+        "grpc_stream": [_framed(stream, stream)],
+        "grpc_control": [
+            bytes([i]) + m.SerializeToString()
+            for i, m in ((0, load), (0, pin), (1, unload), (2, shm), (8, logs), (9, trace))
+        ],
+        "shm_registry": [
+            b"\x01\x00"
+            + bytes(4)
+            + (8).to_bytes(8, "little") * 2
+            + (16).to_bytes(8, "little")
+            + (24).to_bytes(8, "little")
+            + b"\x00\x02\x03\x00"
+            + bytes(24)
+        ],
+        "manifest": [len(manifest_text).to_bytes(2, "little") + manifest_text + bytes(64)],
+        "rollout": [json.dumps(rollout).encode()],
+        "ledger": [json.dumps(ledger).encode()],
+        "labels": [b"\x03cat\ndog\nbird\n\nfish\n"],
+        "fleet_report": [json.dumps(report).encode()],
     }

@@ -201,7 +201,9 @@ def read_verdicts(bucket: FleetBucket, model: str) -> dict[int, dict[str, str]]:
 
 
 def _served(entry: dict[str, Any]) -> list[int]:
-    serving = entry.get("serving") or []
+    serving = entry.get("serving")
+    if not isinstance(serving, list):  # found by fuzzing: a number here raised TypeError
+        return []
     return [v for v in serving if isinstance(v, int) and not isinstance(v, bool)]
 
 

@@ -97,7 +97,8 @@ class LedgerEntry:
         failed: dict[int, Failure] = {}
         raw_failed = data.get("failed")
         for key, item in (raw_failed if isinstance(raw_failed, dict) else {}).items():
-            if str(key).isdigit() and isinstance(item, dict):
+            # isdecimal, not isdigit: '²' is a digit int() refuses (found by fuzzing)
+            if str(key).isdecimal() and isinstance(item, dict):
                 failed[int(key)] = Failure(
                     str(item.get("stage", LOAD)),
                     str(item.get("reason", "")),
@@ -180,7 +181,7 @@ class ModelLedger:
             try:
                 data = json.loads(path.read_text(encoding="utf-8"))
                 entry = LedgerEntry.from_json(data if isinstance(data, dict) else {})
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, RecursionError) as exc:  # RecursionError: fuzzing
                 log.warning("the ledger of '%s' cannot be read (%s); starting afresh", path, exc)
             if entry.loading is not None:
                 self._unfinished_load(model_dir, path, entry)

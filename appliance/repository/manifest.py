@@ -210,12 +210,15 @@ def check_version(
         return str(exc)
     for name, expected in (files or {}).items():
         path = version_dir / name
-        if not path.is_file():
-            return f"incomplete: '{name}' listed in {MANIFEST} is missing"
-        if (hashed or {}).get(name) == expected:
-            continue
-        if sha256_of(path) != expected:
-            return f"incomplete: '{name}' does not match its sha256 in {MANIFEST}"
+        try:  # OSError: found by fuzzing (a listed name longer than a file name can be)
+            if not path.is_file():
+                return f"incomplete: '{name}' listed in {MANIFEST} is missing"
+            if (hashed or {}).get(name) == expected:
+                continue
+            if sha256_of(path) != expected:
+                return f"incomplete: '{name}' does not match its sha256 in {MANIFEST}"
+        except OSError as exc:
+            return f"incomplete: '{name}' listed in {MANIFEST} cannot be read: {exc.strerror}"
     return ""
 
 

@@ -139,6 +139,11 @@ def read_labels(model_dir: Path, config: ModelConfig) -> dict[str, list[str]]:
                     f"model '{config.name}' output '{output.name}': cannot read label_filename "
                     f"'{path}': {exc.strerror}"
                 ) from exc
+            except UnicodeDecodeError as exc:  # found by fuzzing (fuzz/corpus/labels)
+                raise ConfigError(
+                    f"model '{config.name}' output '{output.name}': label_filename '{path}' is "
+                    f"not UTF-8 text (byte {exc.start})"
+                ) from None
     return labels
 
 

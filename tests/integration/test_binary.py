@@ -4,6 +4,7 @@ and drains and exits 0 on SIGTERM. Skipped until a binary is built; CI builds on
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -37,6 +38,38 @@ def test_binary_reports_its_build() -> None:
     out = subprocess.run([str(BINARY), "version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip()
+
+
+def _verify(binary: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(binary), "version", "--verify"], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_binary_verifies_its_signed_record_and_sbom(tmp_path: Path) -> None:
+    """build.sh signs SHA256SUMS of every file of the build (the SBOM among them): `version
+    --verify` passes on the build, and fails on a copy with its SBOM changed or a file added."""
+    out = _verify(BINARY)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.startswith("PASS: ")
+    assert "CycloneDX" in out.stdout
+    # A copy of hard links (no 140 MB copied); a tampered file is written anew, not in place.
+    copy = tmp_path / "edge-appliance"
+    shutil.copytree(BINARY.parent, copy, copy_function=os.link)
+    sbom = copy / "sbom.cdx.json"
+    text = sbom.read_text()
+    sbom.unlink()
+    sbom.write_text(text.replace('"numpy"', '"numpy-not"'))
+    out = _verify(copy / BINARY.name)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "FAIL: " in out.stdout
+    assert "'sbom.cdx.json' does not match" in out.stdout
+    sbom.unlink()
+    sbom.write_text(text)
+    (copy / "_internal" / "planted.so").write_bytes(b"not from the build")
+    out = _verify(copy / BINARY.name)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "files not in the signed SHA256SUMS: _internal/planted.so" in out.stdout
 
 
 def test_binary_serves_http_and_grpc_and_drains_on_sigterm(tmp_path: Path) -> None:

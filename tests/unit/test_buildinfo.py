@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -95,3 +96,94 @@ def test_version_command(capsys: pytest.CaptureFixture[str]) -> None:
     info = json.loads(capsys.readouterr().out)
     assert info["version"] == __version__
     assert {"commit", "python", "backends", "libraries", "gpu"} <= set(info)
+
+
+# -- version --verify: the build's signed record --------------------------------------------
+
+
+def _signed_build(tmp_path: Path) -> tuple[Path, Any]:
+    """A one-folder build as build/build.sh leaves it: files, the SBOM, SHA256SUMS signed."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from appliance.repository.manifest import write_manifest
+
+    folder = tmp_path / "edge-appliance"
+    (folder / "_internal").mkdir(parents=True)
+    (folder / "edge-appliance").write_bytes(b"\x7fELF binary")
+    (folder / "_internal" / "libpython3.11.so").write_bytes(b"library")
+    bom = {"bomFormat": "CycloneDX", "specVersion": "1.6", "components": [{"name": "numpy"}]}
+    (folder / buildinfo.SBOM).write_text(json.dumps(bom))
+    key = Ed25519PrivateKey.generate()
+    write_manifest(folder, key)
+    return folder, key
+
+
+def _public_pem(tmp_path: Path, key: Any) -> Path:
+    from cryptography.hazmat.primitives import serialization
+
+    path = tmp_path / "build.pub"
+    path.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return path
+
+
+def _verify(folder: Path, *extra: str) -> int:
+    return cli.version(["--verify", "--build-dir", str(folder), *extra])
+
+
+def test_verify_passes_on_a_signed_build_with_the_embedded_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import base64
+
+    from cryptography.hazmat.primitives import serialization
+
+    folder, key = _signed_build(tmp_path)
+    raw = key.public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw
+    )
+    monkeypatch.setattr(
+        buildinfo, "_build_module", lambda: {"public_key": base64.b64encode(raw).decode()}
+    )
+    assert _verify(folder) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("PASS: ")
+    assert "signed by the embedded build key" in out
+    assert "CycloneDX 1.6, 1 components" in out
+
+
+def test_verify_fails_on_a_tampered_sbom_file_or_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    folder, key = _signed_build(tmp_path)
+    public = str(_public_pem(tmp_path, key))
+    assert _verify(folder, "--public-key", public) == 0
+    capsys.readouterr()
+    sbom = folder / buildinfo.SBOM
+    original = sbom.read_bytes()
+    sbom.write_bytes(original.replace(b"numpy", b"numpz"))  # a component hidden
+    assert _verify(folder, "--public-key", public) == 1
+    assert "FAIL: " in capsys.readouterr().out
+    sbom.write_bytes(original)
+    library = folder / "_internal" / "libpython3.11.so"
+    library.write_bytes(b"librarz")  # a bundled file changed
+    assert _verify(folder, "--public-key", public) == 1
+    assert "'_internal/libpython3.11.so' does not match" in capsys.readouterr().out
+    library.write_bytes(b"library")
+    (folder / "_internal" / "extra.so").write_bytes(b"planted")  # a file added
+    assert _verify(folder, "--public-key", public) == 1
+    assert "files not in the signed SHA256SUMS: _internal/extra.so" in capsys.readouterr().out
+    (folder / "_internal" / "extra.so").unlink()
+    other = str(_public_pem(tmp_path / "..", Ed25519PrivateKey.generate()))
+    assert _verify(folder, "--public-key", other) == 1  # signed by another key
+    assert "does not verify" in capsys.readouterr().out
+
+
+def test_verify_outside_a_build_fails_and_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.version(["--verify"]) == 1
+    assert "not a one-folder build" in capsys.readouterr().out

@@ -74,3 +74,33 @@ def test_config_file_with_a_number_out_of_range_is_a_config_error(tmp_path: Path
     (tmp_path / "config.pbtxt").write_text('name: "m"\nmax_batch_size: 99999999999999999999\n')
     with pytest.raises(ConfigError, match="out of range"):
         read_config(tmp_path)
+
+
+def test_a_ledger_key_of_other_digits_does_not_lose_the_record() -> None:
+    """Finding (ledger target): a 'failed' key such as '²' passed isdigit() and made int()
+    raise, so the whole record was read as unreadable and started afresh."""
+    from appliance.repository.ledger import LedgerEntry
+
+    entry = LedgerEntry.from_json(
+        {"last_good": 2, "failed": {"²": {}, "3": {"stage": "load", "reason": "bad"}}}
+    )
+    assert entry.last_good == 2
+    assert list(entry.failed) == [3]
+
+
+@pytest.mark.parametrize("name", ["../secret.txt", "/etc/hostname", "sub/../../secret.txt"])
+def test_a_label_file_outside_the_model_folder_is_refused(tmp_path: Path, name: str) -> None:
+    """Labels go to clients in classification results: a label_filename may not reach out of
+    the model folder (an absolute path or '..'), else a config could serve any file's lines."""
+    from appliance.runtime.loader import read_labels
+
+    (tmp_path / "secret.txt").write_text("root:x:0:0\n")
+    model = tmp_path / "m"
+    model.mkdir()
+    config = parse_config_text(
+        'name: "m"\noutput [ { name: "P", data_type: TYPE_FP32, dims: [ 2 ], '
+        f'label_filename: "{name}" }} ]\n',
+        "config.pbtxt",
+    )
+    with pytest.raises(ConfigError, match="outside the model folder"):
+        read_labels(model, config)

@@ -58,7 +58,11 @@ REGION_CAP_STATUS = 429
 
 def error_response(status: int, message: str) -> web.Response:
     """Triton's error body, which tritonclient reads: {"error": "<message>"}."""
-    return web.Response(status=status, body=orjson.dumps({"error": message}), content_type=_JSON)
+    try:
+        body = orjson.dumps({"error": message})
+    except TypeError:  # a message quoting a client's bytes that are not UTF-8 (found by fuzzing)
+        body = orjson.dumps({"error": message.encode("utf-8", "backslashreplace").decode()})
+    return web.Response(status=status, body=body, content_type=_JSON)
 
 
 def json_response(value: Any, status: int = 200) -> web.Response:
