@@ -1,3 +1,3 @@
-from appliance.cli import main
+from appliance.face.cli import main
 
 raise SystemExit(main())

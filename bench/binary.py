@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench.common import ROOT, free_port, process_tree, rss_mib, wait_ready
 
-# Idle this long before memory is read: past the heap trimmer's first pass (appliance/memory.py,
+# Idle this long before memory is read: past the heap trimmer's first pass (appliance/ops/memory.py,
 # about 5 s after start), which returns the start-up heap (at 2 s the server read up to 46 MiB
 # higher: 187 against 141 MiB for the same binary).
 IDLE_S = 6.0

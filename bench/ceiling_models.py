@@ -23,7 +23,7 @@ import numpy as np
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from appliance.protojson import message_to_dict
+from appliance.common.protojson import message_to_dict
 from bench.raw import open_session
 from edge_backends.datatypes import BY_CONFIG
 

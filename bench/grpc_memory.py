@@ -25,8 +25,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from appliance.protocol import service_pb2 as pb
-from appliance.protocol import service_pb2_grpc
+from appliance.common.protocol import service_pb2 as pb
+from appliance.common.protocol import service_pb2_grpc
 from bench.common import rss_mib
 from bench.server import start_server, stop_server, wait_ready
 from configs.generate import IR_VERSION, OPSET

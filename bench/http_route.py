@@ -48,9 +48,9 @@ async def _serve(kind: str, port: int) -> None:
         app.router.add_post("/v2/models/{model}/infer", infer)
         runner = web.AppRunner(app, access_log=None)
     else:
+        from appliance.common.settings import HttpConnectionLimits
         from appliance.frontends.http.connections import GuardedAppRunner
         from appliance.frontends.http.fastpath import Body, Reply
-        from appliance.settings import HttpConnectionLimits
 
         class Canned:
             max_body_bytes = 1 << 20

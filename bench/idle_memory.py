@@ -4,7 +4,7 @@
 
 Starts the README's serve command (`.venv/bin/edge-appliance serve --model-repository ...`) on
 free ports, times process start to `GET /v2/health/ready` answering 200, waits `--idle-s`
-(6 s: past the heap trimmer's first pass at 5 s, appliance/memory.py; at 2-3 s the server still
+(6 s: past the heap trimmer's first pass at 5 s, appliance/ops/memory.py; at 2-3 s the server still
 holds 0-12 MiB of start-up heap, so samples taken then vary), then reads every process of its
 tree from /proc: VmRSS (status) and Pss, Private (smaps_rollup). RSS counts pages shared
 between the processes (the Python interpreter, numpy) once per process; PSS splits them, so

@@ -140,7 +140,7 @@ def _child(tree: str, repository: str, point: str, requests: int, rounds: int) -
 
     grpc.unary_unary_rpc_method_handler = recording
 
-    from appliance import cli
+    from appliance.face import cli
     from appliance.frontends.http import connections
 
     servers: list[Any] = []
@@ -187,7 +187,7 @@ def _child(tree: str, repository: str, point: str, requests: int, rounds: int) -
     def grpc_point() -> None:
         import numpy as np
 
-        from appliance.protocol import service_pb2 as pb
+        from appliance.common.protocol import service_pb2 as pb
 
         message = pb.ModelInferRequest(model_name=MODEL)
         for name, data in (("INPUT0", INPUT0), ("INPUT1", INPUT1)):

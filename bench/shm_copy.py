@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from appliance.common.types import ShmTarget
 from appliance.services.shared_memory import SharedMemoryRegistry, read_input, write_output
-from appliance.types import ShmTarget
 
 
 def median_ms(step: Callable[[], object], repeat: int) -> float:

@@ -21,11 +21,11 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from appliance.model_config import ModelConfig
+from appliance.common.model_config import ModelConfig
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.settings import RuntimeSettings
 from appliance.services.inference import InferenceService
-from appliance.tune import Point, drive, make_request
+from appliance.tools.tune import Point, drive, make_request
 from bench.common import ROOT
 from configs.generate import write_repository
 

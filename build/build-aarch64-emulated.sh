@@ -69,7 +69,7 @@ cleanup() {
   for m in "$ROOT/dev/shm" "$ROOT/dev/pts" "$ROOT/dev" "$ROOT/proc"; do
     if mountpoint -q "$m" 2>/dev/null; then umount "$m" 2>/dev/null || umount -l "$m" || true; fi
   done
-  rm -f "$ROOT/$SRC/appliance/_build.py" 2>/dev/null || true
+  rm -f "$ROOT/$SRC/appliance/ops/_build.py" 2>/dev/null || true
   if [[ $rc != 0 ]] && ! grep -q '^FAIL' "$REPORT" 2>/dev/null; then
     echo "FAIL aarch64 emulated build (exit $rc; see the output above)" | tee -a "$REPORT" >&2
   fi

@@ -40,7 +40,7 @@ PY
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 dirty=$(git status --porcelain --untracked-files=no 2>/dev/null | head -1)
 [[ -n $dirty ]] && commit="$commit-dirty"
-cat > appliance/_build.py <<PY
+cat > appliance/ops/_build.py <<PY
 """Written by build/build.sh: what this binary was built from."""
 
 COMMIT = "$commit"
@@ -49,7 +49,7 @@ GLIBC = "$(ldd --version 2>/dev/null | head -1 | awk '{print $NF}')"
 MACHINE = "$(uname -m)"
 PUBLIC_KEY = "$public_key"  # the build key's (Ed25519, base64): version --verify checks with it
 PY
-trap 'rm -f appliance/_build.py; rm -rf "$keys"' EXIT
+trap 'rm -f appliance/ops/_build.py; rm -rf "$keys"' EXIT
 rm -rf build/work "dist/edge-appliance"
 EDGE_BUNDLED_LIST=$keys/bundled.txt EDGE_BUILD_MODE=$mode .venv/bin/pyinstaller --noconfirm --log-level WARN \
   --workpath build/work --distpath dist build/edge-appliance.spec

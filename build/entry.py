@@ -10,6 +10,6 @@ if __name__ == "__main__":
     # A Python model's process is this binary re-executed: it must branch off here, before
     # the server's imports (aiohttp, grpc, onnxruntime), which it does not need.
     multiprocessing.freeze_support()
-    from appliance.cli import main
+    from appliance.face.cli import main
 
     raise SystemExit(main())

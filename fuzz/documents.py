@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from appliance.errors import ApplianceError, ConfigError
+from appliance.common.errors import ApplianceError, ConfigError
+from appliance.common.model_config import parse_config_text
 from appliance.fleet import view
-from appliance.model_config import parse_config_text
 from appliance.repository import rollout
 from appliance.repository.ledger import LedgerEntry, ModelLedger, held_back
 from appliance.repository.manifest import (

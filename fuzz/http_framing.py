@@ -19,16 +19,16 @@ from typing import Any
 
 from aiohttp import web
 
-from appliance import logs
-from appliance.errors import ApplianceError
+from appliance.common.errors import ApplianceError
+from appliance.common.limits import RequestLimits
+from appliance.common.settings import HttpConnectionLimits
 from appliance.frontends.http.codec import decode_request
 from appliance.frontends.http.connections import GuardedAppRunner, GuardedServer
 from appliance.frontends.http.fastpath import Body, InferConnection, Reply
 from appliance.frontends.http.server import _guard
 from appliance.frontends.status import HTTP_STATUS
-from appliance.limits import RequestLimits
+from appliance.ops import logs
 from appliance.services.shared_memory import SharedMemoryRegistry
-from appliance.settings import HttpConnectionLimits
 
 # No timers: a run is a few loop steps, and a timeout would make runs depend on the clock.
 LIMITS = HttpConnectionLimits(

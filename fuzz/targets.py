@@ -13,14 +13,14 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from appliance.errors import ApplianceError
+from appliance.common.errors import ApplianceError
+from appliance.common.limits import RequestLimits
+from appliance.common.model_config import parse_config_text, validate_config
+from appliance.common.protocol import service_pb2 as pb
+from appliance.common.serialization import decode_bytes
 from appliance.frontends.grpc.codec import decode_request as grpc_decode
 from appliance.frontends.http.codec import decode_request as http_decode
-from appliance.limits import RequestLimits
-from appliance.model_config import parse_config_text, validate_config
-from appliance.protocol import service_pb2 as pb
 from appliance.repository.s3 import RemoteObject, S3Location, group_objects
-from appliance.serialization import decode_bytes
 from appliance.services.shared_memory import SharedMemoryRegistry
 from fuzz.documents import fleet_report, labels, ledger, manifest, rollout_document
 from fuzz.http_framing import http_framing

@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from appliance.errors import ApplianceError
+from appliance.common.errors import ApplianceError
+from appliance.common.limits import RequestLimits
+from appliance.common.protocol import service_pb2 as pb
 from appliance.frontends.grpc.codec import decode_request, parameter_value
-from appliance.limits import RequestLimits
-from appliance.logs import LogSettings
-from appliance.protocol import service_pb2 as pb
+from appliance.ops.logs import LogSettings
+from appliance.ops.trace import Tracer
 from appliance.services.control import ControlService, ServerState
 from appliance.services.shared_memory import (
     SHM_ROOT,
@@ -28,7 +29,6 @@ from appliance.services.shared_memory import (
     read_input,
     write_output,
 )
-from appliance.trace import Tracer
 
 LIMITS = RequestLimits()
 

@@ -150,7 +150,7 @@ note "from exec to READY: $((loaded_us / 1000)) ms"
 order=$(ct journalctl -b -u "$unit" --no-pager -o cat |
   grep -E "is READY$|server is ready|^Started $unit" | sed -E 's/.*(model .*) is READY/\1/; s/ - .*//' | tr '\n' ',')
 check "journal order: every model READY, then 'server is ready', then systemd's 'Started'" \
-  grep -qE "^(model '[^']+' version [0-9]+,)+appliance.app: server is ready,Started $unit,\$" <<<"$order"
+  grep -qE "^(model '[^']+' version [0-9]+,)+appliance.server.app: server is ready,Started $unit,\$" <<<"$order"
 body='{"inputs": [
   {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": [0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]},
   {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]}]}'

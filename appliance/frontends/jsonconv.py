@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from appliance.errors import InvalidInput
-from appliance.protojson import message_to_dict as message_to_dict
+from appliance.common.errors import InvalidInput
+from appliance.common.protojson import message_to_dict as message_to_dict
 
 
 def loads(data: bytes | bytearray | str, what: str) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from appliance.errors import ErrorCode
+from appliance.common.errors import ErrorCode
 
 HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.INVALID_ARG: 400,

@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from appliance.errors import ConfigError, InvalidInput
+from appliance.common.errors import ConfigError, InvalidInput
 
 log = logging.getLogger(__name__)
 

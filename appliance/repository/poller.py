@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from appliance.errors import ApplianceError
+from appliance.common.errors import ApplianceError
 from appliance.repository.local import fingerprint
 from appliance.repository.sources import RemoteSources
 

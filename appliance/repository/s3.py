@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from appliance.errors import InvalidInput
+from appliance.common.errors import InvalidInput
 from appliance.repository.ledger import (
     VERIFICATION,
     ModelLedger,

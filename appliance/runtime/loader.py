@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 from google.protobuf import json_format
 
-from appliance.errors import ApplianceError, ConfigError
-from appliance.model_config import (
+from appliance.common.errors import ApplianceError, ConfigError
+from appliance.common.model_config import (
     CONFIG_FILENAME,
     DEFAULT_BOUNDS,
     DEFAULT_MAX_BATCH_SIZE,
@@ -29,8 +29,8 @@ from appliance.model_config import (
     resolve_backend,
     validate_config,
 )
-from appliance.protocol import model_config_pb2 as mc
-from appliance.protojson import message_to_dict
+from appliance.common.protocol import model_config_pb2 as mc
+from appliance.common.protojson import message_to_dict
 from appliance.repository.ledger import LOAD, VERIFICATION, WARM_UP
 from appliance.repository.local import escapes, list_versions
 from appliance.repository.manifest import (

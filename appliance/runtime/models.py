@@ -18,8 +18,14 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, NoReturn
 
-from appliance.errors import ApplianceError, ConfigError, ModelNotFound, ModelNotReady, Unsupported
-from appliance.model_config import ENSEMBLE, ConfigBounds, ModelConfig, read_config
+from appliance.common.errors import (
+    ApplianceError,
+    ConfigError,
+    ModelNotFound,
+    ModelNotReady,
+    Unsupported,
+)
+from appliance.common.model_config import ENSEMBLE, ConfigBounds, ModelConfig, read_config
 from appliance.repository.ledger import ModelLedger, record_pin
 from appliance.repository.local import list_models, list_versions
 from appliance.repository.rollout import ProbationRule

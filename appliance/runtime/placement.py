@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from appliance.model_config import ModelConfig
-from appliance.protocol import model_config_pb2 as mc
+from appliance.common.model_config import ModelConfig
+from appliance.common.protocol import model_config_pb2 as mc
 from edge_backends.api import ModelInstance, ModelLoadError, Placement
 from edge_backends.registry import get_backend
 

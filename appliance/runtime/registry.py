@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from appliance.errors import (
+from appliance.common.errors import (
     ApplianceError,
     InvalidInput,
     ModelNotFound,
     ModelNotReady,
     UnknownModel,
 )
-from appliance.model_config import ModelConfig
+from appliance.common.model_config import ModelConfig
 from appliance.runtime.loader import TensorRule
 from appliance.scheduling.contract import ModelScheduler
 from appliance.scheduling.ensemble import EnsemblePlan

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from appliance.common.settings import SchedulingSettings, ServerSettings
 from appliance.repository.manifest import ManifestPolicy
 from appliance.runtime.registry import ServedVersion
-from appliance.settings import SchedulingSettings, ServerSettings
 
 
 @dataclass(frozen=True)

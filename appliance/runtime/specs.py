@@ -12,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from appliance.errors import ConfigError
-from appliance.model_config import ModelConfig, datatype_of
+from appliance.common.errors import ConfigError
+from appliance.common.model_config import ModelConfig, datatype_of
+from appliance.common.settings import SchedulingSettings
 from appliance.scheduling.batcher import Scheduler
 from appliance.scheduling.contract import ModelScheduler
 from appliance.scheduling.ensemble import (
@@ -29,7 +30,6 @@ from appliance.scheduling.queues import DEFAULT_POLICY_KEY, QueuePolicy
 from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.sequence import Control, SequenceScheduler, SequenceSpec, StateSpec
 from appliance.scheduling.stats import ModelStats
-from appliance.settings import SchedulingSettings
 from edge_backends.datatypes import BY_TRITON
 
 

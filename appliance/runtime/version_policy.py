@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from appliance.protocol import model_config_pb2 as mc
+from appliance.common.protocol import model_config_pb2 as mc
 
 
 def select_versions(policy: mc.ModelVersionPolicy, available: Iterable[int]) -> list[int]:

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from appliance.errors import ConfigError
-from appliance.model_config import ModelConfig, datatype_of, model_shape
-from appliance.serialization import decode_bytes
+from appliance.common.errors import ConfigError
+from appliance.common.model_config import ModelConfig, datatype_of, model_shape
+from appliance.common.serialization import decode_bytes
 from edge_backends.api import BackendError, ModelInstance
 from edge_backends.datatypes import BY_TRITON
 

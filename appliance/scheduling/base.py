@@ -15,13 +15,13 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
-from appliance.errors import ServerUnavailable
+from appliance.common.errors import ServerUnavailable
+from appliance.common.types import Array
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
 from appliance.scheduling.outcome import log_unexpected, settle
 from appliance.scheduling.precise_timer import PreciseHandle
 from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.stats import ModelStats
-from appliance.types import Array
 
 
 class LaneWaiter:
@@ -256,7 +256,7 @@ class SchedulerBase:
         ]
 
     def health(self, now_ns: int, stuck_ns: int) -> str:
-        """Why this version cannot make progress ('' when it can); see appliance/notify.py."""
+        """Why this version cannot make progress ('' when it can); see appliance/ops/notify.py."""
         if self._closing or self._loop is None:
             return ""
         states = [(w.alive, w.busy_since_ns) for w in self._workers]

@@ -23,7 +23,8 @@ import time
 from collections import deque
 from itertools import islice
 
-from appliance.errors import QueueFull, ServerUnavailable
+from appliance.common.errors import QueueFull, ServerUnavailable
+from appliance.common.types import Array
 from appliance.scheduling.base import LaneWaiter, SchedulerBase
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
 from appliance.scheduling.outcome import client_error, log_unexpected
@@ -38,7 +39,6 @@ from appliance.scheduling.precise_timer import LOOP_TIMER_MIN_NS, TIMERS
 from appliance.scheduling.queues import QueuePolicy, RequestQueue
 from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.stats import ModelStats
-from appliance.types import Array
 
 log = logging.getLogger(__name__)
 

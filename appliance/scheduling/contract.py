@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from appliance.common.types import Array
 from appliance.scheduling.instances import Job
-from appliance.types import Array
 
 
 class ModelScheduler(Protocol):
@@ -63,5 +63,5 @@ class ModelScheduler(Protocol):
         ...
 
     def health(self, now_ns: int, stuck_ns: int) -> str:
-        """Why this version cannot make progress ('' when it can); see appliance/notify.py."""
+        """Why this version cannot make progress ('' when it can); see appliance/ops/notify.py."""
         ...

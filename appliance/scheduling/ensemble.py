@@ -40,10 +40,10 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from appliance.errors import ApplianceError, InvalidInput, ServerUnavailable
+from appliance.common.errors import ApplianceError, InvalidInput, ServerUnavailable
+from appliance.common.types import Array
 from appliance.scheduling.instances import Job
 from appliance.scheduling.stats import ModelStats
-from appliance.types import Array
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from appliance.types import Array
+from appliance.common.types import Array
 from edge_backends.api import BackendError, InputRejected, ModelInstance, Pending, RequestInfo
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from appliance.errors import (
+from appliance.common.errors import (
     ApplianceError,
     InferenceFailed,
     InvalidInput,
@@ -27,7 +27,7 @@ from appliance.errors import (
     ServerUnavailable,
     Unsupported,
 )
-from appliance.types import Array
+from appliance.common.types import Array
 from edge_backends.api import BackendError
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from appliance.errors import InvalidInput, QueueFull
+from appliance.common.errors import InvalidInput, QueueFull
 from appliance.scheduling.instances import Job
 
 

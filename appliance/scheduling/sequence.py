@@ -28,12 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from appliance.errors import InvalidInput, QueueFull, ServerUnavailable
+from appliance.common.errors import InvalidInput, QueueFull, ServerUnavailable
+from appliance.common.types import Array
 from appliance.scheduling.base import SchedulerBase
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
 from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.stats import ModelStats
-from appliance.types import Array
 
 log = logging.getLogger(__name__)
 

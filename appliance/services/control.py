@@ -18,17 +18,19 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from appliance import __version__, buildinfo
-from appliance.buildinfo import JETSON_RELEASE
-from appliance.errors import (
+from appliance import __version__
+from appliance.common.errors import (
     ApplianceError,
     ClientShmDisabled,
     ConfigError,
     InvalidInput,
     ModelNotFound,
 )
-from appliance.logs import LogSettings, LogState
-from appliance.protocol import model_config_pb2 as mc
+from appliance.common.protocol import model_config_pb2 as mc
+from appliance.ops import buildinfo
+from appliance.ops.buildinfo import JETSON_RELEASE
+from appliance.ops.logs import LogSettings, LogState
+from appliance.ops.trace import Tracer
 from appliance.repository.local import check_model_name
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.registry import READY, ServedVersion
@@ -46,7 +48,6 @@ from appliance.services.results import (
 )
 from appliance.services.rows import index_rows, model_statistics
 from appliance.services.shared_memory import SharedMemoryRegistry
-from appliance.trace import Tracer
 
 # tritonserver's list, in its order, with what is implemented here (generate too).
 EXTENSIONS = (

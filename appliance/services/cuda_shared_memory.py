@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from appliance.buildinfo import JETSON_RELEASE
-from appliance.errors import InvalidInput, Unsupported
+from appliance.common.errors import InvalidInput, Unsupported
+from appliance.ops.buildinfo import JETSON_RELEASE
 from edge_backends.cuda_device import (
     CudaDevice,
     DeviceBuffer,

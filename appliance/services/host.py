@@ -12,7 +12,7 @@ import queue
 from collections.abc import Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from appliance.errors import Unsupported
+from appliance.common.errors import Unsupported
 from edge_backends.api import Emit, HostRequest, InferenceHost, Outputs
 
 if TYPE_CHECKING:

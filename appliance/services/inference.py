@@ -13,8 +13,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from appliance.cache import ResponseCache, cache_key
-from appliance.errors import (
+from appliance.common.errors import (
     ApplianceError,
     DecoupledOnUnary,
     ErrorCode,
@@ -23,7 +22,16 @@ from appliance.errors import (
     QueueFull,
     ServerUnavailable,
 )
-from appliance.limits import NO_LIMITS, RequestLimits
+from appliance.common.limits import NO_LIMITS, RequestLimits
+from appliance.common.types import (
+    Array,
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    OutputTensor,
+    RequestedOutput,
+)
+from appliance.ops.trace import Tracer
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.registry import ServedVersion
 from appliance.scheduling.batcher import QueueTimeout
@@ -37,17 +45,9 @@ from appliance.scheduling.ensemble import (
 )
 from appliance.scheduling.instances import Job
 from appliance.scheduling.outcome import client_error
+from appliance.services.cache import ResponseCache, cache_key
 from appliance.services.host import BlockingHost, ModelControl
 from appliance.services.validation import validate
-from appliance.trace import Tracer
-from appliance.types import (
-    Array,
-    InferRequest,
-    InferResponse,
-    InputTensor,
-    OutputTensor,
-    RequestedOutput,
-)
 from edge_backends.api import InferenceHost
 from edge_backends.datatypes import from_numpy
 
@@ -486,7 +486,7 @@ DECOUPLED_MAX_BYTES = 32 << 20
 # How long a model waits so for a reader that takes nothing; then the request fails with
 # ResponsesNotRead and is cancelled. A model held in its sender longer would hold its instance
 # for a client that may never read, and count as stuck for the systemd watchdog
-# (appliance/notify.py: every instance in one execution longer than WatchdogSec, 30 s in the
+# (appliance/ops/notify.py: every instance in one execution longer than WatchdogSec, 30 s in the
 # shipped unit), which would restart the server for one client.
 DECOUPLED_READER_WAIT_S = 10.0
 

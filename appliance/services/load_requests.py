@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from appliance.errors import ApplianceError, ConfigError, InvalidInput
+from appliance.common.errors import ApplianceError, ConfigError, InvalidInput
 from appliance.runtime.registry import ModelRecord
 
 

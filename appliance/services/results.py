@@ -3,7 +3,7 @@
 Each front end has one converter from these to its wire form (`frontends/http/convert.py`: JSON
 objects, `frontends/grpc/convert.py`: protobuf messages), so both protocols say the same thing
 and neither parses the other's. Versions are integers here; the converters write Triton's
-strings. The log settings are `appliance.logs.LogState`, already a frozen value in Triton's
+strings. The log settings are `appliance.ops.logs.LogState`, already a frozen value in Triton's
 names; the model configuration is the `ModelConfig` protobuf message, the schema itself.
 """
 

@@ -40,12 +40,12 @@ from typing import Any
 
 import numpy as np
 
-from appliance.errors import ApplianceError, ErrorCode, InvalidInput, ModelNotFound
-from appliance.limits import RequestLimits
-from appliance.serialization import decode_bytes, encode_bytes
+from appliance.common.errors import ApplianceError, ErrorCode, InvalidInput, ModelNotFound
+from appliance.common.limits import RequestLimits
+from appliance.common.serialization import decode_bytes, encode_bytes
+from appliance.common.tensors import datatype, element_count
+from appliance.common.types import Array, RequestedOutput, ShmTarget
 from appliance.services.cuda_shared_memory import CudaMemoryAccess, CudaRegion
-from appliance.tensors import datatype, element_count
-from appliance.types import Array, RequestedOutput, ShmTarget
 
 SHM_ROOT = "/dev/shm"
 

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Protocol
 
 from appliance import __version__
-from appliance.errors import ApplianceError
-from appliance.gpu_metrics import (
+from appliance.common.errors import ApplianceError
+from appliance.common.protocol import model_config_pb2 as mc
+from appliance.ops.gpu import (
     GpuSource,
 )
-from appliance.protocol import model_config_pb2 as mc
 from appliance.repository.ledger import PROBATION, LedgerEntry, ModelLedger
 from appliance.repository.s3 import DownloadProgress
 from appliance.runtime.placement import where_instances_run

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from appliance.logs import Problem
+from appliance.ops.logs import Problem
 
 # ---- typed results ---------------------------------------------------------------------------
 

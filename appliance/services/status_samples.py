@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from appliance.gpu_metrics import (
+from appliance.ops.gpu import (
     MEMORY_TOTAL,
     MEMORY_USED,
     POWER_USAGE,

@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from appliance.errors import InvalidInput
-from appliance.limits import RequestLimits
+from appliance.common.errors import InvalidInput
+from appliance.common.limits import RequestLimits
+from appliance.common.types import Array, InferRequest
 from appliance.runtime.registry import ServedVersion
 from appliance.scheduling.instances import Job
-from appliance.types import Array, InferRequest
 
 
 def _dims_match(expected: tuple[int, ...], got: tuple[int, ...]) -> bool:

@@ -3,7 +3,7 @@ multiprocessing's resource tracker.
 
 Plain `spawn` does two things a model process does not need. It re-runs the parent's main
 module in the child (as `__mp_main__`): for `edge-appliance serve` that is the console script,
-whose `from appliance.cli import main` imports the whole server (aiohttp, grpc, protobuf) into
+whose `from appliance.face.cli import main` imports the whole server (aiohttp, grpc, protobuf) into
 every model process. And it starts multiprocessing's resource tracker, a process of its own,
 so that every process can register shared memory with it. Measured with bench/idle_memory.py on
 the example repository (three Python model instances): each model process 68 MiB RSS with the

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from appliance.gpu_metrics import NvmlSource
+from appliance.ops.gpu import NvmlSource
 
 pytestmark = pytest.mark.gpu
 
@@ -50,7 +50,7 @@ def test_server_reports_every_gpu_with_nvml_values(start_server, tmp_path: Path,
         for family in text_string_to_metric_families(text)
         for sample in family.samples
     }
-    assert " INFO appliance.gpu_metrics: GPU metrics from NVML, " in proc.log()
+    assert " INFO appliance.ops.gpu: GPU metrics from NVML, " in proc.log()
     uuids = set()
     for index in range(nvml.nvmlDeviceGetCount()):
         handle = nvml.nvmlDeviceGetHandleByIndex(index)

@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from appliance.access import parse_groups
+from appliance.common.access import parse_groups
 
 ADMIN = "model-repository,shared-memory,logging,model-config:admin-key=s3cret"
 

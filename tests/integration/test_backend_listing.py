@@ -5,7 +5,7 @@ from __future__ import annotations
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from appliance import buildinfo
+from appliance.ops import buildinfo
 from appliance.services.control import extensions
 from tests.serverproc import ServerProcess
 

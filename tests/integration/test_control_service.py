@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from appliance import __version__
-from appliance.errors import (
+from appliance.common.errors import (
     ApplianceError,
     ErrorCode,
     InvalidInput,
@@ -20,7 +20,9 @@ from appliance.errors import (
     ModelNotReady,
     Unsupported,
 )
-from appliance.logs import LogSettings, LogState
+from appliance.common.settings import ServerSettings
+from appliance.common.types import InferRequest, InputTensor
+from appliance.ops.logs import LogSettings, LogState
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.settings import RuntimeSettings
 from appliance.services.control import ControlService, ServerState
@@ -35,8 +37,6 @@ from appliance.services.results import (
     TraceSettings,
 )
 from appliance.services.shared_memory import RegionExists
-from appliance.settings import ServerSettings
-from appliance.types import InferRequest, InputTensor
 from configs.generate import SIMPLE_CONFIG, save, simple_model
 
 SIMPLE_TENSORS = (

@@ -38,7 +38,7 @@ import pytest
 import tritonclient.http as httpclient
 from onnx import TensorProto, helper
 
-from appliance import cli
+from appliance.face import cli
 from appliance.repository import rollout
 from tests.integration.models import IR_VERSION, OPSET
 from tests.integration.test_s3_repository import CONFIG, Bucket, _model_bytes

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from appliance import cli
+from appliance.face import cli
 from appliance.repository import rollout
 from tests.integration.test_s3_repository import CONFIG, Bucket, _model_bytes
 from tests.s3servers import S3Server, free_port, seaweed_server, weed_binary

@@ -24,7 +24,7 @@ def test_without_a_gpu_cpu_metrics_are_served_and_gpu_metrics_absent(
     log = proc.log()
     said = [line for line in log.splitlines() if "GPU metrics" in line]
     assert len(said) == 1, log
-    assert " INFO appliance.gpu_metrics: GPU metrics off: " in said[0]
+    assert " INFO appliance.ops.gpu: GPU metrics off: " in said[0]
     assert said[0].endswith("and no Jetson GPU load in sysfs")
     assert " ERROR " not in log
     assert "Traceback" not in log

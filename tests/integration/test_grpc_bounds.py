@@ -12,8 +12,8 @@ import grpc
 import numpy as np
 import pytest
 
-from appliance.protocol import service_pb2 as pb
-from appliance.protocol import service_pb2_grpc
+from appliance.common.protocol import service_pb2 as pb
+from appliance.common.protocol import service_pb2_grpc
 from tests.serverproc import ServerProcess
 
 # A Python model whose executions leave a file `started-*` in its folder, then wait until the

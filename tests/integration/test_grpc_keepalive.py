@@ -18,9 +18,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 from onnx import TensorProto
 
+from appliance.common.protocol import service_pb2 as pb
+from appliance.common.protocol import service_pb2_grpc
 from appliance.frontends.grpc.server import stream_limit
-from appliance.protocol import service_pb2 as pb
-from appliance.protocol import service_pb2_grpc
 from configs.generate import SIMPLE_CONFIG, identity_model, save, simple_model
 from tests.serverproc import ServerProcess
 from tests.tcpproxy import TcpProxy

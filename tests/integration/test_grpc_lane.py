@@ -21,8 +21,8 @@ import tritonclient.http as httpclient
 from onnx import TensorProto
 from tritonclient.utils import InferenceServerException
 
-from appliance.protocol import service_pb2 as pb
-from appliance.protocol import service_pb2_grpc
+from appliance.common.protocol import service_pb2 as pb
+from appliance.common.protocol import service_pb2_grpc
 from configs.generate import identity_model, save
 from tests.integration.models import slow_model
 from tests.serverproc import ServerProcess

@@ -1,6 +1,6 @@
 """The memory a burst of large gRPC calls takes comes back after it (issue 17, item 4): glibc
 keeps what gRPC, protobuf, numpy and ONNX Runtime freed unless it is trimmed
-(appliance/memory.py). bench/grpc_memory.py measures the same load with its numbers."""
+(appliance/ops/memory.py). bench/grpc_memory.py measures the same load with its numbers."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-from appliance.protocol import service_pb2 as pb
-from appliance.protocol import service_pb2_grpc
+from appliance.common.protocol import service_pb2 as pb
+from appliance.common.protocol import service_pb2_grpc
 from configs.generate import identity_model, save
 from tests.serverproc import ServerProcess
 

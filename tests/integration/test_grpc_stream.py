@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
+from appliance.common.protocol import service_pb2 as pb
+from appliance.common.protocol import service_pb2_grpc
 from appliance.frontends.grpc.server import STREAM_MAX_IN_FLIGHT
-from appliance.protocol import service_pb2 as pb
-from appliance.protocol import service_pb2_grpc
 from configs.generate import identity_model, save
 from tests.integration.streams import Counted
 from tests.serverproc import ServerProcess

@@ -20,8 +20,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from onnx import TensorProto
 
-from appliance.protocol import service_pb2 as pb
-from appliance.protocol import service_pb2_grpc
+from appliance.common.protocol import service_pb2 as pb
+from appliance.common.protocol import service_pb2_grpc
 from configs.generate import identity_model, save
 from tests.integration.models import slow_model
 from tests.integration.streams import Counted

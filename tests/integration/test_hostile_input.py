@@ -24,7 +24,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from appliance.memory import _malloc_trim
+from appliance.ops.memory import _malloc_trim
 from configs.generate import SIMPLE_CONFIG, save, simple_model
 from tests.integration.models import _add_constant_model
 from tests.serverproc import ServerProcess
@@ -523,7 +523,7 @@ def test_a_base64_file_override_still_loads(server, temp_dir) -> None:  # type: 
 @pytest.mark.skipif(_malloc_trim() is None, reason="no malloc_trim in this C library")
 def test_the_heap_trimmer_runs_without_grpc(start_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A burst of large HTTP bodies leaves freed heap with glibc; the trimmer gives it back
-    (appliance/memory.py), also when gRPC is off (it was started by the gRPC listener)."""
+    (appliance/ops/memory.py), also when gRPC is off (it was started by the gRPC listener)."""
     root = tmp_path / "repo"
     save(simple_model(), root / "simple" / "1" / "model.onnx")
     (root / "simple" / "config.pbtxt").write_text(SIMPLE_CONFIG)
@@ -537,6 +537,6 @@ def test_the_heap_trimmer_runs_without_grpc(start_server, tmp_path) -> None:  # 
     for _ in range(4):
         assert _post(proc, "/v2/models/simple/infer", body)[0] == 200
     deadline = time.monotonic() + 20  # the trimmer runs every 5 s
-    while "appliance.memory: malloc_trim: RSS" not in proc.log():
+    while "appliance.ops.memory: malloc_trim: RSS" not in proc.log():
         assert time.monotonic() < deadline, proc.log()[-3000:]
         time.sleep(0.2)

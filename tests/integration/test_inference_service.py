@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-from appliance.errors import InvalidInput, ModelNotFound, ModelNotReady, ServerUnavailable
+from appliance.common.errors import InvalidInput, ModelNotFound, ModelNotReady, ServerUnavailable
+from appliance.common.settings import ServerSettings
+from appliance.common.types import InferRequest, InputTensor, RequestedOutput
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.settings import RuntimeSettings
 from appliance.services.inference import InferenceService
 from appliance.services.validation import validate
-from appliance.settings import ServerSettings
-from appliance.types import InferRequest, InputTensor, RequestedOutput
 from configs.generate import SIMPLE_CONFIG, identity_model, save, simple_model
 
 ENSEMBLE = """

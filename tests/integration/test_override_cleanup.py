@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from appliance.common.settings import ServerSettings
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.settings import RuntimeSettings
 from appliance.services import load_requests
 from appliance.services.control import ControlService, ServerState
-from appliance.settings import ServerSettings
 from configs.generate import SIMPLE_CONFIG, save, simple_model
 from tests.integration.models import _add_constant_model
 

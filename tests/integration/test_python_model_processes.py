@@ -1,6 +1,6 @@
 """A Python model's process is lean, and its tensors' shared memory never outlives it.
 
-The server starts as the console script does (`from appliance.cli import main` in a script
+The server starts as the console script does (`from appliance.face.cli import main` in a script
 that is `__main__`), the case where plain multiprocessing spawn re-imports the whole server into
 every model process. No resource tracker process may start, and no arena may stay in /dev/shm
 once both sides mapped it, after an unload, a killed model process or the server's exit.
@@ -48,7 +48,7 @@ class TritonPythonModel:
 SCRIPT = """\
 import sys
 
-from appliance.cli import main
+from appliance.face.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[sys.argv.index("appliance") + 1 :]))

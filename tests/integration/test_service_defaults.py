@@ -17,8 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from appliance.protocol import service_pb2 as pb
-from appliance.protocol import service_pb2_grpc
+from appliance.common.protocol import service_pb2 as pb
+from appliance.common.protocol import service_pb2_grpc
 from configs.generate import SIMPLE_CONFIG, save, simple_model
 from tests.serverproc import ROOT, ServerProcess
 

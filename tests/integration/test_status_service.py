@@ -11,15 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from appliance.logs import LogSettings
+from appliance.common.settings import ServerSettings
+from appliance.common.types import InferRequest, InputTensor
+from appliance.ops.logs import LogSettings
 from appliance.repository.s3 import DownloadProgress
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.settings import RuntimeSettings
 from appliance.services.control import ControlService, ServerState
 from appliance.services.inference import InferenceService
 from appliance.services.status import StatusService, VersionStatus
-from appliance.settings import ServerSettings
-from appliance.types import InferRequest, InputTensor
 from tests.integration import status_repo
 
 

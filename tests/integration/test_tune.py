@@ -12,7 +12,7 @@ import pytest
 import tritonclient.http as httpclient
 from google.protobuf import text_format
 
-from appliance.protocol import model_config_pb2 as mc
+from appliance.common.protocol import model_config_pb2 as mc
 from configs.generate import write_repository
 from tests.serverproc import ROOT, ServerProcess
 

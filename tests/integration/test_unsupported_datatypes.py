@@ -12,10 +12,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from appliance.common.settings import ServerSettings
 from appliance.runtime import loader, models
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.settings import RuntimeSettings
-from appliance.settings import ServerSettings
 from tests.integration.models import _add_constant_model
 
 BF16 = """name: "bf16"

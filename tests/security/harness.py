@@ -144,7 +144,7 @@ class Watch:
         log = self.proc.log()
         assert "Traceback" not in log, log[-4000:]
         # What a refused request allocated is freed when its answer is sent; the heap is
-        # trimmed after (appliance/memory.py): look again for a few seconds before failing.
+        # trimmed after (appliance/ops/memory.py): look again for a few seconds before failing.
         deadline = time.monotonic() + 10
         while True:
             grown = tree_rss_bytes(self.proc.proc.pid) - self.baseline_rss

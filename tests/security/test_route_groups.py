@@ -23,11 +23,11 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from appliance.access import APIS
+from appliance.common.access import APIS
 from appliance.frontends.grpc.server import API_OF, SERVICE
 from appliance.frontends.http.fastpath import _INFER_PATH
 from appliance.frontends.http.server import HttpFrontend
-from appliance.metrics import metrics_app
+from appliance.services.metrics import metrics_app
 from configs.generate import SIMPLE_CONFIG, save, simple_model
 from tests.pki import self_signed
 from tests.security.harness import Http

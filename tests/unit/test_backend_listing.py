@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from appliance import buildinfo
+from appliance.ops import buildinfo
 from tests.serverproc import ROOT
 
 
 def test_listing_imports_neither_torch_nor_openvino() -> None:
     code = (
         "import sys\n"
-        "from appliance import buildinfo\n"
+        "from appliance.ops import buildinfo\n"
         "info = buildinfo.build_info()\n"
         "assert 'torch' not in sys.modules and 'openvino' not in sys.modules, 'imported'\n"
         "print(sorted(info['backends']))\n"

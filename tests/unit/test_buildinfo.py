@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
-import appliance
-from appliance import __version__, buildinfo, cli
+import appliance.ops
+from appliance import __version__
+from appliance.face import cli
+from appliance.ops import buildinfo
 
 
 def test_build_info_reports_version_commit_python_backends_and_gpu() -> None:
@@ -30,13 +32,13 @@ def test_build_info_reports_version_commit_python_backends_and_gpu() -> None:
 def test_commit_and_build_time_come_from_the_generated_module(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    built = types.ModuleType("appliance._build")
+    built = types.ModuleType("appliance.ops._build")
     built.COMMIT = "abc1234-dirty"  # type: ignore[attr-defined]
     built.BUILT = "2026-01-02T03:04:05Z"  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "appliance._build", built)
-    # `from appliance import _build` reads the package attribute first (set by an earlier
+    monkeypatch.setitem(sys.modules, "appliance.ops._build", built)
+    # `from appliance.ops import _build` reads the package attribute first (set by an earlier
     # import when build/build.sh has written the real file).
-    monkeypatch.setattr(appliance, "_build", built, raising=False)
+    monkeypatch.setattr(appliance.ops, "_build", built, raising=False)
     summary = buildinfo.summary()
     assert summary["commit"] == "abc1234-dirty"
     assert summary["built"] == "2026-01-02T03:04:05Z"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from appliance.cache import ResponseCache, cache_key
+from appliance.services.cache import ResponseCache, cache_key
 
 
 def outputs(nbytes: int) -> dict[str, np.ndarray]:

@@ -11,16 +11,16 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance import serve_flags
-from appliance.errors import ConfigError
-from appliance.model_config import (
+from appliance.common.errors import ConfigError
+from appliance.common.model_config import (
     DEFAULT_BOUNDS,
     ConfigBounds,
     check_bounds,
     instance_count,
     validate_config,
 )
-from appliance.settings import SchedulingSettings
+from appliance.common.settings import SchedulingSettings
+from appliance.flags import serve as serve_flags
 
 U64_MAX = 18446744073709551615
 BASE = """

@@ -15,11 +15,11 @@ import pytest
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from appliance.common.protocol import model_config_pb2 as mc
+from appliance.common.protocol import service_pb2 as pb
 from appliance.frontends.grpc import convert as grpc_convert
 from appliance.frontends.http import convert as http_convert
-from appliance.logs import LogState
-from appliance.protocol import model_config_pb2 as mc
-from appliance.protocol import service_pb2 as pb
+from appliance.ops.logs import LogState
 from appliance.services.results import (
     BatchStatistics,
     CudaSharedMemoryRegion,

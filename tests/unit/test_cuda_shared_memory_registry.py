@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from appliance.errors import InvalidInput, ModelNotFound, RequestTooLarge, Unsupported
-from appliance.limits import RequestLimits
+from appliance.common.errors import InvalidInput, ModelNotFound, RequestTooLarge, Unsupported
+from appliance.common.limits import RequestLimits
+from appliance.common.types import ShmTarget
 from appliance.services.cuda_shared_memory import CudaMemoryAccess
 from appliance.services.shared_memory import (
     RegionExists,
@@ -21,7 +22,6 @@ from appliance.services.shared_memory import (
     read_input,
     write_output,
 )
-from appliance.types import ShmTarget
 from edge_backends.cuda_device import DeviceBuffer, DeviceError, _check_ipc_size
 
 

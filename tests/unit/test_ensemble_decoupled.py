@@ -10,8 +10,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from appliance.errors import ConfigError, InvalidInput
-from appliance.model_config import ModelConfig
+from appliance.common.errors import ConfigError, InvalidInput
+from appliance.common.model_config import ModelConfig
 from appliance.runtime.specs import with_decoupled_steps
 from appliance.scheduling.ensemble import (
     EnsemblePlan,

@@ -9,7 +9,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.errors import ConfigError
+from appliance.common.errors import ConfigError
 from appliance.runtime.specs import plan_from_config
 from appliance.scheduling.ensemble import (
     EnsembleStep,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from appliance.errors import InvalidInput, QueueFull
+from appliance.common.errors import InvalidInput, QueueFull
 from appliance.scheduling.ensemble import (
     EnsemblePlan,
     EnsembleStep,

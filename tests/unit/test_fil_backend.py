@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from appliance.model_config import resolve_backend
-from appliance.protocol import model_config_pb2 as mc
+from appliance.common.model_config import resolve_backend
+from appliance.common.protocol import model_config_pb2 as mc
 from edge_backends import fil_convert
 from edge_backends.api import InstanceSpec, ModelLoadError
 from edge_backends.fil import FilBackend, output_width
@@ -157,7 +157,7 @@ def test_cache_folder_choice(tmp_path: Path) -> None:
 
 def test_tree_libraries_are_not_imported_without_a_fil_model() -> None:
     code = (
-        "import sys, appliance.app, appliance.model_config, edge_backends.fil\n"
+        "import sys, appliance.server.app, appliance.common.model_config, edge_backends.fil\n"
         f"print(sorted(m for m in {TREE_LIBRARIES!r} if m in sys.modules))"
     )
     out = subprocess.run(

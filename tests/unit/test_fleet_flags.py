@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from appliance.serve_flags import add_serve_flags, settings_from_args
-from appliance.settings import ServerSettings
+from appliance.common.settings import ServerSettings
+from appliance.flags.serve import add_serve_flags, settings_from_args
 
 
 def _settings(*flags: str) -> ServerSettings:

@@ -11,13 +11,13 @@ import struct
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.errors import ApplianceError
+from appliance.common.errors import ApplianceError
+from appliance.common.model_config import parse_config_text
+from appliance.common.protocol import service_pb2 as pb
+from appliance.common.serialization import decode_bytes
 from appliance.frontends.grpc.codec import decode_request as grpc_decode
 from appliance.frontends.http.codec import decode_request as http_decode
-from appliance.model_config import parse_config_text
-from appliance.protocol import service_pb2 as pb
 from appliance.repository.s3 import RemoteObject, S3Location, group_objects
-from appliance.serialization import decode_bytes
 from appliance.services.shared_memory import SharedMemoryRegistry
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

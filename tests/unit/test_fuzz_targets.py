@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.errors import ConfigError
-from appliance.model_config import parse_config_text, read_config, validate_config
+from appliance.common.errors import ConfigError
+from appliance.common.model_config import parse_config_text, read_config, validate_config
 from appliance.repository.s3 import RemoteObject, group_objects
 from fuzz.run import NAMES
 from fuzz.targets import TARGETS

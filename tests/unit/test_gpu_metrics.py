@@ -12,15 +12,15 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from appliance import cli
-from appliance.gpu_metrics import (
+from appliance.face import cli
+from appliance.ops.gpu import (
     GpuCollector,
     GpuSource,
     JetsonSource,
     NvmlSource,
     find_gpu_source,
 )
-from appliance.metrics import build_registry
+from appliance.services.metrics import build_registry
 
 MEMINFO = "MemTotal:       32000000 kB\nMemFree:         1000000 kB\nMemAvailable:   24000000 kB\n"
 
@@ -304,7 +304,7 @@ def test_nvml_failure_leaves_the_metric_out_once_warned(caplog: pytest.LogCaptur
     fake, now = two_gpus(), [0.0]
     source = NvmlSource(fake, interval_s=1.0, clock=lambda: now[0])
     fake.devices[0]["power_mw"] = FakeNvml.NVMLError("GPU is lost")
-    with caplog.at_level(logging.WARNING, logger="appliance.gpu_metrics"):
+    with caplog.at_level(logging.WARNING, logger="appliance.ops.gpu"):
         assert "nv_gpu_power_usage" not in source.read()[0].values
         now[0] += 1.0
         assert "nv_gpu_power_usage" not in source.read()[0].values
@@ -318,7 +318,7 @@ def test_nvml_failure_leaves_the_metric_out_once_warned(caplog: pytest.LogCaptur
 def test_no_gpu_no_metrics_and_one_info_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="appliance.gpu_metrics"):
+    with caplog.at_level(logging.INFO, logger="appliance.ops.gpu"):
         assert find_gpu_source(root=tmp_path, nvml=failing_nvml()) is None
     assert [r.getMessage() for r in caplog.records] == [
         "GPU metrics off: NVML unavailable: NVML Shared Library Not Found, "
@@ -342,7 +342,7 @@ def test_without_pynvml_the_reason_says_what_to_install(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails as if not installed
-    with caplog.at_level(logging.INFO, logger="appliance.gpu_metrics"):
+    with caplog.at_level(logging.INFO, logger="appliance.ops.gpu"):
         assert find_gpu_source(root=tmp_path) is None
     assert "pynvml not installed (pip install nvidia-ml-py)" in caplog.text
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from appliance.model_config import ModelConfig
-from appliance.protocol import model_config_pb2 as mc
+from appliance.common.model_config import ModelConfig
+from appliance.common.protocol import model_config_pb2 as mc
 from appliance.runtime.placement import onnx_substitute, place_group
 from edge_backends.api import ModelLoadError
 from edge_backends.ort_providers import CPU, CUDA, TENSORRT, fallen_back, plan_providers

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.errors import ErrorCode, ServerUnavailable
+from appliance.common.errors import ErrorCode, ServerUnavailable
 from appliance.frontends.grpc.admission import CallBound
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.app import _connection_options
-from appliance.cli import build_parser
-from appliance.serve_flags import settings_from_args
-from appliance.settings import GrpcConnectionSettings, ServerSettings
+from appliance.common.settings import GrpcConnectionSettings, ServerSettings
+from appliance.face.cli import build_parser
+from appliance.flags.serve import settings_from_args
+from appliance.server.app import _connection_options
 
 FLAGS = (
     "--grpc-keepalive-time",

@@ -11,7 +11,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from appliance.errors import InferenceFailed, InvalidInput, ServerUnavailable
+from appliance.common.errors import InferenceFailed, InvalidInput, ServerUnavailable
 from appliance.scheduling.batcher import Scheduler
 from appliance.scheduling.instances import Job
 from appliance.scheduling.policy import BatchPolicy

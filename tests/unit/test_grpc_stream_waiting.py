@@ -9,12 +9,12 @@ import asyncio
 import queue
 from typing import Any
 
+from appliance.common.protocol import service_pb2 as pb
 from appliance.frontends.grpc.stream import (
     STREAM_MAX_IN_FLIGHT,
     STREAM_MAX_WAITING_BYTES,
     _Waiting,
 )
-from appliance.protocol import service_pb2 as pb
 
 
 def _taken(events: queue.SimpleQueue[tuple[int, Any]], waiting: _Waiting) -> pb.Message:

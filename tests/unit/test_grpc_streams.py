@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from appliance.errors import ErrorCode
+from appliance.common.errors import ErrorCode
 from appliance.frontends.grpc.admission import StreamSlots, TooManyStreams
 from appliance.frontends.grpc.server import (
     POOL_HEADROOM,

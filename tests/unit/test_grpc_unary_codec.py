@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from appliance.errors import InvalidInput
+from appliance.common.errors import InvalidInput
+from appliance.common.protocol import service_pb2 as pb
+from appliance.common.serialization import encode_bytes
+from appliance.common.types import InferResponse, OutputTensor
 from appliance.frontends.grpc.codec import decode_request, encode_response, names_regions
-from appliance.protocol import service_pb2 as pb
-from appliance.serialization import encode_bytes
 from appliance.services.shared_memory import SharedMemoryRegistry
-from appliance.types import InferResponse, OutputTensor
 from tests.unit.test_tensors import NUMERIC  # datatype -> numpy type, one table for the tests
 
 

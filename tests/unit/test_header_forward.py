@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.cli import build_parser
-from appliance.errors import InvalidInput
-from appliance.header_forward import HeaderForward, compile_pattern, scoped_flags
-from appliance.serve_flags import settings_from_args
-from appliance.settings import ServerSettings
+from appliance.common.errors import InvalidInput
+from appliance.common.header_forward import HeaderForward, compile_pattern, scoped_flags
+from appliance.common.settings import ServerSettings
+from appliance.face.cli import build_parser
+from appliance.flags.serve import settings_from_args
 
 RESERVED = (
     "sequence_id",

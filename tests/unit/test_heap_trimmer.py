@@ -1,4 +1,4 @@
-"""appliance/memory.py: the heap trimmer calls malloc_trim off the loop at its interval, and
+"""appliance/ops/memory.py: the heap trimmer calls malloc_trim off the loop at its interval, and
 stops with its owner."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from appliance.memory import HeapTrimmer, _malloc_trim, rss_bytes
+from appliance.ops.memory import HeapTrimmer, _malloc_trim, rss_bytes
 
 
 async def test_trims_at_its_interval_on_a_worker_thread_until_stopped() -> None:

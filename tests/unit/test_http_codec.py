@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from appliance.errors import InvalidInput
+from appliance.common.errors import InvalidInput
+from appliance.common.protocol import ModelConfig
+from appliance.common.tensors import encode_bytes
+from appliance.common.types import InferRequest, InferResponse, OutputTensor, RequestedOutput
 from appliance.frontends.http.codec import (
     HttpInferRequest,
     decode_request,
     encode_response,
 )
-from appliance.protocol import ModelConfig
-from appliance.tensors import encode_bytes
-from appliance.types import InferRequest, InferResponse, OutputTensor, RequestedOutput
 
 
 def header(doc: dict[str, Any]) -> bytes:

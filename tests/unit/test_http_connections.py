@@ -17,14 +17,14 @@ import pytest
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from appliance.common.settings import HttpConnectionLimits
 from appliance.frontends.http.connections import (
     GuardedAppRunner,
     GuardedRequestHandler,
     GuardedServer,
 )
-from appliance.listeners import HttpListener, serve_http
-from appliance.settings import HttpConnectionLimits
-from appliance.shutdown import CANCEL_GRACE_S, Deadline
+from appliance.server.listeners import HttpListener, serve_http
+from appliance.server.shutdown import CANCEL_GRACE_S, Deadline
 
 LIMITS = HttpConnectionLimits(
     header_timeout_secs=0.2, body_timeout_secs=0.2, keepalive_timeout_secs=5, max_connections=2

@@ -21,6 +21,7 @@ from aiohttp import web
 from aiohttp.http import SERVER_SOFTWARE
 from aiohttp.web_protocol import RequestHandler
 
+from appliance.common.settings import HttpConnectionLimits
 from appliance.frontends.http.connections import GuardedAppRunner, GuardedServer
 from appliance.frontends.http.fastpath import (
     PIPELINE_MAX_BYTES,
@@ -29,7 +30,6 @@ from appliance.frontends.http.fastpath import (
     Reply,
     stall,
 )
-from appliance.settings import HttpConnectionLimits
 
 LIMITS = HttpConnectionLimits(
     max_header_bytes=1024,

@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from appliance.errors import InvalidInput, RequestTooLarge
+from appliance.common.errors import InvalidInput, RequestTooLarge
+from appliance.common.limits import RequestLimits
+from appliance.common.serialization import encode_bytes
 from appliance.frontends.http.codec import HttpInferRequest, decode_request
 from appliance.frontends.http.header_plans import MAX_PLANS, HeaderPlans
-from appliance.limits import RequestLimits
-from appliance.serialization import encode_bytes
 
 LIMITS = RequestLimits()
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from appliance.serve_flags import add_serve_flags, settings_from_args
+from appliance.flags.serve import add_serve_flags, settings_from_args
 from tests.serverproc import ROOT
 
 kv = pytest.importorskip(
@@ -34,7 +34,7 @@ CONTAINERFILE = ROOT / "build" / "oci" / "Containerfile"
 # whose schemas the validator ships.
 K8S_VERSIONS = ("1.28", kv.latest_version())
 SHUTDOWN_DEADLINE_S = 30.0  # the server's default --exit-timeout-secs
-FORCED_EXIT_AFTER_S = 1.5  # past the deadline (appliance/shutdown.py)
+FORCED_EXIT_AFTER_S = 1.5  # past the deadline (appliance/server/shutdown.py)
 
 # A ServingRuntime's spec (serving.kserve.io/v1alpha1), structurally: the fields of KServe's
 # CRD with their types; the pod parts (containers, volumes, ...) are checked as a Pod below.

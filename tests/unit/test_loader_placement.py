@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from appliance.protocol import model_config_pb2 as mc
+from appliance.common.protocol import model_config_pb2 as mc
 from appliance.runtime.loader import prepare_model
 from edge_backends import registry
 from edge_backends.api import (

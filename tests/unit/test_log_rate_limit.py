@@ -11,7 +11,7 @@ import pytest
 from aiohttp.http_exceptions import BadHttpMessage, ContentEncodingError
 from aiohttp.web import RequestPayloadError
 
-from appliance.logs import RATE_LIMITED, ClientHttpErrors, LogSettings, LogState, RateLimit
+from appliance.ops.logs import RATE_LIMITED, ClientHttpErrors, LogSettings, LogState, RateLimit
 
 
 class Clock:

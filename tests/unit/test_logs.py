@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from appliance import cli
-from appliance.errors import InvalidInput, Unsupported
-from appliance.logs import LogSettings, LogState, checked_changes, formatter
+from appliance.common.errors import InvalidInput, Unsupported
+from appliance.face import cli
+from appliance.ops.logs import LogSettings, LogState, checked_changes, formatter
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def test_formats() -> None:
 def test_control_characters_in_names_are_escaped() -> None:
     """A model name from a load request's path (%0A, %1B) cannot forge a log line or drive
     the terminal that shows the log (issue 31, item 12); the record itself is left as it was."""
-    name = "m\nINFO appliance.app: all models verified\x1b[2J\x7f\x9b"
+    name = "m\nINFO appliance.server.app: all models verified\x1b[2J\x7f\x9b"
     record = logging.LogRecord(
         "appliance.x", logging.INFO, "f", 1, "model '%s' (%d versions): %s", (name, 2,
         ValueError(name)), None
@@ -114,7 +114,10 @@ def test_control_characters_in_names_are_escaped() -> None:
         assert "\n" not in text
         assert "\x1b" not in text
         assert "\x7f" not in text
-        assert "model 'm\\x0aINFO appliance.app: all models verified\\x1b[2J\\x7f\\x9b'" in text
+        assert (
+            "model 'm\\x0aINFO appliance.server.app: all models verified"
+            "\\x1b[2J\\x7f\\x9b'" in text
+        )
         assert "(2 versions)" in text
     journal = formatter("default", journal=True).format(record)
     assert journal.count("\n") == 0

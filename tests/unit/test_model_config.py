@@ -8,8 +8,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.errors import ConfigError
-from appliance.model_config import (
+from appliance.common.errors import ConfigError
+from appliance.common.model_config import (
     check_file_names,
     complete_config,
     parse_config_text,

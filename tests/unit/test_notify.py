@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.notify import (
+from appliance.ops.notify import (
     Notifier,
     bootloader_pid,
     status_text,

@@ -24,7 +24,7 @@ def test_the_soft_limit_is_raised_to_the_hard_one() -> None:
         "import logging, resource, sys\n"
         "logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(message)s')\n"
         f"resource.setrlimit(resource.RLIMIT_NOFILE, ({low}, {hard}))\n"
-        "from appliance.cli import raise_open_file_limit\n"
+        "from appliance.face.cli import raise_open_file_limit\n"
         "print(raise_open_file_limit())\n"
         "print(resource.getrlimit(resource.RLIMIT_NOFILE))\n"
     )

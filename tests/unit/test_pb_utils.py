@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from appliance.metrics import CustomMetricsCollector, InferenceCollector, exposition
+from appliance.services.metrics import CustomMetricsCollector, InferenceCollector, exposition
 from edge_backends.api import CustomMetricFamily, InstanceBase, MetricSample
 from edge_backends.python import triton_python_backend_utils as pb_utils
 from edge_backends.python.custom_metrics import MetricError, MetricStore, answer

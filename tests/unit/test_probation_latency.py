@@ -9,7 +9,9 @@ from typing import cast
 
 import pytest
 
-from appliance.model_config import ModelConfig
+from appliance.common.model_config import ModelConfig
+from appliance.common.settings import ServerSettings
+from appliance.flags.serve import add_serve_flags, settings_from_args
 from appliance.repository.rollout import ProbationRule
 from appliance.runtime.probation import (
     LATENCY_FLOOR_MS,
@@ -22,8 +24,6 @@ from appliance.runtime.registry import ModelRegistry, ServedVersion
 from appliance.runtime.settings import RuntimeSettings
 from appliance.scheduling.contract import ModelScheduler
 from appliance.scheduling.stats import RECENT_LATENCIES, ModelStats
-from appliance.serve_flags import add_serve_flags, settings_from_args
-from appliance.settings import ServerSettings
 
 MS = 1_000_000  # ns
 

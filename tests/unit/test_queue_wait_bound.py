@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from appliance.errors import QueueFull
+from appliance.common.errors import QueueFull
+from appliance.common.settings import SchedulingSettings
+from appliance.flags.serve import add_serve_flags, settings_from_args
 from appliance.scheduling.batcher import Scheduler
 from appliance.scheduling.policy import BatchPolicy, queue_wait_bound_ns
-from appliance.serve_flags import add_serve_flags, settings_from_args
-from appliance.settings import SchedulingSettings
 from tests.unit.scheduling_doubles import job, make
 from tests.unit.test_scheduler import Sleeper
 

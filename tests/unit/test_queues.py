@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from appliance.errors import InvalidInput, QueueFull
+from appliance.common.errors import InvalidInput, QueueFull
 from appliance.scheduling.instances import Job
 from appliance.scheduling.queues import QueuePolicy, RequestQueue
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.access import Restriction, parse_groups
+from appliance.common.access import Restriction, parse_groups
 
 
 @pytest.mark.parametrize(

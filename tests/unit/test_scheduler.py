@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from appliance.errors import InferenceFailed, InvalidInput, QueueFull
+from appliance.common.errors import InferenceFailed, InvalidInput, QueueFull
 from appliance.scheduling.batcher import QueueTimeout, Scheduler
 from appliance.scheduling.instances import (
     CPU_SAMPLE_EVERY,

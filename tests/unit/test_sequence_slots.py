@@ -14,7 +14,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.errors import InvalidInput
+from appliance.common.errors import InvalidInput
 from appliance.runtime.specs import sequence_spec
 from appliance.scheduling.instances import InstanceWorker, Job
 from appliance.scheduling.sequence import SequenceError, SequenceScheduler

@@ -6,10 +6,10 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from appliance import check, tune
+from appliance.common.settings import ServerSettings
+from appliance.flags.serve import add_serve_flags, settings_from_args
 from appliance.runtime.settings import RuntimeSettings
-from appliance.serve_flags import add_serve_flags, settings_from_args
-from appliance.settings import ServerSettings
+from appliance.tools import check, tune
 
 REPO = Path("models")
 

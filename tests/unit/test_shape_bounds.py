@@ -1,17 +1,17 @@
 """Declared shapes numpy cannot hold are refused before numpy sees them (issue 17, item 5):
 every decoder (HTTP JSON and binary, gRPC raw and typed contents, shared memory) counts
-elements through appliance/tensors.element_count."""
+elements through appliance/common/tensors.element_count."""
 
 from __future__ import annotations
 
 import pytest
 
-from appliance.errors import InvalidInput, RequestTooLarge
+from appliance.common.errors import InvalidInput, RequestTooLarge
+from appliance.common.limits import NO_LIMITS, RequestLimits
+from appliance.common.protocol import service_pb2 as pb
+from appliance.common.tensors import MAX_DIMS, MAX_SHAPE_PRODUCT, element_count, from_list, from_raw
 from appliance.frontends.grpc.codec import decode_request as grpc_decode
 from appliance.frontends.http.codec import decode_request as http_decode
-from appliance.limits import NO_LIMITS, RequestLimits
-from appliance.protocol import service_pb2 as pb
-from appliance.tensors import MAX_DIMS, MAX_SHAPE_PRODUCT, element_count, from_list, from_raw
 
 WHERE = "model 'm' input 'X'"
 HUGE = 2**62

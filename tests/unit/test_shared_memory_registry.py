@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from appliance.errors import ErrorCode, InvalidInput, ModelNotFound
+from appliance.common.errors import ErrorCode, InvalidInput, ModelNotFound
 from appliance.services.shared_memory import (
     ARENA_KEY_PREFIX,
     SHM_ROOT,

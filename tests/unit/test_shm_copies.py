@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from appliance.errors import InvalidInput
+from appliance.common.errors import InvalidInput
+from appliance.common.types import ShmTarget
 from appliance.services import shared_memory
 from appliance.services.cuda_shared_memory import CudaMemoryAccess
 from appliance.services.shared_memory import SharedMemoryRegistry, read_input, write_output
-from appliance.types import ShmTarget
 from edge_backends.cuda_device import DeviceBuffer, DeviceError
 
 SIZE = 4096

@@ -6,8 +6,8 @@ import logging
 import re
 from pathlib import Path
 
-from appliance.settings import ServerSettings
-from appliance.shutdown import CANCEL_GRACE_S, FORCE_AFTER_S, Deadline, shutdown_summary
+from appliance.common.settings import ServerSettings
+from appliance.server.shutdown import CANCEL_GRACE_S, FORCE_AFTER_S, Deadline, shutdown_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from appliance.errors import ErrorCode, InvalidInput, ModelNotFound, QueueFull
+from appliance.common.errors import ErrorCode, InvalidInput, ModelNotFound, QueueFull
 from appliance.frontends.status import GRPC_STATUS, HTTP_STATUS
 
 

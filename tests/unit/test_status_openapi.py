@@ -9,11 +9,11 @@ from typing import Any, cast
 
 import pytest
 
-from appliance.access import APIS
+from appliance.common.access import APIS
+from appliance.common.limits import RequestLimits
 from appliance.frontends.http.server import HttpFrontend
 from appliance.frontends.http.status_page import read_asset
-from appliance.limits import RequestLimits
-from appliance.logs import Problem
+from appliance.ops.logs import Problem
 from appliance.services import status_results
 from appliance.services.shared_memory import SharedMemoryRegistry
 from appliance.services.status import StatusService

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from appliance.gpu_metrics import MEMORY_TOTAL, MEMORY_USED, UTILIZATION, GpuReading
-from appliance.logs import RecentProblems
-from appliance.model_config import ModelConfig
-from appliance.protocol import model_config_pb2 as mc
+from appliance.common.model_config import ModelConfig
+from appliance.common.protocol import model_config_pb2 as mc
+from appliance.ops.gpu import MEMORY_TOTAL, MEMORY_USED, UTILIZATION, GpuReading
+from appliance.ops.logs import RecentProblems
 from appliance.repository.ledger import PROBATION, Failure, LedgerEntry
 from appliance.runtime.placement import where_instances_run
 from appliance.scheduling.stats import RECENT_LATENCIES, ModelStats

@@ -1,4 +1,4 @@
-"""Tensor bytes <-> numpy (appliance/tensors.py), BYTES encoding included."""
+"""Tensor bytes <-> numpy (appliance/common/tensors.py), BYTES encoding included."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from appliance.errors import InvalidInput
-from appliance.tensors import (
+from appliance.common.errors import InvalidInput
+from appliance.common.tensors import (
     decode_bytes,
     element_count,
     encode_bytes,

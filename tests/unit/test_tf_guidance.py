@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from appliance.errors import ConfigError
-from appliance.model_config import parse_config_text, resolve_backend
-from appliance.tf_advice import tensorflow_advice
+from appliance.common.errors import ConfigError
+from appliance.common.model_config import parse_config_text, resolve_backend
+from appliance.common.tf_advice import tensorflow_advice
 
 
 def _savedmodel(model_dir: Path, version: int = 1) -> None:

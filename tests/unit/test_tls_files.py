@@ -1,4 +1,4 @@
-"""appliance/tls.py: every TLS file is checked before use, and a failure names the flag, the
+"""appliance/server/tls.py: every TLS file is checked before use, and a failure names the flag, the
 file and what is wrong (issue 17, item 10); TlsSettings.problem() refuses half a TLS setup."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("cryptography")
 
-from appliance.settings import TlsSettings
-from appliance.tls import TlsFileError, certificates, key_pair, private_key
+from appliance.common.settings import TlsSettings
+from appliance.server.tls import TlsFileError, certificates, key_pair, private_key
 from tests.pki import encrypted_copy, self_signed
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from appliance.errors import ErrorCode, InvalidInput, Unsupported
-from appliance.trace import Tracer
+from appliance.common.errors import ErrorCode, InvalidInput, Unsupported
+from appliance.ops.trace import Tracer
 
 REFUSED = "trace file location can not be updated through network protocol"
 

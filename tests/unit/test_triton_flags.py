@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.cli import build_parser
+from appliance.common.settings import ServerSettings
+from appliance.face.cli import build_parser
+from appliance.flags.serve import settings_from_args
 from appliance.runtime.settings import RuntimeSettings
-from appliance.serve_flags import settings_from_args
-from appliance.settings import ServerSettings
 
 # tritonserver's flags, each with a value tritonserver accepts.
 TRITONSERVER_FLAGS = {

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format
 
-from appliance.model_config import ModelConfig, complete_config
-from appliance.protocol import model_config_pb2 as mc
-from appliance.protojson import message_to_dict
+from appliance.common.model_config import ModelConfig, complete_config
+from appliance.common.protocol import model_config_pb2 as mc
+from appliance.common.protojson import message_to_dict
 from edge_backends.api import ModelLoadError
 from edge_backends.trt_engine import (
     EngineDescription,

@@ -21,7 +21,7 @@ server (issue 20) the slot is taken and given back on the call's handler thread,
 
 Measured with bench/grpc_memory.py (588 KiB requests, 15 s; RSS peak from 146-154 MiB idle),
 when the bound was counted before the message: 256 clients, no bound: 1,073 MiB before the
-heap trimmer (appliance/memory.py), 928 with it; with the bound of 64: 764. gRPC's own
+heap trimmer (appliance/ops/memory.py), 928 with it; with the bound of 64: 764. gRPC's own
 `maximum_concurrent_rpcs` would count health calls too and answers RESOURCE_EXHAUSTED
 "Concurrent RPC limit exceeded!" without naming the flag.
 """
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 
-from appliance.errors import ApplianceError, ErrorCode, ServerUnavailable
+from appliance.common.errors import ApplianceError, ErrorCode, ServerUnavailable
 
 NEVER_REFUSED = frozenset({"ServerLive", "ServerReady", "ModelReady"})
 

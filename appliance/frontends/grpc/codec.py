@@ -10,17 +10,23 @@ from typing import Any
 
 import numpy as np
 
-from appliance.errors import InvalidInput
-from appliance.limits import RequestLimits
-from appliance.protocol import service_pb2 as pb
+from appliance.common.errors import InvalidInput
+from appliance.common.limits import RequestLimits
+from appliance.common.protocol import service_pb2 as pb
+from appliance.common.tensors import datatype, element_count, from_raw, to_raw
+from appliance.common.types import (
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    RequestedOutput,
+    ShmTarget,
+)
 from appliance.services.shared_memory import (
     SharedMemoryRegistry,
     read_input,
     shm_target,
     write_output,
 )
-from appliance.tensors import datatype, element_count, from_raw, to_raw
-from appliance.types import InferRequest, InferResponse, InputTensor, RequestedOutput, ShmTarget
 
 # datatype -> the InferTensorContents field that carries it (FP16 travels only as raw bytes)
 CONTENTS_FIELD = {

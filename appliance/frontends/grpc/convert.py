@@ -6,8 +6,8 @@ message does not have (server metadata's "build") are left out; versions become 
 
 from __future__ import annotations
 
-from appliance.logs import LogState
-from appliance.protocol import service_pb2 as pb
+from appliance.common.protocol import service_pb2 as pb
+from appliance.ops.logs import LogState
 from appliance.services.results import (
     INFER_DURATIONS,
     CudaSharedMemoryRegion,

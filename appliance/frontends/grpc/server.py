@@ -31,8 +31,12 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from appliance.access import Restrictions
-from appliance.errors import ApplianceError, DecoupledOnUnary, Unsupported
+from appliance.common.access import Restrictions
+from appliance.common.errors import ApplianceError, DecoupledOnUnary, Unsupported
+from appliance.common.header_forward import HeaderForward
+from appliance.common.limits import RequestLimits
+from appliance.common.protocol import service_pb2 as pb
+from appliance.common.protocol import service_pb2_grpc
 from appliance.frontends.grpc import convert
 from appliance.frontends.grpc.admission import CallBound, StreamSlots
 from appliance.frontends.grpc.codec import (
@@ -50,11 +54,7 @@ from appliance.frontends.grpc.stream import (
     StreamRun,
 )
 from appliance.frontends.status import GRPC_STATUS
-from appliance.header_forward import HeaderForward
-from appliance.limits import RequestLimits
-from appliance.logs import RATE_LIMITED
-from appliance.protocol import service_pb2 as pb
-from appliance.protocol import service_pb2_grpc
+from appliance.ops.logs import RATE_LIMITED
 from appliance.services.control import ControlService
 from appliance.services.inference import InferenceService, Prepared
 from appliance.services.shared_memory import SharedMemoryRegistry, shm_targets
@@ -109,7 +109,7 @@ def _status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, "internal error; see the server log"
 
 
-# Each RPC's API group for --grpc-restricted-protocol (appliance/access.py).
+# Each RPC's API group for --grpc-restricted-protocol (appliance/common/access.py).
 API_OF = {
     "ServerLive": "health",
     "ServerReady": "health",

@@ -44,14 +44,14 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from appliance.errors import ApplianceError, ErrorCode, InvalidInput
+from appliance.common.errors import ApplianceError, ErrorCode, InvalidInput
+from appliance.common.header_forward import HeaderForward
+from appliance.common.limits import RequestLimits
+from appliance.common.protocol import service_pb2 as pb
+from appliance.common.types import InferRequest
 from appliance.frontends.grpc.codec import decode_request, encode_response, names_regions
-from appliance.header_forward import HeaderForward
-from appliance.limits import RequestLimits
-from appliance.protocol import service_pb2 as pb
 from appliance.services.inference import InferenceService, Prepared
 from appliance.services.shared_memory import SharedMemoryRegistry, shm_targets
-from appliance.types import InferRequest
 
 # Requests of one ModelStreamInfer stream in flight (read and not yet answered), and responses
 # waiting for the client to read them. At the bound the stream reads no further request until

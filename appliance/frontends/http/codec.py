@@ -16,7 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from appliance.errors import InvalidInput
+from appliance.common.errors import InvalidInput
+from appliance.common.limits import RequestLimits
+from appliance.common.model_config import datatype_of
+from appliance.common.protocol import ModelConfig
+from appliance.common.tensors import datatype, from_list, from_raw, to_list, to_raw
+from appliance.common.types import InferRequest, InferResponse, InputTensor, RequestedOutput
 from appliance.frontends import jsonconv
 from appliance.frontends.http.header_plans import (
     MAX_HEADER_BYTES,
@@ -26,9 +31,6 @@ from appliance.frontends.http.header_plans import (
     PlanKey,
     scalar_parameters,
 )
-from appliance.limits import RequestLimits
-from appliance.model_config import datatype_of
-from appliance.protocol import ModelConfig
 from appliance.services.shared_memory import (
     SharedMemoryRegistry,
     read_input,
@@ -36,8 +38,6 @@ from appliance.services.shared_memory import (
     shm_targets,
     write_output,
 )
-from appliance.tensors import datatype, from_list, from_raw, to_list, to_raw
-from appliance.types import InferRequest, InferResponse, InputTensor, RequestedOutput
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 

@@ -28,8 +28,8 @@ from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
+from appliance.common.settings import HttpConnectionLimits
 from appliance.frontends.http.fastpath import InferConnection, InferRoute, RelayHandler, stall
-from appliance.settings import HttpConnectionLimits
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from appliance.logs import LogState
-from appliance.protocol import model_config_pb2 as mc
-from appliance.protojson import message_to_dict
+from appliance.common.protocol import model_config_pb2 as mc
+from appliance.common.protojson import message_to_dict
+from appliance.ops.logs import LogState
 from appliance.services.results import (
     INFER_DURATIONS,
     CudaSharedMemoryRegion,

@@ -43,8 +43,8 @@ import httptools
 from aiohttp.http import SERVER_SOFTWARE
 from aiohttp.web_protocol import RequestHandler
 
-from appliance.logs import RATE_LIMITED
-from appliance.settings import HttpConnectionLimits
+from appliance.common.settings import HttpConnectionLimits
+from appliance.ops.logs import RATE_LIMITED
 
 log = logging.getLogger(__name__)
 

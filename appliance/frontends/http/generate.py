@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from appliance.errors import InvalidInput
-from appliance.tensors import from_list
-from appliance.types import InferRequest, InferResponse, InputTensor
+from appliance.common.errors import InvalidInput
+from appliance.common.tensors import from_list
+from appliance.common.types import InferRequest, InferResponse, InputTensor
 
 
 def decode_generate(doc: Any, model: str, version: str, metadata: dict[str, Any]) -> InferRequest:

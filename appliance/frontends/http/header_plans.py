@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from appliance.limits import RequestLimits
-from appliance.types import InferRequest, InputTensor, RequestedOutput
+from appliance.common.limits import RequestLimits
+from appliance.common.types import InferRequest, InputTensor, RequestedOutput
 
 MAX_PLANS = 256
 MAX_HEADER_BYTES = 4096

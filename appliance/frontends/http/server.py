@@ -16,8 +16,11 @@ from aiohttp import hdrs, web
 # that does not decode as its headers say (tests/integration/test_hostile_input.py pins it).
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 
-from appliance.access import Restrictions
-from appliance.errors import ApplianceError, DecoupledOnUnary, InvalidInput
+from appliance.common.access import Restrictions
+from appliance.common.errors import ApplianceError, DecoupledOnUnary, InvalidInput
+from appliance.common.header_forward import HeaderForward
+from appliance.common.limits import RequestLimits
+from appliance.common.types import InferRequest, InferResponse
 from appliance.frontends import jsonconv
 from appliance.frontends.http import convert
 from appliance.frontends.http.codec import HttpInferRequest, decode_request, encode_response
@@ -36,14 +39,11 @@ from appliance.frontends.http.origins import RequestOrigins
 from appliance.frontends.http.refusals import RefusedBodies
 from appliance.frontends.http.status_page import DATA_APIS, StatusPage
 from appliance.frontends.status import HTTP_STATUS
-from appliance.header_forward import HeaderForward
-from appliance.limits import RequestLimits
-from appliance.logs import RATE_LIMITED
+from appliance.ops.logs import RATE_LIMITED
 from appliance.services.control import ControlService
 from appliance.services.inference import Admission, InferenceService, Prepared
 from appliance.services.shared_memory import RequestHolds, SharedMemoryRegistry, TooManyRegions
 from appliance.services.status import StatusService
-from appliance.types import InferRequest, InferResponse
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # (every chart point of the window: 14 KB a model, 2.7 KB gzipped) and big repositories; a
 # later poll (?since=: 1.7 KB for one model) goes as it is, not worth the CPU.
 GZIP_JSON_BYTES = 4096
-API = "status"  # the restricted-API group (appliance/access.py)
+API = "status"  # the restricted-API group (appliance/common/access.py)
 # /status.json shows each model's configuration summary, versions and reasons (the repository
 # index), and its request counts and latencies (statistics): a client that may not read those
 # through their own APIs may not read them here either. The page and its files show nothing.

@@ -19,17 +19,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from appliance.errors import ApplianceError
+from appliance.common.errors import ApplianceError
+from appliance.common.model_config import check_config_name, read_config
+from appliance.common.protojson import message_to_dict
+from appliance.common.settings import ServerSettings
+from appliance.common.tf_advice import TensorflowAdvice, tensorflow_advice
 from appliance.frontends.http import convert
-from appliance.model_config import check_config_name, read_config
-from appliance.protojson import message_to_dict
 from appliance.repository.local import list_versions
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.registry import READY
 from appliance.runtime.settings import RuntimeSettings
 from appliance.services.rows import index_rows
-from appliance.settings import ServerSettings
-from appliance.tf_advice import TensorflowAdvice, tensorflow_advice
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from appliance.flag_values import add_bool, integer, on
-from appliance.settings import GrpcConnectionSettings
+from appliance.common.settings import GrpcConnectionSettings
+from appliance.flags.values import add_bool, integer, on
 
 _DEFAULTS = GrpcConnectionSettings()
 

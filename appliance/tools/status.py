@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from appliance.client_flags import add_endpoint_flags, parse_headers, unreachable
+from appliance.flags.client import add_endpoint_flags, parse_headers, unreachable
 
 CLEAR = "\x1b[H\x1b[2J"
 

@@ -1,4 +1,4 @@
-"""Tensor bytes <-> numpy for both protocols (BYTES encoding in appliance/serialization.py)."""
+"""Tensor bytes <-> numpy for both protocols (BYTES encoding in common/serialization.py)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from typing import Any
 
 import numpy as np
 
-from appliance.errors import InvalidInput
-from appliance.limits import RequestLimits
-from appliance.serialization import decode_bytes, encode_bytes
-from appliance.types import Array
+from appliance.common.errors import InvalidInput
+from appliance.common.limits import RequestLimits
+from appliance.common.serialization import decode_bytes, encode_bytes
+from appliance.common.types import Array
 from edge_backends.datatypes import BY_TRITON, DataType
 
 

@@ -1,5 +1,5 @@
 """The server's listeners: aiohttp apps and the gRPC server on TCP and Unix sockets, each
-stopped under the one shutdown deadline (appliance/shutdown.py).
+stopped under the one shutdown deadline (appliance/server/shutdown.py).
 
 Only the frameworks' public APIs: aiohttp's `BaseRunner.addresses`, `BaseRunner.cleanup()`
 (stop listening, close idle connections, wait for requests in flight, clean the app up) and
@@ -21,11 +21,11 @@ from typing import Protocol
 import grpc
 from aiohttp import web
 
+from appliance.common.settings import HttpConnectionLimits, TlsSettings
 from appliance.frontends.http.connections import GuardedAppRunner, GuardedServer
 from appliance.frontends.http.fastpath import InferRoute
-from appliance.settings import HttpConnectionLimits, TlsSettings
-from appliance.shutdown import FORCE_AFTER_S, Deadline
-from appliance.tls import TlsFileError, certificates, key_pair
+from appliance.server.shutdown import FORCE_AFTER_S, Deadline
+from appliance.server.tls import TlsFileError, certificates, key_pair
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ async def serve_grpc(
             else:
                 bound = server.add_insecure_port(where)
         except RuntimeError as exc:
-            # The TLS files passed appliance/tls.py's checks; gRPC's own log line says more.
+            # The TLS files passed appliance/server/tls.py's checks; gRPC's own log line says more.
             also = " or TLS refused by gRPC" if credentials is not None else ""
             raise StartupError(
                 f"cannot listen for gRPC on {where} (address in use{also}?): {exc}"

@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
-from appliance.errors import InvalidInput
+from appliance.common.errors import InvalidInput
 
 # tritonserver's reserved parameter keys (its src/common.h), refused as forwarded headers;
 # so is any name starting with RESERVED_PREFIX.

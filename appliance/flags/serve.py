@@ -13,9 +13,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from appliance import logs
-from appliance.access import parse_groups
-from appliance.flag_values import (
+from appliance.common.access import parse_groups
+from appliance.common.header_forward import compile_pattern
+from appliance.common.limits import RequestLimits
+from appliance.common.model_config import check_config_name
+from appliance.common.settings import (
+    HttpConnectionLimits,
+    SchedulingSettings,
+    ServerSettings,
+    TlsSettings,
+)
+from appliance.flags.grpc_connection import add_grpc_connection_flags, grpc_connections
+from appliance.flags.values import (
     add_bool,
     integer,
     on,
@@ -26,10 +35,7 @@ from appliance.flag_values import (
     parse_rate_limit_resources,
     parse_trace_config,
 )
-from appliance.grpc_flags import add_grpc_connection_flags, grpc_connections
-from appliance.header_forward import compile_pattern
-from appliance.limits import RequestLimits
-from appliance.model_config import check_config_name
+from appliance.ops import logs
 from appliance.repository.rollout import (
     RolloutError,
     check_device_id,
@@ -37,12 +43,6 @@ from appliance.repository.rollout import (
     parse_labels,
 )
 from appliance.repository.sources import check_location, is_remote
-from appliance.settings import (
-    HttpConnectionLimits,
-    SchedulingSettings,
-    ServerSettings,
-    TlsSettings,
-)
 
 # tritonserver flags that have no meaning here (yet); accepted and reported as ignored.
 IGNORED_FLAGS = (

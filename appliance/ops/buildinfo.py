@@ -1,6 +1,6 @@
 """What this server is and what it can run: `edge-appliance version [--json]`, `/v2` "build".
 
-The commit comes from `appliance/_build.py` (written by build/build.sh into a binary), else from
+The commit comes from `appliance/ops/_build.py` (written by build/build.sh into a binary), else from
 `git rev-parse --short HEAD` in a checkout, else "unknown". Every probe is guarded: a report
 never fails because a library or a GPU driver is missing or broken.
 """
@@ -42,7 +42,7 @@ _EXTRAS = {"openvino": "openvino", "pytorch": "torch", "tensorrt": "gpu"}
 
 def _build_module() -> dict[str, str]:
     try:
-        from appliance import _build  # type: ignore[attr-defined,unused-ignore]  # build.sh writes it
+        from appliance.ops import _build  # type: ignore[attr-defined,unused-ignore]  # build.sh writes it
     except ImportError:
         return {}
     return {k.lower(): str(v) for k, v in vars(_build).items() if k.isupper()}

@@ -15,33 +15,25 @@ from pathlib import Path
 
 import grpc
 
-from appliance import buildinfo
-from appliance.access import GRPC_HEADER_PREFIX, Restriction, Restrictions
-from appliance.cache import ResponseCache
-from appliance.errors import ApplianceError
+from appliance.common.access import GRPC_HEADER_PREFIX, Restriction, Restrictions
+from appliance.common.errors import ApplianceError
+from appliance.common.header_forward import HeaderForward
+from appliance.common.settings import GrpcConnectionSettings, ServerSettings
 from appliance.frontends.grpc.server import InferenceServicer, pool_threads
 from appliance.frontends.http.origins import RequestOrigins
 from appliance.frontends.http.server import HttpFrontend
-from appliance.gpu_metrics import GpuSource, find_gpu_source
-from appliance.header_forward import HeaderForward
-from appliance.listeners import (
-    Listener,
-    StartupError,
-    grpc_credentials,
-    http_ssl_context,
-    serve_grpc,
-    serve_http,
-)
-from appliance.logs import LogSettings
-from appliance.memory import HeapTrimmer
-from appliance.metrics import build_registry, metrics_app
-from appliance.notify import (
+from appliance.ops import buildinfo
+from appliance.ops.gpu import GpuSource, find_gpu_source
+from appliance.ops.logs import LogSettings
+from appliance.ops.memory import HeapTrimmer
+from appliance.ops.notify import (
     Notifier,
     Supervisor,
     bootloader_pid,
     status_text,
     watchdog_interval_s,
 )
+from appliance.ops.trace import Tracer
 from appliance.repository.ledger import ModelLedger
 from appliance.repository.manifest import ManifestError, ManifestPolicy, load_public_key
 from appliance.repository.poller import RepositoryPoller
@@ -51,14 +43,22 @@ from appliance.runtime.models import ModelRuntime
 from appliance.runtime.registry import READY
 from appliance.runtime.rollout_view import serving_view
 from appliance.runtime.settings import RuntimeSettings
+from appliance.server.listeners import (
+    Listener,
+    StartupError,
+    grpc_credentials,
+    http_ssl_context,
+    serve_grpc,
+    serve_http,
+)
+from appliance.server.shutdown import Deadline, kill_model_processes, shutdown_summary
+from appliance.services.cache import ResponseCache
 from appliance.services.control import ControlService, ServerState
 from appliance.services.inference import InferenceService
+from appliance.services.metrics import build_registry, metrics_app
 from appliance.services.rows import index_rows
 from appliance.services.shared_memory import SharedMemoryRegistry, region_cap
 from appliance.services.status import StatusService
-from appliance.settings import GrpcConnectionSettings, ServerSettings
-from appliance.shutdown import Deadline, kill_model_processes, shutdown_summary
-from appliance.trace import Tracer
 
 __all__ = ["Appliance", "StartupError", "serve_forever"]
 
@@ -159,7 +159,7 @@ class Appliance:
             stack.push_async_callback(asyncio.to_thread, self.tracer.close)
             # Request bodies and messages, the tensors decoded from them and the responses are
             # the largest transient allocations, over HTTP as over gRPC: without a trim, a
-            # burst leaves its memory with glibc (appliance/memory.py). Stops after the
+            # burst leaves its memory with glibc (appliance/ops/memory.py). Stops after the
             # listeners (last in, first out).
             trimmer = HeapTrimmer()
             trimmer.start()

@@ -12,7 +12,7 @@ threshold (MALLOC_MMAP_THRESHOLD_=131072) 290. With this trimmer: back to 126-13
 `HeapTrimmer` calls `malloc_trim(0)` every few seconds on a worker thread: with nothing to give
 back it costs microseconds; over a heap fragmented into 100,000 free blocks about 20 ms, during
 which threads allocating from an arena being trimmed wait. Without glibc (musl) it does nothing.
-It runs for as long as the server does, whichever listeners are on (appliance/app.py): HTTP
+It runs for as long as the server does, whichever listeners are on (appliance/server/app.py): HTTP
 bodies leave the same freed heap behind as gRPC messages.
 """
 

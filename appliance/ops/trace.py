@@ -20,7 +20,7 @@ import queue
 import threading
 from typing import Any
 
-from appliance.errors import InvalidInput, Unsupported
+from appliance.common.errors import InvalidInput, Unsupported
 
 log = logging.getLogger(__name__)
 

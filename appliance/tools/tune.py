@@ -45,14 +45,14 @@ from typing import Any
 import numpy as np
 from google.protobuf import text_format
 
-from appliance.errors import ApplianceError
-from appliance.model_config import ModelConfig, datatype_of
+from appliance.common.errors import ApplianceError
+from appliance.common.model_config import ModelConfig, datatype_of
+from appliance.common.settings import ServerSettings
+from appliance.common.types import InferRequest, InputTensor
 from appliance.repository.local import list_models
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.settings import RuntimeSettings
 from appliance.services.inference import InferenceService
-from appliance.settings import ServerSettings
-from appliance.types import InferRequest, InputTensor
 from edge_backends.datatypes import BY_TRITON
 
 log = logging.getLogger(__name__)

@@ -2,8 +2,8 @@
 
 One `LogSettings` object owns the root logger's handler. Formats:
 
-- `default`: `2024-05-01 12:00:00,123 INFO appliance.app: message`; when stderr is the journal
-  (`$JOURNAL_STREAM` names it) no timestamp, since journald stamps each line itself.
+- `default`: `2024-05-01 12:00:00,123 INFO appliance.server.app: message`; when stderr is the
+  journal (`$JOURNAL_STREAM` names it) no timestamp, since journald stamps each line itself.
 - `ISO8601`: the timestamp in ISO 8601, UTC (`2024-05-01T12:00:00.123Z`), as tritonserver's.
 - `json`: one object per line: `ts`, `level`, `logger`, `msg`, and `exc` with a traceback.
 
@@ -39,7 +39,7 @@ from typing import Any, TextIO
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web import RequestPayloadError
 
-from appliance.errors import InvalidInput, Unsupported
+from appliance.common.errors import InvalidInput, Unsupported
 
 FORMATS = ("default", "ISO8601", "json")
 KEYS = ("log_file", "log_info", "log_warning", "log_error", "log_verbose_level", "log_format")

@@ -21,7 +21,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 
-from appliance.client_flags import add_endpoint_flags, parse_headers, unreachable
+from appliance.flags.client import add_endpoint_flags, parse_headers, unreachable
 
 
 def parser(p: argparse.ArgumentParser, unpin: bool) -> argparse.ArgumentParser:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from appliance.errors import RequestTooLarge
+from appliance.common.errors import RequestTooLarge
 
 # A 4K RGB frame (3840x2160x3 = 24.9M) fits; a BYTES tensor of this many elements still costs
 # a few hundred MB of Python objects, which a 4 GB device survives.

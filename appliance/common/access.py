@@ -14,7 +14,7 @@ import hmac
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from appliance.errors import ApplianceError, ErrorCode
+from appliance.common.errors import ApplianceError, ErrorCode
 
 APIS = (
     "health",

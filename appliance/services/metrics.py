@@ -31,14 +31,14 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from appliance.cache import ResponseCache
-from appliance.gpu_metrics import GpuCollector, GpuSource
-from appliance.protocol import model_config_pb2 as mc
+from appliance.common.protocol import model_config_pb2 as mc
+from appliance.ops.gpu import GpuCollector, GpuSource
 from appliance.repository.poller import RepositoryPoller
 from appliance.repository.sources import RemoteSources
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.registry import ServedVersion
 from appliance.scheduling.stats import LATENCY_BUCKETS_MS
+from appliance.services.cache import ResponseCache
 from edge_backends.api import CustomMetricFamily
 
 log = logging.getLogger(__name__)

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from appliance.errors import InvalidInput
-from appliance.types import Array
+from appliance.common.errors import InvalidInput
+from appliance.common.types import Array
 
 _LEN = struct.Struct("<I")
 

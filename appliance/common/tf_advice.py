@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from appliance.protocol import ModelConfig
+from appliance.common.protocol import ModelConfig
 
 SAVEDMODEL = "tensorflow_savedmodel"
 GRAPHDEF = "tensorflow_graphdef"

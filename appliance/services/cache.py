@@ -12,8 +12,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from appliance.serialization import encode_bytes
-from appliance.types import Array
+from appliance.common.serialization import encode_bytes
+from appliance.common.types import Array
 
 CachedOutputs = dict[str, Array]
 

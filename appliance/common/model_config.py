@@ -12,13 +12,13 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from appliance.errors import ConfigError
-from appliance.limits import DEFAULT_MAX_TENSOR_ELEMENTS
-from appliance.protocol import ModelConfig as ModelConfig
-from appliance.protocol import model_config_pb2 as mc
-from appliance.settings import SchedulingSettings
-from appliance.tensors import MAX_DIMS
-from appliance.tf_advice import tensorflow_advice
+from appliance.common.errors import ConfigError
+from appliance.common.limits import DEFAULT_MAX_TENSOR_ELEMENTS
+from appliance.common.protocol import ModelConfig as ModelConfig
+from appliance.common.protocol import model_config_pb2 as mc
+from appliance.common.settings import SchedulingSettings
+from appliance.common.tensors import MAX_DIMS
+from appliance.common.tf_advice import tensorflow_advice
 from edge_backends.api import ModelSignature, TensorSpec
 from edge_backends.datatypes import BY_CONFIG, BY_TRITON
 from edge_backends.registry import (
@@ -164,7 +164,7 @@ def resolve_backend(config: ModelConfig, model_dir: Path, versions: list[int]) -
 
 
 def _refuse_tensorflow(config: ModelConfig, model_dir: Path, versions: list[int]) -> None:
-    """TensorFlow models fail with what to do instead (appliance/tf_advice.py)."""
+    """TensorFlow models fail with what to do instead (appliance/common/tf_advice.py)."""
     advice = tensorflow_advice(config, model_dir, versions)
     if advice is not None:
         raise ConfigError(advice.message())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from appliance.limits import RequestLimits
+from appliance.common.limits import RequestLimits
 
 MiB = 1024 * 1024
 
@@ -25,7 +25,7 @@ class TlsSettings:
 
     def problem(self) -> str:
         """'' when consistent, else what is missing (the files are checked when used:
-        appliance/tls.py)."""
+        appliance/server/tls.py)."""
         grpc_files = [
             flag
             for flag, path in (
@@ -122,7 +122,7 @@ class ServerSettings:
     http_restricted: tuple[tuple[str, str, str], ...] = ()
     grpc_restricted: tuple[tuple[str, str, str], ...] = ()
     # --http-header-forward-pattern / --grpc-header-forward-pattern: headers whose name matches
-    # become request parameters (appliance/header_forward.py); None: the flag was not given.
+    # become request parameters (appliance/common/header_forward.py); None: the flag was not given.
     http_header_forward_pattern: str | None = None
     grpc_header_forward_pattern: str | None = None
     metrics_address: str = "127.0.0.1"

@@ -20,13 +20,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
-from appliance import check, logs, pin, status_cli
-from appliance.app import StartupError, serve_forever
+from appliance.common.settings import ServerSettings
+from appliance.flags.serve import add_serve_flags, settings_from_args
 from appliance.fleet import ops as fleet_ops
-from appliance.notify import Notifier
-from appliance.serve_flags import add_serve_flags, settings_from_args
-from appliance.settings import ServerSettings
-from appliance.shutdown import FORCE_AFTER_S, Deadline, force_exit
+from appliance.ops import logs
+from appliance.ops.notify import Notifier
+from appliance.server.app import StartupError, serve_forever
+from appliance.server.shutdown import FORCE_AFTER_S, Deadline, force_exit
+from appliance.tools import check, pin
+from appliance.tools import status as status_cli
 
 __all__ = ["add_serve_flags", "build_parser", "main", "settings_from_args"]
 
@@ -81,7 +83,7 @@ def verify_build(args: argparse.Namespace) -> int:
     import base64
     import binascii
 
-    from appliance import buildinfo
+    from appliance.ops import buildinfo
     from appliance.repository.manifest import ManifestError, load_public_key
 
     def say(line: str) -> None:
@@ -116,7 +118,7 @@ def verify_build(args: argparse.Namespace) -> int:
 def version(argv: Sequence[str]) -> int:
     import json
 
-    from appliance import buildinfo
+    from appliance.ops import buildinfo
 
     args = version_parser(argparse.ArgumentParser(prog="edge-appliance version")).parse_args(
         list(argv)
@@ -173,7 +175,7 @@ class ExitSignals:
 
     `on_first(name)` runs on the event loop (send STOPPING=1 there); `wait()` returns the
     deadline, which starts when the signal arrives. From then on a backstop thread ends the
-    process FORCE_AFTER_S past the deadline if it is still running (appliance/shutdown.py).
+    process FORCE_AFTER_S past the deadline if it is still running (appliance/server/shutdown.py).
 
     Process-level handlers (`signal.signal`), not the event loop's: a second signal works
     while the loop is busy, stuck or already closed, and the forced exit runs on a thread of
@@ -360,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[0] == "fleet":
         return fleet_ops.main(args[1:])
     if args[0] == "tune":
-        from appliance import tune  # loads the server path only when tuning
+        from appliance.tools import tune  # loads the server path only when tuning
 
         return tune.main(args[1:])
     build_parser().parse_args(args)

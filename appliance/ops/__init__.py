@@ -1,0 +1,1 @@
+"""Ops: logs, trace, systemd notify, memory, GPU readings, build info; may import only common."""
