@@ -47,7 +47,7 @@ from edge_backends.fil_params import (
 )
 from edge_backends.ort import OrtBackend, OrtInstance
 
-# The server's auto-complete default for batchable models (appliance.common.model_config).
+# The server's auto-complete default for batchable models (appliance.runtime.autocomplete).
 _AUTO_MAX_BATCH_SIZE = 4
 _REMEMBERED = 64  # model files whose description is kept in memory
 

@@ -1,6 +1,6 @@
 """TensorFlow models are not run here: what to do instead, in one place.
 
-The server's load error (model_config.resolve_backend) and `edge-appliance check` both use
+The server's load error (runtime/autocomplete.py) and `edge-appliance check` both use
 `tensorflow_advice`, so the two say the same thing: convert with tf2onnx, then serve the ONNX
 file with ONNX Runtime.
 """

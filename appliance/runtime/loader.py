@@ -15,18 +15,14 @@ from appliance.common.errors import ApplianceError, ConfigError
 from appliance.common.model_config import (
     CONFIG_FILENAME,
     DEFAULT_BOUNDS,
-    DEFAULT_MAX_BATCH_SIZE,
     ENSEMBLE,
     ConfigBounds,
     ModelConfig,
     check_file_names,
-    complete_config,
-    complete_scheduling,
     config_file,
     datatype_of,
     model_shape,
     read_config,
-    resolve_backend,
     validate_config,
 )
 from appliance.common.protocol import model_config_pb2 as mc
@@ -41,6 +37,12 @@ from appliance.repository.manifest import (
     model_level_files,
 )
 from appliance.repository.store import damage_of, read_record, remove_damaged
+from appliance.runtime.autocomplete import (
+    DEFAULT_MAX_BATCH_SIZE,
+    complete_config,
+    complete_scheduling,
+    resolve_backend,
+)
 from appliance.runtime.placement import onnx_substitute, place_group, tensorrt_problem
 from appliance.runtime.specs import plan_from_config
 from appliance.runtime.version_policy import select_versions

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from appliance.common.model_config import resolve_backend
 from appliance.common.protocol import model_config_pb2 as mc
+from appliance.runtime.autocomplete import resolve_backend
 from edge_backends import fil_convert
 from edge_backends.api import InstanceSpec, ModelLoadError
 from edge_backends.fil import FilBackend, output_width

@@ -11,11 +11,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 from appliance.common.errors import ConfigError
 from appliance.common.model_config import (
     check_file_names,
-    complete_config,
     parse_config_text,
     read_config,
     validate_config,
 )
+from appliance.runtime.autocomplete import complete_config
 from appliance.runtime.version_policy import select_versions
 from edge_backends.api import ModelSignature, TensorSpec
 

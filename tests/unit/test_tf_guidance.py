@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from appliance.common.errors import ConfigError
-from appliance.common.model_config import parse_config_text, resolve_backend
+from appliance.common.model_config import parse_config_text
 from appliance.common.tf_advice import tensorflow_advice
+from appliance.runtime.autocomplete import resolve_backend
 
 
 def _savedmodel(model_dir: Path, version: int = 1) -> None:

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format
 
-from appliance.common.model_config import ModelConfig, complete_config
+from appliance.common.model_config import ModelConfig
 from appliance.common.protocol import model_config_pb2 as mc
 from appliance.common.protojson import message_to_dict
+from appliance.runtime.autocomplete import complete_config
 from edge_backends.api import ModelLoadError
 from edge_backends.trt_engine import (
     EngineDescription,
