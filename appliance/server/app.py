@@ -22,6 +22,7 @@ from appliance.common.settings import GrpcConnectionSettings, ServerSettings
 from appliance.frontends.grpc.server import InferenceServicer, pool_threads
 from appliance.frontends.http.origins import RequestOrigins
 from appliance.frontends.http.server import HttpFrontend
+from appliance.frontends.metrics import metrics_app
 from appliance.ops import buildinfo
 from appliance.ops.gpu import GpuSource, find_gpu_source
 from appliance.ops.logs import LogSettings
@@ -55,7 +56,7 @@ from appliance.server.shutdown import Deadline, kill_model_processes, shutdown_s
 from appliance.services.cache import ResponseCache
 from appliance.services.control import ControlService, ServerState
 from appliance.services.inference import InferenceService
-from appliance.services.metrics import build_registry, metrics_app
+from appliance.services.metrics import build_registry
 from appliance.services.rows import index_rows
 from appliance.services.shared_memory import SharedMemoryRegistry, region_cap
 from appliance.services.status import StatusService

@@ -1,4 +1,5 @@
-"""Prometheus metrics with Triton's names, read from the model statistics at scrape time.
+"""Prometheus metrics with Triton's names, read from the model statistics at scrape time: the
+collectors (as Triton's core collects; the front end's frontends/metrics.py serves /metrics).
 
 Nothing is counted twice: the collector turns the same per-version counters that the
 statistics API reports into Triton's metric families when /metrics is scraped, so the request
@@ -13,15 +14,11 @@ counters (`nv_inference_request_success{model="m",version="1"} 3`, as tritonserv
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import math
 import os
-import time
 from collections.abc import Callable, Iterable, Iterator
 
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -40,8 +37,6 @@ from appliance.runtime.registry import ServedVersion
 from appliance.scheduling.stats import LATENCY_BUCKETS_MS
 from appliance.services.cache import ResponseCache
 from edge_backends.api import CustomMetricFamily
-
-log = logging.getLogger(__name__)
 
 _LABELS = ["model", "version"]
 _FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
@@ -321,11 +316,25 @@ class SourceCollector(Collector):
         yield from (up, synced, downloaded, requests, pending)
 
 
-class _Custom:
-    """Marks a family a model defined, so that `exposition` can tell it from the server's."""
+def number_text(value: float) -> str:
+    """As Prometheus' text format (and Triton) writes a number: 12, 0.25, +Inf."""
+    if isinstance(value, int):  # the server's counters are ints
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return repr(float(value))
 
 
-class CustomCounter(Metric, _Custom):
+class CustomFamily:
+    """Marks a family a model defined, so that the endpoint's `exposition`
+    (frontends/metrics.py) can tell it from the server's."""
+
+
+class CustomCounter(Metric, CustomFamily):
     """A model's counter, exposed as Triton exposes it: `name{labels} value`, no `_total`."""
 
     def __init__(self, name: str, documentation: str) -> None:
@@ -335,11 +344,11 @@ class CustomCounter(Metric, _Custom):
         self.samples.append(Sample(self.name, labels, value))
 
 
-class CustomGauge(GaugeMetricFamily, _Custom):
+class CustomGauge(GaugeMetricFamily, CustomFamily):
     """A model's gauge."""
 
 
-class CustomHistogram(HistogramMetricFamily, _Custom):
+class CustomHistogram(HistogramMetricFamily, CustomFamily):
     """A model's histogram."""
 
 
@@ -375,80 +384,13 @@ class CustomMetricsCollector(Collector):
                 for sample in family.samples:
                     labels = dict(sample.labels)
                     for bound, count in (*sample.buckets, (float("inf"), sample.count)):
-                        le = _number(bound)
+                        le = number_text(bound)
                         histogram.samples.append(
                             Sample(f"{family.name}_bucket", {**labels, "le": le}, count)
                         )
                     histogram.samples.append(Sample(f"{family.name}_count", labels, sample.count))
                     histogram.samples.append(Sample(f"{family.name}_sum", labels, sample.sum))
                 yield histogram
-
-
-class _Collected(Collector):
-    def __init__(self, metrics: list[Metric]) -> None:
-        self._metrics = metrics
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self._metrics)
-
-
-def exposition(registry: CollectorRegistry) -> bytes:
-    """Prometheus' text format of every family; models' counters as Triton writes them. A
-    model's family named like one of the server's is left out (the server's is kept)."""
-    server: list[Metric] = []
-    custom: list[Metric] = []
-    for metric in registry.collect():
-        (custom if isinstance(metric, _Custom) else server).append(metric)
-    taken = {metric.name for metric in server}
-    taken |= {f"{metric.name}_total" for metric in server if metric.type == "counter"}
-    kept = [m for m in custom if m.name not in taken]
-    if len(kept) < len(custom):
-        log.debug("custom metric families named like the server's are not exposed")
-    standard = [m for m in kept if not isinstance(m, CustomCounter)]
-    tritons = [m for m in server if _tritons_counter(m)]
-    body = generate_latest(_Collected([m for m in server if not _tritons_counter(m)] + standard))
-    lines = [_counter_text(m) for m in tritons]
-    lines += [_counter_text(m) for m in kept if isinstance(m, CustomCounter)]
-    return body + "".join(lines).encode("utf-8")
-
-
-def _tritons_counter(metric: Metric) -> bool:
-    """One of Triton's counters (`nv_...`): written as tritonserver writes it, `name{labels}`
-    without the `_total` prometheus_client adds (dashboards and Triton's own tests query
-    `nv_inference_request_success`, `nv_inference_request_failure`, ...). The project's own
-    `edge_*` counters keep `_total`."""
-    return metric.type == "counter" and metric.name.startswith("nv_")
-
-
-def _counter_text(counter: Metric) -> str:
-    help_text = counter.documentation.replace("\\", "\\\\").replace("\n", "\\n")
-    lines = [f"# HELP {counter.name} {help_text}\n", f"# TYPE {counter.name} counter\n"]
-    for sample in counter.samples:
-        if sample.name not in (counter.name, f"{counter.name}_total"):
-            continue  # a `_created` sample
-        labels = ",".join(
-            f'{name}="{_escape(value)}"' for name, value in sorted(sample.labels.items())
-        )
-        selector = f"{{{labels}}}" if labels else ""
-        lines.append(f"{counter.name}{selector} {_number(sample.value)}\n")
-    return "".join(lines)
-
-
-def _number(value: float) -> str:
-    """As Prometheus' text format (and Triton) writes a number: 12, 0.25, +Inf."""
-    if isinstance(value, int):  # the server's counters are ints
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if value.is_integer() and abs(value) < 2**53:
-        return str(int(value))
-    return repr(float(value))
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 def build_registry(
@@ -474,23 +416,3 @@ def build_registry(
     if gpu is not None:
         registry.register(GpuCollector(gpu))
     return registry
-
-
-def metrics_app(
-    registry: CollectorRegistry, prefetch: Callable[[], object] | None = None
-) -> web.Application:
-    """`GET /metrics` in Prometheus' text format."""
-
-    async def metrics(request: web.Request) -> web.Response:
-        started = time.monotonic()
-        if prefetch is not None:
-            # NVML can stall for seconds on a GPU in a bad state: read it off the event loop;
-            # the collector then serves that (cached) reading.
-            await asyncio.to_thread(prefetch)
-        body = exposition(registry)
-        log.debug("metrics scraped in %.1f ms", (time.monotonic() - started) * 1000)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    return app

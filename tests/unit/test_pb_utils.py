@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from appliance.services.metrics import CustomMetricsCollector, InferenceCollector, exposition
+from appliance.frontends.metrics import exposition
+from appliance.services.metrics import CustomMetricsCollector, InferenceCollector
 from edge_backends.api import CustomMetricFamily, InstanceBase, MetricSample
 from edge_backends.python import triton_python_backend_utils as pb_utils
 from edge_backends.python.custom_metrics import MetricError, MetricStore, answer
