@@ -382,11 +382,16 @@ class Backend(Protocol):
         """Load one instance; raise ModelLoadError with the reason on failure."""
         ...
 
-    def auto_complete(self, model_path: Path, config: dict[str, Any]) -> dict[str, Any] | None:
+    def auto_complete(
+        self, model_path: Path, config: dict[str, Any], default_max_batch_size: int
+    ) -> dict[str, Any] | None:
         """Fill in what config.pbtxt leaves out (unless --strict-model-config): `config` is the
         model's configuration as JSON-ready data, field names as in the .proto; return it
         completed (it may be changed in place), or None when there is nothing to add. Raise
-        BackendError with the reason when the file and the config disagree."""
+        BackendError with the reason when the file and the config disagree.
+        `default_max_batch_size`: the max_batch_size a model that can batch gets when its
+        config sets none (the server's, --backend-config [BACKEND,]default-max-batch-size;
+        0: it does not batch; above 1 with the dynamic batcher)."""
         ...
 
     def gpu_problem(self) -> str:
@@ -398,7 +403,9 @@ class BackendBase(Backend):
     """The defaults of a backend's optional members; subclasses write `name`, `inspect` and
     `create_instance`."""
 
-    def auto_complete(self, model_path: Path, config: dict[str, Any]) -> dict[str, Any] | None:
+    def auto_complete(
+        self, model_path: Path, config: dict[str, Any], default_max_batch_size: int
+    ) -> dict[str, Any] | None:
         return None
 
     def gpu_problem(self) -> str:

@@ -47,8 +47,6 @@ from edge_backends.fil_params import (
 )
 from edge_backends.ort import OrtBackend, OrtInstance
 
-# The server's auto-complete default for batchable models (appliance.runtime.autocomplete).
-_AUTO_MAX_BATCH_SIZE = 4
 _REMEMBERED = 64  # model files whose description is kept in memory
 
 
@@ -164,16 +162,19 @@ class FilBackend(BackendBase):
             outputs=(TensorSpec(OUTPUT, "FP32", (-1, -1)),),
         )
 
-    def auto_complete(self, model_path: Path, config: dict[str, Any]) -> dict[str, Any]:
-        """Fill input__0 / output__0 from the model and the FIL parameters."""
+    def auto_complete(
+        self, model_path: Path, config: dict[str, Any], default_max_batch_size: int
+    ) -> dict[str, Any]:
+        """Fill input__0 / output__0 from the model and the FIL parameters; a config without
+        tensors or max_batch_size gets the server's default (a forest batches any rows)."""
         options = parse_options(_parameters(config))
         model = self.model(model_path)
         check_type(model, options, model_path)
         width = output_width(model, options)
         inputs, outputs = config.setdefault("input", []), config.setdefault("output", [])
         if not inputs and not outputs and not config.get("max_batch_size"):
-            config["max_batch_size"] = _AUTO_MAX_BATCH_SIZE
-            if "sequence_batching" not in config:
+            config["max_batch_size"] = default_max_batch_size
+            if default_max_batch_size > 1 and "sequence_batching" not in config:
                 config.setdefault("dynamic_batching", {})
         batch = [] if config.get("max_batch_size") else [-1]
         if not inputs:

@@ -295,7 +295,10 @@ class TensorRTBackend(BackendBase):
     def inspect(self, model_path: Path) -> ModelSignature:
         return signature(self._describe(model_path))
 
-    def auto_complete(self, model_path: Path, config: dict[str, Any]) -> dict[str, Any]:
+    def auto_complete(
+        self, model_path: Path, config: dict[str, Any], default_max_batch_size: int
+    ) -> dict[str, Any]:
+        # An engine's optimization profile fixes its batch size, whatever the server's default.
         return auto_complete(self._describe(model_path), config)
 
     def create_instance(self, spec: InstanceSpec) -> TrtInstance:

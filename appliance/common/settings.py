@@ -8,6 +8,9 @@ from pathlib import Path
 from appliance.common.limits import RequestLimits
 
 MiB = 1024 * 1024
+# Triton's auto-complete max_batch_size for a model whose first dimension is dynamic, and the
+# one source of it: the runtime passes it (or --backend-config's) to every backend.
+DEFAULT_MAX_BATCH_SIZE = 4
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,7 @@ class ServerSettings:
     # --backend-config [BACKEND,]default-max-batch-size=N: auto-complete's max_batch_size for
     # a model that can batch (0: auto-completed models do not batch), for every backend and
     # (backend, N) where one backend was given its own.
-    default_max_batch_size: int = 4
+    default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     backend_max_batch_sizes: tuple[tuple[str, int], ...] = ()
     server_id: str = "triton"  # --id: the name server metadata reports
     strict_readiness: bool = False

@@ -12,6 +12,7 @@ from pathlib import Path
 from appliance.common.errors import ConfigError
 from appliance.common.model_config import CONFIG_FILENAME, ModelConfig, config_type_of
 from appliance.common.protocol import model_config_pb2 as mc
+from appliance.common.settings import DEFAULT_MAX_BATCH_SIZE
 from appliance.common.tf_advice import tensorflow_advice
 from edge_backends.api import ModelSignature, TensorSpec
 from edge_backends.registry import (
@@ -20,9 +21,6 @@ from edge_backends.registry import (
     backend_name,
     default_model_filename,
 )
-
-# Triton's auto-complete default for models whose first dimension is dynamic.
-DEFAULT_MAX_BATCH_SIZE = 4
 
 
 def resolve_backend(config: ModelConfig, model_dir: Path, versions: list[int]) -> str:

@@ -27,6 +27,7 @@ from appliance.common.model_config import (
 )
 from appliance.common.protocol import model_config_pb2 as mc
 from appliance.common.protojson import message_to_dict
+from appliance.common.settings import DEFAULT_MAX_BATCH_SIZE
 from appliance.repository.ledger import LOAD, VERIFICATION, WARM_UP
 from appliance.repository.local import escapes, list_versions
 from appliance.repository.manifest import (
@@ -38,7 +39,6 @@ from appliance.repository.manifest import (
 )
 from appliance.repository.store import damage_of, read_record, remove_damaged
 from appliance.runtime.autocomplete import (
-    DEFAULT_MAX_BATCH_SIZE,
     complete_config,
     complete_scheduling,
     resolve_backend,
@@ -269,9 +269,11 @@ def prepare_model(
             damaged=set(damaged),
         )
     described = bool(signature.inputs or signature.outputs)  # Python models say nothing
+    batch_defaults = default_max_batch or {}
+    batch_default = batch_defaults.get(backend_name, batch_defaults.get("", DEFAULT_MAX_BATCH_SIZE))
     if not strict:
         try:
-            completed = backend.auto_complete(newest_file, message_to_dict(config))
+            completed = backend.auto_complete(newest_file, message_to_dict(config), batch_default)
         except BackendError as exc:
             raise ConfigError(f"model '{name}': {exc}") from exc
         if completed is not None:
@@ -279,10 +281,6 @@ def prepare_model(
     if strict or not described:
         complete_scheduling(config)
     else:
-        batch_defaults = default_max_batch or {}
-        batch_default = batch_defaults.get(
-            backend_name, batch_defaults.get("", DEFAULT_MAX_BATCH_SIZE)
-        )
         complete_config(config, signature, name, batch_default)
     validate_config(config, model_dir, signature if described else None, bounds, source)
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from appliance.common.settings import SchedulingSettings, ServerSettings
+from appliance.common.settings import DEFAULT_MAX_BATCH_SIZE, SchedulingSettings, ServerSettings
 from appliance.repository.manifest import ManifestPolicy
 from appliance.runtime.registry import ServedVersion
 
@@ -34,7 +34,9 @@ class RuntimeSettings:
     config_name: str = ""
     # Auto-complete's max_batch_size for a model that can batch, by backend ('': the others;
     # --backend-config [BACKEND,]default-max-batch-size).
-    default_max_batch_sizes: Mapping[str, int] = field(default_factory=lambda: {"": 4})
+    default_max_batch_sizes: Mapping[str, int] = field(
+        default_factory=lambda: {"": DEFAULT_MAX_BATCH_SIZE}
+    )
     # ... or whose median latency over the window exceeds this many times the replaced one's.
     rollback_latency_ratio: float = 0.0  # 0: off
 

@@ -541,8 +541,11 @@ class PythonBackend(BackendBase):
     def create_instance(self, spec: InstanceSpec) -> PythonInstance:
         return PythonInstance(spec, self.metrics)
 
-    def auto_complete(self, model_path: Path, config: dict[str, Any]) -> dict[str, Any] | None:
-        """Run the model's static auto_complete_config (in a short-lived process).
+    def auto_complete(
+        self, model_path: Path, config: dict[str, Any], default_max_batch_size: int
+    ) -> dict[str, Any] | None:
+        """Run the model's static auto_complete_config (in a short-lived process); the model
+        sets its own max_batch_size there (a Python model gets no server default, as in Triton).
 
         Skipped when model.py never names it and the config already lists tensors; a config
         without any runs it anyway, as the hook may come from a module model.py imports."""

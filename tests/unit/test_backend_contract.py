@@ -106,7 +106,7 @@ async def test_the_docstring_example_is_served_by_the_loader(
 def test_the_bases_give_the_documented_defaults() -> None:
     example = docstring_example()
     backend, instance = example["EchoBackend"](), example["EchoInstance"]()
-    assert backend.auto_complete(Path("model.echo"), {"name": "echo"}) is None
+    assert backend.auto_complete(Path("model.echo"), {"name": "echo"}, 4) is None
     assert backend.gpu_problem() == "this backend has no GPU support"
     assert instance.runs_inline is True
     assert instance.placement is None
