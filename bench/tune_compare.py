@@ -33,16 +33,16 @@ from configs.generate import write_repository
 async def measure(
     repo: Path, model: str, config: ModelConfig | None, levels: list[int], seconds: float
 ) -> list[Point]:
-    manager = ModelRuntime(RuntimeSettings(repositories=(repo,)))
-    core = InferenceService(manager)
+    runtime = ModelRuntime(RuntimeSettings(repositories=(repo,)))
+    inference = InferenceService(runtime)
     try:
-        await manager.load(model, override=config)
-        record = manager.record(model)
+        await runtime.load(model, override=config)
+        record = runtime.record(model)
         assert record.config is not None, record.reason
         request = make_request(record.config, {})
-        return [await drive(core, request, n, seconds) for n in levels]
+        return [await drive(inference, request, n, seconds) for n in levels]
     finally:
-        await manager.stop()
+        await runtime.stop()
 
 
 def best(points: list[Point], budget_ms: float) -> Point | None:

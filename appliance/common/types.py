@@ -11,8 +11,9 @@ Array = np.ndarray[Any, Any]
 
 
 @dataclass(slots=True)
-class InputTensor:
-    """An input as decoded from the wire: the array already has the declared dtype and shape."""
+class Tensor:
+    """A request's input or a response's output: the array has the declared dtype and shape
+    (an input as decoded from the wire, an output as the model made it)."""
 
     name: str
     datatype: str
@@ -41,17 +42,9 @@ class InferRequest:
     model_name: str
     model_version: str = ""  # "" = the policy's latest ready version
     id: str = ""
-    inputs: list[InputTensor] = field(default_factory=list)
+    inputs: list[Tensor] = field(default_factory=list)
     outputs: list[RequestedOutput] | None = None  # None = every output
     parameters: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class OutputTensor:
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    data: Array
 
 
 @dataclass(slots=True)
@@ -59,5 +52,5 @@ class InferResponse:
     model_name: str
     model_version: str
     id: str
-    outputs: list[OutputTensor]
+    outputs: list[Tensor]
     parameters: dict[str, Any] = field(default_factory=dict)

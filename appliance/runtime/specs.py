@@ -15,7 +15,7 @@ import numpy as np
 from appliance.common.errors import ConfigError
 from appliance.common.model_config import ModelConfig, datatype_of
 from appliance.common.settings import SchedulingSettings
-from appliance.scheduling.batcher import Scheduler
+from appliance.scheduling.batcher import DynamicScheduler
 from appliance.scheduling.contract import ModelScheduler
 from appliance.scheduling.ensemble import (
     EnsemblePlan,
@@ -56,7 +56,7 @@ def build_scheduler(
             label, workers, sequence_spec(config, queue_size), stats, rate_limiter
         )
     levels, default_level, policies = queue_settings(config)
-    return Scheduler(
+    return DynamicScheduler(
         label=label,
         workers=workers,
         policy=batch_policy(config),

@@ -2,7 +2,7 @@
 accounting, and the stop protocol used when a version retires or the server shuts down.
 
 The idle instances, the batches running and the drain are also reached from front ends'
-threads by the dynamic scheduler's thread lane (`Scheduler.run_here`, scheduling/batcher.py):
+threads by the dynamic scheduler's thread lane (`DynamicScheduler.run_here`, scheduling/batcher.py):
 `_lock` guards them wherever either side changes them.
 """
 
@@ -25,7 +25,7 @@ from appliance.scheduling.stats import ModelStats
 
 
 class LaneWaiter:
-    """A front end's thread waiting in the thread lane for an instance (`Scheduler.run_here`),
+    """A front end's thread waiting in the lane for an instance (`DynamicScheduler.run_here`),
     since `since_ns`. Released under the scheduler's `_lock`: with an instance already running
     its job (`worker`), with the stop's error (`refusal`), to look for an idle instance again
     (`retry`), or with none of these (go to the loop)."""
@@ -77,7 +77,7 @@ class SchedulerBase:
         self._awaiting_resources = False
         # `_idle`, `_running` and `_drained` as the thread lane and the loop both change them.
         self._lock = threading.Lock()
-        # Front ends' threads waiting in the lane for an instance (`Scheduler.run_here`), in
+        # Front ends' threads waiting in the lane for an instance (`DynamicScheduler.run_here`), in
         # arrival order: an instance given back goes to the first (`_give_back_worker`);
         # `_lane_cut` is a stop's reason once its deadline failed them.
         self._waiters: deque[LaneWaiter] = deque()
@@ -127,11 +127,11 @@ class SchedulerBase:
                 self._wait_for_resources()
             # Else the thread lane took the last idle instance after the caller looked (the
             # caller reads `_idle` without the lock): the lane wakes `_dispatch` when it gives
-            # the instance back and work is queued (`Scheduler.run_here`).
+            # the instance back and work is queued (`DynamicScheduler.run_here`).
         return None
 
     def run_here(self, job: Job, inline: bool = False) -> dict[str, Array] | BaseException | None:
-        """The thread lane (see `Scheduler.run_here`): None, not taken, in this scheduler."""
+        """The thread lane (see `DynamicScheduler.run_here`): None, not taken, in this scheduler."""
         return None
 
     def _wait_for_resources(self) -> None:

@@ -51,7 +51,7 @@ class QueueTimeout(ServerUnavailable):
 _WARMUP_EXECUTIONS = 16
 
 
-class Scheduler(SchedulerBase):
+class DynamicScheduler(SchedulerBase):
     """Queues + batching + instance pool for one model version."""
 
     def __init__(

@@ -51,7 +51,7 @@ _RECENT_MASK = RECENT_LATENCIES - 1
 @dataclass(slots=True)
 class ModelStats:
     """Counters updated on the event loop, and by the dynamic scheduler's thread lane
-    (scheduling/batcher.py, `Scheduler.run_here`) on a front end's thread: the counters both
+    (scheduling/batcher.py, `DynamicScheduler.run_here`) on a front end's thread: the counters both
     write (successes, failures, executions, queue time) are written under `lock`, so they stay
     exact. Fields only the loop writes (cancelled, cache hits) are written without it.
     """

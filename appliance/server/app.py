@@ -67,7 +67,7 @@ log = logging.getLogger(__name__)
 
 
 class Appliance:
-    """The whole server: model manager, core, HTTP and gRPC listeners."""
+    """The whole server: the model runtime, the inference service, HTTP and gRPC listeners."""
 
     def __init__(
         self,
@@ -105,7 +105,7 @@ class Appliance:
             ledger,
             settings.repository_timeout_secs,
         )
-        self.manager = ModelRuntime(
+        self.runtime = ModelRuntime(
             RuntimeSettings.from_server(
                 settings, settings.model_repositories + self.remote.roots, manifest
             ),
@@ -119,9 +119,11 @@ class Appliance:
         self.tracer = Tracer(
             settings.trace_file, settings.trace_level, settings.trace_rate, settings.trace_count
         )
-        self.core = InferenceService(self.manager, self.cache, self.tracer, settings.request_limits)
+        self.inference = InferenceService(
+            self.runtime, self.cache, self.tracer, settings.request_limits
+        )
         self.control = ControlService(
-            self.manager,
+            self.runtime,
             self.state,
             settings.model_control_mode,
             settings.strict_readiness,
@@ -203,11 +205,11 @@ class Appliance:
             identity,
             settings.fleet_report_interval_secs,
             report_always=settings.device_id is not None,
-            serving=functools.partial(serving_view, self.manager),
+            serving=functools.partial(serving_view, self.runtime),
             flag_probation=settings.rollback_error_rate > 0 or settings.rollback_latency_ratio > 0,
         )
-        self.manager.probation_rule = self.remote.probation_rule
-        self.manager.on_verdict = self.remote.verdict
+        self.runtime.probation_rule = self.remote.probation_rule
+        self.runtime.on_verdict = self.remote.verdict
 
     def begin_shutdown(self, deadline: Deadline) -> None:
         """Report not-ready and refuse new requests now; `running()`'s exit drains under
@@ -217,21 +219,21 @@ class Appliance:
 
     def status(self) -> str:
         """The one-line summary systemd shows (STATUS=)."""
-        rows = index_rows(self.manager.registry.records(), self.manager.pending())
+        rows = index_rows(self.runtime.registry.records(), self.runtime.pending())
         ready = {row.name for row in rows if row.state == READY}
-        served = sum(v.stats.success.count for v in self.manager.ready_versions())
+        served = sum(v.stats.success.count for v in self.runtime.ready_versions())
         listeners = [("HTTP", self.http_port), ("gRPC", self.grpc_port)]
         return status_text(len({row.name for row in rows}), len(ready), served, listeners)
 
     def _health_problems(self, stuck_ns: int) -> list[str]:
         """Versions whose instances cannot make progress (the watchdog's check)."""
         now = time.monotonic_ns()
-        problems = (v.scheduler.health(now, stuck_ns) for v in self.manager.ready_versions())
+        problems = (v.scheduler.health(now, stuck_ns) for v in self.runtime.ready_versions())
         return [p for p in problems if p]
 
     def _not_ready(self) -> None:
         self.state.shutting_down = True
-        self.core.accepting = False
+        self.inference.accepting = False
 
     def _start_names(self) -> list[str] | None:
         """The models start-up loads: every one, or in explicit mode those --load-model names."""
@@ -244,13 +246,13 @@ class Appliance:
         start-up catch-up, until every remote repository has been synced once."""
         interval_s = self.settings.repository_poll_secs
         if self.settings.model_control_mode == "poll":
-            self.poller = RepositoryPoller(self.manager, interval_s, self.remote)
+            self.poller = RepositoryPoller(self.runtime, interval_s, self.remote)
             return self.poller
         if not self.remote.sources:
             return None
         names = self._start_names()
         only = None if names is None or "*" in names else set(names)
-        return RepositoryPoller(self.manager, interval_s, self.remote, until_synced=True, only=only)
+        return RepositoryPoller(self.runtime, interval_s, self.remote, until_synced=True, only=only)
 
     async def _first_sync(self, syncing: RepositoryPoller) -> None:
         """With --repository-sync-wait-secs: readiness waits for the first successful sync
@@ -274,26 +276,26 @@ class Appliance:
     async def _load_models(self) -> None:
         """Load what the local folders and the model store hold now (no network)."""
         settings = self.settings
-        self.manager.host = self.core.blocking_host(asyncio.get_running_loop(), self.control)
+        self.runtime.host = self.inference.blocking_host(asyncio.get_running_loop(), self.control)
         names = self._start_names()
         if self.remote.sources:
-            self.manager.pending = self.remote.pending
+            self.runtime.pending = self.remote.pending
         try:
-            await self.manager.load_all(names)
+            await self.runtime.load_all(names)
         except ApplianceError as exc:
             raise StartupError(exc.message) from exc
         if self.remote.sources and settings.model_control_mode == "explicit":
-            self.manager.fetch = self.remote.fetch
+            self.runtime.fetch = self.remote.fetch
         if self.cache is None:
-            for served in self.manager.ready_versions():
+            for served in self.runtime.ready_versions():
                 if served.cache_enabled:
                     log.warning(
                         "model '%s' enables response_cache but the server has no cache; "
                         "start it with --cache-config local,size=BYTES",
                         served.name,
                     )
-        if settings.exit_on_error and not self.manager.all_ready():
-            rows = index_rows(self.manager.registry.records(), self.manager.pending())
+        if settings.exit_on_error and not self.runtime.all_ready():
+            rows = index_rows(self.runtime.registry.records(), self.runtime.pending())
             failed = "; ".join(
                 f"'{row.name}'{f' version {row.version}' if row.version else ''}: {row.reason}"
                 for row in rows
@@ -325,11 +327,11 @@ class Appliance:
         log.log(level, "%s", line)
 
     async def _stop_models(self, deadline: Deadline) -> list[str]:
-        return await self.manager.stop(deadline.remaining_s(time.monotonic()))
+        return await self.runtime.stop(deadline.remaining_s(time.monotonic()))
 
     async def _http(self) -> Listener:
         frontend = HttpFrontend(
-            self.core,
+            self.inference,
             self.control,
             self.settings.max_request_bytes,
             _restrictions(self.settings.http_restricted),
@@ -380,10 +382,10 @@ class Appliance:
         settings = self.settings
         gpu = await self._gpu_source() if settings.allow_gpu_metrics else None
         registry = build_registry(
-            self.manager.ready_versions,
+            self.runtime.ready_versions,
             self.settings.allow_cpu_metrics,
             self.cache,
-            self.manager,
+            self.runtime,
             self.poller,
             self.remote,
             gpu,
@@ -414,7 +416,7 @@ class Appliance:
             ],
         )
         servicer = InferenceServicer(
-            self.core,
+            self.inference,
             self.control,
             _restrictions(self.settings.grpc_restricted, GRPC_HEADER_PREFIX),
             shared_memory=self.control.shared_memory,

@@ -95,7 +95,7 @@ class ControlService:
 
     def __init__(
         self,
-        manager: ModelRuntime,
+        runtime: ModelRuntime,
         state: ServerState,
         control_mode: str,
         strict_readiness: bool,
@@ -118,7 +118,7 @@ class ControlService:
         self.shared_memory = shared_memory or SharedMemoryRegistry()
         self._build = buildinfo.summary()
         self._extensions = extensions()
-        self.manager = manager
+        self.runtime = runtime
         self.state = state
         self.control_mode = control_mode
         self.strict_readiness = strict_readiness
@@ -136,8 +136,8 @@ class ControlService:
         """Readiness with its reasons: each model with no version serving and why (not fetched
         for lack of disk, with the numbers; failed), and notes on what serves (a pin). With
         --strict-readiness any such model, one still to be fetched too, means not ready."""
-        records = self.manager.registry.records()
-        rows = index_rows(records, self.manager.pending())
+        records = self.runtime.registry.records()
+        rows = index_rows(records, self.runtime.pending())
         serving = {row.name for row in rows if row.state == READY}
         problems = tuple(
             f"model '{row.name}'{'' if row.version is None else f' version {row.version}'}: "
@@ -153,7 +153,7 @@ class ControlService:
         return Readiness(not (self.strict_readiness and problems), problems, notes)
 
     def model_ready(self, name: str, version: str = "") -> bool:
-        return self.manager.is_ready(name, version)
+        return self.runtime.is_ready(name, version)
 
     # ---- metadata ----------------------------------------------------------------------------
 
@@ -162,8 +162,8 @@ class ControlService:
         return ServerMetadata(self.server_id, __version__, self._extensions, self._build)
 
     def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
-        served = self.manager.get(name, version)
-        record = self.manager.record(name)
+        served = self.runtime.get(name, version)
+        record = self.runtime.record(name)
         lead = (-1,) if served.max_batch_size > 0 else ()
         return ModelMetadata(
             name=name,
@@ -180,7 +180,7 @@ class ControlService:
         )
 
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
-        config: mc.ModelConfig = self.manager.get(name, version).config
+        config: mc.ModelConfig = self.runtime.get(name, version).config
         return config
 
     # ---- statistics --------------------------------------------------------------------------
@@ -189,14 +189,14 @@ class ControlService:
         """One model version's, a model's ready versions', or every ready version's counters."""
         if name:
             if version:
-                chosen: list[ServedVersion] = [self.manager.get(name, version)]
+                chosen: list[ServedVersion] = [self.runtime.get(name, version)]
             else:
-                record = self.manager.record(name)
+                record = self.runtime.record(name)
                 chosen = [record.versions[v] for v in sorted(record.versions)]
                 if not chosen:
                     raise ModelNotFound(f"model '{name}' has no ready versions to report")
         else:
-            chosen = self.manager.ready_versions()
+            chosen = self.runtime.ready_versions()
         return [model_statistics(served) for served in chosen]
 
     # ---- trace -----------------------------------------------------------------------------
@@ -206,7 +206,7 @@ class ControlService:
     ) -> TraceSettings:
         """Read or update trace settings (global, or one model's overrides)."""
         if model:
-            self.manager.record(model)  # an unknown model is an error, as in Triton
+            self.runtime.record(model)  # an unknown model is an error, as in Triton
         settings = self.tracer.update(model, changes) if changes else self.tracer.settings(model)
         return TraceSettings(
             trace_file=settings["trace_file"],
@@ -284,11 +284,11 @@ class ControlService:
         on_disk: Iterable[str] = ()
         if not ready_only:  # models on disk that were never loaded are listed too, as in Triton
             try:
-                on_disk = self.manager.model_names()
+                on_disk = self.runtime.model_names()
             except ApplianceError:
                 on_disk = ()
-        records = self.manager.registry.records()
-        return index_rows(records, self.manager.pending(), on_disk, ready_only)
+        records = self.runtime.registry.records()
+        return index_rows(records, self.runtime.pending(), on_disk, ready_only)
 
     async def load_model(self, name: str, parameters: dict[str, Any]) -> None:
         """Load (or reload) a model; fails with the reason when no version came into service
@@ -296,9 +296,9 @@ class ControlService:
         serving what it served before. `pin_version` / `unpin` pin or unpin it instead."""
         if "pin_version" in parameters or "unpin" in parameters:
             check_model_name(name)
-            await self.manager.pin(name, pin_parameters(name, parameters))
+            await self.runtime.pin(name, pin_parameters(name, parameters))
             return
-        self.manager.require_explicit(self.control_mode)
+        self.runtime.require_explicit(self.control_mode)
         check_model_name(name)
         override = None
         config_json = parameters.get("config")
@@ -322,12 +322,12 @@ class ControlService:
                     f"model '{name}': file overrides need the 'config' parameter too (as in Triton)"
                 )
             source = await write_overrides(name, files)
-        before = self.manager.registry.find(name)
+        before = self.runtime.registry.find(name)
         served_before = dict(before.versions) if before else {}
         failed_before = dict(before.failed) if before else {}
         try:
-            await self.manager.load(name, override, source)
-            check_loaded(self.manager.record(name), served_before, failed_before)
+            await self.runtime.load(name, override, source)
+            check_loaded(self.runtime.record(name), served_before, failed_before)
         except BaseException:
             if source is not None:
                 await self._discard_override(name, source)
@@ -335,13 +335,13 @@ class ControlService:
 
     async def _discard_override(self, name: str, source: Path) -> None:
         """Remove a refused load's override folder unless the runtime serves from it."""
-        record = self.manager.registry.find(name)
+        record = self.runtime.registry.find(name)
         if record is None or record.owned_dir != source.parent:
             await asyncio.to_thread(shutil.rmtree, source.parent, True)
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
-        self.manager.require_explicit(self.control_mode)
+        self.runtime.require_explicit(self.control_mode)
         if unload_dependents:
-            await self.manager.unload_with_dependents(name)
+            await self.runtime.unload_with_dependents(name)
         else:
-            await self.manager.unload(name)
+            await self.runtime.unload(name)

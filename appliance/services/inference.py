@@ -23,14 +23,7 @@ from appliance.common.errors import (
     ServerUnavailable,
 )
 from appliance.common.limits import NO_LIMITS, RequestLimits
-from appliance.common.types import (
-    Array,
-    InferRequest,
-    InferResponse,
-    InputTensor,
-    OutputTensor,
-    RequestedOutput,
-)
+from appliance.common.types import Array, InferRequest, InferResponse, RequestedOutput, Tensor
 from appliance.ops.trace import Tracer
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.registry import ServedVersion
@@ -100,12 +93,12 @@ class InferenceService:
 
     def __init__(
         self,
-        manager: ModelRuntime,
+        runtime: ModelRuntime,
         cache: ResponseCache | None = None,
         tracer: Tracer | None = None,
         limits: RequestLimits | None = None,
     ) -> None:
-        self.manager = manager
+        self.runtime = runtime
         self.cache = cache
         self.tracer = tracer or Tracer()
         # Front ends pass these to their decoders too, to refuse before allocating.
@@ -113,7 +106,7 @@ class InferenceService:
         self.accepting = True
         # The tracer's sampling counts, as front ends' threads and the loop both sample.
         self._trace_lock = threading.Lock()
-        manager.run_step = self.run_step  # ensembles' steps are ordinary requests
+        runtime.run_step = self.run_step  # ensembles' steps are ordinary requests
 
     def admit(self, model: str, version: str = "") -> Admission:
         """Admission before the request is read: raises QueueFull (or ServerUnavailable while
@@ -128,7 +121,7 @@ class InferenceService:
         if not self.accepting:
             raise ServerUnavailable("server is shutting down; not accepting new requests")
         try:
-            scheduler = self.manager.get(model, version).scheduler
+            scheduler = self.runtime.get(model, version).scheduler
         except ApplianceError:
             return Admission(None, arrival_ns)
         scheduler.admit()
@@ -156,7 +149,7 @@ class InferenceService:
         """A request's checks and validated job, its admission released; a failure counted."""
         if not self.accepting:
             raise ServerUnavailable("server is shutting down; not accepting new requests")
-        served = self.manager.get(request.model_name, request.model_version)
+        served = self.runtime.get(request.model_name, request.model_version)
         if served.decoupled:
             raise DecoupledOnUnary(
                 f"model '{served.name}' is decoupled (zero or more responses per request); "
@@ -200,13 +193,13 @@ class InferenceService:
         inline: bool = False,
     ) -> InferResponse | Prepared:
         """`infer` on a front end's own thread (not `loop`'s): the response when the model's
-        scheduler ran the request here at once (its thread lane, `Scheduler.run_here`: an
+        scheduler ran the request here at once (its thread lane, `DynamicScheduler.run_here`: an
         idle instance, nothing queued), else the validated request to finish on the loop
         with `infer_prepared`. The same checks, statistics, failure reasons and traces as
         `infer`; `active()` false after the run (the client went) counts it CANCELED and
         raises CancelledError. Not taken for the response cache, probation, sequences,
         ensembles and decoupled models. `inline`: called on the loop's own thread, where only
-        a model cheap enough to run inline is run (`Scheduler.run_here`).
+        a model cheap enough to run inline is run (`DynamicScheduler.run_here`).
         """
         prepared = self._prepare(request, self.limits, admission, loop)
         served, _, job, start = prepared
@@ -243,7 +236,7 @@ class InferenceService:
 
     def is_decoupled(self, model: str, version: str = "") -> bool:
         try:
-            return self.manager.get(model, version).decoupled
+            return self.runtime.get(model, version).decoupled
         except ApplianceError:
             return False  # the request itself will report the error
 
@@ -251,7 +244,7 @@ class InferenceService:
         """Responses as they come: any number for decoupled models, else exactly one."""
         if not self.accepting:
             raise ServerUnavailable("server is shutting down; not accepting new requests")
-        served = self.manager.get(request.model_name, request.model_version)
+        served = self.runtime.get(request.model_name, request.model_version)
         if not served.decoupled:
             yield await self.infer(request)
             return
@@ -336,7 +329,7 @@ class InferenceService:
         request's id and parameters, its inputs given or stripped a batch dimension of 1 where
         the step batches differently from the model that made them (ensemble.step_arrays).
         A decoupled step's responses go to `each`."""
-        served = self.manager.get(step.model_name, step.model_version)
+        served = self.runtime.get(step.model_name, step.model_version)
         dims = {name: rule.dims for name, rule in served.inputs.items()}
         arrays, batch = step_arrays(inputs, dims, served.max_batch_size > 0)
         call = (step.model_name, step.model_version, arrays, list(step.outputs))
@@ -387,12 +380,12 @@ class InferenceService:
         parameters: dict[str, Any] | None,
         request_id: str,
     ) -> InferRequest:
-        served = self.manager.get(model, version)
+        served = self.runtime.get(model, version)
         tensors = []
         for name, array in inputs.items():
             rule = served.inputs.get(name)
             datatype = rule.datatype if rule is not None else from_numpy(array.dtype).triton
-            tensors.append(InputTensor(name, datatype, tuple(array.shape), array))
+            tensors.append(Tensor(name, datatype, tuple(array.shape), array))
         return InferRequest(
             model_name=model,
             model_version=version,
@@ -440,7 +433,7 @@ class InferenceService:
             return None
         step, step_output = made_by
         try:
-            composing = self.manager.get(step.model_name, step.model_version)
+            composing = self.runtime.get(step.model_name, step.model_version)
         except ApplianceError:
             return None
         return self._labels(composing, step_output)
@@ -465,9 +458,9 @@ class InferenceService:
                 array = array.reshape(lead + rule.dims)
             if k:
                 array = classify(array, k, self._labels(served, out_name), batching)
-                tensors.append(OutputTensor(out_name, "BYTES", array.shape, array))
+                tensors.append(Tensor(out_name, "BYTES", array.shape, array))
             else:
-                tensors.append(OutputTensor(out_name, rule.datatype, array.shape, array))
+                tensors.append(Tensor(out_name, rule.datatype, array.shape, array))
         return InferResponse(
             model_name=served.name,
             model_version=str(served.version),

@@ -255,15 +255,15 @@ class CacheCollector(Collector):
 class LifecycleCollector(Collector):
     """Model loads (success / failure) and, in poll mode, when the repository was last read."""
 
-    def __init__(self, manager: ModelRuntime, poller: RepositoryPoller | None) -> None:
-        self._manager = manager
+    def __init__(self, runtime: ModelRuntime, poller: RepositoryPoller | None) -> None:
+        self._runtime = runtime
         self._poller = poller
 
     def collect(self) -> Iterator[Metric]:
         loads = CounterMetricFamily(
             "edge_model_load", "Model loads and reloads by result", labels=["model", "result"]
         )
-        for (model, result), count in sorted(self._manager.load_results.items()):
+        for (model, result), count in sorted(self._runtime.load_results.items()):
             loads.add_metric([model, result], count)
         yield loads
         if self._poller is not None:
@@ -397,7 +397,7 @@ def build_registry(
     versions: Callable[[], Iterable[ServedVersion]],
     cpu_metrics: bool,
     cache: ResponseCache | None = None,
-    manager: ModelRuntime | None = None,
+    runtime: ModelRuntime | None = None,
     poller: RepositoryPoller | None = None,
     remote: RemoteSources | None = None,
     gpu: GpuSource | None = None,
@@ -405,8 +405,8 @@ def build_registry(
     registry = CollectorRegistry(auto_describe=False)
     registry.register(InferenceCollector(versions))
     registry.register(CustomMetricsCollector(versions))
-    if manager is not None:
-        registry.register(LifecycleCollector(manager, poller))
+    if runtime is not None:
+        registry.register(LifecycleCollector(runtime, poller))
     if remote is not None and remote.sources:
         registry.register(SourceCollector(remote))
     if cache is not None:

@@ -195,7 +195,7 @@ class StatusService:
     async def sample(self) -> None:
         """One sample: the counters and the served versions (on the loop: no I/O), the device
         and the ledger (a thread)."""
-        runtime, now_s = self.control.manager, time.time()
+        runtime, now_s = self.control.runtime, time.time()
         self.live.sample(runtime.ready_versions(), now_s)
         records = runtime.registry.records()
         self.switches.observe({r.name: r.versions for r in records}, now_s)
@@ -210,7 +210,7 @@ class StatusService:
     def _read(
         self, ledgered: list[tuple[str, Path]]
     ) -> tuple[DeviceStatus, dict[str, LedgerEntry]]:
-        ledger = self.control.manager.history.ledger
+        ledger = self.control.runtime.history.ledger
         return self.device_reader.read(), _read_ledger(ledger, ledgered)
 
     def report(self, since_s: float = 0.0) -> StatusReport:
@@ -243,7 +243,7 @@ class StatusService:
         """Every model the server loaded or tried to, and versions still to be fetched. Not
         the repository's never-loaded folders (explicit mode): listing them is disk I/O on
         the loop, and logs a warning per skipped folder, at every refresh of every page."""
-        runtime = self.control.manager
+        runtime = self.control.runtime
         pending = {**runtime.pending(), **self._downloading()}
         rows: dict[str, list[VersionStatus]] = {}
         for row in index_rows(runtime.registry.records(), pending):
@@ -278,7 +278,7 @@ class StatusService:
                 )
                 for group in config.instance_group
             ),
-            instances=self._instances(self.control.manager.registry.find(name)),
+            instances=self._instances(self.control.runtime.registry.find(name)),
             live=live,
         )
 
@@ -323,7 +323,7 @@ class StatusService:
                 update_status(
                     r.name, tuple(sorted(r.versions)), self._ledger.get(r.name), self.switches
                 )
-                for r in self.control.manager.registry.records()
+                for r in self.control.runtime.registry.records()
             ),
         )
 

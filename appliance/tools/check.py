@@ -73,16 +73,16 @@ async def check(
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """The repository index after loading everything, and each loaded model's config."""
     settings = runtime_settings(repositories, strict, require_manifest, config_name)
-    manager = ModelRuntime(settings)
+    runtime = ModelRuntime(settings)
     try:
-        await manager.load_all()
+        await runtime.load_all()
         configs = {}
-        for served in manager.ready_versions():
+        for served in runtime.ready_versions():
             configs[served.name] = message_to_dict(served.config)
-        rows = index_rows(manager.registry.records(), manager.pending())
+        rows = index_rows(runtime.registry.records(), runtime.pending())
         return convert.repository_index(rows), configs
     finally:
-        await manager.stop(settings.drain_timeout_s)
+        await runtime.stop(settings.drain_timeout_s)
 
 
 def conversions(

@@ -48,7 +48,7 @@ from google.protobuf import text_format
 from appliance.common.errors import ApplianceError
 from appliance.common.model_config import ModelConfig, datatype_of
 from appliance.common.settings import ServerSettings
-from appliance.common.types import InferRequest, InputTensor
+from appliance.common.types import InferRequest, Tensor
 from appliance.repository.local import list_models
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.settings import RuntimeSettings
@@ -139,7 +139,7 @@ def make_request(config: ModelConfig, shapes: dict[str, list[int]]) -> InferRequ
             data = rng.integers(0, 2, shape).astype(bool)
         else:
             data = rng.integers(0, 8, shape).astype(dtype.numpy)
-        inputs.append(InputTensor(tensor.name, triton, shape, data))
+        inputs.append(Tensor(tensor.name, triton, shape, data))
     return InferRequest(model_name=config.name, inputs=inputs)
 
 
@@ -151,7 +151,7 @@ def _rss_mib() -> float:
 
 
 async def drive(
-    core: InferenceService, request: InferRequest, concurrency: int, seconds: float
+    inference: InferenceService, request: InferRequest, concurrency: int, seconds: float
 ) -> Point:
     """Closed-loop clients for `seconds` after a short warm-up; throughput and percentiles."""
     latencies: list[float] = []
@@ -163,7 +163,7 @@ async def drive(
             started = time.monotonic()
             if started >= end:
                 return
-            await core.infer(request)
+            await inference.infer(request)
             if started >= warmup_end:
                 latencies.append(time.monotonic() - started)
 
@@ -214,28 +214,28 @@ class Tuner:
 
     async def run(self) -> tuple[ModelConfig, list[Result]]:
         settings = runtime_settings(self.repository)
-        manager = ModelRuntime(settings)
-        core = InferenceService(manager)
+        runtime = ModelRuntime(settings)
+        inference = InferenceService(runtime)
         try:
             try:
-                await manager.load(self.model)
+                await runtime.load(self.model)
             except ApplianceError as exc:
                 raise TuneError(f"model '{self.model}' does not load: {exc.message}") from None
-            record = manager.record(self.model)
+            record = runtime.record(self.model)
             if record.config is None or not record.versions:
                 raise TuneError(f"model '{self.model}' does not load: {record.reason}")
             base = ModelConfig()
             base.CopyFrom(record.config)
-            await self._search(manager, core, base)
+            await self._search(runtime, inference, base)
             return base, list(self.results.values())
         finally:
-            await manager.stop(settings.drain_timeout_s)
+            await runtime.stop(settings.drain_timeout_s)
 
     def _left(self) -> float:
         return self.deadline - time.monotonic()
 
     async def _measure(
-        self, manager: ModelRuntime, core: InferenceService, base: ModelConfig, c: Candidate
+        self, runtime: ModelRuntime, inference: InferenceService, base: ModelConfig, c: Candidate
     ) -> Result:
         if c in self.results:
             return self.results[c]
@@ -245,17 +245,17 @@ class Tuner:
         request = make_request(config, self.shapes)
         before = _rss_mib()
         try:
-            await manager.load(self.model, override=config)
+            await runtime.load(self.model, override=config)
             result.rss_mib = max(0.0, _rss_mib() - before)
             for n in self.concurrency:
                 self.progress(f"{c.label()} at concurrency {n} ({self._left():.0f} s left)")
-                result.points.append(await drive(core, request, n, self.seconds))
+                result.points.append(await drive(inference, request, n, self.seconds))
         except (ApplianceError, TuneError) as exc:
             result.error = getattr(exc, "message", str(exc))
         return result
 
     async def _search(
-        self, manager: ModelRuntime, core: InferenceService, base: ModelConfig
+        self, runtime: ModelRuntime, inference: InferenceService, base: ModelConfig
     ) -> None:
         batching = base.max_batch_size > 0
         start = Candidate(
@@ -264,7 +264,7 @@ class Tuner:
             queue_delay_us=int(base.dynamic_batching.max_queue_delay_microseconds),
             threads=0,
         )
-        best = await self._measure(manager, core, base, start)
+        best = await self._measure(runtime, inference, base, start)
         ncpu = len(os.sched_getaffinity(0))
         steps: list[tuple[str, list[Any]]] = [("instances", [1, 2, 3, 4, 6, 8][: max(2, ncpu + 1)])]
         if batching:
@@ -278,7 +278,7 @@ class Tuner:
                 trial = Candidate(**{**best.candidate.__dict__, dimension: value})
                 if trial == best.candidate:
                     continue
-                result = await self._measure(manager, core, base, trial)
+                result = await self._measure(runtime, inference, base, trial)
                 if result.score(self.budget_ms) >= best.score(self.budget_ms) * GAIN:
                     best = result
                 elif value > getattr(best.candidate, dimension):

@@ -21,7 +21,7 @@ from appliance.common.errors import (
     Unsupported,
 )
 from appliance.common.settings import ServerSettings
-from appliance.common.types import InferRequest, InputTensor
+from appliance.common.types import InferRequest, Tensor
 from appliance.ops.logs import LogSettings, LogState
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.settings import RuntimeSettings
@@ -89,7 +89,7 @@ async def services(tmp_path: Path) -> AsyncIterator[Services]:
 
 def _request(model: str, version: str = "", batch: int = 1) -> InferRequest:
     data = np.arange(batch * 16, dtype=np.int32).reshape(batch, 16)
-    inputs = [InputTensor(name, "INT32", data.shape, data) for name in ("INPUT0", "INPUT1")]
+    inputs = [Tensor(name, "INT32", data.shape, data) for name in ("INPUT0", "INPUT1")]
     return InferRequest(model_name=model, model_version=version, inputs=inputs)
 
 

@@ -13,7 +13,7 @@ from onnx import TensorProto
 
 from appliance.common.errors import InvalidInput, ModelNotFound, ModelNotReady, ServerUnavailable
 from appliance.common.settings import ServerSettings
-from appliance.common.types import InferRequest, InputTensor, RequestedOutput
+from appliance.common.types import InferRequest, RequestedOutput, Tensor
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.settings import RuntimeSettings
 from appliance.services.inference import InferenceService
@@ -50,8 +50,8 @@ async def service(tmp_path: Path) -> AsyncIterator[InferenceService]:
         await runtime.stop(5)
 
 
-def _ints(name: str, values: np.ndarray) -> InputTensor:
-    return InputTensor(name, "INT32", tuple(values.shape), values)
+def _ints(name: str, values: np.ndarray) -> Tensor:
+    return Tensor(name, "INT32", tuple(values.shape), values)
 
 
 async def test_infer_returns_the_model_outputs(service: InferenceService) -> None:
@@ -83,7 +83,7 @@ async def test_an_ensemble_runs_through_its_scheduler(service: InferenceService)
     x = np.arange(16, dtype=np.int32).reshape(1, 16)
     response = await service.infer(InferRequest("double", inputs=[_ints("IN", x)]))
     np.testing.assert_array_equal(response.outputs[0].data, 2 * x)
-    statistics = service.manager.get("simple").stats
+    statistics = service.runtime.get("simple").stats
     assert statistics.success.count == 1  # the step is an ordinary request to its model
 
 
@@ -93,7 +93,7 @@ async def test_concurrent_requests_are_answered_each_with_its_own_rows(
     async def one(i: int) -> np.ndarray:
         x = np.full((1, 4), i, dtype=np.float32)
         response = await service.infer(
-            InferRequest("plain", inputs=[InputTensor("INPUT0", "FP32", (1, 4), x)])
+            InferRequest("plain", inputs=[Tensor("INPUT0", "FP32", (1, 4), x)])
         )
         return response.outputs[0].data
 

@@ -91,7 +91,7 @@ async def test_a_request_cancelled_while_the_runtime_loads_leaves_none(
         loading.set()
         await asyncio.Event().wait()
 
-    monkeypatch.setattr(control.manager, "load", load_forever)
+    monkeypatch.setattr(control.runtime, "load", load_forever)
     task = asyncio.ensure_future(control.load_model("fresh", dict(PARAMETERS)))
     await loading.wait()
     assert _left(temp_dir)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from appliance.common.settings import ServerSettings
-from appliance.common.types import InferRequest, InputTensor
+from appliance.common.types import InferRequest, Tensor
 from appliance.ops.logs import LogSettings
 from appliance.repository.s3 import DownloadProgress
 from appliance.runtime.models import ModelRuntime
@@ -71,7 +71,7 @@ async def parts(tmp_path: Path) -> AsyncIterator[Parts]:
 
 def _request() -> InferRequest:
     data = np.ones((1, 16), np.int32)
-    inputs = [InputTensor(name, "INT32", data.shape, data) for name in ("INPUT0", "INPUT1")]
+    inputs = [Tensor(name, "INT32", data.shape, data) for name in ("INPUT0", "INPUT1")]
     return InferRequest(model_name="simple", model_version="", inputs=inputs)
 
 
@@ -132,7 +132,7 @@ async def test_a_download_and_a_switch_are_shown(parts: Parts) -> None:
     await status.sample()  # the baseline: downloaded_bytes and the served versions
     source.downloaded_bytes += 100_000
     source.download = DownloadProgress("resnet", 3, 100_000, 4_000_000, 1.0)
-    runtime = status.control.manager
+    runtime = status.control.runtime
     await runtime.unload("simple")
     await status.sample()
     download = status.report().updates.sources[0].download

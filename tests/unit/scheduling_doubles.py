@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from appliance.scheduling.batcher import Scheduler
+from appliance.scheduling.batcher import DynamicScheduler
 from appliance.scheduling.instances import InstanceWorker, Job
 from appliance.scheduling.policy import BatchPolicy
 from appliance.scheduling.stats import ModelStats
@@ -74,11 +74,13 @@ def make(
     instances: int = 1,
     max_queue_size: int = 100,
     **kwargs: Any,
-) -> tuple[Scheduler, ModelStats]:
+) -> tuple[DynamicScheduler, ModelStats]:
     """A started scheduler for 'm' version 1 with `instances` workers on `instance`."""
     stats = ModelStats()
     batching = policy.max_batch_size > 0
     workers = [InstanceWorker(f"w{i}", instance, batching=batching) for i in range(instances)]
-    scheduler = Scheduler("model 'm' version 1", workers, policy, stats, max_queue_size, **kwargs)
+    scheduler = DynamicScheduler(
+        "model 'm' version 1", workers, policy, stats, max_queue_size, **kwargs
+    )
     scheduler.start()
     return scheduler, stats

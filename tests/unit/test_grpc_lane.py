@@ -1,4 +1,4 @@
-"""The dynamic scheduler's thread lane (scheduling/batcher.py, `Scheduler.run_here`), which the
+"""The dynamic scheduler's thread lane (batcher.py, `DynamicScheduler.run_here`), which the
 gRPC front end's handler threads run ModelInfer on: when it takes a request, when it leaves it
 to the loop, and its bookkeeping shared with the loop (real worker threads, small in-process
 instances; the server end to end: tests/integration/test_grpc_lane.py)."""
@@ -12,14 +12,14 @@ from collections.abc import Coroutine
 from typing import Any
 
 from appliance.common.errors import InferenceFailed, InvalidInput, ServerUnavailable
-from appliance.scheduling.batcher import Scheduler
+from appliance.scheduling.batcher import DynamicScheduler
 from appliance.scheduling.instances import Job
 from appliance.scheduling.policy import BatchPolicy
 from appliance.scheduling.rate_limiter import RateLimiter
 from tests.unit.scheduling_doubles import Doubler, job, make
 
 
-async def here(scheduler: Scheduler, the_job: Job) -> Any:
+async def here(scheduler: DynamicScheduler, the_job: Job) -> Any:
     """`run_here` from a thread that is not the loop's."""
     return await asyncio.to_thread(scheduler.run_here, the_job)
 
@@ -33,7 +33,7 @@ async def held(model: Doubler, call: Coroutine[Any, Any, Any]) -> asyncio.Future
     return running
 
 
-async def _running_in_lane(scheduler: Scheduler, model: Doubler) -> asyncio.Future[Any]:
+async def _running_in_lane(scheduler: DynamicScheduler, model: Doubler) -> asyncio.Future[Any]:
     """A lane request held in the model (until `model.gate` is set)."""
     return await held(model, here(scheduler, job(1.0)))
 

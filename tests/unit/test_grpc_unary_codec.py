@@ -13,14 +13,14 @@ import pytest
 from appliance.common.errors import InvalidInput
 from appliance.common.protocol import service_pb2 as pb
 from appliance.common.serialization import encode_bytes
-from appliance.common.types import InferResponse, OutputTensor
+from appliance.common.types import InferResponse, Tensor
 from appliance.frontends.grpc.codec import decode_request, encode_response, names_regions
 from appliance.services.shared_memory import SharedMemoryRegistry
 from tests.unit.test_tensors import NUMERIC  # datatype -> numpy type, one table for the tests
 
 
 def _encoded(array: np.ndarray[Any, Any], datatype: str) -> bytes:
-    response = InferResponse("m", "1", "r", [OutputTensor("y", datatype, array.shape, array)])
+    response = InferResponse("m", "1", "r", [Tensor("y", datatype, array.shape, array)])
     message = pb.ModelInferResponse.FromString(encode_response(response).SerializeToString())
     assert [(o.name, o.datatype, list(o.shape)) for o in message.outputs] == [
         ("y", datatype, list(array.shape))

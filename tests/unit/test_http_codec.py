@@ -13,7 +13,7 @@ from google.protobuf import text_format
 from appliance.common.errors import InvalidInput
 from appliance.common.protocol import ModelConfig
 from appliance.common.tensors import encode_bytes
-from appliance.common.types import InferRequest, InferResponse, OutputTensor, RequestedOutput
+from appliance.common.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from appliance.frontends.http.codec import (
     HttpInferRequest,
     decode_request,
@@ -39,7 +39,7 @@ def split(
     return json.loads(body[:header_length]), body[header_length:]
 
 
-def response(*tensors: OutputTensor, **kwargs: Any) -> InferResponse:
+def response(*tensors: Tensor, **kwargs: Any) -> InferResponse:
     return InferResponse(model_name="m", model_version="1", id="", outputs=list(tensors), **kwargs)
 
 
@@ -263,9 +263,9 @@ def test_decode_binary_size_errors(size: Any, payload: bytes, message: str) -> N
 
 # ---- encode_response -------------------------------------------------------------------------
 
-FLOATS = OutputTensor("F", "FP32", (1, 3), np.array([[1.5, -2.0, 0.25]], dtype=np.float32))
-INTS = OutputTensor("I", "INT64", (2,), np.array([-(2**63), 2**63 - 1], dtype=np.int64))
-STRINGS = OutputTensor("S", "BYTES", (2,), np.array([b"\xc3\xa9", b""], dtype=np.object_))
+FLOATS = Tensor("F", "FP32", (1, 3), np.array([[1.5, -2.0, 0.25]], dtype=np.float32))
+INTS = Tensor("I", "INT64", (2,), np.array([-(2**63), 2**63 - 1], dtype=np.int64))
+STRINGS = Tensor("S", "BYTES", (2,), np.array([b"\xc3\xa9", b""], dtype=np.object_))
 
 
 def test_encode_json_only() -> None:
@@ -331,7 +331,7 @@ def test_nan_and_infinity_in_json_output(datatype: str) -> None:
         [np.nan, np.inf, -np.inf, 1.0],
         dtype={"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}[datatype],
     )
-    tensor = OutputTensor("F", datatype, (4,), values)
+    tensor = Tensor("F", datatype, (4,), values)
     chunks, length = encode_response(response(tensor), wire())
     assert length is None
     text = bytes(chunks[0]).decode()
@@ -343,7 +343,7 @@ def test_nan_and_infinity_in_json_output(datatype: str) -> None:
 
 
 def test_nan_in_one_output_keeps_other_outputs_exact() -> None:
-    nan = OutputTensor("N", "FP64", (1,), np.array([np.nan]))
+    nan = Tensor("N", "FP64", (1,), np.array([np.nan]))
     chunks, _ = encode_response(response(nan, INTS, STRINGS), wire())
     doc = json.loads(bytes(chunks[0]))
     by_name = {o["name"]: o["data"] for o in doc["outputs"]}
@@ -353,7 +353,7 @@ def test_nan_in_one_output_keeps_other_outputs_exact() -> None:
 
 
 def test_nan_in_binary_output_is_raw() -> None:
-    nan = OutputTensor("N", "FP32", (2,), np.array([np.nan, -np.inf], dtype=np.float32))
+    nan = Tensor("N", "FP32", (2,), np.array([np.nan, -np.inf], dtype=np.float32))
     chunks, length = encode_response(response(nan), wire(binary_default=True))
     doc, rest = split(chunks, length)
     assert doc["outputs"][0]["parameters"] == {"binary_data_size": 8}
@@ -392,7 +392,7 @@ def test_round_trip_decode_then_encode() -> None:
     )
     decoded = decode_request(body, length, "m", "")
     tensor = decoded.request.inputs[0]
-    out = OutputTensor("A", tensor.datatype, tensor.shape, tensor.data)
+    out = Tensor("A", tensor.datatype, tensor.shape, tensor.data)
     doc, rest = split(*encode_response(response(out), decoded))
     assert doc["outputs"][0]["shape"] == [2, 2]
     assert rest == a.tobytes()

@@ -13,7 +13,7 @@ import pytest
 from appliance.common.errors import QueueFull
 from appliance.common.settings import SchedulingSettings
 from appliance.flags.serve import add_serve_flags, settings_from_args
-from appliance.scheduling.batcher import Scheduler
+from appliance.scheduling.batcher import DynamicScheduler
 from appliance.scheduling.policy import BatchPolicy, queue_wait_bound_ns
 from tests.unit.scheduling_doubles import job, make
 from tests.unit.test_scheduler import Sleeper
@@ -45,7 +45,9 @@ def test_the_flag_fixes_the_bound_and_its_absence_lets_it_grow(tmp_path: Path) -
     assert off.max_queue_wait_ms == 0
 
 
-async def _learned(delay_s: float, max_wait_ms: int, executions: int) -> tuple[Scheduler, Sleeper]:
+async def _learned(
+    delay_s: float, max_wait_ms: int, executions: int
+) -> tuple[DynamicScheduler, Sleeper]:
     model = Sleeper(delay_s)
     scheduler, _ = make(
         model,
@@ -60,7 +62,7 @@ async def _learned(delay_s: float, max_wait_ms: int, executions: int) -> tuple[S
 
 
 async def _queue_behind_a_held_instance(
-    scheduler: Scheduler, model: Sleeper, count: int
+    scheduler: DynamicScheduler, model: Sleeper, count: int
 ) -> tuple[list[asyncio.Future[object]], list[BaseException]]:
     """Hold the instance, submit `count` jobs; the futures admitted and the refusals."""
     model.gate.clear()

@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 
-from appliance.scheduling.batcher import Scheduler
+from appliance.scheduling.batcher import DynamicScheduler
 from appliance.scheduling.instances import InstanceWorker, Job
 from appliance.scheduling.policy import BatchPolicy
 from appliance.scheduling.rate_limiter import RateLimiter
@@ -68,7 +68,7 @@ async def test_two_models_sharing_one_resource_take_turns() -> None:
     log: list[str] = []
     gate_a, gate_b = threading.Event(), threading.Event()
     schedulers = [
-        Scheduler(
+        DynamicScheduler(
             name,
             [InstanceWorker(name, Recorder(name, log, gate), True, {"npu": 1})],
             BatchPolicy(max_batch_size=1),

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from appliance.common.errors import InferenceFailed, InvalidInput, QueueFull
-from appliance.scheduling.batcher import QueueTimeout, Scheduler
+from appliance.scheduling.batcher import DynamicScheduler, QueueTimeout
 from appliance.scheduling.instances import (
     CPU_SAMPLE_EVERY,
     CPU_WARMUP_RUNS,
@@ -131,7 +131,7 @@ async def test_preserve_ordering_with_two_instances() -> None:
     slow, fast = Doubler(slow_gate), Doubler()
     stats = ModelStats()
     workers = [InstanceWorker("slow", slow, True), InstanceWorker("fast", fast, True)]
-    scheduler = Scheduler(
+    scheduler = DynamicScheduler(
         "m",
         workers,
         BatchPolicy(max_batch_size=1),
@@ -180,7 +180,7 @@ async def test_cheap_batches_run_inline_after_warm_up_and_big_ones_do_not() -> N
     model = ThreadRecorder()
     stats = ModelStats()
     worker = InstanceWorker("w", model, batching=True)
-    scheduler = Scheduler(
+    scheduler = DynamicScheduler(
         "m",
         [worker],
         BatchPolicy(max_batch_size=100_000),
@@ -204,7 +204,7 @@ async def test_cheap_batches_run_inline_after_warm_up_and_big_ones_do_not() -> N
 async def test_inline_execution_can_be_turned_off() -> None:
     model = ThreadRecorder()
     worker = InstanceWorker("w", model, batching=True)
-    scheduler = Scheduler(
+    scheduler = DynamicScheduler(
         "m",
         [worker],
         BatchPolicy(max_batch_size=8),
@@ -230,7 +230,7 @@ async def test_high_priority_overtakes_queued_low_priority_work() -> None:
     gate = threading.Event()
     model = Doubler(gate)
     stats = ModelStats()
-    scheduler = Scheduler(
+    scheduler = DynamicScheduler(
         "m",
         [InstanceWorker("w", model, True)],
         BatchPolicy(max_batch_size=1),
@@ -261,7 +261,7 @@ async def test_high_priority_overtakes_queued_low_priority_work() -> None:
 
 async def test_queue_timeout_rejects_while_the_instance_is_busy() -> None:
     gate = threading.Event()
-    scheduler = Scheduler(
+    scheduler = DynamicScheduler(
         "model 'm' version 1",
         [InstanceWorker("w", Doubler(gate), True)],
         BatchPolicy(max_batch_size=1),
@@ -286,7 +286,7 @@ async def test_queue_timeout_rejects_while_the_instance_is_busy() -> None:
 async def test_cancelled_request_is_counted() -> None:
     gate = threading.Event()
     stats = ModelStats()
-    scheduler = Scheduler(
+    scheduler = DynamicScheduler(
         "m",
         [InstanceWorker("w", Doubler(gate), True)],
         BatchPolicy(max_batch_size=1),
@@ -326,7 +326,7 @@ class Sleeper(InstanceBase):
         pass
 
 
-async def _learned(model: Sleeper, max_queue_wait_ms: int) -> Scheduler:
+async def _learned(model: Sleeper, max_queue_wait_ms: int) -> DynamicScheduler:
     """A one-instance scheduler that has measured a few executions of `model`."""
     scheduler, _ = make(
         model,
@@ -388,12 +388,12 @@ async def test_an_admitted_request_still_waiting_one_execution_past_the_bound_is
     scheduler.release(1)
 
 
-async def _warmed_inline() -> tuple[Scheduler, ModelStats, ThreadRecorder]:
+async def _warmed_inline() -> tuple[DynamicScheduler, ModelStats, ThreadRecorder]:
     """A scheduler whose tiny batches run on the loop (past the warm-up on the thread)."""
     model = ThreadRecorder()
     stats = ModelStats()
     worker = InstanceWorker("w", model, batching=True)
-    scheduler = Scheduler(
+    scheduler = DynamicScheduler(
         "m", [worker], BatchPolicy(max_batch_size=8), stats, max_queue_size=10,
         inline_budget_ns=10_000_000,
     )  # fmt: skip
@@ -431,7 +431,7 @@ async def test_an_inline_batch_that_ends_the_drain_lets_stop_return() -> None:
     stats = ModelStats()
     worker = InstanceWorker("w", model, batching=True)
     policy = BatchPolicy(max_batch_size=8, dynamic=True, max_queue_delay_ns=20_000_000)
-    scheduler = Scheduler(
+    scheduler = DynamicScheduler(
         "m", [worker], policy, stats, max_queue_size=10, inline_budget_ns=10_000_000
     )
     scheduler.start()

@@ -17,9 +17,9 @@ from appliance.common.tensors import datatype, element_count, from_raw, to_raw
 from appliance.common.types import (
     InferRequest,
     InferResponse,
-    InputTensor,
     RequestedOutput,
     ShmTarget,
+    Tensor,
 )
 from appliance.services.shared_memory import (
     SharedMemoryRegistry,
@@ -165,7 +165,7 @@ def decode_request(
             raw_index += 1
         else:
             data = _from_contents(tensor, shape, where, limits)
-        inputs.append(InputTensor(name, datatype_name, shape, data))
+        inputs.append(Tensor(name, datatype_name, shape, data))
     parameters = msg.parameters
     request = InferRequest(
         model_name=model,

@@ -1,8 +1,8 @@
-"""Triton's GRPCInferenceService on the synchronous `grpc.server` (a thread pool) over the core
-and control plane.
+"""Triton's GRPCInferenceService on the synchronous `grpc.server` (a thread pool) over the
+inference and control services.
 
 Unary ModelInfer runs on its handler thread from decoding to encoding: the inference service's
-thread lane (`InferenceService.infer_here`, `Scheduler.run_here`) runs the model there when an
+thread lane (`InferenceService.infer_here`, `DynamicScheduler.run_here`) runs the model there if an
 instance is idle and nothing is queued, with no hand-off to the event loop; otherwise the
 validated request goes to the loop (`asyncio.run_coroutine_threadsafe`) and is queued as any
 other. Issue 20 measured, `simple` at c=8 on one core, server CPU per request: grpc.aio 448-500
@@ -264,7 +264,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     def __init__(
         self,
-        core: InferenceService,
+        inference: InferenceService,
         control: ControlService,
         restrictions: Restrictions | None = None,
         *,
@@ -274,7 +274,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         header_forward: HeaderForward | None = None,
         compression_level: str = "none",
     ) -> None:
-        self.core = core
+        self.inference = inference
         self.control = control
         self.restrictions = restrictions
         self.shared_memory = shared_memory
@@ -445,18 +445,18 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         (its outputs may name regions to write to)."""
         loop = self._loop
         assert loop is not None
-        core = self.core
+        inference = self.inference
         shm = self.shared_memory
         # Admission before decoding: an overloaded model's refusal costs no decode or validation.
-        with core.admit(request.model_name, request.model_version) as admission:
+        with inference.admit(request.model_name, request.model_version) as admission:
             decoded = decode_request(request, shm, self.limits)
             if self.header_forward is not None:  # after decoding, as tritonserver
                 metadata = context.invocation_metadata() or ()
                 decoded.parameters.update(self.header_forward.parameters(metadata))
             try:
-                answer = core.infer_here(decoded, admission, loop, context.is_active)
+                answer = inference.infer_here(decoded, admission, loop, context.is_active)
                 if isinstance(answer, Prepared):
-                    answer = _Cancel(context).wait(loop, core.infer_prepared(answer))
+                    answer = _Cancel(context).wait(loop, inference.infer_prepared(answer))
             except DecoupledOnUnary as exc:  # tritonserver's words first
                 raise Unsupported(f"{DECOUPLED_REFUSAL}: {exc.message}") from None
         if scoped:
@@ -490,7 +490,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             request_iterator,
             context,
             loop,
-            self.core,
+            self.inference,
             self.shared_memory,
             self.limits,
             _status_of,

@@ -1,7 +1,7 @@
 """ModelStreamInfer on its handler thread (the synchronous `grpc.server`'s).
 
 A stream's requests are read, run and answered on the stream's own handler thread while the
-inference service's thread lane takes them (`infer_here`, `Scheduler.run_here`: the model has
+inference service's thread lane takes them (`infer_here`, `DynamicScheduler.run_here`: the model has
 an idle instance, or one whose queue only keeps arrival order, and nothing queued): the
 response is yielded straight to gRPC and the next request read, with no other thread involved,
 as in a unary ModelInfer and in the synchronous ceiling (bench/ceiling_grpc.py). Before, every
@@ -107,7 +107,7 @@ class StreamRun:
         messages: Iterator[bytes],
         context: grpc.ServicerContext,
         loop: asyncio.AbstractEventLoop,
-        core: InferenceService,
+        inference: InferenceService,
         shared_memory: SharedMemoryRegistry,
         limits: RequestLimits,
         status_of: Callable[[BaseException], tuple[grpc.StatusCode, str]],
@@ -115,7 +115,7 @@ class StreamRun:
     ) -> None:
         self._messages = messages
         self._loop = loop
-        self._core = core
+        self._inference = inference
         self._shm = shared_memory
         self._limits = limits
         self._status_of = status_of
@@ -233,16 +233,16 @@ class StreamRun:
         """A request's response when the lane ran it here; None when it went to the loop (as
         it does when `lane` is false)."""
         model, version = request.model_name, request.model_version
-        if not lane or names_regions(request) or self._core.is_decoupled(model, version):
+        if not lane or names_regions(request) or self._inference.is_decoupled(model, version):
             self._start(self._serve(request))  # decoded and answered on the loop
             return None
         start = time.monotonic_ns()
         try:
-            with self._core.admit(model, version) as admission:
+            with self._inference.admit(model, version) as admission:
                 decoded = decode_request(request, self._shm, self._limits)
                 if self._forwarded is not None:
                     self._forward(decoded)
-                answer = self._core.infer_here(decoded, admission, self._loop, self._active)
+                answer = self._inference.infer_here(decoded, admission, self._loop, self._active)
             if isinstance(answer, Prepared):
                 self._start(self._finish(request, answer))
                 return None
@@ -295,7 +295,7 @@ class StreamRun:
         sequence, an ensemble, the cache). It names no shared memory region."""
         try:
             try:
-                response = await self._core.infer_prepared(prepared)
+                response = await self._inference.infer_prepared(prepared)
                 message = pb.ModelStreamInferResponse()
                 result = encode_response(response, into=message.infer_response)
             except asyncio.CancelledError:
@@ -320,14 +320,14 @@ class StreamRun:
         )
         try:
             with self._shm.request_scope():
-                decoupled = final_flag and self._core.is_decoupled(
+                decoupled = final_flag and self._inference.is_decoupled(
                     request.model_name, request.model_version
                 )
                 decoded = decode_request(request, self._shm, self._limits)
                 if self._forwarded is not None:
                     self._forward(decoded)
                 targets = shm_targets(decoded.outputs)
-                async for response in self._core.infer_stream(decoded):
+                async for response in self._inference.infer_stream(decoded):
                     message = pb.ModelStreamInferResponse()
                     result = encode_response(response, targets, self._shm, message.infer_response)
                     if final_flag:  # a non-decoupled model's only response is the final one

@@ -21,7 +21,7 @@ from appliance.common.limits import RequestLimits
 from appliance.common.model_config import datatype_of
 from appliance.common.protocol import ModelConfig
 from appliance.common.tensors import datatype, from_list, from_raw, to_list, to_raw
-from appliance.common.types import InferRequest, InferResponse, InputTensor, RequestedOutput
+from appliance.common.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from appliance.frontends import jsonconv
 from appliance.frontends.http.header_plans import (
     MAX_HEADER_BYTES,
@@ -113,7 +113,7 @@ def _raw_request(
             fixed = int(np.prod([d for d in dims if d != -1]))
             dims[dims.index(-1)] = len(body) // max(1, fixed * datatype(name, where).itemsize)
         data = from_raw(memoryview(body), name, (*shape, *dims), where, limits)
-    tensor = InputTensor(spec.name, name, (*shape, *dims), data)
+    tensor = Tensor(spec.name, name, (*shape, *dims), data)
     request = InferRequest(model_name=model, model_version=version, inputs=[tensor])
     return HttpInferRequest(request=request, binary_default=True)
 
@@ -211,7 +211,7 @@ def decode_request(
             planned = None
         else:
             raise InvalidInput(f"{where}: no 'data' and no binary_data_size parameter")
-        inputs.append(InputTensor(name, dtype_name, shape, data))
+        inputs.append(Tensor(name, dtype_name, shape, data))
     if offset != binary_len:
         raise InvalidInput(
             f"inference request for model '{model}' has {binary_len - offset} bytes of binary "

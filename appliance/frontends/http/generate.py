@@ -14,7 +14,7 @@ import numpy as np
 
 from appliance.common.errors import InvalidInput
 from appliance.common.tensors import from_list
-from appliance.common.types import InferRequest, InferResponse, InputTensor
+from appliance.common.types import InferRequest, InferResponse, Tensor
 
 
 def decode_generate(doc: Any, model: str, version: str, metadata: dict[str, Any]) -> InferRequest:
@@ -37,7 +37,7 @@ def decode_generate(doc: Any, model: str, version: str, metadata: dict[str, Any]
         shape = ((1,) if batching else ()) + (len(values),)
         where = f"model '{model}' input '{name}'"
         inputs.append(
-            InputTensor(
+            Tensor(
                 name, meta["datatype"], shape, from_list(values, meta["datatype"], shape, where)
             )
         )

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from appliance.common.limits import RequestLimits
-from appliance.common.types import InferRequest, InputTensor, RequestedOutput
+from appliance.common.types import InferRequest, RequestedOutput, Tensor
 
 MAX_PLANS = 256
 MAX_HEADER_BYTES = 4096
@@ -66,7 +66,7 @@ class HeaderPlan:
             end = offset + item.size
             data = np.frombuffer(binary[offset:end], item.numpy, item.count)
             shape = item.shape
-            inputs.append(InputTensor(item.name, item.datatype, shape, data.reshape(shape)))
+            inputs.append(Tensor(item.name, item.datatype, shape, data.reshape(shape)))
             offset = end
         request = InferRequest(
             model_name=model,

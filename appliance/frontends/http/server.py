@@ -1,4 +1,4 @@
-"""aiohttp application: Triton's HTTP endpoints over the core and control plane."""
+"""aiohttp application: Triton's HTTP endpoints over the inference and control services."""
 
 from __future__ import annotations
 
@@ -209,7 +209,7 @@ class HttpFrontend:
 
     def __init__(
         self,
-        core: InferenceService,
+        inference: InferenceService,
         control: ControlService,
         max_body_bytes: int,
         restrictions: Restrictions | None = None,
@@ -220,7 +220,7 @@ class HttpFrontend:
         header_forward: HeaderForward | None = None,
         origins: RequestOrigins | None = None,
     ) -> None:
-        self.core = core
+        self.inference = inference
         # Host / Origin / Content-Type checks against web pages (None: none, as in unit tests).
         self.origins = origins
         self.control = control
@@ -312,7 +312,7 @@ class HttpFrontend:
         # Admission before a byte of the body is read: an overloaded model's refusal costs
         # no body copy, decode or validation (frontends/http/refusals.py discards the body).
         try:
-            admission = self.core.admit(model, version)
+            admission = self.inference.admit(model, version)
         except ApplianceError as exc:
             refusal = error_response(HTTP_STATUS[exc.code], exc.message)
             return await self.refused.refuse(request, refusal)
@@ -372,7 +372,7 @@ class HttpFrontend:
         try:
             if self.restrictions:
                 self.restrictions.check("inference", headers)
-            return self.core.admit(model, version)
+            return self.inference.admit(model, version)
         except ApplianceError as exc:
             return self.error(HTTP_STATUS[exc.code], exc.message)
 
@@ -408,7 +408,7 @@ class HttpFrontend:
                 if self.header_forward is not None:  # after decoding, as tritonserver
                     wire.request.parameters.update(self.header_forward.parameters(raw_headers))
                 loop = self._loop or self._set_loop()
-                outcome = self.core.infer_here(
+                outcome = self.inference.infer_here(
                     wire.request, admission, loop, _connected, inline=True
                 )
             if isinstance(outcome, Prepared):
@@ -425,7 +425,7 @@ class HttpFrontend:
         self, holds: RequestHolds, wire: HttpInferRequest, prepared: Prepared
     ) -> Reply:
         try:
-            response = await self.core.infer_prepared(prepared)
+            response = await self.inference.infer_prepared(prepared)
             return _reply(*encode_response(response, wire, self.shared_memory))
         except Exception as exc:
             return self._fast_error(wire.request.model_name, exc)
@@ -461,7 +461,7 @@ class HttpFrontend:
         model = infer.model_name
         first: InferResponse | None = None
         # infer_stream is an async generator: closed here, it cancels the request.
-        stream = cast(AsyncGenerator[InferResponse, None], self.core.infer_stream(infer))
+        stream = cast(AsyncGenerator[InferResponse, None], self.inference.infer_stream(infer))
         try:
             async for response in stream:
                 if first is not None:
@@ -484,7 +484,7 @@ class HttpFrontend:
         stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await stream.prepare(request)
         try:
-            async for response in self.core.infer_stream(infer):
+            async for response in self.inference.infer_stream(infer):
                 data = orjson.dumps(encode_generate(response))
                 await stream.write(b"data: " + data + b"\n\n")
         except ApplianceError as exc:
