@@ -78,43 +78,6 @@ def version_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
-def verify_build(args: argparse.Namespace) -> int:
-    """`version --verify`: PASS or FAIL with the reason, and the exit code."""
-    import base64
-    import binascii
-
-    from appliance.ops import buildinfo
-    from appliance.repository.manifest import ManifestError, load_public_key
-
-    def say(line: str) -> None:
-        print(line)  # noqa: T201
-
-    folder = args.build_dir or buildinfo.build_folder()
-    if folder is None:
-        say("FAIL: not a one-folder build of edge-appliance: nothing signed to check")
-        return 1
-    try:
-        if args.public_key is not None:
-            key, whose = load_public_key(args.public_key), f"the key in {args.public_key}"
-        else:
-            from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-            raw = base64.b64decode(buildinfo.embedded_public_key(), validate=True)
-            key, whose = Ed25519PublicKey.from_public_bytes(raw), "the embedded build key"
-    except (ManifestError, ValueError, binascii.Error, ImportError) as exc:
-        say(f"FAIL: no key to check the build with: {exc}")
-        return 1
-    problems = buildinfo.verify_build(folder, key)
-    if problems:
-        say(f"FAIL: {folder}: {'; '.join(problems)}")
-        return 1
-    say(
-        f"PASS: {folder}: every file matches SHA256SUMS, signed by {whose}; "
-        f"SBOM {buildinfo.SBOM} ({buildinfo.sbom_summary(folder)})"
-    )
-    return 0
-
-
 def version(argv: Sequence[str]) -> int:
     import json
 
@@ -124,7 +87,9 @@ def version(argv: Sequence[str]) -> int:
         list(argv)
     )
     if args.verify:
-        return verify_build(args)
+        from appliance.tools import build_check
+
+        return build_check.verify_command(args)
     info = buildinfo.build_info()
     print(json.dumps(info, indent=2) if args.json else buildinfo.render(info))  # noqa: T201
     return 0

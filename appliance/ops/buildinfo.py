@@ -246,9 +246,6 @@ def render(info: dict[str, Any]) -> str:
 
 # -- the build's signed record (`edge-appliance version --verify`) ----------------------------
 
-SBOM = "sbom.cdx.json"  # CycloneDX JSON of what the binary bundles (build/sbom.py)
-
-
 def build_folder() -> Path | None:
     """The one-folder build this process runs from (None: not a frozen one-folder build)."""
     if not getattr(sys, "frozen", False):
@@ -260,34 +257,3 @@ def build_folder() -> Path | None:
 def embedded_public_key() -> str:
     """The build key's public half (base64), as build/build.sh embedded it ('' in a checkout)."""
     return _build_module().get("public_key", "")
-
-
-def verify_build(folder: Path, public_key: Any) -> list[str]:
-    """What is wrong with a build folder: its SHA256SUMS must carry a good Ed25519 signature by
-    `public_key`, list every file in the folder (the SBOM among them) and match each; the SBOM
-    must be CycloneDX. An empty list: the build is what was signed."""
-    import json
-
-    from appliance.repository.manifest import MANIFEST, ManifestPolicy, check_version
-
-    problem = check_version(folder, ManifestPolicy(public_key=public_key))
-    if problem:
-        return [problem]
-    listed = (folder / MANIFEST).read_text(encoding="utf-8").split()
-    if SBOM not in listed:
-        return [f"no {SBOM} in the signed {MANIFEST}"]
-    try:
-        bom = json.loads((folder / SBOM).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        return [f"{SBOM} cannot be read: {exc}"]
-    if not isinstance(bom, dict) or bom.get("bomFormat") != "CycloneDX":
-        return [f"{SBOM} is not a CycloneDX document"]
-    return []
-
-
-def sbom_summary(folder: Path) -> str:
-    """'CycloneDX 1.6, 42 components' for the build's SBOM."""
-    import json
-
-    bom = json.loads((folder / SBOM).read_text(encoding="utf-8"))
-    return f"CycloneDX {bom.get('specVersion', '?')}, {len(bom.get('components', []))} components"

@@ -14,6 +14,7 @@ import appliance.ops
 from appliance import __version__
 from appliance.face import cli
 from appliance.ops import buildinfo
+from appliance.tools import build_check
 
 
 def test_build_info_reports_version_commit_python_backends_and_gpu() -> None:
@@ -114,7 +115,7 @@ def _signed_build(tmp_path: Path) -> tuple[Path, Any]:
     (folder / "edge-appliance").write_bytes(b"\x7fELF binary")
     (folder / "_internal" / "libpython3.11.so").write_bytes(b"library")
     bom = {"bomFormat": "CycloneDX", "specVersion": "1.6", "components": [{"name": "numpy"}]}
-    (folder / buildinfo.SBOM).write_text(json.dumps(bom))
+    (folder / build_check.SBOM).write_text(json.dumps(bom))
     key = Ed25519PrivateKey.generate()
     write_manifest(folder, key)
     return folder, key
@@ -166,7 +167,7 @@ def test_verify_fails_on_a_tampered_sbom_file_or_key(
     public = str(_public_pem(tmp_path, key))
     assert _verify(folder, "--public-key", public) == 0
     capsys.readouterr()
-    sbom = folder / buildinfo.SBOM
+    sbom = folder / build_check.SBOM
     original = sbom.read_bytes()
     sbom.write_bytes(original.replace(b"numpy", b"numpz"))  # a component hidden
     assert _verify(folder, "--public-key", public) == 1
