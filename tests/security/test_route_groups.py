@@ -27,7 +27,7 @@ from appliance.common.access import APIS
 from appliance.frontends.grpc.server import API_OF, SERVICE
 from appliance.frontends.http.fastpath import _INFER_PATH
 from appliance.frontends.http.server import HttpFrontend
-from appliance.services.metrics import metrics_app
+from appliance.frontends.metrics import metrics_app
 from configs.generate import SIMPLE_CONFIG, save, simple_model
 from tests.pki import self_signed
 from tests.security.harness import Http
