@@ -29,7 +29,8 @@ from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 from appliance.common.settings import HttpConnectionLimits
-from appliance.frontends.http.fastpath import InferConnection, InferRoute, RelayHandler, stall
+from appliance.frontends.http.fastpath import InferConnection, InferRoute, stall
+from appliance.frontends.http.relay import RelayHandler
 
 log = logging.getLogger(__name__)
 

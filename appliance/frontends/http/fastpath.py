@@ -9,18 +9,20 @@ through an asyncio protocol on httptools (docs/benchmarks.md, "The HTTP infer ro
 So each connection is an `InferConnection`: httptools (llhttp, the parser uvicorn uses)
 parses every request. An infer request with a plain body is answered here through the
 `InferRoute` the front end gives (the same decoding, admission, limits, access checks and
-errors as its aiohttp handler). Anything else (other routes, compressed bodies, percent-encoded
-names, HTTP/1.0, an upgrade) is relayed to a fresh aiohttp protocol (`RelayHandler`) on a
-transport that writes to this connection, re-framed from what httptools parsed: its request
+errors as its aiohttp handler; the answer's head from heads.py). Anything else (other routes,
+compressed bodies, percent-encoded names, HTTP/1.0, an upgrade) is relayed to a fresh aiohttp
+protocol (relay.py's `RelayHandler`) on a transport that writes to this connection, re-framed
+from what httptools parsed: its request
 line and headers as they came, its body as it came (chunked bodies re-chunked, since httptools
 hands them over decoded). aiohttp then answers it as it always did, with every route, limit
 and error text unchanged. No HTTP is parsed by hand.
 
 Requests of one connection are answered in order, one at a time, as aiohttp does: a request
 pipelined behind one in progress waits, with reading held once more than PIPELINE_MAX_BYTES
-wait. The connection enforces what `GuardedRequestHandler` enforces for aiohttp's own
-connections (frontends/http/connections.py): header and field sizes, the header, body and
-send stall timeouts, the keep-alive timeout and the listener's connection limit.
+wait (flow_control.py: reading held for named reasons). The connection enforces what
+`GuardedRequestHandler` enforces for aiohttp's own connections (frontends/http/connections.py):
+header and field sizes, the header, body and send stall timeouts, the keep-alive timeout and
+the listener's connection limit.
 """
 
 from __future__ import annotations
@@ -30,20 +32,18 @@ import itertools
 import logging
 import re
 import threading
-import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from email.utils import formatdate
-from http import HTTPStatus
 from typing import Any, Protocol, cast
 
 import httptools
-from aiohttp.http import SERVER_SOFTWARE
-from aiohttp.web_protocol import RequestHandler
 
 from appliance.common.settings import HttpConnectionLimits
+from appliance.frontends.http.flow_control import FlowControl
+from appliance.frontends.http.heads import response_head
+from appliance.frontends.http.relay import RelayHandler, RelayTransport
 from appliance.ops.logs import RATE_LIMITED
 
 log = logging.getLogger(__name__)
@@ -154,84 +154,6 @@ def body_too_large(detail: str) -> str:
     )
 
 
-class RelayHandler(RequestHandler):
-    """aiohttp's connection protocol for one relayed request: tells its connection when the
-    response is written (`finish_response`, which aiohttp calls for every request it answers,
-    parse errors included). `raw_headers`: the request's headers as httptools gave them
-    (aiohttp's parser strips the whitespace that ends a value; header forwarding gives the
-    model the value as sent, as tritonserver)."""
-
-    def __init__(self, manager: Any, on_finished: Callable[[bool], None], **kwargs: Any) -> None:
-        super().__init__(manager, **kwargs)
-        self._on_finished = on_finished
-        self.raw_headers: Sequence[tuple[bytes, bytes]] = ()
-
-    async def finish_response(self, request: Any, resp: Any, start_time: float | None) -> Any:
-        keep_alive = False
-        try:
-            answer = await super().finish_response(request, resp, start_time)
-            keep_alive = bool(resp.keep_alive)  # as aiohttp decides after this returns
-            return answer
-        finally:
-            self._on_finished(keep_alive)
-
-
-class _RelayTransport(asyncio.Transport):
-    """The transport a RelayHandler writes to: the connection's own, which it may close."""
-
-    def __init__(self, connection: InferConnection, real: asyncio.Transport) -> None:
-        super().__init__()
-        self._connection = connection
-        self._real = real
-        self._closing = False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._real.get_extra_info(name, default)
-
-    def is_closing(self) -> bool:
-        return self._closing or self._real.is_closing()
-
-    def close(self) -> None:  # aiohttp is done with the connection (Connection: close, errors)
-        if not self._closing:
-            self._closing = True
-            self._connection.relay_closed()
-
-    def detach(self) -> None:
-        """The connection is done with aiohttp: nothing of aiohttp's reaches it any more (its
-        `connection_lost` closes this transport)."""
-        self._closing = True
-
-    def abort(self) -> None:
-        self._closing = True
-        self._real.abort()
-
-    def write(self, data: Any) -> None:
-        if not self._closing:
-            self._real.write(data)
-
-    def writelines(self, list_of_data: Any) -> None:
-        if not self._closing:
-            self._real.writelines(list_of_data)
-
-    def can_write_eof(self) -> bool:
-        return False
-
-    def get_write_buffer_size(self) -> int:
-        return self._real.get_write_buffer_size()
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass  # the connection's own limits hold
-
-    def pause_reading(self) -> None:  # aiohttp's payload buffer is full
-        self._connection.hold("relay")
-
-    def resume_reading(self) -> None:
-        self._connection.release("relay")
-
-    def is_reading(self) -> bool:
-        return self._real.is_reading()
-
-
 class ConnectionSet(Protocol):
     """The listener's view of its connections (connections.GuardedServer)."""
 
@@ -265,10 +187,10 @@ class InferConnection(asyncio.BufferedProtocol):
         self._active: _Message | None = None  # the one being answered
         self._task: asyncio.Task[None] | None = None
         self._relay: RelayHandler | None = None
-        self._relay_transport: _RelayTransport | None = None
+        self._relay_transport: RelayTransport | None = None
         self._raw_relay = False  # after an upgrade: every byte goes to aiohttp
         self._relay_answered = False  # aiohttp wrote the active relayed request's answer
-        self._holds: set[str] = set()
+        self._flow = FlowControl()
         self._fatal: tuple[int, str] | None = None  # a request that cannot be parsed
         self._closing = False  # answer what is in progress, then close
         self._closed = asyncio.Event()
@@ -276,7 +198,6 @@ class InferConnection(asyncio.BufferedProtocol):
         self._header_start: float | None = now  # a client that connects must send in time
         self._last_data = now
         self._idle_since: float | None = None
-        self._write_paused_at: float | None = None
         self._read_buffer = _read_buffer()
         self._direct: _Message | None = None  # the message whose body is read straight in
         timeouts = [
@@ -295,13 +216,14 @@ class InferConnection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        self._flow.transport = transport
         connections = self._owner.fast_connections
         connections.add(self)
         most = self._limits.max_connections
         if most and len(connections) > most:
             log.debug("refusing an HTTP connection: %d open", len(connections))
             body = b'{"error":"too many open HTTP connections"}'
-            transport.write(_head(503, b"application/json", len(body), (), False) + body)
+            transport.write(response_head(503, b"application/json", len(body), (), False) + body)
             self._close()
             return
         if self._tick:
@@ -309,7 +231,7 @@ class InferConnection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._owner.fast_connections.discard(self)
-        self._transport = None
+        self._transport = self._flow.transport = None
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
@@ -377,12 +299,12 @@ class InferConnection(asyncio.BufferedProtocol):
         return None
 
     def pause_writing(self) -> None:
-        self._write_paused_at = self._loop.time()
+        self._flow.pause_writing(self._loop.time())
         if self._relay is not None:
             self._relay.pause_writing()
 
     def resume_writing(self) -> None:
-        self._write_paused_at = None
+        self._flow.resume_writing()
         if self._relay is not None:
             self._relay.resume_writing()
         self._pump()
@@ -521,7 +443,7 @@ class InferConnection(asyncio.BufferedProtocol):
                 self._drop_waiting()
                 self._close()
                 return
-            if self._write_paused_at is not None:
+            if not self._flow.writing:
                 return  # resume_writing pumps again
             if not self._messages:
                 if self._fatal is not None:
@@ -534,7 +456,7 @@ class InferConnection(asyncio.BufferedProtocol):
                     self._idle_since = self._loop.time()
                     self.release("pipeline")
                 return
-            if "pipeline" in self._holds and self._waiting_bytes() <= PIPELINE_MAX_BYTES:
+            if self._flow.held_for("pipeline") and self._waiting_bytes() <= PIPELINE_MAX_BYTES:
                 # The request that was waiting is the one to answer now: the rest of its body
                 # must be read (holding on would stall it until its body timeout).
                 self.release("pipeline")
@@ -606,7 +528,7 @@ class InferConnection(asyncio.BufferedProtocol):
                     size = len(chunks[0])
                     extra = (*extra, (b"Content-Encoding", coding.encode()))
                     break
-        head = _head(reply.status, reply.content_type, size, extra, keep_alive)
+        head = response_head(reply.status, reply.content_type, size, extra, keep_alive)
         if size < STREAMED_BYTES:  # one send: joining a small answer costs less than a syscall
             transport.write(b"".join([head, *chunks]))
         else:  # tensors go to the socket from the model's output arrays
@@ -665,7 +587,7 @@ class InferConnection(asyncio.BufferedProtocol):
 
     def _activate_relay(self, message: _Message) -> None:
         assert self._transport is not None
-        self._relay_transport = _RelayTransport(self, self._transport)
+        self._relay_transport = RelayTransport(self, self._transport)
         self._relay = self._owner.relay_handler(
             lambda keep_alive: self._relay_finished(message, keep_alive)
         )
@@ -731,15 +653,10 @@ class InferConnection(asyncio.BufferedProtocol):
 
     def hold(self, reason: str) -> None:
         """Stop reading for `reason` (until `release`)."""
-        if not self._holds and self._transport is not None:
-            self._transport.pause_reading()
-        self._holds.add(reason)
+        self._flow.hold(reason)
 
     def release(self, reason: str) -> None:
-        if reason in self._holds:
-            self._holds.discard(reason)
-            if not self._holds and self._transport is not None:
-                self._transport.resume_reading()
+        self._flow.release(reason)
 
     def _check(self) -> None:
         self._watch = None
@@ -747,9 +664,9 @@ class InferConnection(asyncio.BufferedProtocol):
             return
         now = self._loop.time()
         limits = self._limits
-        receiving = self._current is not None and "fatal" not in self._holds
+        receiving = self._current is not None and not self._flow.held_for("fatal")
         late = stall(
-            limits, now, self._header_start, receiving, self._last_data, self._write_paused_at
+            limits, now, self._header_start, receiving, self._last_data, self._flow.write_paused_at
         )
         if late is not None:
             self._time_out(*late)
@@ -771,7 +688,7 @@ class InferConnection(asyncio.BufferedProtocol):
         peer = transport.get_extra_info("peername") if transport else None
         log.info("closing HTTP connection from %s: waited %gs for %s", peer, seconds, what)
         if transport is not None:
-            if answer and self._active is None and self._write_paused_at is None:
+            if answer and self._active is None and self._flow.writing:
                 transport.write(answer)
                 transport.close()
             else:
@@ -830,26 +747,6 @@ def stall(
     return None
 
 
-def _head(
-    status: int,
-    content_type: bytes,
-    length: int,
-    extra: tuple[tuple[bytes, bytes], ...],
-    keep_alive: bool,
-) -> bytes:
-    lines = [
-        _status_line(status),
-        _SERVER_LINE,
-        _date_line(),
-        b"Content-Type: %s\r\nContent-Length: %d\r\n" % (content_type, length),
-    ]
-    lines += [b"%s: %s\r\n" % pair for pair in extra]
-    if not keep_alive:
-        lines.append(b"Connection: close\r\n")
-    lines.append(b"\r\n")
-    return b"".join(lines)
-
-
 def _read_buffer() -> memoryview:
     """This loop thread's read buffer."""
     thread = threading.get_ident()
@@ -878,26 +775,3 @@ def _too_long(line: bytes, limit: int) -> str:
 def _release(admission: Any) -> None:
     if admission is not None and hasattr(admission, "release"):
         admission.release()
-
-
-# The Server and Date headers aiohttp writes on the answers it makes (relayed requests), so
-# that every answer of a connection carries them. The date is formatted once a second.
-_SERVER_LINE = b"Server: %s\r\n" % SERVER_SOFTWARE.encode()
-_date: tuple[int, bytes] = (0, b"")
-
-
-def _date_line() -> bytes:
-    global _date
-    now = int(time.time())
-    second, line = _date
-    if now != second:
-        line = b"Date: %s\r\n" % formatdate(now, usegmt=True).encode()
-        _date = (now, line)  # one assignment: loop threads may race to it harmlessly
-    return line
-
-
-_STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
-
-
-def _status_line(status: int) -> bytes:
-    return _STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status

@@ -29,7 +29,6 @@ from appliance.frontends.http.fastpath import (
     STREAMED_BYTES,
     Body,
     Buffer,
-    RelayHandler,
     Reply,
     body_too_large,
 )
@@ -37,6 +36,7 @@ from appliance.frontends.http.generate import decode_generate, encode_generate
 from appliance.frontends.http.header_plans import HeaderPlans
 from appliance.frontends.http.origins import RequestOrigins
 from appliance.frontends.http.refusals import RefusedBodies
+from appliance.frontends.http.relay import RelayHandler
 from appliance.frontends.http.status_page import DATA_APIS, StatusPage
 from appliance.frontends.status import HTTP_STATUS
 from appliance.ops.logs import RATE_LIMITED
