@@ -5,13 +5,11 @@ finishing a batch dispatches again; one timer handles max_queue_delay and queue 
 no dynamic_batching in the config the same code sends every request alone (Triton's default
 scheduler).
 
-Inline execution: handing a batch to a worker thread and back costs two thread wake-ups, about
-60 us of CPU on a small core, more than a tiny model (an add, a small MLP, a tree) takes to run.
-After a warm-up on the worker thread, a batch whose predicted cost (the version's learned CPU
-time per input byte, times the batch's input bytes) is within `inline_budget_ns` runs on the
-event loop itself, and is settled before `_dispatch` returns: a caller that submitted it
-finds its future done and goes on without another round of the loop. Everything else runs on
-worker threads.
+Inline execution: after a warm-up on the worker thread, a batch whose predicted cost (the
+version's learned CPU time per input byte, times the batch's input bytes: scheduling/costs.py)
+is within `inline_budget_ns` runs on the event loop itself, and is settled before `_dispatch`
+returns: a caller that submitted it finds its future done and goes on without another round of
+the loop. Everything else runs on worker threads.
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ from itertools import islice
 from appliance.common.errors import QueueFull, ServerUnavailable
 from appliance.common.types import Array
 from appliance.scheduling.base import LaneWaiter, SchedulerBase
+from appliance.scheduling.costs import ExecutionCosts
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
 from appliance.scheduling.outcome import client_error, log_unexpected
 from appliance.scheduling.policy import (
@@ -45,10 +44,6 @@ log = logging.getLogger(__name__)
 
 class QueueTimeout(ServerUnavailable):
     """A request's queue timeout (REJECT) expired before it ran."""
-
-
-# Executions measured on worker threads before a version may run inline.
-_WARMUP_EXECUTIONS = 16
 
 
 class DynamicScheduler(SchedulerBase):
@@ -84,17 +79,14 @@ class DynamicScheduler(SchedulerBase):
         self._bound_ns = queue_wait_bound_ns(
             max_queue_wait_ns, queue_wait_executions, 0.0, self._delay_ns
         )
-        self._request_ns = 0.0  # moving average of execution wall time per request
-        self._execution_ns = 0.0  # moving average of one execution's cycle (a whole batch)
+        # What executions cost (scheduling/costs.py): inline decisions and admission.
+        self._costs = ExecutionCosts(inline_budget_ns)
         # Requests admitted by their front end (`admit`) whose job is not queued yet: their
         # bodies are still being read. They count as work ahead of the next admission.
         self._arriving = 0
         self._policy = policy
         self._batching = policy.dynamic and policy.max_batch_size > 0
         self._head_limit = max(1, policy.max_batch_size) if self._batching else 1
-        self._inline_budget_ns = inline_budget_ns
-        self._cost_per_byte_ns = 0.0
-        self._measured = 0
         self._preserve_ordering = preserve_ordering
         self._queue = RequestQueue(
             label, priority_levels, default_priority_level, queue_policies or {}, max_queue_size
@@ -131,7 +123,7 @@ class DynamicScheduler(SchedulerBase):
         now = time.monotonic_ns()
         overdue_at = 0
         later = False  # the overload deadline is set only if the job is still queued below
-        if self._max_queue_wait_ns and self._request_ns:
+        if self._max_queue_wait_ns and self._costs.request_ns:
             # The bound counts from the request's arrival, reading and decoding its body
             # included: measured at 4x the sustainable rate on a busy 2-core machine, counting
             # the queue alone admitted requests that had spent seconds arriving (admitted p50
@@ -165,7 +157,7 @@ class DynamicScheduler(SchedulerBase):
 
     def _overdue_ns(self, ahead: int, done_ns: float) -> int:
         return overdue_after_ns(
-            ahead, len(self._workers), self._request_ns, self._bound_ns, done_ns
+            ahead, len(self._workers), self._costs.request_ns, self._bound_ns, done_ns
         )
 
     def _still_within_bound(self, job: Job) -> int:
@@ -188,7 +180,7 @@ class DynamicScheduler(SchedulerBase):
     def _may_refuse(self, arriving: int) -> bool:
         """Cheap first look for the hot path: False when so few requests can be ahead (each
         busy instance holds at most a full batch) that admission_wait_ns would admit anyway."""
-        if not self._max_queue_wait_ns or not self._request_ns:
+        if not self._max_queue_wait_ns or not self._costs.request_ns:
             return False
         most = self.pending + arriving + len(self._running) * self._head_limit
         return most >= 2 * len(self._workers)
@@ -205,7 +197,7 @@ class DynamicScheduler(SchedulerBase):
         for jobs in self._running.values():
             if jobs:
                 count += len(jobs)
-                done_ns += min(now - jobs[0].dispatch_ns, len(jobs) * self._request_ns)
+                done_ns += min(now - jobs[0].dispatch_ns, len(jobs) * self._costs.request_ns)
         return count, done_ns
 
     def _refuse_if_over(self, ahead: int, done_ns: float, waited_ns: int) -> None:
@@ -215,7 +207,7 @@ class DynamicScheduler(SchedulerBase):
         wait_ns = admission_wait_ns(
             ahead,
             len(self._workers),
-            self._request_ns,
+            self._costs.request_ns,
             self._bound_ns,
             waited_ns,
             done_ns,
@@ -240,7 +232,7 @@ class DynamicScheduler(SchedulerBase):
         return (
             f"bound {self._bound_ns / 1e6:.0f} ms: the longer of "
             f"{self._max_queue_wait_ns / 1e6:.0f} ms and {self._wait_executions} executions "
-            f"of about {self._execution_ns / 1e6:.0f} ms{delay}; --max-queue-wait-ms sets a "
+            f"of about {self._costs.execution_ns / 1e6:.0f} ms{delay}; --max-queue-wait-ms sets a "
             "fixed one"
         )
 
@@ -315,42 +307,18 @@ class DynamicScheduler(SchedulerBase):
         return self._inline_within_budget(_input_bytes(jobs))
 
     def _inline_within_budget(self, nbytes: int) -> bool:
-        if self._measured < _WARMUP_EXECUTIONS or not self._inline_budget_ns:
-            return False
-        return self._cost_per_byte_ns * nbytes <= self._inline_budget_ns
+        return self._costs.inline_within_budget(nbytes)
 
     def _learn_cost(self, result: BatchResult) -> None:
-        """Moving average of CPU time per input byte (CPU time, not wall time: a thread
-        waiting for the GIL or a preempted VM would otherwise look slow)."""
         if not result.batch_size:
             return
-        timed = result.cpu_ns >= 0  # -1: not sampled (InstanceWorker.run)
-        per_byte = result.cpu_ns / max(1, _input_bytes(result.jobs)) if timed else 0.0
-        # Admission's time per request: from the hand-over to the instance to the result back
-        # on the loop (when the next batch can go), spread over a batch's requests. That is the
-        # execution plus the loop's own delays, which grow with the loop's load: measured at 4x
-        # the sustainable rate, the execution alone predicted queue waits 25% short, and 3% of
-        # the requests admitted within a 1 s bound waited past 1.25 s (with this: 1.03x at the
-        # median, and 0.1-1% past 1.25 s, as other work on the machine comes and goes).
-        # At most twice the execution, so that one stall of the loop (a busy machine) does not
-        # make the average refuse work the model has time for.
         wall_ns = result.input_ns + result.infer_ns + result.output_ns
         dispatched = result.jobs[0].dispatch_ns
         cycle_ns = time.monotonic_ns() - dispatched if dispatched else wall_ns
-        per_request = min(max(cycle_ns, wall_ns), 2 * wall_ns) / len(result.jobs)
-        per_execution = per_request * len(result.jobs)
-        self._measured += 1
-        if self._measured == 1:
-            self._cost_per_byte_ns = per_byte
-            self._request_ns = per_request
-            self._execution_ns = per_execution
-        else:
-            if timed:
-                self._cost_per_byte_ns += (per_byte - self._cost_per_byte_ns) * 0.1
-            self._request_ns += (per_request - self._request_ns) * 0.1
-            self._execution_ns += (per_execution - self._execution_ns) * 0.1
+        costs = self._costs
+        costs.learn(len(result.jobs), _input_bytes(result.jobs), result.cpu_ns, wall_ns, cycle_ns)
         self._bound_ns = queue_wait_bound_ns(
-            self._max_queue_wait_ns, self._wait_executions, self._execution_ns, self._delay_ns
+            self._max_queue_wait_ns, self._wait_executions, costs.execution_ns, self._delay_ns
         )
 
     def _arm_timer(self, now: int, wait_ns: int) -> None:
@@ -513,13 +481,13 @@ class DynamicScheduler(SchedulerBase):
         if len(self._waiters) >= self._queue.cap:
             return None  # the loop refuses it: its queue's server-wide bound
         overdue_at = 0
-        if self._max_queue_wait_ns and self._request_ns:
+        if self._max_queue_wait_ns and self._costs.request_ns:
             since = job.arrival_ns or now
             executing, done_ns = self._executing(now)
             ahead = len(self._waiters) + executing
             workers = len(self._workers)
             if admission_wait_ns(
-                ahead, workers, self._request_ns, self._bound_ns, now - since, done_ns
+                ahead, workers, self._costs.request_ns, self._bound_ns, now - since, done_ns
             ):
                 return None
             overdue_at = since + self._overdue_ns(ahead, done_ns)
@@ -551,7 +519,7 @@ class DynamicScheduler(SchedulerBase):
 
     def _lane_patience_ns(self) -> int:
         """Two executions (at least 1 ms): a waiter passed for that long gets the next one."""
-        return max(2 * int(self._request_ns), 1_000_000)
+        return max(2 * int(self._costs.request_ns), 1_000_000)
 
     def _lane_worker(self) -> InstanceWorker | None:
         """Under `_lock`: an idle instance the lane may run a job on, if any."""

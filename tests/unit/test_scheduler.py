@@ -493,12 +493,12 @@ def test_the_cpu_clock_is_sampled_after_the_warm_up() -> None:
 
 async def test_an_unsampled_batch_leaves_the_learned_cost_per_byte() -> None:
     scheduler, _, _ = await _warmed_inline()
-    cost = scheduler._cost_per_byte_ns
+    cost = scheduler._costs.per_byte_ns
     result = BatchResult(jobs=[job(1)], outcomes=[{}], batch_size=1, infer_ns=1000, cpu_ns=-1)
     scheduler._learn_cost(result)
-    assert scheduler._cost_per_byte_ns == cost
+    assert scheduler._costs.per_byte_ns == cost
     result.cpu_ns = int(cost * 8 * 100)  # 8 input bytes at 100x the cost
     scheduler._learn_cost(result)
-    assert scheduler._cost_per_byte_ns > cost
+    assert scheduler._costs.per_byte_ns > cost
     await scheduler.stop(1, "was unloaded")
     scheduler.release(1)
