@@ -179,103 +179,134 @@ class ModelRuntime:
             plan, by_rollout = await asyncio.to_thread(
                 self._plan, path, source is None, pin, frozenset(record.versions)
             )
-            skip = plan.skip
-            marker = self.history.loading(name, path) if source is None else None
-            try:
-                prepared = await asyncio.to_thread(
-                    self._prepare,
-                    marker,
-                    path,
-                    self._settings.strict_model_config,
-                    override,
-                    self.host,
-                    self._settings.manifest,
-                    skip,
-                    self._settings.cache_dir,
-                    plan.pin,
-                    ConfigBounds.from_settings(self._settings.scheduling),
-                    self._settings.config_name,
-                    self._settings.default_max_batch_sizes,
-                )
-            except ApplianceError as exc:
-                self._count_load(name, "failure")
-                gone = self._leave(record, plan.present)
-                if not record.versions:
-                    record.state, record.reason = UNAVAILABLE, _join(exc.message, *_left(gone))
-                else:
-                    record.notes = [
-                        f"reload failed, the loaded versions keep serving: {exc.message}"
-                    ]
-                log.error("model '%s' failed to load: %s", name, exc.message)
-                await self._retire(gone)
-                raise
+            prepared = await self._prepare_versions(name, path, record, plan, override, source)
             if prepared.ensemble is not None:
-                self._check_steps(prepared)
-                for step_model in prepared.ensemble.models:  # load what the ensemble calls
-                    step_record = self.registry.find(step_model)
-                    if step_record is None or not step_record.versions:
-                        await self.load(step_model)
-                try:  # a decoupled step makes the ensemble stream
-                    prepared.ensemble = with_decoupled_steps(
-                        prepared.ensemble, prepared.config, self._step_is_decoupled
-                    )
-                except ConfigError as exc:
-                    self._refuse_ensemble(prepared, exc.message)
+                await self._prepare_ensemble(prepared)
             if source is None:  # failures on disk before anyone can see them (the index)
                 await self.history.remember(name, path, prepared, plan)
+            await self._switch(name, path, record, prepared, plan, by_rollout, source)
+
+    async def _prepare_versions(
+        self,
+        name: str,
+        path: Path,
+        record: ModelRecord,
+        plan: LoadPlan,
+        override: ModelConfig | None,
+        source: Path | None,
+    ) -> PreparedModel:
+        """The load's first step: the chosen versions read, checked, placed, instantiated and
+        warmed up (on a thread). A failure that leaves nothing to load is recorded and raised;
+        the versions already loaded keep serving."""
+        marker = self.history.loading(name, path) if source is None else None
+        try:
+            return await asyncio.to_thread(
+                self._prepare,
+                marker,
+                path,
+                self._settings.strict_model_config,
+                override,
+                self.host,
+                self._settings.manifest,
+                plan.skip,
+                self._settings.cache_dir,
+                plan.pin,
+                ConfigBounds.from_settings(self._settings.scheduling),
+                self._settings.config_name,
+                self._settings.default_max_batch_sizes,
+            )
+        except ApplianceError as exc:
+            self._count_load(name, "failure")
             gone = self._leave(record, plan.present)
-            old = dict(record.versions)
-            new = self._serve(prepared)
-            # Rollback: what failed to load never replaces what serves. A version whose new
-            # content failed keeps its old instance; if nothing new loaded, all old ones stay.
-            kept = (
-                {v: s for v, s in old.items() if v not in skip}
-                if not new
-                else {v: s for v, s in old.items() if v in prepared.failed and v not in skip}
-            )
-            prepared.failed.update(skip)
-            record.versions = {**kept, **new}
-            record.failed = prepared.failed
-            record.notes = prepared.notes + (
-                [f"version {plan.pin}: chosen by the model's fleet rollout (rollout.json)"]
-                if by_rollout
-                else [f"pinned to version {plan.pin} (unpin to follow the version policy)"]
-                if plan.pin is not None
-                else []
-            )
-            record.config = prepared.config if new or not old else record.config
-            record.path = path
-            unused = [source.parent] if source is not None and not new else []
-            if new:  # the served versions come from `path` now
-                if record.owned_dir is not None and record.owned_dir != (source and source.parent):
-                    unused.append(record.owned_dir)
-                record.owned_dir = source.parent if source is not None else None
-            for version in new:
-                log.info("model '%s' version %d is READY", name, version)
-            self._count_load(name, "success" if new else "failure")
-            for version, why in prepared.failed.items():
-                if version in kept or (kept and not new):
-                    log.warning(
-                        "model '%s' version %d failed to load (%s); the versions already "
-                        "loaded keep serving",
-                        name,
-                        version,
-                        why,
-                    )
-            if record.versions:
-                record.state, record.reason = READY, ""
+            if not record.versions:
+                record.state, record.reason = UNAVAILABLE, _join(exc.message, *_left(gone))
             else:
-                record.state = UNAVAILABLE
-                record.reason = _join(
-                    *(f"version {v}: {r}" for v, r in prepared.failed.items()), *_left(gone)
+                record.notes = [f"reload failed, the loaded versions keep serving: {exc.message}"]
+            log.error("model '%s' failed to load: %s", name, exc.message)
+            await self._retire(gone)
+            raise
+
+    async def _prepare_ensemble(self, prepared: PreparedModel) -> None:
+        """An ensemble's steps checked and loaded first; a decoupled step makes it stream."""
+        assert prepared.ensemble is not None
+        self._check_steps(prepared)
+        for step_model in prepared.ensemble.models:  # load what the ensemble calls
+            step_record = self.registry.find(step_model)
+            if step_record is None or not step_record.versions:
+                await self.load(step_model)
+        try:
+            prepared.ensemble = with_decoupled_steps(
+                prepared.ensemble, prepared.config, self._step_is_decoupled
+            )
+        except ConfigError as exc:
+            self._refuse_ensemble(prepared, exc.message)
+
+    async def _switch(
+        self,
+        name: str,
+        path: Path,
+        record: ModelRecord,
+        prepared: PreparedModel,
+        plan: LoadPlan,
+        by_rollout: bool,
+        source: Path | None,
+    ) -> None:
+        """The load's last step: the prepared versions serve, what they replace (or what left
+        the repository) drains, and the record says what serves and why."""
+        skip = plan.skip
+        gone = self._leave(record, plan.present)
+        old = dict(record.versions)
+        new = self._serve(prepared)
+        # Rollback: what failed to load never replaces what serves. A version whose new
+        # content failed keeps its old instance; if nothing new loaded, all old ones stay.
+        kept = (
+            {v: s for v, s in old.items() if v not in skip}
+            if not new
+            else {v: s for v, s in old.items() if v in prepared.failed and v not in skip}
+        )
+        prepared.failed.update(skip)
+        record.versions = {**kept, **new}
+        record.failed = prepared.failed
+        record.notes = prepared.notes + (
+            [f"version {plan.pin}: chosen by the model's fleet rollout (rollout.json)"]
+            if by_rollout
+            else [f"pinned to version {plan.pin} (unpin to follow the version policy)"]
+            if plan.pin is not None
+            else []
+        )
+        record.config = prepared.config if new or not old else record.config
+        record.path = path
+        unused = [source.parent] if source is not None and not new else []
+        if new:  # the served versions come from `path` now
+            if record.owned_dir is not None and record.owned_dir != (source and source.parent):
+                unused.append(record.owned_dir)
+            record.owned_dir = source.parent if source is not None else None
+        for version in new:
+            log.info("model '%s' version %d is READY", name, version)
+        self._count_load(name, "success" if new else "failure")
+        for version, why in prepared.failed.items():
+            if version in kept or (kept and not new):
+                log.warning(
+                    "model '%s' version %d failed to load (%s); the versions already "
+                    "loaded keep serving",
+                    name,
+                    version,
+                    why,
                 )
-            retire = self._guard.watch(name, old, new, record.versions) + gone
-            newest = max(new, default=None)
-            if source is None and newest is not None and self._guard.on_probation(name) != newest:
-                await self.history.remember_good(name, path, newest)  # not on probation
-            await self._retire(retire)
-            for folder in unused:  # after the versions that used it have drained
-                await asyncio.to_thread(shutil.rmtree, folder, True)
+        if record.versions:
+            record.state, record.reason = READY, ""
+        else:
+            record.state = UNAVAILABLE
+            record.reason = _join(
+                *(f"version {v}: {r}" for v, r in prepared.failed.items()), *_left(gone)
+            )
+        retire = self._guard.watch(name, old, new, record.versions) + gone
+        newest = max(new, default=None)
+        if source is None and newest is not None and self._guard.on_probation(name) != newest:
+            await self.history.remember_good(name, path, newest)  # not on probation
+        await self._retire(retire)
+        for folder in unused:  # after the versions that used it have drained
+            await asyncio.to_thread(shutil.rmtree, folder, True)
 
     @staticmethod
     def _prepare(marker: Callable[[int | None], None] | None, *args: Any) -> PreparedModel:
