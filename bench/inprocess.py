@@ -140,7 +140,10 @@ def _child(tree: str, repository: str, point: str, requests: int, rounds: int) -
 
     grpc.unary_unary_rpc_method_handler = recording
 
-    from appliance.face import cli
+    try:
+        from appliance.face import cli
+    except ImportError:  # a tree from before issue 32's reshape (appliance/cli.py), for A/B
+        from appliance import cli  # type: ignore[no-redef,attr-defined]
     from appliance.frontends.http import connections
 
     servers: list[Any] = []
@@ -187,7 +190,10 @@ def _child(tree: str, repository: str, point: str, requests: int, rounds: int) -
     def grpc_point() -> None:
         import numpy as np
 
-        from appliance.common.protocol import service_pb2 as pb
+        try:
+            from appliance.common.protocol import service_pb2 as pb
+        except ImportError:  # before the reshape
+            from appliance.protocol import service_pb2 as pb  # type: ignore[no-redef]
 
         message = pb.ModelInferRequest(model_name=MODEL)
         for name, data in (("INPUT0", INPUT0), ("INPUT1", INPUT1)):
