@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Sequence
 
 from appliance.flags.client import add_endpoint_flags, parse_headers, unreachable
+from appliance.flags.parsing import Parser
 
 
 def parser(p: argparse.ArgumentParser, unpin: bool) -> argparse.ArgumentParser:
@@ -31,9 +32,9 @@ def parser(p: argparse.ArgumentParser, unpin: bool) -> argparse.ArgumentParser:
         else "Serve one version of a model alone from now on, across polls and restarts (a "
         "rollback an operator chooses); `edge-appliance unpin` undoes it."
     )
-    p.add_argument("model")
+    p.add_argument("model", help="the model's name")
     if not unpin:
-        p.add_argument("version", type=int)
+        p.add_argument("version", type=int, help="the version to serve alone")
     add_endpoint_flags(p, "model-repository")
     return p
 
@@ -64,9 +65,7 @@ def main(argv: Sequence[str]) -> int:
     """`pin MODEL VERSION ...` or `unpin MODEL ...` (argv[0] is the command)."""
     command = argv[0]
     unpin = command == "unpin"
-    args = parser(argparse.ArgumentParser(prog=f"edge-appliance {command}"), unpin).parse_args(
-        list(argv[1:])
-    )
+    args = parser(Parser(prog=f"edge-appliance {command}"), unpin).parse_args(list(argv[1:]))
     headers = parse_headers(args.header, f"edge-appliance {command}")
     if headers is None:
         return 2
