@@ -110,7 +110,7 @@ def _canned(doc: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        return _cli("--url", f"127.0.0.1:{server.server_address[1]}", *args)
+        return _cli("--url", f"http://127.0.0.1:{server.server_address[1]}", *args)
     finally:
         server.shutdown()
         server.server_close()

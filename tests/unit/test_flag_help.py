@@ -11,7 +11,6 @@ import pytest
 
 from appliance.common.settings import ServerSettings
 from appliance.face.cli import build_parser
-from appliance.flags.parsing import DefaultsHelpFormatter, every_action
 from appliance.flags.values import parse_bool
 from tests.serverproc import ROOT
 
@@ -29,12 +28,28 @@ COMMANDS = (
 EMPTY = (None, False, "", [], ())
 
 
+def _walk(parser: argparse.ArgumentParser) -> list[tuple[argparse.ArgumentParser, argparse.Action]]:
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found += _walk(sub)
+        elif action.help != argparse.SUPPRESS and not isinstance(action, argparse._HelpAction):
+            found.append((parser, action))
+    return found
+
+
+ACTIONS = _walk(build_parser())
+
+
 def _actions() -> list[tuple[str, argparse.Action]]:
-    return [
-        (prog, action)
-        for prog, action in every_action(build_parser())
-        if action.help != argparse.SUPPRESS and not isinstance(action, argparse._HelpAction)
-    ]
+    return [(parser.prog, action) for parser, action in ACTIONS]
+
+
+def _shown(prog: str, action: argparse.Action) -> str:
+    """The help text `--help` prints for the action, by its parser's own formatter."""
+    parser = next(p for p, a in ACTIONS if a is action)
+    return parser._get_formatter()._get_help_string(action)
 
 
 def test_the_walk_reaches_every_command() -> None:
@@ -53,7 +68,7 @@ def test_every_argument_has_help(prog: str, action: argparse.Action) -> None:
 def test_every_default_is_shown(prog: str, action: argparse.Action) -> None:
     """A flag with a value unless given shows it; tritonserver's booleans (true/false, default
     None here) say which they are."""
-    shown = DefaultsHelpFormatter(prog)._get_help_string(action).lower()
+    shown = _shown(prog, action).lower()
     flag = f"{prog} {action.option_strings}"
     if action.option_strings and action.default not in (*EMPTY, argparse.SUPPRESS):
         assert "default" in shown, f"{flag}: its default {action.default!r} is not shown"
