@@ -21,7 +21,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 
-from appliance.flags.client import add_endpoint_flags, parse_headers, unreachable
+from appliance.flags.client import add_endpoint_flags, parse_headers, unreachable, with_scheme
 from appliance.flags.parsing import Parser
 
 
@@ -70,7 +70,7 @@ def main(argv: Sequence[str]) -> int:
     if headers is None:
         return 2
     version = None if unpin else args.version
-    why = request(args.url, args.model, version, headers)
+    why = request(with_scheme(args.url), args.model, version, headers)
     if why:
         print(f"edge-appliance {command}: {why}", file=sys.stderr)  # noqa: T201
         return 1

@@ -18,7 +18,7 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from appliance.flags.client import add_endpoint_flags, parse_headers, unreachable
+from appliance.flags.client import add_endpoint_flags, parse_headers, unreachable, with_scheme
 from appliance.flags.parsing import Parser
 
 CLEAR = "\x1b[H\x1b[2J"
@@ -41,11 +41,6 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the whole status document as JSON")
     add_endpoint_flags(p, "`status`")
     return p
-
-
-def with_scheme(url: str) -> str:
-    """`127.0.0.1:8000` means http://127.0.0.1:8000, as curl takes it."""
-    return url if "://" in url else f"http://{url}"
 
 
 def _forbidden_hint(message: str) -> str:
