@@ -24,6 +24,7 @@ The builders are also used by the tests.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -371,9 +372,7 @@ def identity_model(
 def matmul_chain_model(width: int, steps: int, batch: int | str) -> onnx.ModelProto:
     """OUTPUT0 = tanh(... tanh(INPUT0 @ W) ... @ W), W a constant [width, width]: a CPU-bound
     FP32 model whose cost grows with `steps` (for tests and benches of slow models)."""
-    weight = helper.make_tensor(
-        "W", TensorProto.FLOAT, [width, width], [0.001] * (width * width)
-    )
+    weight = helper.make_tensor("W", TensorProto.FLOAT, [width, width], [0.001] * (width * width))
     nodes, current = [], "INPUT0"
     for i in range(steps):
         nodes.append(helper.make_node("MatMul", [current, "W"], [f"m{i}"]))
@@ -490,7 +489,21 @@ def write_client_example_models(root: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    root = Path(argv[0]) if argv else Path(__file__).parent / "models"
+    default = Path(__file__).parent / "models"
+    parser = argparse.ArgumentParser(
+        prog="python -m configs.generate",
+        description="Build the bundled example model repository (ONNX models written from code, "
+        "Python models, their config.pbtxt files).",
+    )
+    parser.add_argument(
+        "output",
+        nargs="?",
+        type=Path,
+        default=default,
+        metavar="OUTPUT_DIR",
+        help="where the repository is written (default: configs/models beside this file)",
+    )
+    root = parser.parse_args(argv).output
     write_repository(root)
     print(f"example model repository written to {root}")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Mapping
 
 from edge_backends.api import Backend, ModelLoadError
@@ -74,7 +75,24 @@ def get_backend(name: str) -> Backend:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        missing = (exc.name or "").partition(".")[0]
+        if missing in _EXTRA_OF:
+            raise ModelLoadError(
+                f"backend '{name}' needs {missing}, which is not installed: {_how_to_get(missing)}"
+            ) from exc
         raise ModelLoadError(f"backend '{name}' is not available: {exc}") from exc
     backend: Backend = getattr(module, class_name)()
     _loaded[name] = backend
     return backend
+
+
+# The optional libraries of backends -> the extra that installs them (pyproject.toml). The
+# one-file binary leaves torch and openvino out (build/edge-appliance.spec).
+_EXTRA_OF = {"torch": "torch", "openvino": "openvino", "tensorrt": "gpu", "pycuda": "gpu"}
+
+
+def _how_to_get(module: str) -> str:
+    pip = f"pip install 'edge-appliance[{_EXTRA_OF[module]}]'"
+    if getattr(sys, "frozen", False):
+        return f"this binary does not include {module}; a Python install has it ({pip})"
+    return pip

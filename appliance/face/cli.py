@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import difflib
 import faulthandler
 import logging
 import multiprocessing
@@ -21,6 +22,7 @@ from pathlib import Path
 from types import FrameType
 
 from appliance.common.settings import ServerSettings
+from appliance.flags.parsing import Parser
 from appliance.flags.serve import add_serve_flags, settings_from_args
 from appliance.fleet import ops as fleet_ops
 from appliance.ops import logs
@@ -35,19 +37,55 @@ __all__ = ["add_serve_flags", "build_parser", "main", "settings_from_args"]
 log = logging.getLogger("appliance")
 
 
+COMMANDS = ("serve", "version", "manifest", "check", "tune", "pin", "unpin", "status", "fleet")
+
+
+class _PrintVersion(argparse.Action):
+    """`--version` / `-V`: the version line and the build's, computed only when asked."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(
+            option_strings,
+            dest,
+            nargs=0,
+            default=argparse.SUPPRESS,
+            help=(
+                "print the version and exit (`edge-appliance version`: also the backends and GPU)"
+            ),
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        from appliance.ops import buildinfo
+
+        info = buildinfo.summary()
+        print(f"edge-appliance {info['version']} (commit {info['commit']})")  # noqa: T201
+        parser.exit(0)
+
+
+def serve_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.description = (
+        "Serve model repositories over KServe v2 HTTP and gRPC. Flags follow tritonserver's; "
+        "the ones it has and this server ignores are accepted with a warning."
+    )
+    p.add_argument("-V", "--version", action=_PrintVersion)
+    add_serve_flags(p)
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="edge-appliance",
         description="Triton-compatible inference server for edge devices. "
         "Flags follow tritonserver's names.",
     )
     sub = parser.add_subparsers(dest="command")
-    serve = sub.add_parser("serve", help="serve a model repository (the default command)")
-    add_serve_flags(serve)
+    serve_parser(sub.add_parser("serve", help="serve a model repository (the default command)"))
     version_parser(sub.add_parser("version", help="print the version and build information"))
     manifest_parser(sub.add_parser("manifest", help="write (and sign) version manifests"))
     check.parser(sub.add_parser("check", help="validate model repositories offline"))
-    sub.add_parser("tune", help="find a model's best configuration on this device")
+    from appliance.tools import tune
+
+    tune.parser(sub.add_parser("tune", help="find a model's best configuration on this device"))
     pin.parser(sub.add_parser("pin", help="serve one version of a model alone (a rollback)"), False)
     pin.parser(sub.add_parser("unpin", help="follow a model's version policy again"), True)
     status_cli.parser(sub.add_parser("status", help="print the server's status (--watch)"))
@@ -83,9 +121,7 @@ def version(argv: Sequence[str]) -> int:
 
     from appliance.ops import buildinfo
 
-    args = version_parser(argparse.ArgumentParser(prog="edge-appliance version")).parse_args(
-        list(argv)
-    )
+    args = version_parser(Parser(prog="edge-appliance version")).parse_args(list(argv))
     if args.verify:
         from appliance.tools import build_check
 
@@ -102,7 +138,13 @@ def manifest_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "is not a version number) gets its model-level manifest (config.pbtxt and every other "
         "file beside the version folders) and one in each of its version folders."
     )
-    p.add_argument("folders", nargs="+", type=Path, metavar="VERSION_OR_MODEL_DIR")
+    p.add_argument(
+        "folders",
+        nargs="+",
+        type=Path,
+        metavar="VERSION_OR_MODEL_DIR",
+        help="version folders (1, 2, ...) or model folders (all their versions)",
+    )
     p.add_argument("--sign-key", type=Path, metavar="PEM", help="Ed25519 private key")
     return p
 
@@ -116,9 +158,7 @@ def manifest(argv: Sequence[str]) -> int:
         write_model_manifest,
     )
 
-    args = manifest_parser(argparse.ArgumentParser(prog="edge-appliance manifest")).parse_args(
-        list(argv)
-    )
+    args = manifest_parser(Parser(prog="edge-appliance manifest")).parse_args(list(argv))
     try:
         key = load_private_key(args.sign_key) if args.sign_key else None
         for folder in args.folders:
@@ -279,8 +319,7 @@ def raise_open_file_limit() -> tuple[int, int]:
 def serve(argv: Sequence[str]) -> int:
     # A hang the watchdog ends with SIGABRT leaves every thread's stack in the journal.
     faulthandler.enable()
-    parser = argparse.ArgumentParser(prog="edge-appliance serve")
-    add_serve_flags(parser)
+    parser = serve_parser(Parser(prog="edge-appliance serve"))
     settings = settings_from_args(parser.parse_args(list(argv)))
     log_settings = logs.LogSettings(
         logs.LogState(
@@ -330,5 +369,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from appliance.tools import tune  # loads the server path only when tuning
 
         return tune.main(args[1:])
-    build_parser().parse_args(args)
+    if args[0] in ("-h", "--help"):
+        build_parser().parse_args(args)
+    close = difflib.get_close_matches(args[0], COMMANDS, n=2)
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    print(  # noqa: T201
+        f"usage: edge-appliance [COMMAND] [FLAGS]\nedge-appliance: error: unknown command "
+        f"{args[0]!r}{hint}; commands: {', '.join(COMMANDS)}\n(see edge-appliance --help)",
+        file=sys.stderr,
+    )
     return 2

@@ -13,7 +13,9 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 def add_endpoint_flags(p: argparse.ArgumentParser, api: str) -> None:
     """--url and --header; `api`: the restricted API group a header key would open."""
     p.add_argument(
-        "--url", default=DEFAULT_URL, help=f"the server's HTTP endpoint (default {DEFAULT_URL})"
+        "--url",
+        default=DEFAULT_URL,
+        help=f"the server's HTTP endpoint; HOST:PORT: http://HOST:PORT (default {DEFAULT_URL})",
     )
     p.add_argument(
         "--header",
@@ -22,6 +24,11 @@ def add_endpoint_flags(p: argparse.ArgumentParser, api: str) -> None:
         metavar="KEY=VALUE",
         help=f"a header to send, e.g. the key of a restricted {api} API; repeatable",
     )
+
+
+def with_scheme(url: str) -> str:
+    """`127.0.0.1:8000` means http://127.0.0.1:8000, as curl takes it."""
+    return url if "://" in url else f"http://{url}"
 
 
 def parse_headers(items: list[str], prog: str) -> dict[str, str] | None:

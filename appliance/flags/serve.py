@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from appliance.common import extras
 from appliance.common.access import parse_groups
 from appliance.common.header_forward import compile_pattern
 from appliance.common.limits import RequestLimits
@@ -215,10 +216,20 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         "once on a change), once the bucket holds a rollout or --device-id is given "
         f"(default {_D.fleet_report_interval_secs:g}, at least 30; 0: never)",
     )
-    p.add_argument("--http-address", default=_D.http_address)
-    p.add_argument("--http-port", type=int, default=_D.http_port)
-    p.add_argument("--grpc-address", default=_D.grpc_address)
-    p.add_argument("--grpc-port", type=int, default=_D.grpc_port)
+    for protocol, what in (("http", "HTTP (KServe v2 REST)"), ("grpc", "gRPC")):
+        p.add_argument(
+            f"--{protocol}-address",
+            default=getattr(_D, f"{protocol}_address"),
+            metavar="ADDRESS",
+            help=f"the address {what} listens on (0.0.0.0: every interface)",
+        )
+        p.add_argument(
+            f"--{protocol}-port",
+            type=int,
+            default=getattr(_D, f"{protocol}_port"),
+            metavar="PORT",
+            help=f"the {what} port (0: any free one; -1: none, only the Unix socket)",
+        )
     p.add_argument(
         "--http-unix-socket",
         default="",
@@ -231,13 +242,33 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="also serve gRPC on this Unix socket (with --grpc-port -1: only there)",
     )
-    add_bool(p, "--grpc-use-ssl", "serve gRPC over TLS (--grpc-server-cert, --grpc-server-key)")
-    add_bool(p, "--grpc-use-ssl-mutual", "TLS with client certificates signed by --grpc-root-cert")
-    p.add_argument("--grpc-server-cert", default="", metavar="PEM")
-    p.add_argument("--grpc-server-key", default="", metavar="PEM")
-    p.add_argument("--grpc-root-cert", default="", metavar="PEM")
-    p.add_argument("--http-ssl-cert", default="", metavar="PEM", help="serve HTTP over TLS")
-    p.add_argument("--http-ssl-key", default="", metavar="PEM")
+    add_bool(
+        p,
+        "--grpc-use-ssl",
+        "serve gRPC over TLS (--grpc-server-cert, --grpc-server-key; default false)",
+    )
+    add_bool(
+        p,
+        "--grpc-use-ssl-mutual",
+        "TLS with client certificates signed by --grpc-root-cert (default false)",
+    )
+    p.add_argument(
+        "--grpc-server-cert", default="", metavar="PEM", help="the gRPC server's certificate"
+    )
+    p.add_argument("--grpc-server-key", default="", metavar="PEM", help="its private key")
+    p.add_argument(
+        "--grpc-root-cert",
+        default="",
+        metavar="PEM",
+        help="with --grpc-use-ssl-mutual: the CA client certificates must be signed by",
+    )
+    p.add_argument(
+        "--http-ssl-cert",
+        default="",
+        metavar="PEM",
+        help="serve HTTP over TLS with this certificate (and --http-ssl-key)",
+    )
+    p.add_argument("--http-ssl-key", default="", metavar="PEM", help="its private key")
     p.add_argument(
         "--http-ssl-root-cert",
         default="",
@@ -277,8 +308,19 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         metavar="OCTAL",
         help="permissions of the Unix sockets (default 660: owner and group)",
     )
-    p.add_argument("--metrics-address", default=_D.metrics_address)
-    p.add_argument("--metrics-port", type=int, default=_D.metrics_port)
+    p.add_argument(
+        "--metrics-address",
+        default=_D.metrics_address,
+        metavar="ADDRESS",
+        help="the address Prometheus metrics (/metrics) are served on",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=_D.metrics_port,
+        metavar="PORT",
+        help="the metrics port",
+    )
     add_bool(
         p,
         "--allow-client-shm",
@@ -324,7 +366,9 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         default=_D.metrics_interval_ms,
         help=f"how old GPU readings may be when scraped (default {_D.metrics_interval_ms})",
     )
-    add_bool(p, "--strict-model-config", "refuse models without a complete config.pbtxt")
+    add_bool(
+        p, "--strict-model-config", "refuse models without a complete config.pbtxt (default false)"
+    )
     p.add_argument(
         "--id",
         default=_D.server_id,
@@ -350,7 +394,8 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     add_bool(
         p,
         "--disable-auto-complete-config",
-        "tritonserver's spelling of --strict-model-config=true: configs are not completed",
+        "tritonserver's spelling of --strict-model-config=true: configs are not completed "
+        "(default false)",
     )
     add_bool(
         p,
@@ -390,8 +435,17 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         type=str.lower,  # tritonserver lowercases it: EXPLICIT and Poll are accepted
         choices=("none", "poll", "explicit"),
         default=_D.model_control_mode,
+        help="none: load every model at start; explicit: load the --load-model ones, then "
+        "load / unload over the repository API; poll: rescan the repository every "
+        "--repository-poll-secs and apply a change once it has settled for one poll",
     )
-    p.add_argument("--load-model", action="append", default=[], metavar="NAME")
+    p.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="explicit mode: a model to load at start (repeatable; '*': every model)",
+    )
     p.add_argument(
         "--repository-poll-secs",
         type=float,
@@ -434,7 +488,8 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     add_bool(
         p,
         "--require-manifest",
-        "load a version only when its SHA256SUMS manifest lists and matches its files",
+        "load a version only when its SHA256SUMS manifest lists and matches its files "
+        "(default false)",
     )
     p.add_argument(
         "--rate-limit",
@@ -646,6 +701,17 @@ def _config_name(value: str | None) -> str:
         raise SystemExit(f"edge-appliance: {exc}") from None
 
 
+def _check_extras(remote: tuple[str, ...], public_key: Path | None) -> None:
+    """An optional package a flag needs and that is missing stops the start in one line."""
+    needs = [("aiobotocore", f"--model-repository {remote[0]}")] if remote else []
+    if public_key is not None:
+        needs.append(("cryptography", "--manifest-public-key"))
+    for module, flag in needs:
+        problem = extras.missing(module, flag)
+        if problem:
+            raise SystemExit(f"edge-appliance: {problem}")
+
+
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     if not args.model_repository:
         raise SystemExit("edge-appliance: --model-repository is required")
@@ -673,6 +739,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             check_location(location)
         except ValueError as exc:
             raise SystemExit(f"edge-appliance: {exc}") from None
+    _check_extras(remote, args.manifest_public_key)
     return ServerSettings(
         model_repositories=tuple(Path(p) for p in args.model_repository if not is_remote(p)),
         remote_repositories=remote,

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from appliance.flags.parsing import Parser
 from appliance.fleet import control, publish, view
 from appliance.fleet.bucket import FleetBucket, FleetError
 from appliance.repository.manifest import ManifestError, load_private_key
@@ -36,7 +37,7 @@ class _StageSpec(argparse.Action):
 def _common(p: argparse.ArgumentParser, model: bool = True) -> None:
     p.add_argument("url", metavar="BUCKET_URL", help="the devices' s3:// --model-repository")
     if model:
-        p.add_argument("model", metavar="MODEL")
+        p.add_argument("model", metavar="MODEL", help="the model's name in the bucket")
 
 
 def _key_flag(p: argparse.ArgumentParser) -> None:
@@ -65,7 +66,9 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     pub = _command(sub, "publish", "upload a version and write its rollout document")
     _common(pub)
     pub.add_argument("folder", type=Path, metavar="DIR", help="the version's folder")
-    pub.add_argument("--version", type=int, required=True, metavar="N")
+    pub.add_argument(
+        "--version", type=int, required=True, metavar="N", help="the version number (required)"
+    )
     pub.add_argument(
         "--model-files",
         type=Path,
@@ -133,7 +136,9 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     adv = _command(sub, "advance", "move the rollout to the next stage (or --to INDEX)")
     _common(adv)
-    adv.add_argument("--to", type=int, metavar="INDEX")
+    adv.add_argument(
+        "--to", type=int, metavar="INDEX", help="the stage to move to (default: the next one)"
+    )
     adv.add_argument(
         "--force",
         action="store_true",
@@ -221,7 +226,7 @@ def run(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: Sequence[str]) -> int:
-    args = parser(argparse.ArgumentParser(prog=PROG)).parse_args(list(argv))
+    args = parser(Parser(prog=PROG)).parse_args(list(argv))
     try:
         lines = run(args)
     except FleetError as exc:

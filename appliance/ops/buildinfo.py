@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance import __version__
+from appliance.common import extras
 
 _ROOT = Path(__file__).resolve().parent.parent
 # Libraries a GPU deployment uses, reported whether or not a backend serves with them yet.
@@ -98,6 +99,8 @@ def _probe(name: str) -> dict[str, Any]:
     except (ImportError, ValueError):
         present = False
     if not present:
+        if extras.frozen():
+            return {"available": False, "error": f"this binary does not include {module}"}
         extra = f" (pip install 'edge-appliance[{_EXTRAS[name]}]')" if name in _EXTRAS else ""
         return {"available": False, "error": f"{module} is not installed{extra}"}
     entry: dict[str, Any] = {"available": True, "library": dist}
@@ -245,6 +248,7 @@ def render(info: dict[str, Any]) -> str:
 
 
 # -- the build's signed record (`edge-appliance version --verify`) ----------------------------
+
 
 def build_folder() -> Path | None:
     """The one-folder build this process runs from (None: not a frozen one-folder build)."""

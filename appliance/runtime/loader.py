@@ -54,6 +54,7 @@ from edge_backends.api import (
     InferenceHost,
     InstanceSpec,
     ModelInstance,
+    ModelLoadError,
     ModelSignature,
     Placement,
 )
@@ -234,7 +235,10 @@ def prepare_model(
             backend_name = "onnxruntime"
         elif problem:
             raise ConfigError(f"model '{name}': TensorRT engines cannot run here: {problem}")
-    backend = get_backend(backend_name)
+    try:
+        backend = get_backend(backend_name)
+    except ModelLoadError as exc:  # unknown, or its library is missing (the reason says how)
+        raise ConfigError(f"model '{name}': {exc}") from None
     for version in versions:
         model_file = model_dir / str(version) / config.default_model_filename
         if model_file.exists() and escapes(model_file, model_dir):
@@ -301,8 +305,15 @@ def prepare_model(
             loading(version)
         try:
             workers = _load_instances(
-                backend_name, config, model_dir, version, prepared.notes, host, cache_dir,
-                requested, on_gpu,
+                backend_name,
+                config,
+                model_dir,
+                version,
+                prepared.notes,
+                host,
+                cache_dir,
+                requested,
+                on_gpu,
                 # The file that described the model is not read again (an engine or a
                 # converted forest costs seconds to open).
                 signature if version == described_version else None,
@@ -373,8 +384,7 @@ def _prepare_ensemble(
     step output that makes it)."""
     if not config.input or not config.output:
         raise ConfigError(
-            f"{source or model_dir / CONFIG_FILENAME}: an ensemble must list its inputs and "
-            "outputs"
+            f"{source or model_dir / CONFIG_FILENAME}: an ensemble must list its inputs and outputs"
         )
     complete_scheduling(config)
     validate_config(config, model_dir, bounds=bounds, source=source)
@@ -491,4 +501,3 @@ def _load_instances(
             instance.close()
         raise
     return workers
-

@@ -24,6 +24,7 @@ from appliance.common.model_config import check_config_name, read_config
 from appliance.common.protojson import message_to_dict
 from appliance.common.settings import ServerSettings
 from appliance.common.tf_advice import TensorflowAdvice, tensorflow_advice
+from appliance.flags.parsing import Parser
 from appliance.frontends.http import convert
 from appliance.repository.local import list_versions
 from appliance.runtime.models import ModelRuntime
@@ -39,9 +40,23 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "Validate model repositories offline: load every model as the server would, print each "
         "version's state and the reason for every problem. Exit status 0: everything serves."
     )
-    p.add_argument("repositories", nargs="+", type=Path, metavar="DIR")
-    p.add_argument("--strict-model-config", action="store_true", help="no auto-complete")
-    p.add_argument("--require-manifest", action="store_true", help="versions need SHA256SUMS")
+    p.add_argument(
+        "repositories",
+        nargs="+",
+        type=Path,
+        metavar="DIR",
+        help="model repository folders, merged as serve merges them",
+    )
+    p.add_argument(
+        "--strict-model-config",
+        action="store_true",
+        help="refuse models without a complete config.pbtxt",
+    )
+    p.add_argument(
+        "--require-manifest",
+        action="store_true",
+        help="every version needs a SHA256SUMS manifest that matches it",
+    )
     p.add_argument(
         "--model-config-name",
         default="",
@@ -112,7 +127,7 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    args = parser(argparse.ArgumentParser(prog="edge-appliance check")).parse_args(list(argv))
+    args = parser(Parser(prog="edge-appliance check")).parse_args(list(argv))
     logging.basicConfig(level=logging.ERROR, format="%(message)s", stream=sys.stderr)
     try:
         config_name = check_config_name(args.model_config_name) if args.model_config_name else ""

@@ -21,7 +21,8 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 
-from appliance.flags.client import add_endpoint_flags, parse_headers, unreachable
+from appliance.flags.client import add_endpoint_flags, parse_headers, unreachable, with_scheme
+from appliance.flags.parsing import Parser
 
 
 def parser(p: argparse.ArgumentParser, unpin: bool) -> argparse.ArgumentParser:
@@ -31,9 +32,9 @@ def parser(p: argparse.ArgumentParser, unpin: bool) -> argparse.ArgumentParser:
         else "Serve one version of a model alone from now on, across polls and restarts (a "
         "rollback an operator chooses); `edge-appliance unpin` undoes it."
     )
-    p.add_argument("model")
+    p.add_argument("model", help="the model's name")
     if not unpin:
-        p.add_argument("version", type=int)
+        p.add_argument("version", type=int, help="the version to serve alone")
     add_endpoint_flags(p, "model-repository")
     return p
 
@@ -64,14 +65,12 @@ def main(argv: Sequence[str]) -> int:
     """`pin MODEL VERSION ...` or `unpin MODEL ...` (argv[0] is the command)."""
     command = argv[0]
     unpin = command == "unpin"
-    args = parser(argparse.ArgumentParser(prog=f"edge-appliance {command}"), unpin).parse_args(
-        list(argv[1:])
-    )
+    args = parser(Parser(prog=f"edge-appliance {command}"), unpin).parse_args(list(argv[1:]))
     headers = parse_headers(args.header, f"edge-appliance {command}")
     if headers is None:
         return 2
     version = None if unpin else args.version
-    why = request(args.url, args.model, version, headers)
+    why = request(with_scheme(args.url), args.model, version, headers)
     if why:
         print(f"edge-appliance {command}: {why}", file=sys.stderr)  # noqa: T201
         return 1

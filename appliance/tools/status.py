@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 import urllib.error
@@ -17,7 +18,8 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from appliance.flags.client import add_endpoint_flags, parse_headers, unreachable
+from appliance.flags.client import add_endpoint_flags, parse_headers, unreachable, with_scheme
+from appliance.flags.parsing import Parser
 
 CLEAR = "\x1b[H\x1b[2J"
 
@@ -36,8 +38,17 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="clear the screen and print it again every SECONDS (default 2); Ctrl-C exits",
     )
+    p.add_argument("--json", action="store_true", help="print the whole status document as JSON")
     add_endpoint_flags(p, "`status`")
     return p
+
+
+def _forbidden_hint(message: str) -> str:
+    """What to add when the server refuses for want of a restricted API's key header."""
+    found = re.search(r"expecting header '([^']+)'", message)
+    if not found:
+        return ""
+    return f"; send the key with --header {found.group(1)}=VALUE"
 
 
 class StatusError(Exception):
@@ -51,7 +62,13 @@ def fetch(url: str, headers: dict[str, str], timeout_s: float = 10.0) -> dict[st
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:
             body = resp.read()
     except urllib.error.HTTPError as exc:
-        raise StatusError(f"{target}: HTTP {exc.code} {exc.reason}") from exc
+        try:
+            said = str(json.loads(exc.read() or b"{}").get("error") or "")
+        except (ValueError, AttributeError, OSError):
+            said = ""
+        detail = f": {said}" if said else ""
+        hint = _forbidden_hint(said) if exc.code == 403 else ""
+        raise StatusError(f"{target}: HTTP {exc.code} {exc.reason}{detail}{hint}") from exc
     except (urllib.error.URLError, OSError) as exc:
         raise StatusError(unreachable(url, exc)) from exc
     try:
@@ -61,6 +78,23 @@ def fetch(url: str, headers: dict[str, str], timeout_s: float = 10.0) -> dict[st
     if not isinstance(doc, dict):
         raise StatusError(f"{target}: not a status document")
     return doc
+
+
+def _text(value: Any, default: str = "-") -> str:
+    """A field as text; a missing or null one as `default`, never "None"."""
+    return default if value is None or value == "" else str(value)
+
+
+def table(rows: list[list[str]], right: frozenset[int] = frozenset()) -> list[str]:
+    """Rows as lines, each column as wide as its widest cell; `right`: right-aligned ones."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ).rstrip()
+        for row in rows
+    ]
 
 
 def _num(value: Any, fmt: str, unit: str = "") -> str:
@@ -107,13 +141,13 @@ def _model_updates(models: Any) -> list[str]:
         switch, rollback = model.get("last_switch"), model.get("rollback")
         if switch:
             lines.append(
-                f"  {model.get('name')}: {_versions(switch.get('from_versions'))} -> "
+                f"  {_text(model.get('name'), '?')}: {_versions(switch.get('from_versions'))} -> "
                 f"{_versions(switch.get('to_versions'))} at {_clock(switch.get('time_s'))}"
             )
         if rollback:
             lines.append(
-                f"  {model.get('name')}: v{rollback.get('version')} rolled back at "
-                f"{_clock(rollback.get('time_s'))}: {rollback.get('reason')}"
+                f"  {_text(model.get('name'), '?')}: v{_text(rollback.get('version'), '?')} "
+                f"rolled back at {_clock(rollback.get('time_s'))}: {rollback.get('reason')}"
             )
     return lines
 
@@ -124,9 +158,11 @@ def render(doc: dict[str, Any]) -> str:
     server = doc.get("server", {})
     device = doc.get("device", {})
     ready = "ready" if server.get("ready") else "NOT READY"
+    version = f" {server['version']}" if server.get("version") else ""
     lines.append(
-        f"{server.get('name', 'edge-appliance')} {server.get('version', '?')}  {ready}  "
-        f"up {_duration(float(server.get('uptime_s') or 0))}  on {device.get('hostname', '?')}"
+        f"{_text(server.get('name'), 'edge-appliance')}{version}  {ready}  "
+        f"up {_duration(float(server.get('uptime_s') or 0))}  "
+        f"on {_text(device.get('hostname'), '?')}"
     )
     lines.extend(f"  problem: {p}" for p in server.get("problems", ()))
     lines.extend(f"  note: {n}" for n in server.get("notes", ()))
@@ -135,7 +171,8 @@ def render(doc: dict[str, Any]) -> str:
     if total is not None and available is not None:
         memory = f"{_bytes(total - available)} / {_bytes(total)}"
     lines.append(
-        f"device: {device.get('cpu_count', '?')} CPUs {_num(device.get('cpu_percent'), '.0f', '%')}"
+        f"device: {_text(device.get('cpu_count'), '?')} CPUs "
+        f"{_num(device.get('cpu_percent'), '.0f', '%')}"
         f"  load {_num(device.get('load_1m'), '.2f')}  memory {memory}"
         f"  store free {_bytes(device.get('store_free_bytes'))}"
     )
@@ -148,36 +185,11 @@ def render(doc: dict[str, Any]) -> str:
             f"{_bytes(gpu.get('memory_total_bytes'))}"
         )
     lines.append("")
-    lines.append(
-        f"{'MODEL':<24} {'STATE':<12} {'VERSIONS':<16} {'REQ/S':>7} {'P50 MS':>8} "
-        f"{'P99 MS':>8} {'ERRORS':>7}"
-    )
-    for model in doc.get("models", ()):
-        live = model.get("live", {})
-        versions = ",".join(
-            str(v.get("version")) for v in model.get("versions", ()) if v.get("state") == "READY"
-        )
-        lines.append(
-            f"{model.get('name', '?'):<24} {model.get('state') or '-':<12} {versions or '-':<16} "
-            f"{_num(live.get('requests_per_s'), '7.1f')} {_num(live.get('p50_ms'), '8.2f')} "
-            f"{_num(live.get('p99_ms'), '8.2f')} "
-            f"{_num(100 * float(live.get('error_rate') or 0), '6.1f', '%')}"
-        )
-        for version in model.get("versions", ()):
-            if version.get("reason"):
-                lines.append(
-                    f"  version {version.get('version')} {version.get('state') or '-'}: "
-                    f"{version['reason']}"
-                )
-        fallbacks: dict[str, int] = {}
-        for instance in model.get("instances", ()):
-            if instance.get("reason"):
-                fallbacks[instance["reason"]] = fallbacks.get(instance["reason"], 0) + 1
-        lines.extend(f"  {n} instance(s) on CPU: {why}" for why, n in fallbacks.items())
+    lines.extend(_models(doc.get("models", ())))
     updates = doc.get("updates", {})
     lines.append("")
     poll = updates.get("poll_interval_s")
-    line = f"updates: control mode {updates.get('control_mode', '?')}"
+    line = f"updates: control mode {_text(updates.get('control_mode'), '?')}"
     if poll is not None:
         line += f", polling every {poll:g} s, last poll {_clock(updates.get('last_poll_s'))}"
     lines.append(line)
@@ -186,7 +198,7 @@ def render(doc: dict[str, Any]) -> str:
             source.get("reachable"), "?"
         )
         lines.append(
-            f"  {source.get('url', '?')}: {reachable}, "
+            f"  {_text(source.get('url'), '?')}: {reachable}, "
             f"last sync {_clock(source.get('last_sync_s'))}"
             f", downloaded {_bytes(source.get('downloaded_bytes'))}"
         )
@@ -194,30 +206,75 @@ def render(doc: dict[str, Any]) -> str:
         if download:
             done, total = download.get("done_bytes") or 0, download.get("total_bytes") or 0
             lines.append(
-                f"    downloading model '{download.get('model')}' version "
-                f"{download.get('version')}: {_bytes(done)} / {_bytes(total)}"
+                f"    downloading model '{_text(download.get('model'), '?')}' version "
+                f"{_text(download.get('version'), '?')}: {_bytes(done)} / {_bytes(total)}"
                 f" ({100 * done // max(total, 1)}%), {_bytes(download.get('rate_bytes_s'))}/s"
             )
         if source.get("last_error"):
             lines.append(f"    error: {source['last_error']}")
         lines.extend(f"    pending: {p}" for p in source.get("pending", ()))
     lines.extend(_model_updates(updates.get("models", ())))
-    problems = list(doc.get("recent_problems", ()))[-5:]
+    problems = list(doc.get("recent_problems", ()))
     if problems:
         lines.append("")
         lines.append("recent problems:")
-        for problem in problems:
+        for problem in problems[-SHOWN_PROBLEMS:]:
             model = f" [{problem['model']}]" if problem.get("model") else ""
             lines.append(
-                f"  {_clock(problem.get('time_s'))} {problem.get('level', '?')}{model} "
-                f"{problem.get('message', '')}"
+                f"  {_clock(problem.get('time_s'))} {_text(problem.get('level'), '?')}{model} "
+                f"{_text(problem.get('message'), '')}"
             )
+        if len(problems) > SHOWN_PROBLEMS:
+            more = len(problems) - SHOWN_PROBLEMS
+            lines.append(f"  and {more} more problem{'s' if more > 1 else ''} (see --json)")
     return "\n".join(lines)
+
+
+SHOWN_PROBLEMS = 5  # the newest; --json has every one the server keeps
+
+
+def _models(models: Any) -> list[str]:
+    """The model table, its columns as wide as their widest cell, and each model's reasons."""
+    rows = [["MODEL", "STATE", "VERSIONS", "REQ/S", "P50 MS", "P99 MS", "ERRORS"]]
+    notes: list[list[str]] = []
+    for model in models:
+        live = model.get("live") or {}
+        versions = ",".join(
+            str(v.get("version")) for v in model.get("versions", ()) if v.get("state") == "READY"
+        )
+        rows.append(
+            [
+                _text(model.get("name"), "?"),
+                _text(model.get("state")),
+                versions or "-",
+                _num(live.get("requests_per_s"), ".1f"),
+                _num(live.get("p50_ms"), ".2f"),
+                _num(live.get("p99_ms"), ".2f"),
+                _num(100 * float(live.get("error_rate") or 0), ".1f", "%"),
+            ]
+        )
+        below = [
+            f"  version {_text(v.get('version'), '?')} {_text(v.get('state'))}: {v['reason']}"
+            for v in model.get("versions", ())
+            if v.get("reason")
+        ]
+        fallbacks: dict[str, int] = {}
+        for instance in model.get("instances", ()):
+            if instance.get("reason"):
+                fallbacks[instance["reason"]] = fallbacks.get(instance["reason"], 0) + 1
+        below += [f"  {n} instance(s) on CPU: {why}" for why, n in fallbacks.items()]
+        notes.append(below)
+    lines = table(rows, right=frozenset({3, 4, 5, 6}))
+    out = [lines[0]]
+    for line, below in zip(lines[1:], notes, strict=True):
+        out += [line, *below]
+    return out
 
 
 def main(argv: Sequence[str]) -> int:
     """`status ...` (argv without the command)."""
-    args = parser(argparse.ArgumentParser(prog="edge-appliance status")).parse_args(list(argv))
+    args = parser(Parser(prog="edge-appliance status")).parse_args(list(argv))
+    url = with_scheme(args.url)
     headers = parse_headers(args.header, "edge-appliance status")
     if headers is None:
         return 2
@@ -228,7 +285,8 @@ def main(argv: Sequence[str]) -> int:
     try:
         while True:
             try:
-                text = render(fetch(args.url, headers))
+                doc = fetch(url, headers)
+                text = json.dumps(doc, indent=2) if args.json else render(doc)
             except StatusError as exc:
                 if args.watch is None or first:
                     print(f"edge-appliance status: {exc}", file=sys.stderr)  # noqa: T201

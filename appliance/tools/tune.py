@@ -49,6 +49,7 @@ from appliance.common.errors import ApplianceError
 from appliance.common.model_config import ModelConfig, datatype_of
 from appliance.common.settings import ServerSettings
 from appliance.common.types import InferRequest, Tensor
+from appliance.flags.parsing import Parser
 from appliance.repository.local import list_models
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.settings import RuntimeSettings
@@ -417,13 +418,48 @@ def serving_traffic(server_url: str, model: str) -> bool:
 
 
 def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.description = "Find a model's best configuration by measuring it here (see --help)."
-    p.add_argument("--model-repository", required=True, type=Path, metavar="DIR")
-    p.add_argument("--model", required=True, metavar="NAME")
-    p.add_argument("--latency-budget-ms", type=float, default=None, metavar="P99")
-    p.add_argument("--concurrency", default="1,4,16", metavar="N,N,...")
-    p.add_argument("--time-budget-s", type=float, default=120.0)
-    p.add_argument("--seconds-per-point", type=float, default=1.0)
+    p.description = (
+        "Find a model's best configuration by measuring it on this device: instance count, "
+        "max_batch_size with dynamic batching, max_queue_delay_microseconds, ONNX Runtime "
+        "threads, one at a time, through the server's own code path. The repository is only "
+        "changed with --apply."
+    )
+    p.add_argument(
+        "--model-repository",
+        required=True,
+        type=Path,
+        metavar="DIR",
+        help="the local model repository holding the model (required)",
+    )
+    p.add_argument("--model", required=True, metavar="NAME", help="the model to tune (required)")
+    p.add_argument(
+        "--latency-budget-ms",
+        type=float,
+        default=None,
+        metavar="P99",
+        help="a configuration counts only at concurrencies whose p99 latency is within this "
+        "(default: no budget, the highest throughput wins)",
+    )
+    p.add_argument(
+        "--concurrency",
+        default="1,4,16",
+        metavar="N,N,...",
+        help="the numbers of closed-loop clients each configuration is measured at",
+    )
+    p.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="no new configuration is tried past this; the best one found is reported",
+    )
+    p.add_argument(
+        "--seconds-per-point",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="how long each configuration runs at each concurrency",
+    )
     p.add_argument(
         "--shape",
         action="append",
@@ -437,8 +473,13 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="DIR",
         help="write the best config.pbtxt (and the CSV and chart) here; default: print it",
     )
-    p.add_argument("--csv", type=Path, metavar="FILE")
-    p.add_argument("--chart", type=Path, metavar="FILE.html")
+    p.add_argument("--csv", type=Path, metavar="FILE", help="write every measurement here as CSV")
+    p.add_argument(
+        "--chart",
+        type=Path,
+        metavar="FILE.html",
+        help="write a chart of throughput against p99 latency here (one HTML file)",
+    )
     p.add_argument(
         "--apply",
         action="store_true",
@@ -453,7 +494,9 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default="127.0.0.1:8000",
         help="the local server checked for live traffic (default %(default)s)",
     )
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument(
+        "--quiet", action="store_true", help="no progress line on stderr (only the result)"
+    )
     return p
 
 
@@ -501,7 +544,7 @@ def _check_args(args: argparse.Namespace) -> list[int]:
 
 
 def main(argv: Sequence[str]) -> int:
-    args = parser(argparse.ArgumentParser(prog="edge-appliance tune")).parse_args(list(argv))
+    args = parser(Parser(prog="edge-appliance tune")).parse_args(list(argv))
     logging.basicConfig(level=logging.ERROR, format="%(message)s", stream=sys.stderr)
     os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
     try:

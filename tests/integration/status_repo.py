@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
+import tempfile
 import threading
 import time
 import urllib.error
@@ -26,9 +28,7 @@ def build(root: Path) -> Path:
     (root / "simple" / "config.pbtxt").write_text(SIMPLE_CONFIG)
     (root / "broken" / "1").mkdir(parents=True)
     (root / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx model")
-    (root / "broken" / "config.pbtxt").write_text(
-        SIMPLE_CONFIG.replace('"simple"', '"broken"')
-    )
+    (root / "broken" / "config.pbtxt").write_text(SIMPLE_CONFIG.replace('"simple"', '"broken"'))
     return root
 
 
@@ -88,11 +88,32 @@ def traffic(
             thread.join(10)
 
 
+# A test's temporary folder (pytest's tmp_path and mktemp folders) and what the screenshots in
+# docs/ show in its place, on every text of the page.
+TEMP_PATH = re.compile(re.escape(tempfile.gettempdir()) + r"/pytest-of-[^/]+/pytest-[^/]+/[^/\s]+")
+NEUTRAL_ROOT = "/var/lib/edge-appliance"
+_NEUTRAL_PATHS_JS = """
+const re = new RegExp(arguments[0], "g");
+const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+  n.nodeValue = n.nodeValue.replace(re, arguments[1]);
+}
+"""
+
+
+def neutral_paths(text: str) -> str:
+    """What the screenshots show of `text` (the script above, in Python, for its test)."""
+    return TEMP_PATH.sub(NEUTRAL_ROOT, text)
+
+
 def screenshot(browser: Any, name: str, fallback: Path) -> Path:
     """The whole page (beyond the window) as a PNG: into $STATUS_SCREENSHOTS
     (scripts/status-screenshots writes docs/ that way), else into `fallback` (a test's
     tmp_path)."""
     folder = Path(os.environ.get("STATUS_SCREENSHOTS") or fallback)
+    if os.environ.get("STATUS_SCREENSHOTS"):
+        # The pictures in docs/ show a device's paths, not the test's temporary folders.
+        browser.execute_script(_NEUTRAL_PATHS_JS, TEMP_PATH.pattern, NEUTRAL_ROOT)
     size = browser.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
     shot = browser.execute_cdp_cmd(
         "Page.captureScreenshot",

@@ -96,7 +96,7 @@ def test_a_pin_holds_through_pushes_and_restarts_until_unpinned(dev: Device) -> 
     assert "cannot pin model 'm' to version 7: no version 7 in" in missing.stderr
     assert dev.added() == 1.0
 
-    done = _cli("unpin", "m", "--url", url)
+    done = _cli("unpin", "m", "--url", proc.http_url)  # HOST:PORT: http://, as curl takes it
     assert done.returncode == 0, done.stderr
     assert dev.added() == 3.0  # the version policy again: the newest
     assert "pinned" not in dev.row("3")["reason"]

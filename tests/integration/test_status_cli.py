@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +72,102 @@ def test_status_sends_headers_to_a_restricted_page(tmp_path: Path) -> None:
         url = f"http://{proc.http_url}"
         denied = _cli("--url", url)
         assert denied.returncode == 1
-        assert "HTTP 4" in denied.stderr, denied.stderr
+        assert "HTTP 403" in denied.stderr, denied.stderr
+        # Which header carries the key, and the flag that sends it.
+        assert "expecting header 'page-key'" in denied.stderr, denied.stderr
+        assert denied.stderr.rstrip().endswith("send the key with --header page-key=VALUE")
         allowed = _cli("--url", url, "--header", "page-key=SECRET")
         assert allowed.returncode == 0, allowed.stderr
         assert _model_line(allowed.stdout, "simple")[1] == "READY"
     finally:
         proc.stop()
+
+
+def test_a_url_without_a_scheme_is_http(status_server: ServerProcess) -> None:
+    result = _cli("--url", status_server.http_url)  # 127.0.0.1:PORT, as curl takes it
+    assert result.returncode == 0, result.stderr
+    assert _model_line(result.stdout, "simple")[1] == "READY"
+
+
+class _CannedStatus(BaseHTTPRequestHandler):
+    """Answers GET /status.json with the document the test put on the server."""
+
+    def do_GET(self) -> None:
+        body = json.dumps(self.server.doc).encode()  # type: ignore[attr-defined]  # set below
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+
+def _canned(doc: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _CannedStatus)
+    server.doc = doc  # type: ignore[attr-defined]  # what the handler answers
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        return _cli("--url", f"http://127.0.0.1:{server.server_address[1]}", *args)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_columns_fit_the_widest_cell_and_nothing_says_none() -> None:
+    long_name = "a_model_name_longer_than_twenty_four_characters"
+    doc = {
+        "server": {"name": "edge-appliance", "version": None, "ready": True, "uptime_s": 5},
+        "device": {"hostname": "box"},
+        "models": [
+            {
+                "name": long_name,
+                "state": "READY",
+                "versions": [{"version": 1, "state": "READY"}],
+                "live": {"requests_per_s": 12345.6, "p50_ms": 1.5, "p99_ms": 2.5, "error_rate": 0},
+            },
+            {
+                "name": "m",
+                "state": None,
+                "versions": [{"version": None, "state": "UNAVAILABLE", "reason": "broken"}],
+                "live": {},
+            },
+        ],
+        "updates": {"control_mode": "none"},
+        "recent_problems": [
+            {"time_s": 1_700_000_000 + i, "level": "ERROR", "message": f"problem {i}"}
+            for i in range(8)
+        ],
+    }
+    result = _canned(doc)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "None" not in out, out
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("MODEL"))
+    row = next(line for line in lines if line.startswith(long_name))
+    other = next(line for line in lines if line.startswith("m "))
+    # Every column starts where its heading starts, in every row.
+    for heading in ("STATE", "VERSIONS"):
+        at = header.index(heading)
+        for line in (row, other):
+            assert line[at - 2 : at] == "  ", (heading, header, line)
+            assert line[at] != " ", (heading, header, line)
+    # Right-aligned numbers end where their heading ends.
+    end = header.index("REQ/S") + len("REQ/S")
+    assert row[:end].endswith("12345.6"), (header, row)
+    assert other[:end].endswith("-"), (header, other)
+    # The problem list is cut to the newest 5, and says so.
+    assert "problem 7" in out
+    assert "problem 3" in out
+    assert "problem 2" not in out
+    assert "and 3 more problems (see --json)" in out
+    full = _canned(doc, "--json")
+    assert full.returncode == 0, full.stderr
+    assert len(json.loads(full.stdout)["recent_problems"]) == 8
 
 
 def test_unreachable_server_exits_1_with_the_reason() -> None:
