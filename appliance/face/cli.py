@@ -254,7 +254,7 @@ async def _serve(settings: ServerSettings, log_settings: logs.LogSettings) -> in
     except StartupError as exc:
         log.error("cannot start: %s", exc)
         notifier.send(f"STATUS=cannot start: {exc}", wait_s=1.0)
-        return 1
+        return exc.exit_code  # 78 for a configuration error: systemd does not retry it
     finally:
         notifier.close()
     return 0

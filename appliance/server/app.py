@@ -45,13 +45,13 @@ from appliance.runtime.registry import READY
 from appliance.runtime.rollout_view import serving_view
 from appliance.runtime.settings import RuntimeSettings
 from appliance.server.listeners import (
+    ConfigurationError,
     Listener,
     StartupError,
-    grpc_credentials,
-    http_ssl_context,
     serve_grpc,
     serve_http,
 )
+from appliance.server.preflight import Prepared, preflight
 from appliance.server.shutdown import Deadline, kill_model_processes, shutdown_summary
 from appliance.services.cache import ResponseCache
 from appliance.services.control import ControlService, ServerState
@@ -61,7 +61,7 @@ from appliance.services.rows import index_rows
 from appliance.services.shared_memory import SharedMemoryRegistry, region_cap
 from appliance.services.status import StatusService
 
-__all__ = ["Appliance", "StartupError", "serve_forever"]
+__all__ = ["Appliance", "ConfigurationError", "StartupError", "serve_forever"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,9 @@ class Appliance:
         logs: LogSettings | None = None,
     ) -> None:
         self.settings = settings
+        state_dir = settings.model_store_dir or Path("model-store")
+        # Before anything is built or loaded: a wrong setting fails in a fraction of a second.
+        self.prepared: Prepared = preflight(settings, state_dir, bool(settings.remote_repositories))
         self.state = ServerState()
         self.notifier = notifier or Notifier.from_env()
         self.supervisor = Supervisor(
@@ -91,9 +94,8 @@ class Appliance:
                 else None
             )
         except ManifestError as exc:
-            raise StartupError(str(exc)) from exc
+            raise ConfigurationError(str(exc)) from exc
         manifest = ManifestPolicy(settings.require_manifest, public_key)
-        state_dir = settings.model_store_dir or Path("model-store")
         # What failed, the last good versions and pins: kept across restarts.
         ledger = ModelLedger(state_dir)
         self.remote = RemoteSources(
@@ -132,6 +134,7 @@ class Appliance:
             server_id=settings.server_id,
             allow_client_shm=settings.allow_client_shm,
             shared_memory=SharedMemoryRegistry(max_regions=_shm_region_cap(settings)),
+            sources=self.remote.sources,
         )
         # The status page's data (GET /status.json); its sampler runs while HTTP serves.
         self.status_service = StatusService(
@@ -199,7 +202,7 @@ class Appliance:
         try:
             device_id = settings.device_id or device_id_from(_machine_id(), socket.gethostname())
         except RolloutError as exc:
-            raise StartupError(f"{exc}; give the device an id with --device-id") from exc
+            raise ConfigurationError(f"{exc}; give the device an id with --device-id") from exc
         identity = DeviceIdentity(device_id, dict(settings.device_labels))
         self.remote.enable_fleet(
             identity,
@@ -338,9 +341,7 @@ class Appliance:
             shared_memory=self.control.shared_memory,
             limits=self.settings.request_limits,
             status=self.status_service,
-            header_forward=HeaderForward.from_pattern(
-                self.settings.http_header_forward_pattern, "--http-header-forward-pattern"
-            ),
+            header_forward=self.prepared.http_forward,
             origins=RequestOrigins(
                 self.settings.http_allowed_hosts,
                 self.settings.http_address,
@@ -357,7 +358,7 @@ class Appliance:
             settings.exit_timeout_secs,
             settings.http_unix_socket,
             settings.unix_socket_mode,
-            http_ssl_context(settings.tls),
+            self.prepared.http_ssl,
             settings.http_connections,
             infer_route=frontend,
             reuse_port=settings.reuse_http_port,
@@ -422,9 +423,7 @@ class Appliance:
             shared_memory=self.control.shared_memory,
             limits=self.settings.request_limits,
             max_concurrent_rpcs=calls,
-            header_forward=HeaderForward.from_pattern(
-                self.settings.grpc_header_forward_pattern, "--grpc-header-forward-pattern"
-            ),
+            header_forward=self.prepared.grpc_forward,
             compression_level=self.settings.grpc_connections.infer_compression_level,
         )
         servicer.add_to_server(server, asyncio.get_running_loop())
@@ -437,7 +436,7 @@ class Appliance:
             settings.grpc_port,
             unix_path,
             settings.unix_socket_mode,
-            grpc_credentials(settings.tls),
+            self.prepared.grpc_credentials,
             pool,
         )
         if unix_path:
