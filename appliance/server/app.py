@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 
+from appliance import __version__
 from appliance.common.access import GRPC_HEADER_PREFIX, Restriction, Restrictions
 from appliance.common.errors import ApplianceError
 from appliance.common.header_forward import HeaderForward
@@ -54,14 +55,22 @@ from appliance.server.listeners import (
 from appliance.server.preflight import Prepared, preflight
 from appliance.server.shutdown import Deadline, kill_model_processes, shutdown_summary
 from appliance.services.cache import ResponseCache
-from appliance.services.control import ControlService, ServerState
+from appliance.services.control import ControlService, ServerState, shown_url
 from appliance.services.inference import InferenceService
 from appliance.services.metrics import build_registry
+from appliance.services.results import IndexRow
 from appliance.services.rows import index_rows
 from appliance.services.shared_memory import SharedMemoryRegistry, region_cap
 from appliance.services.status import StatusService
 
-__all__ = ["Appliance", "ConfigurationError", "StartupError", "serve_forever"]
+__all__ = [
+    "Appliance",
+    "ConfigurationError",
+    "StartupError",
+    "ready_summary",
+    "serve_forever",
+    "start_line",
+]
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +200,8 @@ class Appliance:
             if self.settings.allow_metrics:
                 self._listeners.append(await self._metrics())
             self.state.loading_done = True
-            log.info("server is ready")
+            rows = index_rows(self.runtime.registry.records(), self.runtime.pending())
+            log.info("server is ready: %s", ready_summary(rows))
             self.supervisor.ready()
             yield self
 
@@ -514,6 +524,52 @@ async def serve_forever(
             raise asyncio.CancelledError  # this call itself was cancelled
     finally:
         stopping.cancel()
+
+
+def start_line(settings: ServerSettings) -> str:
+    """The log's first line: what runs (version, commit) and where (listeners, repositories,
+    control mode, state directory), so that a log read later says what it came from."""
+    listeners = []
+    for name, on, address, port in (
+        ("HTTP", settings.allow_http, settings.http_address, settings.http_port),
+        ("gRPC", settings.allow_grpc, settings.grpc_address, settings.grpc_port),
+        ("metrics", settings.allow_metrics, settings.metrics_address, settings.metrics_port),
+    ):
+        if on and port >= 0:
+            listeners.append(f"{name} {address}:{port}")
+    for name, on, path in (
+        ("HTTP", settings.allow_http, settings.http_unix_socket),
+        ("gRPC", settings.allow_grpc, settings.grpc_unix_socket),
+    ):
+        if on and path:
+            listeners.append(f"{name} unix:{path}")
+    repositories = [str(p) for p in settings.model_repositories]
+    repositories += [shown_url(url) for url in settings.remote_repositories]
+    state_dir = settings.model_store_dir or Path("model-store")
+    tls = " (TLS)" if settings.tls.http_cert or settings.tls.grpc else ""
+    return (
+        f"edge-appliance {__version__} (commit {buildinfo.commit()}) starting: "
+        f"{', '.join(listeners) or 'no listener'}{tls}; "
+        f"repositories {', '.join(repositories) or 'none'}; "
+        f"model control mode {settings.model_control_mode}; state dir {state_dir}"
+    )
+
+
+def ready_summary(rows: list[IndexRow]) -> str:
+    """'6 of 8 models ready, 2 not ready: a (reason), b (reason)': each model counted once, ready
+    when a version of it serves; a model that does not, with its first reason."""
+    names: dict[str, str | None] = {}  # name -> None when it serves, else why not
+    for row in rows:
+        if row.state == READY:
+            names[row.name] = None
+        elif row.name not in names:
+            names[row.name] = row.reason or row.state or "not loaded"
+    ready = sum(1 for why in names.values() if why is None)
+    text = f"{ready} of {len(names)} model{'' if len(names) == 1 else 's'} ready"
+    failed = [f"{name} ({why})" for name, why in sorted(names.items()) if why is not None]
+    if failed:
+        text += f", {len(failed)} not ready: {', '.join(failed)}"
+    return text
 
 
 def _log_forwarding(what: str, forward: HeaderForward | None) -> None:
