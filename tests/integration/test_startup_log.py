@@ -27,6 +27,7 @@ class TritonPythonModel:
     def initialize(self, args):
         pb_utils.Logger.log_info("hello from initialize")
         logging.getLogger("mine").warning("a warning of its own")
+        pb_utils.Logger.log_info("one line\\nFORGED ERROR appliance.server.app: a forged line")
 
     def execute(self, requests):
         return [
@@ -94,3 +95,6 @@ def test_the_log_says_what_runs_how_start_up_went_and_stamps_python_model_lines(
     assert own, lines
     assert TIMESTAMP.match(own[0]), own[0]
     assert "WARNING python_model: python model 'pylog': mine: a warning of its own" in own[0]
+    # A model cannot forge the server's lines: a newline in its message is escaped.
+    assert not [line for line in lines if line.startswith("FORGED")], lines
+    assert any("one line\\x0aFORGED ERROR" in line for line in lines), lines
