@@ -82,7 +82,7 @@ DEFAULT_SECONDS = 4.0
 QUICK_CONCURRENCY = (8,)
 QUICK_SECONDS = 2.0
 # --quick measures the synchronous gRPC ceiling only: on one core it is the faster one (see
-# docs/benchmarks.md, "Ceilings").
+# docs/benchmarks/history.md, "Ceilings").
 QUICK_CEILINGS = ("aiohttp", "grpc-sync")
 CHILD_SLACK_S = 120.0
 BUILTIN = "bench.loadgen"
@@ -343,8 +343,8 @@ def measure_server(ctx: Context) -> list[Row]:
     """Per model and round: raw ORT, then every point on the server and, right after, on its
     ceilings, in the reverse order every other round: with an even --repeat each goes first as
     often as last (bench.cpu_per_request's server-first rounds gave the server 0.76-0.90 of the
-    aiohttp ceiling, its server-last ones 0.64-0.66: docs/benchmarks.md); with --repeat, each
-    point's median over the rounds."""
+    aiohttp ceiling, its server-last ones 0.64-0.66: docs/benchmarks/history.md); with --repeat,
+    each point's median over the rounds."""
     rows: list[Row] = []
     for model in ctx.plan.models:
         rounds: list[list[Row]] = []

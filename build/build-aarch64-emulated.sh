@@ -12,7 +12,7 @@
 # checks from the host that every model is READY, runs gRPC and HTTP inferences against
 # `simple` and one against the Python model `densenet_preprocess` (its own process, BLS to
 # DenseNet-121), and stops the server with SIGTERM (exit status 0 expected). The PASS lines
-# and the logs (build, serve) are left in dist-aarch64/. Results: docs/benchmarks.md.
+# and the logs (build, serve) are left in dist-aarch64/. Results: docs/benchmarks/history.md.
 #
 # Idempotent: the root, the wheels and the root's .venv are reused. Needs root (debootstrap,
 # chroot, mounts) and the host's .venv with onnx and tritonclient[grpc] (scripts/bootstrap dev).

@@ -67,7 +67,7 @@ instance_group [ {{ count: 1, kind: KIND_CPU }} ]
 # than at batch 1 (about 8% slower here), and a batch answers all its clients at once, so the
 # queue runs dry while they send their next requests and the instance waits for them; run one
 # at a time, the requests queued behind the running one hide those round trips. Measured in
-# docs/benchmarks.md ("Hot path (issue 20)"). A GPU instance, or a model whose cost per item
+# docs/benchmarks/history.md ("Hot path (issue 20)"). A GPU instance, or a model whose cost per item
 # falls with the batch, is where `dynamic_batching { }` belongs.
 SQUEEZENET_BATCHING = ""
 

@@ -27,7 +27,7 @@ from appliance.flags.serve import add_serve_flags, settings_from_args
 from appliance.fleet import ops as fleet_ops
 from appliance.ops import logs
 from appliance.ops.notify import Notifier
-from appliance.server.app import StartupError, serve_forever
+from appliance.server.app import StartupError, serve_forever, start_line
 from appliance.server.shutdown import FORCE_AFTER_S, Deadline, force_exit
 from appliance.tools import check, pin
 from appliance.tools import status as status_cli
@@ -294,7 +294,7 @@ async def _serve(settings: ServerSettings, log_settings: logs.LogSettings) -> in
     except StartupError as exc:
         log.error("cannot start: %s", exc)
         notifier.send(f"STATUS=cannot start: {exc}", wait_s=1.0)
-        return 1
+        return exc.exit_code  # 78 for a configuration error: systemd does not retry it
     finally:
         notifier.close()
     return 0
@@ -337,6 +337,7 @@ def serve(argv: Sequence[str]) -> int:
         raise SystemExit(
             f"edge-appliance: cannot open --log-file {settings.log_file}: {exc.strerror}"
         ) from None
+    log.info("%s", start_line(settings))  # the log's first line: what runs, and where
     for flag in settings.ignored_flags:
         log.warning("%s is a tritonserver flag that edge-appliance ignores", flag)
     raise_open_file_limit()

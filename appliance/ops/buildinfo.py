@@ -20,7 +20,7 @@ from typing import Any
 from appliance import __version__
 from appliance.common import extras
 
-_ROOT = Path(__file__).resolve().parent.parent
+_ROOT = Path(__file__).resolve().parents[2]  # the checkout: appliance/ops/buildinfo.py
 # Libraries a GPU deployment uses, reported whether or not a backend serves with them yet.
 GPU_LIBRARIES = ("tensorrt", "pycuda", "pynvml")
 # JetPack's release file: the sign of a Jetson (NVML does not see its integrated GPU).

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 
+from appliance import __version__
 from appliance.common.access import GRPC_HEADER_PREFIX, Restriction, Restrictions
 from appliance.common.errors import ApplianceError
 from appliance.common.header_forward import HeaderForward
@@ -45,23 +46,31 @@ from appliance.runtime.registry import READY
 from appliance.runtime.rollout_view import serving_view
 from appliance.runtime.settings import RuntimeSettings
 from appliance.server.listeners import (
+    ConfigurationError,
     Listener,
     StartupError,
-    grpc_credentials,
-    http_ssl_context,
     serve_grpc,
     serve_http,
 )
+from appliance.server.preflight import Prepared, preflight
 from appliance.server.shutdown import Deadline, kill_model_processes, shutdown_summary
 from appliance.services.cache import ResponseCache
-from appliance.services.control import ControlService, ServerState
+from appliance.services.control import ControlService, ServerState, shown_url
 from appliance.services.inference import InferenceService
 from appliance.services.metrics import build_registry
+from appliance.services.results import IndexRow
 from appliance.services.rows import index_rows
 from appliance.services.shared_memory import SharedMemoryRegistry, region_cap
 from appliance.services.status import StatusService
 
-__all__ = ["Appliance", "StartupError", "serve_forever"]
+__all__ = [
+    "Appliance",
+    "ConfigurationError",
+    "StartupError",
+    "ready_summary",
+    "serve_forever",
+    "start_line",
+]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +85,9 @@ class Appliance:
         logs: LogSettings | None = None,
     ) -> None:
         self.settings = settings
+        state_dir = settings.model_store_dir or Path("model-store")
+        # Before anything is built or loaded: a wrong setting fails in a fraction of a second.
+        self.prepared: Prepared = preflight(settings, state_dir, bool(settings.remote_repositories))
         self.state = ServerState()
         self.notifier = notifier or Notifier.from_env()
         self.supervisor = Supervisor(
@@ -91,9 +103,8 @@ class Appliance:
                 else None
             )
         except ManifestError as exc:
-            raise StartupError(str(exc)) from exc
+            raise ConfigurationError(str(exc)) from exc
         manifest = ManifestPolicy(settings.require_manifest, public_key)
-        state_dir = settings.model_store_dir or Path("model-store")
         # What failed, the last good versions and pins: kept across restarts.
         ledger = ModelLedger(state_dir)
         self.remote = RemoteSources(
@@ -132,6 +143,7 @@ class Appliance:
             server_id=settings.server_id,
             allow_client_shm=settings.allow_client_shm,
             shared_memory=SharedMemoryRegistry(max_regions=_shm_region_cap(settings)),
+            sources=self.remote.sources,
         )
         # The status page's data (GET /status.json); its sampler runs while HTTP serves.
         self.status_service = StatusService(
@@ -188,7 +200,8 @@ class Appliance:
             if self.settings.allow_metrics:
                 self._listeners.append(await self._metrics())
             self.state.loading_done = True
-            log.info("server is ready")
+            rows = index_rows(self.runtime.registry.records(), self.runtime.pending())
+            log.info("server is ready: %s", ready_summary(rows))
             self.supervisor.ready()
             yield self
 
@@ -199,7 +212,7 @@ class Appliance:
         try:
             device_id = settings.device_id or device_id_from(_machine_id(), socket.gethostname())
         except RolloutError as exc:
-            raise StartupError(f"{exc}; give the device an id with --device-id") from exc
+            raise ConfigurationError(f"{exc}; give the device an id with --device-id") from exc
         identity = DeviceIdentity(device_id, dict(settings.device_labels))
         self.remote.enable_fleet(
             identity,
@@ -338,9 +351,7 @@ class Appliance:
             shared_memory=self.control.shared_memory,
             limits=self.settings.request_limits,
             status=self.status_service,
-            header_forward=HeaderForward.from_pattern(
-                self.settings.http_header_forward_pattern, "--http-header-forward-pattern"
-            ),
+            header_forward=self.prepared.http_forward,
             origins=RequestOrigins(
                 self.settings.http_allowed_hosts,
                 self.settings.http_address,
@@ -357,7 +368,7 @@ class Appliance:
             settings.exit_timeout_secs,
             settings.http_unix_socket,
             settings.unix_socket_mode,
-            http_ssl_context(settings.tls),
+            self.prepared.http_ssl,
             settings.http_connections,
             infer_route=frontend,
             reuse_port=settings.reuse_http_port,
@@ -422,9 +433,7 @@ class Appliance:
             shared_memory=self.control.shared_memory,
             limits=self.settings.request_limits,
             max_concurrent_rpcs=calls,
-            header_forward=HeaderForward.from_pattern(
-                self.settings.grpc_header_forward_pattern, "--grpc-header-forward-pattern"
-            ),
+            header_forward=self.prepared.grpc_forward,
             compression_level=self.settings.grpc_connections.infer_compression_level,
         )
         servicer.add_to_server(server, asyncio.get_running_loop())
@@ -437,7 +446,7 @@ class Appliance:
             settings.grpc_port,
             unix_path,
             settings.unix_socket_mode,
-            grpc_credentials(settings.tls),
+            self.prepared.grpc_credentials,
             pool,
         )
         if unix_path:
@@ -515,6 +524,52 @@ async def serve_forever(
             raise asyncio.CancelledError  # this call itself was cancelled
     finally:
         stopping.cancel()
+
+
+def start_line(settings: ServerSettings) -> str:
+    """The log's first line: what runs (version, commit) and where (listeners, repositories,
+    control mode, state directory), so that a log read later says what it came from."""
+    listeners = []
+    for name, on, address, port in (
+        ("HTTP", settings.allow_http, settings.http_address, settings.http_port),
+        ("gRPC", settings.allow_grpc, settings.grpc_address, settings.grpc_port),
+        ("metrics", settings.allow_metrics, settings.metrics_address, settings.metrics_port),
+    ):
+        if on and port >= 0:
+            listeners.append(f"{name} {address}:{port}")
+    for name, on, path in (
+        ("HTTP", settings.allow_http, settings.http_unix_socket),
+        ("gRPC", settings.allow_grpc, settings.grpc_unix_socket),
+    ):
+        if on and path:
+            listeners.append(f"{name} unix:{path}")
+    repositories = [str(p) for p in settings.model_repositories]
+    repositories += [shown_url(url) for url in settings.remote_repositories]
+    state_dir = settings.model_store_dir or Path("model-store")
+    tls = " (TLS)" if settings.tls.http_cert or settings.tls.grpc else ""
+    return (
+        f"edge-appliance {__version__} (commit {buildinfo.commit()}) starting: "
+        f"{', '.join(listeners) or 'no listener'}{tls}; "
+        f"repositories {', '.join(repositories) or 'none'}; "
+        f"model control mode {settings.model_control_mode}; state dir {state_dir}"
+    )
+
+
+def ready_summary(rows: list[IndexRow]) -> str:
+    """'6 of 8 models ready, 2 not ready: a (reason), b (reason)': each model counted once, ready
+    when a version of it serves; a model that does not, with its first reason."""
+    names: dict[str, str | None] = {}  # name -> None when it serves, else why not
+    for row in rows:
+        if row.state == READY:
+            names[row.name] = None
+        elif row.name not in names:
+            names[row.name] = row.reason or row.state or "not loaded"
+    ready = sum(1 for why in names.values() if why is None)
+    text = f"{ready} of {len(names)} model{'' if len(names) == 1 else 's'} ready"
+    failed = [f"{name} ({why})" for name, why in sorted(names.items()) if why is not None]
+    if failed:
+        text += f", {len(failed)} not ready: {', '.join(failed)}"
+    return text
 
 
 def _log_forwarding(what: str, forward: HeaderForward | None) -> None:

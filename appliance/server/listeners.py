@@ -33,6 +33,16 @@ log = logging.getLogger(__name__)
 class StartupError(Exception):
     """The server cannot start (a port in use, a bad repository with --exit-on-error)."""
 
+    exit_code = 1  # systemd restarts it: the cause may go away by itself
+
+
+class ConfigurationError(StartupError):
+    """A setting that cannot work as given (a TLS file, a socket path, the state directory):
+    retrying changes nothing, so the process exits 78 (EX_CONFIG), which the systemd unit does
+    not restart (RestartPreventExitStatus=)."""
+
+    exit_code = 78
+
 
 class Listener(Protocol):
     what: str
@@ -228,7 +238,7 @@ def grpc_credentials(tls: TlsSettings) -> grpc.ServerCredentials | None:
         cert, key = key_pair(tls.grpc_cert, "--grpc-server-cert", tls.grpc_key, "--grpc-server-key")
         root = certificates(tls.grpc_root, "--grpc-root-cert") if tls.grpc_root else None
     except TlsFileError as exc:
-        raise StartupError(str(exc)) from None
+        raise ConfigurationError(str(exc)) from None
     return grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=root, require_client_auth=tls.grpc_mutual
     )
@@ -242,7 +252,7 @@ def http_ssl_context(tls: TlsSettings) -> ssl.SSLContext | None:
         if tls.http_root:
             certificates(tls.http_root, "--http-ssl-root-cert")
     except TlsFileError as exc:
-        raise StartupError(str(exc)) from None
+        raise ConfigurationError(str(exc)) from None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
         context.load_cert_chain(tls.http_cert, tls.http_key)
@@ -253,7 +263,7 @@ def http_ssl_context(tls: TlsSettings) -> ssl.SSLContext | None:
         files = f"--http-ssl-cert '{tls.http_cert}', --http-ssl-key '{tls.http_key}'"
         if tls.http_root:
             files += f" or --http-ssl-root-cert '{tls.http_root}'"
-        raise StartupError(f"cannot use {files}: {exc}") from exc
+        raise ConfigurationError(f"cannot use {files}: {exc}") from exc
     return context
 
 

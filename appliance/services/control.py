@@ -11,10 +11,10 @@ import asyncio
 import importlib.util
 import logging
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from google.protobuf import json_format
 
@@ -49,6 +49,38 @@ from appliance.services.results import (
 from appliance.services.rows import index_rows, model_statistics
 from appliance.services.shared_memory import SharedMemoryRegistry
 
+
+class SourceHealth(Protocol):
+    """A remote repository's last sync, as readiness reports it (repository/s3.py's S3Source)."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def reachable(self) -> bool | None: ...  # None until the first sync
+    @property
+    def last_error(self) -> str: ...
+
+
+def shown_url(url: str) -> str:
+    """A repository URL without any user or password in it."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    host, slash, path = rest.partition("/")
+    return f"{scheme}://{host.rpartition('@')[2]}{slash}{path}"
+
+
+def source_problems(sources: Iterable[SourceHealth]) -> tuple[str, ...]:
+    """One line per remote repository whose last sync failed, with the source's reason (a
+    bucket that does not exist, a name that does not resolve, a 403)."""
+    return tuple(
+        f"model source {shown_url(s.url)} unreachable: {s.last_error or 'the last sync failed'} "
+        "(serving what the model store holds)"
+        for s in sources
+        if s.reachable is False
+    )
+
+
 # tritonserver's list, in its order, with what is implemented here (generate too).
 EXTENSIONS = (
     "classification",
@@ -78,6 +110,7 @@ def extensions() -> tuple[str, ...]:
     at = EXTENSIONS.index("system_shared_memory") + 1
     return (*EXTENSIONS[:at], "cuda_shared_memory", *EXTENSIONS[at:])
 
+
 log = logging.getLogger(__name__)
 
 
@@ -104,7 +137,10 @@ class ControlService:
         shared_memory: SharedMemoryRegistry | None = None,
         server_id: str = "triton",
         allow_client_shm: bool = False,
+        sources: Sequence[SourceHealth] = (),
     ) -> None:
+        # The remote repositories: one whose last sync failed is a problem readiness names.
+        self.sources = tuple(sources)
         self.tracer = tracer or Tracer()
         # "triton" unless --id says otherwise: Triton's own clients and examples check it.
         self.server_id = server_id
@@ -134,8 +170,9 @@ class ControlService:
 
     def readiness(self) -> Readiness:
         """Readiness with its reasons: each model with no version serving and why (not fetched
-        for lack of disk, with the numbers; failed), and notes on what serves (a pin). With
-        --strict-readiness any such model, one still to be fetched too, means not ready."""
+        for lack of disk, with the numbers; failed), each remote repository whose last sync
+        failed and why, and notes on what serves (a pin). With --strict-readiness any such
+        model, one still to be fetched too, means not ready; a failing source never does."""
         records = self.runtime.registry.records()
         rows = index_rows(records, self.runtime.pending())
         serving = {row.name for row in rows if row.state == READY}
@@ -146,11 +183,14 @@ class ControlService:
             if row.name not in serving
         )
         notes = tuple(f"model '{r.name}': {note}" for r in records for note in r.notes)
+        # A source that cannot be synced is named, never a reason for not-ready: an unattended
+        # device keeps serving what its store holds (--strict-readiness is about models).
+        sources = source_problems(self.sources)
         if self.state.shutting_down:
-            return Readiness(False, ("server is shutting down", *problems), notes)
+            return Readiness(False, ("server is shutting down", *problems, *sources), notes)
         if not self.state.loading_done:
-            return Readiness(False, ("starting: loading models", *problems), notes)
-        return Readiness(not (self.strict_readiness and problems), problems, notes)
+            return Readiness(False, ("starting: loading models", *problems, *sources), notes)
+        return Readiness(not (self.strict_readiness and problems), (*problems, *sources), notes)
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return self.runtime.is_ready(name, version)
@@ -170,8 +210,7 @@ class ControlService:
             versions=tuple(sorted(record.versions)),
             platform=served.config.platform or served.config.backend,
             inputs=tuple(
-                TensorMetadata(r.name, r.datatype, (*lead, *r.dims))
-                for r in served.inputs.values()
+                TensorMetadata(r.name, r.datatype, (*lead, *r.dims)) for r in served.inputs.values()
             ),
             outputs=tuple(
                 TensorMetadata(r.name, r.datatype, (*lead, *r.dims))

@@ -13,7 +13,7 @@ object's current size (`fstat`), refused with the region's name when the window 
 fits, and then copies with `preadv`/`pwritev` on the descriptor: the kernel does the copy and
 a shrink that races with it shows up as a short count (refused too), never as a fault. An
 input is thus one copy out of the object, two to four times a memcpy's time (0.9 ms for 8 MiB;
-docs/benchmarks.md, `python -m bench.shm_copy`).
+docs/benchmarks/history.md, `python -m bench.shm_copy`).
 
 Unregistering a region that requests use waits for them, as tritonserver does: a request holds
 the regions it names from its decoding until its response is written (`request_scope`, entered

@@ -31,7 +31,7 @@ from appliance.repository.ledger import PROBATION, LedgerEntry, ModelLedger
 from appliance.repository.s3 import DownloadProgress
 from appliance.runtime.placement import where_instances_run
 from appliance.runtime.registry import ModelRecord
-from appliance.services.control import ControlService
+from appliance.services.control import ControlService, shown_url
 from appliance.services.rows import index_rows
 from appliance.services.status_results import (
     DeviceStatus,
@@ -57,7 +57,6 @@ from appliance.services.status_samples import (
 from appliance.services.status_samples import weighted_percentile as weighted_percentile
 
 log = logging.getLogger(__name__)
-
 
 
 class UpdateSource(Protocol):
@@ -87,15 +86,6 @@ class PollState(Protocol):
 
 
 # ---- live numbers: pure --------------------------------------------------------------------
-
-
-def shown_url(url: str) -> str:
-    """A repository URL without any user or password in it."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    host, slash, path = rest.partition("/")
-    return f"{scheme}://{host.rpartition('@')[2]}{slash}{path}"
 
 
 def _recorded_s(at: str) -> float | None:

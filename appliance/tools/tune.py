@@ -8,9 +8,13 @@ measured, and that is what the configurations change.
 The search is Model Analyzer's quick search, greedy and one dimension at a time, in this
 order:
 1. instance count;
-2. max_batch_size, with dynamic batching (batching models only);
+2. the preferred batch size, with dynamic batching (batching models only);
 3. max_queue_delay_microseconds;
 4. ONNX Runtime intra-op threads.
+
+`max_batch_size` is never changed: it is what clients may send, so a lower one would have an
+applied config refuse their larger batches (Triton's Model Analyzer sweeps it; here the
+dynamic batcher's preferred size says which batches to form instead).
 
 Each dimension grows from the best configuration so far and stops when throughput stops
 improving by at least 5 %. A configuration's score is its best throughput at any concurrency
@@ -59,6 +63,9 @@ from edge_backends.datatypes import BY_TRITON
 log = logging.getLogger(__name__)
 
 GAIN = 1.05  # a step must add 5 % throughput to count as an improvement
+# Requests behind a point's p99 below which the table warns: with fewer than 100 the p99 is
+# one of the slowest few requests, not a percentile (at 1 s a point, a slow model gave 9).
+MIN_P99_REQUESTS = 100
 
 
 class TuneError(Exception):
@@ -68,14 +75,20 @@ class TuneError(Exception):
 @dataclass(frozen=True)
 class Candidate:
     instances: int
-    max_batch: int  # 0: the model does not batch
+    max_batch: int  # the config's max_batch_size, never changed; 0: the model does not batch
     queue_delay_us: int
     threads: int  # ORT intra-op threads per instance; 0: the server's default
+    preferred_batch: int = -1  # -1: the config's preferred sizes; 0: none; N: [N]
 
     def label(self) -> str:
         parts = [f"instances={self.instances}"]
         if self.max_batch:
-            parts += [f"max_batch={self.max_batch}", f"delay_us={self.queue_delay_us}"]
+            preferred = {-1: "config", 0: "none"}.get(self.preferred_batch)
+            parts += [
+                f"max_batch={self.max_batch}",
+                f"preferred={preferred or self.preferred_batch}",
+                f"delay_us={self.queue_delay_us}",
+            ]
         parts.append(f"threads={self.threads or 'auto'}")
         return " ".join(parts)
 
@@ -87,6 +100,7 @@ class Point:
     p50_ms: float
     p95_ms: float
     p99_ms: float
+    requests: int = 0  # measured requests behind the percentiles
 
 
 @dataclass
@@ -115,7 +129,10 @@ def apply_candidate(base: ModelConfig, c: Candidate) -> ModelConfig:
     if c.max_batch:
         config.max_batch_size = c.max_batch
         config.dynamic_batching.max_queue_delay_microseconds = c.queue_delay_us
-        del config.dynamic_batching.preferred_batch_size[:]
+        if c.preferred_batch >= 0:
+            del config.dynamic_batching.preferred_batch_size[:]
+        if c.preferred_batch > 0:
+            config.dynamic_batching.preferred_batch_size.append(c.preferred_batch)
     if c.threads:
         config.parameters["intra_op_thread_count"].string_value = str(c.threads)
     elif "intra_op_thread_count" in config.parameters:
@@ -182,6 +199,7 @@ async def drive(
         statistics.median(latencies) * 1e3,
         pct(0.95),
         pct(0.99),
+        len(latencies),
     )
 
 
@@ -269,7 +287,9 @@ class Tuner:
         ncpu = len(os.sched_getaffinity(0))
         steps: list[tuple[str, list[Any]]] = [("instances", [1, 2, 3, 4, 6, 8][: max(2, ncpu + 1)])]
         if batching:
-            steps.append(("max_batch", [1, 2, 4, 8, 16, 32]))
+            # Never max_batch_size itself (the module's docstring says why).
+            sizes = [n for n in (1, 2, 4, 8, 16, 32) if n <= base.max_batch_size]
+            steps.append(("preferred_batch", sizes))
             steps.append(("queue_delay_us", [0, 100, 500, 1000, 2000, 5000]))
         steps.append(("threads", [t for t in (1, 2, 4, 8) if t <= ncpu]))
         for dimension, values in steps:
@@ -282,7 +302,7 @@ class Tuner:
                 result = await self._measure(runtime, inference, base, trial)
                 if result.score(self.budget_ms) >= best.score(self.budget_ms) * GAIN:
                     best = result
-                elif value > getattr(best.candidate, dimension):
+                elif dimension != "preferred_batch" and value > getattr(best.candidate, dimension):
                     break  # growing this dimension stopped paying: on to the next
 
 
@@ -293,12 +313,22 @@ def best_result(results: Sequence[Result], budget_ms: float | None) -> Result | 
 
 def table(results: Sequence[Result], best: Result | None, budget_ms: float | None) -> str:
     rows = [
-        ["", "configuration", "concurrency", "infer/s", "p50 ms", "p95 ms", "p99 ms", "RSS +MiB"]
+        [
+            "",
+            "configuration",
+            "concurrency",
+            "infer/s",
+            "p50 ms",
+            "p95 ms",
+            "p99 ms",
+            "requests",
+            "RSS +MiB",
+        ]
     ]
     for r in results:
         mark = "*" if r is best else ""
         if r.error:
-            rows.append([mark, r.candidate.label(), "-", "failed", "", "", "", r.error[:60]])
+            rows.append([mark, r.candidate.label(), "-", "failed", "", "", "", "", r.error[:60]])
             continue
         chosen = r.best(budget_ms)
         for p in r.points:
@@ -312,6 +342,7 @@ def table(results: Sequence[Result], best: Result | None, budget_ms: float | Non
                     f"{p.p50_ms:.2f}",
                     f"{p.p95_ms:.2f}",
                     f"{p.p99_ms:.2f}" + (" (over)" if over else ""),
+                    str(p.requests) + (" (few)" if p.requests < MIN_P99_REQUESTS else ""),
                     f"{r.rss_mib:.0f}",
                 ]
             )
@@ -330,11 +361,13 @@ def write_csv(path: Path, results: Sequence[Result]) -> None:
                 "max_batch",
                 "queue_delay_us",
                 "threads",
+                "preferred_batch",
                 "concurrency",
                 "throughput",
                 "p50_ms",
                 "p95_ms",
                 "p99_ms",
+                "requests",
                 "rss_mib",
                 "error",
             ]
@@ -348,11 +381,13 @@ def write_csv(path: Path, results: Sequence[Result]) -> None:
                         c.max_batch,
                         c.queue_delay_us,
                         c.threads,
+                        c.preferred_batch,
                         p.concurrency if p else "",
                         f"{p.throughput:.2f}" if p else "",
                         f"{p.p50_ms:.3f}" if p else "",
                         f"{p.p95_ms:.3f}" if p else "",
                         f"{p.p99_ms:.3f}" if p else "",
+                        p.requests if p else "",
                         f"{r.rss_mib:.1f}",
                         r.error,
                     ]
@@ -586,8 +621,14 @@ def main(argv: Sequence[str]) -> int:
     best = best_result(results, args.latency_budget_ms)
     out = sys.stdout
     out.write(table(results, best, args.latency_budget_ms) + "\n")
+    warning = few_requests_warning(results, args.seconds_per_point)
+    if warning:
+        out.write(f"\n{warning}\n")
     if best is None:
-        out.write(f"\nno configuration met the p99 budget of {args.latency_budget_ms} ms\n")
+        if args.latency_budget_ms is None:
+            out.write("\nno configuration could be measured (the table says why)\n")
+        else:
+            out.write(f"\nno configuration met the p99 budget of {args.latency_budget_ms} ms\n")
         return 1
     point = best.best(args.latency_budget_ms)
     assert point is not None
@@ -610,8 +651,47 @@ def main(argv: Sequence[str]) -> int:
         write_chart(args.chart, results, best, args.latency_budget_ms, args.model)
     if args.apply:
         target = args.model_repository / args.model / "config.pbtxt"
-        if target.exists():
-            shutil.copy2(target, target.with_name("config.pbtxt.bak"))
-        target.write_text(text)
-        out.write(f"applied: {target} (previous kept as config.pbtxt.bak)\n")
+        kept = apply_config(target, text)
+        if kept is None:
+            out.write(f"applied: {target} (there was no config.pbtxt before: nothing to keep)\n")
+        else:
+            out.write(f"applied: {target} (previous kept as {kept})\n")
     return 0
+
+
+def apply_config(target: Path, text: str) -> Path | None:
+    """Write `text` to `target`, keeping the file it replaces under the first free name of
+    config.pbtxt.bak, .bak.1, ... (never over an older backup); the backup's path, or None
+    when there was nothing to keep."""
+    kept = None
+    if target.exists():
+        kept = target.with_name(f"{target.name}.bak")
+        number = 0
+        while kept.exists():
+            number += 1
+            kept = target.with_name(f"{target.name}.bak.{number}")
+        shutil.copy2(target, kept)
+    partial = target.with_name(f".{target.name}.tune")
+    partial.write_text(text)
+    if kept is not None:
+        shutil.copymode(kept, partial)
+    os.replace(partial, target)  # a reader sees the old config or the new one, never half
+    return kept
+
+
+def few_requests_warning(results: Sequence[Result], seconds_per_point: float) -> str:
+    """A warning when points' p99 rests on fewer than MIN_P99_REQUESTS requests, with the
+    --seconds-per-point that would give the slowest of them enough."""
+    few = [p for r in results for p in r.points if p.requests < MIN_P99_REQUESTS]
+    if not few:
+        return ""
+    slowest = min(p.throughput for p in few)
+    needed_s = math.ceil(MIN_P99_REQUESTS / slowest * 10) / 10 if slowest > 0 else 0.0
+    fewest = min(p.requests for p in few)
+    points = sum(len(r.points) for r in results)
+    return (
+        f"warning: {len(few)} of {points} points measured fewer than {MIN_P99_REQUESTS} "
+        f"requests (fewest: {fewest}), so their p99 is one of the slowest few requests, not a "
+        f"percentile (marked 'few'); for {MIN_P99_REQUESTS} at the slowest point's rate, run "
+        f"with --seconds-per-point {max(needed_s, seconds_per_point):g} (now {seconds_per_point:g})"
+    )

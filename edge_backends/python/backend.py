@@ -53,6 +53,8 @@ from edge_backends.python.launch import CONTEXT
 from edge_backends.python.shm import Arena, Reader
 
 log = logging.getLogger(__name__)
+# The models' own lines, forwarded from their processes (pb_logging.py).
+_model_log = logging.getLogger("python_model")
 
 START_TIMEOUT_S = 120.0
 CANCEL_POLL_S = 0.05  # how often a long execution checks whether its callers went away
@@ -226,6 +228,10 @@ class PythonInstance(InstanceBase):
                 message = connection.recv()
                 if message[0].startswith("stream_"):
                     self._stream_message(*message)
+                    continue
+                if message[0] == "log":  # a line of the model's (pb_logging.ChannelHandler)
+                    _, level, text = message
+                    _model_log.log(level, "python model '%s': %s", self._spec.model_name, text)
                     continue
                 if message[0] != "call":
                     inbox.put(message)

@@ -1,9 +1,19 @@
-"""`pb_utils.Logger`: a model's log lines, in the server's log with the model's name."""
+"""`pb_utils.Logger`: a model's log lines, in the server's log with the model's name.
+
+Every log record of a model process (pb_utils.Logger's, and the model's own `logging` calls)
+goes to the server over the process's channel as ("log", level, text) and is logged there
+(backend.py), so it has the server's format, timestamp, log file, journal priority and
+--log-* settings, as the server's own lines do. Written to stderr by the process itself, the
+lines had no timestamp and ignored --log-file.
+"""
 
 from __future__ import annotations
 
 import enum
 import logging
+import sys
+import traceback
+from typing import Any
 
 _log = logging.getLogger("python_model")
 
@@ -53,3 +63,36 @@ class Logger:
     @staticmethod
     def log_verbose(message: str) -> None:
         _log.debug("%s", message)
+
+
+class ChannelHandler(logging.Handler):
+    """A model process's log records, sent to the server: ("log", level, text). Once the
+    server is gone, written to stderr instead (a model's last words are not lost)."""
+
+    def __init__(self, channel: Any) -> None:
+        super().__init__()
+        self._channel = channel
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+            if record.exc_info:
+                text += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
+            if record.name not in ("python_model", "root"):
+                text = f"{record.name}: {text}"
+        except Exception:  # a bad format string in the model's call
+            self.handleError(record)
+            return
+        try:
+            self._channel.send("log", record.levelno, text)
+        except (OSError, ValueError, EOFError):
+            sys.stderr.write(f"{record.levelname} {text}\n")
+
+
+def forward_to(channel: Any) -> None:
+    """Send this process's log records, INFO and above, to the server over `channel`."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.addHandler(ChannelHandler(channel))
+    root.setLevel(logging.INFO)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edge_backends.api import ERROR_CODES, RequestInfo
+from edge_backends.python import pb_logging
 from edge_backends.python import triton_python_backend_utils as pb_utils
 from edge_backends.python.channel import Channel
 from edge_backends.python.model_config import ModelConfig
@@ -316,10 +317,8 @@ def main(
     connection: Connection, model_file: str, args: dict[str, str], name: str, cancelled: Any
 ) -> None:
     """Entry point of the worker process."""
-    logging.basicConfig(
-        level=logging.INFO, format=f"%(levelname)s python model '{name}': %(message)s"
-    )
     channel = Channel(connection)
+    pb_logging.forward_to(channel)  # the server logs them, in its own format
     pb_utils._install(channel, str(Path(model_file).parent))
     try:
         model = _load_model(Path(model_file))

@@ -7,7 +7,7 @@ takes it (the time it takes is measured). v3 fails probation where it lands: the
 itself, those devices go back to v2, and even at 100% no other device takes v3; `fleet status`
 says so. One device loses its link to the bucket for a while: it keeps serving, goes silent,
 and reports again once the link is back. Every device's S3 requests are counted by kind on its
-link (an HTTP-parsing proxy), for the numbers in docs/benchmarks.md ("Fleet").
+link (an HTTP-parsing proxy), for the numbers in docs/benchmarks/history.md ("Fleet").
 
 Beside it: a fleet area bigger than one listing page (1,101 reports) keeps an idle poll at two
 small listings, and a device whose writes are all refused still follows the rollout.
@@ -52,7 +52,7 @@ pytestmark = [
 ]
 
 DEVICES = 22
-POLL_S = float(os.environ.get("FLEET_POLL_S", "1"))  # another value to measure (benchmarks.md)
+POLL_S = float(os.environ.get("FLEET_POLL_S", "1"))  # another value to measure (docs/benchmarks)
 IDLE_WINDOW_S = 10.0
 SITES = ("berlin", "munich")
 CUT = "dev-21"  # the device whose link goes down (in neither 10% stage: checked below)
@@ -580,7 +580,8 @@ def test_a_fleet_rolls_out_by_stage_halts_a_bad_version_and_rides_out_a_lost_lin
 
 
 def keep_numbers(name: str, numbers: dict[str, Any]) -> None:
-    """FLEET_NUMBERS=FOLDER keeps them as FOLDER/<name>.json (docs/benchmarks.md, "Fleet")."""
+    """FLEET_NUMBERS=FOLDER keeps them as FOLDER/<name>.json (docs/benchmarks/history.md,
+    "Fleet")."""
     out = os.environ.get("FLEET_NUMBERS")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)

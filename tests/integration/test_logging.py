@@ -170,7 +170,7 @@ def test_journal_lines_carry_syslog_priorities(tmp_path: Path) -> None:
     finally:
         assert proc.stop() == 0
     lines = proc.log().splitlines()
-    assert "<6>appliance.server.app: server is ready" in lines
+    assert "<6>appliance.server.app: server is ready: 1 of 1 model ready" in lines
     ours = [line for line in lines if line.startswith("<")]
     assert all(re.match(r"<[3-7]>[a-z_.]+: ", line) for line in ours), ours
     assert "--http-thread-count" not in proc.log()

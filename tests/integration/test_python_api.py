@@ -629,7 +629,7 @@ def test_response_sender_in_a_model_that_is_not_decoupled(
     np.testing.assert_array_equal(result.as_numpy("Y"), [8, 10])
     log = Path(api_server.log_path).read_text(errors="replace")
     assert "sender model: info line" in log
-    assert "WARNING python model 'py_sender': sender model: warning line" in log
+    assert "WARNING python_model: python model 'py_sender': sender model: warning line" in log
     assert "sender model: verbose line" not in log  # verbose lines need a verbose server
 
 

@@ -74,7 +74,12 @@ def test_without_the_flags_a_second_server_cannot_take_the_ports(
         )
         try:
             assert second.proc.wait(timeout=60) != 0
-            assert f"cannot listen for gRPC on 127.0.0.1:{old.grpc_port}" in second.log()
+            # Checked before any model loads (server/preflight.py), the first port first.
+            assert (
+                f"--http-port {old.http_port}: 127.0.0.1:{old.http_port} is already in use"
+                in second.log()
+            )
+            assert "loading model" not in second.log()
         finally:
             second.stop()
         assert _metadata_names(old) == ("triton", "triton")

@@ -42,7 +42,13 @@ def _check_choice(out_dir: Path, budget_ms: float) -> mc.ModelConfig:
     # Score per configuration: its best throughput within the budget.
     scores: dict[tuple[str, ...], float] = {}
     for r in fitting:
-        key = (r["instances"], r["max_batch"], r["queue_delay_us"], r["threads"])
+        key = (
+            r["instances"],
+            r["max_batch"],
+            r["queue_delay_us"],
+            r["threads"],
+            r["preferred_batch"],
+        )
         scores[key] = max(scores.get(key, 0.0), float(r["throughput"]))
     best = max(scores, key=lambda k: scores[k])
     config = text_format.Parse((out_dir / "config.pbtxt").read_text(), mc.ModelConfig())
@@ -56,6 +62,10 @@ def _check_choice(out_dir: Path, budget_ms: float) -> mc.ModelConfig:
         else "0"
     )
     assert threads == best[3]
+    if int(best[1]) and int(best[4]) >= 0:
+        assert list(config.dynamic_batching.preferred_batch_size) == (
+            [int(best[4])] if int(best[4]) else []
+        )
     assert (out_dir / "tune.html").read_text().startswith("<!doctype html>")
     return config
 
@@ -110,7 +120,83 @@ def test_tune_densenet_and_apply(repo: Path, tmp_path: Path) -> None:
     config = _check_choice(out, 2000.0)
     applied = repo / "densenet_onnx" / "config.pbtxt"
     assert text_format.Parse(applied.read_text(), mc.ModelConfig()) == config
-    assert (repo / "densenet_onnx" / "config.pbtxt.bak").exists()
+    backup = repo / "densenet_onnx" / "config.pbtxt.bak"
+    assert backup.exists()
+    assert text_format.Parse(backup.read_text(), mc.ModelConfig()).max_batch_size == 0
+    assert f"previous kept as {backup}" in result.stdout
+
+
+def test_tune_never_lowers_max_batch_size(repo: Path, tmp_path: Path) -> None:
+    """Issue 37: the search tried max_batch_size 1, 2, 4 and could choose 2 for a model of 8,
+    after which an applied config refused clients' batches of 3 to 8. It now tunes the
+    dynamic batcher's preferred size and leaves max_batch_size as the config has it."""
+    out = tmp_path / "out"
+    result = _tune(
+        "--model-repository",
+        str(repo),
+        "--model",
+        "simple",
+        "--concurrency",
+        "1,4",
+        "--time-budget-s",
+        "8",
+        "--seconds-per-point",
+        "0.2",
+        "--output",
+        str(out),
+    )
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.DictReader((out / "tune.csv").open()))
+    assert {r["max_batch"] for r in rows} == {"8"}, rows  # simple's max_batch_size
+    assert {r["preferred_batch"] for r in rows} - {"-1"}, "the preferred size was not explored"
+    config = text_format.Parse((out / "config.pbtxt").read_text(), mc.ModelConfig())
+    assert config.max_batch_size == 8
+
+
+def test_tune_warns_of_a_p99_from_few_requests(repo: Path) -> None:
+    result = _tune(
+        "--model-repository",
+        str(repo),
+        "--model",
+        "densenet_onnx",
+        "--concurrency",
+        "1",
+        "--time-budget-s",
+        "1",
+        "--seconds-per-point",
+        "0.5",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    warning = [line for line in result.stdout.splitlines() if line.startswith("warning:")]
+    assert warning, result.stdout
+    assert "fewer than 100 requests" in warning[0]
+    assert "--seconds-per-point" in warning[0]
+    assert "(few)" in result.stdout
+
+
+def test_apply_without_a_config_claims_no_backup(tmp_path: Path) -> None:
+    """identity_fp32 has no config.pbtxt (auto-complete): --apply said it kept a
+    config.pbtxt.bak that was never written."""
+    repo = write_repository(tmp_path / "models")
+    result = _tune(
+        "--model-repository",
+        str(repo),
+        "--model",
+        "identity_fp32",
+        "--concurrency",
+        "1",
+        "--time-budget-s",
+        "1",
+        "--seconds-per-point",
+        "0.1",
+        "--apply",
+    )
+    assert result.returncode == 0, result.stderr
+    folder = repo / "identity_fp32"
+    assert (folder / "config.pbtxt").exists()
+    assert not list(folder.glob("config.pbtxt.bak*"))
+    assert "nothing to keep" in result.stdout
+    assert "config.pbtxt.bak" not in result.stdout
 
 
 @pytest.mark.parametrize(

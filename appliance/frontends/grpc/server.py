@@ -7,7 +7,7 @@ instance is idle and nothing is queued, with no hand-off to the event loop; othe
 validated request goes to the loop (`asyncio.run_coroutine_threadsafe`) and is queued as any
 other. Issue 20 measured, `simple` at c=8 on one core, server CPU per request: grpc.aio 448-500
 us, its ceiling 323-374; the synchronous ceiling 199-215; a sync server handing every call to
-the loop 461-487 (docs/benchmarks.md). ModelStreamInfer answers its requests on its handler
+the loop 461-487 (docs/benchmarks/history.md). ModelStreamInfer answers its requests on its handler
 thread in the same way while the lane takes them, and on the loop otherwise
 (frontends/grpc/stream.py). Every other RPC runs the servicer's async methods on the loop,
 bridged by `_on_loop` and `_LoopContext`.

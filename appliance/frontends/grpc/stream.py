@@ -7,7 +7,7 @@ response is yielded straight to gRPC and the next request read, with no other th
 as in a unary ModelInfer and in the synchronous ceiling (bench/ceiling_grpc.py). Before, every
 request crossed threads (a reader thread to the loop, and the loop back to the handler thread
 per response): `simple` over a stream cost 357 us of server CPU a request against the
-ceiling's 116 (issue 20; docs/benchmarks.md).
+ceiling's 116 (issue 20; docs/benchmarks/history.md).
 
 A request the lane does not take (a decoupled model, a sequence, an ensemble, batching with a
 delay, queued work, the response cache, shared memory regions named: see `infer_here`) runs on

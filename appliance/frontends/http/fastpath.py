@@ -4,7 +4,7 @@
 aiohttp's web layer (its request and response objects, router, task per request and writer)
 costs about 50 us of CPU per request here, more than a small model takes to run: measured
 with wrk on one core, a canned answer costs 54-61 us per request through aiohttp and 8-9 us
-through an asyncio protocol on httptools (docs/benchmarks.md, "The HTTP infer route").
+through an asyncio protocol on httptools (docs/benchmarks/history.md, "The HTTP infer route").
 
 So each connection is an `InferConnection`: httptools (llhttp, the parser uvicorn uses)
 parses every request. An infer request with a plain body is answered here through the
