@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +19,7 @@ from appliance.services.inference import Prepared
 
 if TYPE_CHECKING:
     from appliance.embed.server import Server, _Running
+    from appliance.runtime.loader import TensorRule
 
 
 def _always() -> bool:
@@ -67,16 +68,17 @@ class Model:
         then an empty final one). Called from any thread but the server's own."""
         request = inference_request or InferenceRequest(model=self, **kwargs)
         running = self._running()
-        inference = running.appliance.inference
+        appliance = running.appliance
         try:
-            core = request._core()
-            if inference.is_decoupled(self.name, self._version):
+            served = appliance.runtime.get(self.name, self._version)
+            core = request._core(served.inputs)
+            if served.decoupled:
                 return ResponseIterator(self, _stream_sync(self, core), raise_on_error)
             loop = running.loop
             assert loop is not None
-            outcome = inference.infer_here(core, None, loop, _always)
+            outcome = appliance.inference.infer_here(core, None, loop, _always)
             if isinstance(outcome, Prepared):  # queued work, batching, the cache: on the loop
-                outcome = running.call(inference.infer_prepared(outcome))
+                outcome = running.call(appliance.inference.infer_prepared(outcome))
             responses = [InferenceResponse._made(self, outcome, final=True)]
         except (ApplianceError, TritonError) as exc:
             responses = [InferenceResponse._failed(self, request, exc)]
@@ -139,16 +141,11 @@ class InferenceRequest:
     output_memory_type: Any = None
     output_names: list[str] | None = None  # this server's: only these outputs (None: all)
 
-    def _core(self) -> InferRequest:
+    def _core(self, rules: Mapping[str, TensorRule]) -> InferRequest:
         """The inference service's request; each tensor a view of the caller's array."""
         if self.output_memory_type not in (None, "cpu"):
             raise InvalidArgumentError("outputs are in CPU memory only (output_memory_type)")
         model = self.model
-        served = model._running().appliance.runtime
-        try:
-            rules = served.get(model.name, model._version).inputs
-        except ApplianceError:
-            rules = {}  # unknown or unready: the service says which
         tensors = []
         for name, value in self.inputs.items():
             rule = rules.get(name)
@@ -302,8 +299,9 @@ async def _stream_async(
     """A request's responses on the caller's loop; the request runs on the server's."""
     running = model._running()
     try:
-        core = request._core()
-        decoupled = running.appliance.inference.is_decoupled(core.model_name, core.model_version)
+        served = running.appliance.runtime.get(model.name, model._version)
+        core = request._core(served.inputs)
+        decoupled = served.decoupled
     except (ApplianceError, TritonError) as exc:
         yield InferenceResponse._failed(model, request, exc)
         return

@@ -193,7 +193,6 @@ class _Running:
         self._stopped: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, name="tritonserver", daemon=True)
-        self._loggers: list[tuple[logging.Logger, int, bool]] = []
 
     def start(self) -> None:
         self._attach_logs()
@@ -246,22 +245,55 @@ class _Running:
         self._stopped.set_result(None)
 
     def _attach_logs(self) -> None:
-        """The server's loggers write through the handler alone while it runs."""
-        level = self.logs.state.root_level()
-        for name in OWN_LOGGERS:
-            logger = logging.getLogger(name)
-            self._loggers.append((logger, logger.level, logger.propagate))
-            logger.setLevel(level)
-            logger.propagate = False
-            logger.addHandler(self._handler)
+        _ROUTE.push(self._handler, self.logs.state.root_level())
 
     def _detach_logs(self) -> None:
-        for logger, level, propagate in self._loggers:
-            logger.removeHandler(self._handler)
-            logger.setLevel(level)
-            logger.propagate = propagate
-        self._loggers.clear()
+        _ROUTE.pop(self._handler)
         self._handler.close()
+
+
+class _LogRoute:
+    """Where the server's loggers write while embedded servers run: through the handler of the
+    one started last (loggers are per process, not per server), and not on to the
+    application's own handlers; as before once the last one stops."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._handlers: list[tuple[logging.Handler, int]] = []
+        self._saved: list[tuple[logging.Logger, int, bool]] = []
+
+    def push(self, handler: logging.Handler, level: int) -> None:
+        with self._lock:
+            if not self._handlers:
+                loggers = [logging.getLogger(name) for name in OWN_LOGGERS]
+                self._saved = [(lg, lg.level, lg.propagate) for lg in loggers]
+            self._handlers.append((handler, level))
+            self._apply()
+
+    def pop(self, handler: logging.Handler) -> None:
+        with self._lock:
+            self._handlers = [(h, lv) for h, lv in self._handlers if h is not handler]
+            for logger, _, _ in self._saved:
+                logger.removeHandler(handler)
+            if self._handlers:
+                self._apply()
+                return
+            for logger, level, propagate in self._saved:
+                logger.setLevel(level)
+                logger.propagate = propagate
+            self._saved = []
+
+    def _apply(self) -> None:
+        handler, level = self._handlers[-1]
+        for logger, _, _ in self._saved:
+            for other, _ in self._handlers[:-1]:
+                logger.removeHandler(other)
+            logger.addHandler(handler)
+            logger.setLevel(level)
+            logger.propagate = False
+
+
+_ROUTE = _LogRoute()
 
 
 class _LogHandler(logging.Handler):

@@ -12,6 +12,7 @@ server's flags for the rest (`server_args`, e.g. ``["--http-restricted-api",
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +106,7 @@ class KServeHttp(_Frontend):
         server_args: list[str] = field(default_factory=list)
 
         def __post_init__(self) -> None:
+            _check_types(self)
             _check_port(self.port, self.unix_socket)
             if self.thread_count <= 0:
                 raise InvalidArgumentError("thread_count must be above 0")
@@ -122,10 +124,20 @@ class KServeHttp(_Frontend):
         return flags + list(o.server_args)
 
 
+class GrpcCompressionLevel(enum.IntEnum):
+    """Triton's gRPC response compression levels (gzip at every level but NONE here)."""
+
+    NONE = 0
+    LOW = 1
+    MED = 2
+    HIGH = 3
+
+
 class KServeGrpc(_Frontend):
     """The KServe v2 gRPC front end on the server."""
 
     kind = "grpc"
+    Grpc_compression_level = GrpcCompressionLevel  # Triton's spelling
 
     @dataclass
     class Options:
@@ -155,6 +167,7 @@ class KServeGrpc(_Frontend):
         server_args: list[str] = field(default_factory=list)
 
         def __post_init__(self) -> None:
+            _check_types(self)
             _check_port(self.port, self.unix_socket)
             for f in dataclasses.fields(self):
                 value = getattr(self, f.name)
@@ -166,8 +179,8 @@ class KServeGrpc(_Frontend):
     def _flags(self) -> list[str]:
         o = self.options
         level = o.infer_compression_level
-        if isinstance(level, int):
-            level = ("none", "low", "medium", "high")[max(0, min(level, 3))]
+        if isinstance(level, int):  # an IntEnum too
+            level = ("none", "low", "medium", "high")[max(0, min(int(level), 3))]
         flags = [
             "--allow-grpc=true", "--grpc-address", o.address, "--grpc-port", str(o.port),
             f"--reuse-grpc-port={_bool(o.reuse_port)}",
@@ -210,6 +223,7 @@ class Metrics(_Frontend):
         thread_count: int = 1  # accepted
 
         def __post_init__(self) -> None:
+            _check_types(self)
             _check_port(self.port, "")
             if self.thread_count <= 0:
                 raise InvalidArgumentError("thread_count must be above 0")
@@ -218,6 +232,26 @@ class Metrics(_Frontend):
         o = self.options
         return ["--allow-metrics=true", "--metrics-address", o.address,
                 "--metrics-port", str(o.port)]  # fmt: skip
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "bool": (bool,),
+    "int | str": (int, str),
+    "list[str]": (list,),
+}
+
+
+def _check_types(options: Any) -> None:
+    """Each option of the type it is declared with (as Triton's pydantic dataclasses check)."""
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        allowed = _TYPES.get(str(f.type), (object,))
+        if not isinstance(value, allowed) or (bool not in allowed and isinstance(value, bool)):
+            raise InvalidArgumentError(
+                f"{type(options).__qualname__}.{f.name} must be {f.type}, got {value!r}"
+            )
 
 
 def _check_port(port: int, unix_socket: str) -> None:
