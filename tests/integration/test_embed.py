@@ -236,6 +236,27 @@ def test_restricted_apis_and_shared_memory_on_a_front_end(server: tritonserver.S
         client.close()
 
 
+def test_http_front_end_refuses_a_web_pages_rebinding_host(server: tritonserver.Server) -> None:
+    """A page in the device's browser cannot reach the embedded server through a DNS name
+    that points at loopback: the Host check of the command line's front end applies."""
+    import http.client
+
+    with tritonfrontend.KServeHttp(server, tritonfrontend.KServeHttp.Options(port=0)) as front:
+        connection = http.client.HTTPConnection("127.0.0.1", front.port, timeout=10)
+        connection.request("GET", "/v2/models/simple", headers={"Host": "evil.example"})
+        answer = connection.getresponse()
+        assert answer.status == 403
+        assert b"evil.example" in answer.read()
+        connection.close()
+
+
+def test_front_ends_listen_on_loopback_unless_told() -> None:
+    """Triton's bindings default to 0.0.0.0; a device's front ends to loopback."""
+    assert tritonfrontend.KServeHttp.Options().address == "127.0.0.1"
+    assert tritonfrontend.KServeGrpc.Options().address == "127.0.0.1"
+    assert tritonfrontend.Metrics.Options().address == "127.0.0.1"
+
+
 def test_frontend_options_are_checked(server: tritonserver.Server) -> None:
     with pytest.raises(tritonserver.InvalidArgumentError, match="port"):
         tritonfrontend.KServeHttp.Options(port=-15)
@@ -259,6 +280,10 @@ def test_stop_ends_the_server_and_its_front_ends(tmp_path: Path) -> None:
     assert port is not None
     client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
     assert client.is_model_ready("simple")
+    # Client shared memory stays off without --allow-client-shm, as on the command line.
+    with pytest.raises(InferenceServerException, match="allow-client-shm") as err:
+        client.register_system_shared_memory("r", "/embed_never", 64)
+    assert err.value.status() == "403"
     client.close()
     server.stop()
     with pytest.raises(tritonserver.InvalidArgumentError, match="Server not started"):
