@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
+import contextlib
 import logging
 import sys
 import threading
@@ -203,8 +205,10 @@ class _Running:
             self._thread.join()
             self._detach_logs()
             raise triton_error(exc) from exc
+        _RUNNING.add(self)
 
     def stop(self) -> None:
+        _RUNNING.discard(self)
         loop, stop = self.loop, self._stop
         if loop is not None and stop is not None:
             loop.call_soon_threadsafe(stop.set)
@@ -250,6 +254,18 @@ class _Running:
     def _detach_logs(self) -> None:
         _ROUTE.pop(self._handler)
         self._handler.close()
+
+
+# Servers the application started and did not stop: stopped at interpreter exit, so that their
+# model processes (Python models) and Unix sockets do not outlive it.
+_RUNNING: set[_Running] = set()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for running in list(_RUNNING):
+        with contextlib.suppress(Exception):
+            running.stop()
 
 
 class _LogRoute:

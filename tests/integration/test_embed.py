@@ -110,6 +110,22 @@ def test_infer_returns_the_outputs_as_numpy(server: tritonserver.Server) -> None
     assert int(stats["inference_stats"]["success"]["count"]) >= 1
 
 
+def test_infer_from_several_threads_at_once(server: tritonserver.Server) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    def calls(start: int) -> list[int]:
+        got = []
+        for i in range(start, start + 50):
+            inputs = {"INPUT0": np.full((1, 16), i, np.int32), "INPUT1": np.ones((1, 16), np.int32)}
+            (response,) = server.model("simple").infer(inputs=inputs)
+            got.append(int(np.from_dlpack(response.outputs["OUTPUT1"])[0, 3]))
+        return got
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(calls, range(0, 200, 50)))
+    assert results == [[i - 1 for i in range(s, s + 50)] for s in range(0, 200, 50)]
+
+
 def test_input_arrays_are_not_copied(server: tritonserver.Server) -> None:
     """The identity backend hands its input back: the output is the caller's own memory."""
     data = np.arange(8, dtype=np.float32)
