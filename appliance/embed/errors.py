@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from appliance.common.errors import ApplianceError, ErrorCode
+from appliance.server.listeners import StartupError
 
 
 class TritonError(Exception):
@@ -60,4 +61,6 @@ def triton_error(exc: BaseException) -> TritonError:
         return exc
     if isinstance(exc, ApplianceError):
         return _BY_CODE.get(exc.code, UnknownError)(exc.message)
+    if isinstance(exc, StartupError):  # its message says what: a port in use, a bad model
+        return InternalError(str(exc))
     return InternalError(f"{type(exc).__name__}: {exc}")
