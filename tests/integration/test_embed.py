@@ -311,6 +311,35 @@ def test_stop_ends_the_server_and_its_front_ends(tmp_path: Path) -> None:
         server.model("simple")
 
 
+def test_tracing_set_over_a_front_end_traces_in_process_requests_too(tmp_path: Path) -> None:
+    from tests.integration.test_trace import _lines
+
+    save(simple_model(), tmp_path / "repo" / "simple" / "1" / "model.onnx")
+    (tmp_path / "repo" / "simple" / "config.pbtxt").write_text(SIMPLE_CONFIG)
+    trace_file = tmp_path / "trace.jsonl"
+    options = tritonserver.Options(
+        model_repository=str(tmp_path / "repo"),
+        server_args=["--model-store-dir", str(tmp_path / "store"), f"--trace-file={trace_file}"],
+    )
+    with tritonserver.Server(options) as server:
+        with tritonfrontend.KServeHttp(server, tritonfrontend.KServeHttp.Options(port=0)) as front:
+            client = httpclient.InferenceServerClient(f"127.0.0.1:{front.port}")
+            client.update_trace_settings(
+                "simple", {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "2"}
+            )
+            model = server.model("simple")
+            (response,) = model.infer(inputs=_simple_inputs(), request_id="in-process")
+            assert response.request_id == "in-process"
+            inputs = [httpclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+            for tensor, data in zip(inputs, _simple_inputs().values(), strict=True):
+                tensor.set_data_from_numpy(data)
+            client.infer("simple", inputs, request_id="over-http")
+            client.close()
+        lines = _lines(trace_file, 2)
+    assert [line["request_id"] for line in lines] == ["in-process", "over-http"]
+    assert all(line["model_name"] == "simple" for line in lines)
+
+
 def test_a_failed_start_raises_and_leaves_nothing_running(tmp_path: Path) -> None:
     (tmp_path / "repo" / "broken").mkdir(parents=True)
     (tmp_path / "repo" / "broken" / "config.pbtxt").write_text("this is not a config")
