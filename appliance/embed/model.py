@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -71,18 +72,25 @@ class Model:
         appliance = running.appliance
         try:
             served = appliance.runtime.get(self.name, self._version)
-            core = request._core(served.inputs)
-            if served.decoupled:
-                return ResponseIterator(self, _stream_sync(self, core), raise_on_error)
+        except ApplianceError as exc:
+            made = [InferenceResponse._failed(self, request, exc)]
+            return ResponseIterator(self, _eager(made, request), raise_on_error)
+        core = request._core(served.inputs)  # a bad input or parameter raises here, as Triton's
+        if served.decoupled:
+            responses: Iterator[InferenceResponse] = _stream_sync(self, core)
+            if request.response_queue is not None:  # filled as they come, read or not
+                responses = _fetched(_queued(responses, request))
+            return ResponseIterator(self, responses, raise_on_error)
+        try:
             loop = running.loop
             assert loop is not None
             outcome = appliance.inference.infer_here(core, None, loop, _always)
             if isinstance(outcome, Prepared):  # queued work, batching, the cache: on the loop
                 outcome = running.call(appliance.inference.infer_prepared(outcome))
-            responses = [InferenceResponse._made(self, outcome, final=True)]
+            made = [InferenceResponse._made(self, outcome, final=True)]
         except (ApplianceError, TritonError) as exc:
-            responses = [InferenceResponse._failed(self, request, exc)]
-        return ResponseIterator(self, iter(responses), raise_on_error)
+            made = [InferenceResponse._failed(self, request, exc)]
+        return ResponseIterator(self, _eager(made, request), raise_on_error)
 
     def async_infer(
         self,
@@ -93,7 +101,10 @@ class Model:
         """`infer` for asyncio code: an async iterator of the responses (on the caller's loop;
         the request runs on the server's)."""
         request = inference_request or InferenceRequest(model=self, **kwargs)
-        return AsyncResponseIterator(self, _stream_async(self, request), raise_on_error)
+        responses: AsyncIterator[InferenceResponse] = _stream_async(self, request)
+        if request.response_queue is not None:
+            responses = _fetched_async(responses, request.response_queue)
+        return AsyncResponseIterator(self, responses, raise_on_error)
 
     # ---- metadata ----------------------------------------------------------------------------
 
@@ -139,6 +150,9 @@ class InferenceRequest:
     inputs: dict[str, Any] = field(default_factory=dict)
     parameters: dict[str, str | int | bool | float] = field(default_factory=dict)
     output_memory_type: Any = None
+    # Each response is put here too as it is made (queue.SimpleQueue for infer, asyncio.Queue
+    # for async_infer), whether or not the iterator is read.
+    response_queue: Any = None
     output_names: list[str] | None = None  # this server's: only these outputs (None: all)
 
     def _core(self, rules: Mapping[str, TensorRule]) -> InferRequest:
@@ -151,7 +165,13 @@ class InferenceRequest:
             rule = rules.get(name)
             datatype, array = input_array(name, value, rule.datatype if rule else None)
             tensors.append(RequestTensor(name, datatype, tuple(array.shape), array))
-        parameters: dict[str, Any] = dict(self.parameters)
+        parameters: dict[str, Any] = {}
+        for key, value in self.parameters.items():
+            if not isinstance(value, str | int | float | bool):
+                raise InvalidArgumentError(
+                    f"request parameter '{key}': a str, int, float or bool, got {value!r}"
+                )
+            parameters[key] = value
         if self.correlation_id is not None:
             parameters["sequence_id"] = self.correlation_id
         if self.flags & 1:
@@ -329,3 +349,71 @@ async def _stream_async(
 
 def _error_response(model: Model, core: InferRequest, exc: BaseException) -> InferenceResponse:
     return InferenceResponse(model, core.id or None, error=triton_error(exc), final=True)
+
+
+def _eager(made: list[InferenceResponse], request: InferenceRequest) -> Iterator[InferenceResponse]:
+    """Responses already made: put in the request's response queue now, if it has one."""
+    if request.response_queue is not None:
+        for response in made:
+            request.response_queue.put_nowait(response)
+    return iter(made)
+
+
+def _queued(
+    responses: Iterator[InferenceResponse], request: InferenceRequest
+) -> Iterator[InferenceResponse]:
+    """The responses, each also put in the request's response queue."""
+    for response in responses:
+        request.response_queue.put_nowait(response)
+        yield response
+
+
+def _fetched(responses: Iterator[InferenceResponse]) -> Iterator[InferenceResponse]:
+    """The responses read to their end on a thread of their own from now on (as they come),
+    whether or not the caller reads them; the iterator yields what that thread read."""
+    read: queue.SimpleQueue[object] = queue.SimpleQueue()
+
+    def fetch() -> None:
+        try:
+            for response in responses:
+                read.put(response)
+        finally:
+            read.put(_END)
+
+    threading.Thread(target=fetch, name="tritonserver-responses", daemon=True).start()
+    return _drained(read)
+
+
+def _drained(read: queue.SimpleQueue[object]) -> Iterator[InferenceResponse]:
+    while (item := read.get()) is not _END:
+        assert isinstance(item, InferenceResponse)
+        yield item
+
+
+def _fetched_async(
+    responses: AsyncIterator[InferenceResponse], target: asyncio.Queue[InferenceResponse]
+) -> AsyncIterator[InferenceResponse]:
+    """`_fetched` for async_infer: a task on the caller's loop, started now, puts them in
+    `target` as they come."""
+    read: asyncio.Queue[object] = asyncio.Queue()
+
+    async def fetch() -> None:
+        try:
+            async for response in responses:
+                target.put_nowait(response)
+                read.put_nowait(response)
+        finally:
+            read.put_nowait(_END)
+
+    return _drained_async(read, asyncio.ensure_future(fetch()))
+
+
+async def _drained_async(
+    read: asyncio.Queue[object], task: asyncio.Future[None]
+) -> AsyncIterator[InferenceResponse]:
+    try:
+        while (item := await read.get()) is not _END:
+            assert isinstance(item, InferenceResponse)
+            yield item
+    finally:
+        await task

@@ -100,7 +100,15 @@ class Options:
             if getattr(self, name) != _DEFAULT.get(name):
                 raise UnsupportedError(f"Options.{name} has no meaning in edge-appliance")
         self._cascade_log_levels()
+        if not isinstance(self.server_id, str):
+            raise TypeError(f"Options.server_id must be a str, got {self.server_id!r}")
         repositories = self.model_repository
+        if repositories is None:
+            raise InvalidArgumentError("Model repository must be specified.")
+        if not isinstance(repositories, str | list):
+            raise TypeError(
+                f"Options.model_repository must be a str or a list, got {repositories!r}"
+            )
         if isinstance(repositories, str):
             repositories = [repositories]
         if not repositories:

@@ -177,6 +177,32 @@ async def test_decoupled_async(server: tritonserver.Server) -> None:
     assert [r.final for r in got] == [False, False, True]
 
 
+def test_response_queue_gets_the_responses_unread(server: tritonserver.Server) -> None:
+    import queue
+
+    responses: queue.SimpleQueue[tritonserver.InferenceResponse] = queue.SimpleQueue()
+    model = server.model("py_repeat")
+    iterator = model.infer(inputs={"IN": np.array([2], np.int32)}, response_queue=responses)
+    got = [responses.get(timeout=30) for _ in range(3)]  # the iterator not read yet
+    assert [r.final for r in got] == [False, False, True]
+    assert [r.final for r in iterator] == [False, False, True]
+    assert responses.empty()
+
+
+async def test_async_response_queue(server: tritonserver.Server) -> None:
+    responses: asyncio.Queue[tritonserver.InferenceResponse] = asyncio.Queue()
+    model = server.model("simple")
+    iterator = model.async_infer(inputs=_simple_inputs(), response_queue=responses)
+    first = await asyncio.wait_for(responses.get(), 30)
+    assert first.final
+    assert [r.final async for r in iterator] == [True]
+
+
+def test_request_parameters_must_be_plain_values(server: tritonserver.Server) -> None:
+    with pytest.raises(tritonserver.InvalidArgumentError, match="'bad'"):
+        server.model("simple").infer(inputs=_simple_inputs(), parameters={"bad": {"x": 1}})
+
+
 def test_load_and_unload(server: tritonserver.Server) -> None:
     assert not server.model("later").ready()
     model = server.load("later")
