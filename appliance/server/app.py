@@ -52,7 +52,7 @@ from appliance.server.listeners import (
     serve_grpc,
     serve_http,
 )
-from appliance.server.preflight import Prepared, preflight
+from appliance.server.preflight import Prepared, preflight, prepare_listeners
 from appliance.server.shutdown import Deadline, kill_model_processes, shutdown_summary
 from appliance.services.cache import ResponseCache
 from appliance.services.control import ControlService, ServerState, shown_url
@@ -224,6 +224,22 @@ class Appliance:
         self.runtime.probation_rule = self.remote.probation_rule
         self.runtime.on_verdict = self.remote.verdict
 
+    async def add_listener(self, kind: str, settings: ServerSettings) -> Listener:
+        """Open one more listener ("http", "grpc" or "metrics") on the running server, from
+        `settings`' fields for it (the embedding API's front ends, appliance/embed/): the same
+        services, shared memory registry, tracer and restrictions as the command line's. It
+        stops with the rest at shutdown, or alone with `stop_listener`."""
+        opened = {"http": self._http, "grpc": self._grpc, "metrics": self._metrics}[kind]
+        listener = await opened(settings)
+        self._listeners.append(listener)
+        return listener
+
+    async def stop_listener(self, listener: Listener, deadline: Deadline) -> None:
+        """Stop one listener `add_listener` opened (draining it under `deadline`)."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+            await listener.stop(deadline)
+
     def begin_shutdown(self, deadline: Deadline) -> None:
         """Report not-ready and refuse new requests now; `running()`'s exit drains under
         `deadline`."""
@@ -342,23 +358,29 @@ class Appliance:
     async def _stop_models(self, deadline: Deadline) -> list[str]:
         return await self.runtime.stop(deadline.remaining_s(time.monotonic()))
 
-    async def _http(self) -> Listener:
+    def _prepared_for(self, settings: ServerSettings) -> Prepared:
+        """The checked TLS contexts and patterns of a listener: the start's own for the
+        server's settings, made anew for a listener an embedding application adds."""
+        return self.prepared if settings is self.settings else prepare_listeners(settings)
+
+    async def _http(self, settings: ServerSettings | None = None) -> Listener:
+        settings = settings or self.settings
+        prepared = self._prepared_for(settings)
         frontend = HttpFrontend(
             self.inference,
             self.control,
-            self.settings.max_request_bytes,
-            _restrictions(self.settings.http_restricted),
+            settings.max_request_bytes,
+            _restrictions(settings.http_restricted),
             shared_memory=self.control.shared_memory,
-            limits=self.settings.request_limits,
+            limits=settings.request_limits,
             status=self.status_service,
-            header_forward=self.prepared.http_forward,
+            header_forward=prepared.http_forward,
             origins=RequestOrigins(
-                self.settings.http_allowed_hosts,
-                self.settings.http_address,
-                bool(self.settings.tls.http_cert),
+                settings.http_allowed_hosts,
+                settings.http_address,
+                bool(settings.tls.http_cert),
             ),
         )
-        settings = self.settings
         address, port = settings.http_address, settings.http_port
         listener = await serve_http(
             frontend.build(),
@@ -368,7 +390,7 @@ class Appliance:
             settings.exit_timeout_secs,
             settings.http_unix_socket,
             settings.unix_socket_mode,
-            self.prepared.http_ssl,
+            prepared.http_ssl,
             settings.http_connections,
             infer_route=frontend,
             reuse_port=settings.reuse_http_port,
@@ -389,28 +411,30 @@ class Appliance:
             self._gpu = asyncio.ensure_future(asyncio.to_thread(find_gpu_source, interval_s))
         return await asyncio.shield(self._gpu)
 
-    async def _metrics(self) -> Listener:
-        settings = self.settings
+    async def _metrics(self, settings: ServerSettings | None = None) -> Listener:
+        settings = settings or self.settings
         gpu = await self._gpu_source() if settings.allow_gpu_metrics else None
         registry = build_registry(
             self.runtime.ready_versions,
-            self.settings.allow_cpu_metrics,
+            settings.allow_cpu_metrics,
             self.cache,
             self.runtime,
             self.poller,
             self.remote,
             gpu,
         )
-        address, port = self.settings.metrics_address, self.settings.metrics_port
+        address, port = settings.metrics_address, settings.metrics_port
         app = metrics_app(registry, gpu.read if gpu is not None else None)
-        listener = await serve_http(app, address, port, "metrics", self.settings.exit_timeout_secs)
+        listener = await serve_http(app, address, port, "metrics", settings.exit_timeout_secs)
         self.metrics_port = listener.port
         log.info("Started Metrics Service at %s:%s", address, listener.port)
         return listener
 
-    async def _grpc(self) -> Listener:
-        size = self.settings.grpc_max_message_bytes
-        calls = self.settings.grpc_max_concurrent_rpcs
+    async def _grpc(self, settings: ServerSettings | None = None) -> Listener:
+        settings = settings or self.settings
+        prepared = self._prepared_for(settings)
+        size = settings.grpc_max_message_bytes
+        calls = settings.grpc_max_concurrent_rpcs
         # The synchronous server: ModelInfer runs on its handler thread (frontends/grpc/server.py).
         pool = ThreadPoolExecutor(max_workers=pool_threads(calls), thread_name_prefix="grpc")
         server = grpc.server(
@@ -419,26 +443,25 @@ class Appliance:
                 ("grpc.max_send_message_length", size),
                 ("grpc.max_receive_message_length", size),
                 # Off unless --reuse-grpc-port: a second server on the port is an error.
-                ("grpc.so_reuseport", int(self.settings.reuse_grpc_port)),
+                ("grpc.so_reuseport", int(settings.reuse_grpc_port)),
                 # One connection cannot open unbounded concurrent calls (each holds a handler
                 # thread while it runs; past the pool's threads, calls wait for one).
                 ("grpc.max_concurrent_streams", 256),
-                *_connection_options(self.settings.grpc_connections),
+                *_connection_options(settings.grpc_connections),
             ],
         )
         servicer = InferenceServicer(
             self.inference,
             self.control,
-            _restrictions(self.settings.grpc_restricted, GRPC_HEADER_PREFIX),
+            _restrictions(settings.grpc_restricted, GRPC_HEADER_PREFIX),
             shared_memory=self.control.shared_memory,
-            limits=self.settings.request_limits,
+            limits=settings.request_limits,
             max_concurrent_rpcs=calls,
-            header_forward=self.prepared.grpc_forward,
-            compression_level=self.settings.grpc_connections.infer_compression_level,
+            header_forward=prepared.grpc_forward,
+            compression_level=settings.grpc_connections.infer_compression_level,
         )
         servicer.add_to_server(server, asyncio.get_running_loop())
         _log_forwarding("gRPC metadata keys", servicer.header_forward)
-        settings = self.settings
         unix_path = settings.grpc_unix_socket
         listener, self.grpc_port = await serve_grpc(
             server,
@@ -446,7 +469,7 @@ class Appliance:
             settings.grpc_port,
             unix_path,
             settings.unix_socket_mode,
-            self.prepared.grpc_credentials,
+            prepared.grpc_credentials,
             pool,
         )
         if unix_path:

@@ -48,7 +48,19 @@ class Prepared:
 def preflight(settings: ServerSettings, state_dir: Path, needs_store: bool) -> Prepared:
     """Every check that needs no model, in the order a reader fixes them; `needs_store`: remote
     repositories are synced into `state_dir`, which must then be writable."""
-    prepared = Prepared(
+    prepared = prepare_listeners(settings)
+    for path, flag in _unix_sockets(settings):
+        check_unix_socket(path, flag)
+    check_ports(_tcp_listeners(settings))
+    if needs_store:
+        check_writable(state_dir, "--model-store-dir")
+    return prepared
+
+
+def prepare_listeners(settings: ServerSettings) -> Prepared:
+    """The TLS contexts and header-forward patterns of `settings`' listeners, checked (also
+    for a listener an embedding application adds later with settings of its own)."""
+    return Prepared(
         http_ssl=http_ssl_context(settings.tls) if settings.allow_http else None,
         grpc_credentials=grpc_credentials(settings.tls) if settings.allow_grpc else None,
         http_forward=_forward(
@@ -58,12 +70,6 @@ def preflight(settings: ServerSettings, state_dir: Path, needs_store: bool) -> P
             settings.grpc_header_forward_pattern, "--grpc-header-forward-pattern"
         ),
     )
-    for path, flag in _unix_sockets(settings):
-        check_unix_socket(path, flag)
-    check_ports(_tcp_listeners(settings))
-    if needs_store:
-        check_writable(state_dir, "--model-store-dir")
-    return prepared
 
 
 def _forward(pattern: str | None, flag: str) -> HeaderForward | None:
