@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -77,7 +77,7 @@ class Model:
             return ResponseIterator(self, _eager(made, request), raise_on_error)
         core = request._core(served.inputs)  # a bad input or parameter raises here, as Triton's
         if served.decoupled:
-            responses: Iterator[InferenceResponse] = _stream_sync(self, core)
+            responses: Generator[InferenceResponse, None, None] = _stream_sync(self, core)
             if request.response_queue is not None:  # filled as they come, read or not
                 responses = _fetched(_queued(responses, request))
             return ResponseIterator(self, responses, raise_on_error)
@@ -101,7 +101,7 @@ class Model:
         """`infer` for asyncio code: an async iterator of the responses (on the caller's loop;
         the request runs on the server's)."""
         request = inference_request or InferenceRequest(model=self, **kwargs)
-        responses: AsyncIterator[InferenceResponse] = _stream_async(self, request)
+        responses: AsyncGenerator[InferenceResponse, None] = _stream_async(self, request)
         if request.response_queue is not None:
             responses = _fetched_async(responses, request.response_queue)
         return AsyncResponseIterator(self, responses, raise_on_error)
@@ -224,7 +224,10 @@ class ResponseIterator:
     """The responses of one `Model.infer` call."""
 
     def __init__(
-        self, model: Model, responses: Iterator[InferenceResponse], raise_on_error: bool
+        self,
+        model: Model,
+        responses: Generator[InferenceResponse, None, None],
+        raise_on_error: bool,
     ) -> None:
         self._model = model
         self._responses = responses
@@ -240,16 +243,17 @@ class ResponseIterator:
         return response
 
     def cancel(self) -> None:
-        close = getattr(self._responses, "close", None)
-        if close is not None:
-            close()
+        self._responses.close()
 
 
 class AsyncResponseIterator:
     """The responses of one `Model.async_infer` call."""
 
     def __init__(
-        self, model: Model, responses: AsyncIterator[InferenceResponse], raise_on_error: bool
+        self,
+        model: Model,
+        responses: AsyncGenerator[InferenceResponse, None],
+        raise_on_error: bool,
     ) -> None:
         self._model = model
         self._responses = responses
@@ -266,9 +270,7 @@ class AsyncResponseIterator:
         return response
 
     def cancel(self) -> None:
-        aclose = getattr(self._responses, "aclose", None)
-        if aclose is not None:
-            self._closing = asyncio.ensure_future(aclose())
+        self._closing = asyncio.ensure_future(self._responses.aclose())
 
 
 _END = object()
@@ -294,7 +296,7 @@ async def _produce(running: _Running, core: InferRequest, put: Callable[[object]
         put(_END)
 
 
-def _stream_sync(model: Model, core: InferRequest) -> Iterator[InferenceResponse]:
+def _stream_sync(model: Model, core: InferRequest) -> Generator[InferenceResponse, None, None]:
     """A decoupled request's responses, run on the server's loop, read on this thread; after
     the last, an empty final response (as a decoupled model's final flag comes in Triton)."""
     running = model._running()
@@ -315,7 +317,7 @@ def _stream_sync(model: Model, core: InferRequest) -> Iterator[InferenceResponse
 
 async def _stream_async(
     model: Model, request: InferenceRequest
-) -> AsyncIterator[InferenceResponse]:
+) -> AsyncGenerator[InferenceResponse, None]:
     """A request's responses on the caller's loop; the request runs on the server's."""
     running = model._running()
     try:
@@ -351,24 +353,30 @@ def _error_response(model: Model, core: InferRequest, exc: BaseException) -> Inf
     return InferenceResponse(model, core.id or None, error=triton_error(exc), final=True)
 
 
-def _eager(made: list[InferenceResponse], request: InferenceRequest) -> Iterator[InferenceResponse]:
+def _eager(
+    made: list[InferenceResponse], request: InferenceRequest
+) -> Generator[InferenceResponse, None, None]:
     """Responses already made: put in the request's response queue now, if it has one."""
-    if request.response_queue is not None:
+    if request.response_queue is not None:  # now, not when the iterator is read
         for response in made:
             request.response_queue.put_nowait(response)
-    return iter(made)
+    return _each(made)
+
+
+def _each(made: list[InferenceResponse]) -> Generator[InferenceResponse, None, None]:
+    yield from made
 
 
 def _queued(
     responses: Iterator[InferenceResponse], request: InferenceRequest
-) -> Iterator[InferenceResponse]:
+) -> Generator[InferenceResponse, None, None]:
     """The responses, each also put in the request's response queue."""
     for response in responses:
         request.response_queue.put_nowait(response)
         yield response
 
 
-def _fetched(responses: Iterator[InferenceResponse]) -> Iterator[InferenceResponse]:
+def _fetched(responses: Iterator[InferenceResponse]) -> Generator[InferenceResponse, None, None]:
     """The responses read to their end on a thread of their own from now on (as they come),
     whether or not the caller reads them; the iterator yields what that thread read."""
     read: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -384,7 +392,7 @@ def _fetched(responses: Iterator[InferenceResponse]) -> Iterator[InferenceRespon
     return _drained(read)
 
 
-def _drained(read: queue.SimpleQueue[object]) -> Iterator[InferenceResponse]:
+def _drained(read: queue.SimpleQueue[object]) -> Generator[InferenceResponse, None, None]:
     while (item := read.get()) is not _END:
         assert isinstance(item, InferenceResponse)
         yield item
@@ -392,7 +400,7 @@ def _drained(read: queue.SimpleQueue[object]) -> Iterator[InferenceResponse]:
 
 def _fetched_async(
     responses: AsyncIterator[InferenceResponse], target: asyncio.Queue[InferenceResponse]
-) -> AsyncIterator[InferenceResponse]:
+) -> AsyncGenerator[InferenceResponse, None]:
     """`_fetched` for async_infer: a task on the caller's loop, started now, puts them in
     `target` as they come."""
     read: asyncio.Queue[object] = asyncio.Queue()
@@ -410,7 +418,7 @@ def _fetched_async(
 
 async def _drained_async(
     read: asyncio.Queue[object], task: asyncio.Future[None]
-) -> AsyncIterator[InferenceResponse]:
+) -> AsyncGenerator[InferenceResponse, None]:
     try:
         while (item := await read.get()) is not _END:
             assert isinstance(item, InferenceResponse)

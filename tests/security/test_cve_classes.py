@@ -145,7 +145,7 @@ def test_chunked_bodies(watch: Watch) -> None:
         for path in routes:
             for body in (tiny, overflow, negative):
                 head = (
-                    f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                    f"POST {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
                     f"admin-key: {KEY}\r\nTransfer-Encoding: chunked\r\n\r\n"
                 ).encode()
                 status = watch.seen(f"chunked {path}", http.exchange(head + body)[0])
@@ -232,8 +232,8 @@ def test_oversized_payloads_and_decompression_bombs(watch: Watch) -> None:
     for http in _https(watch):
         for path in routes:
             head = (
-                f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nadmin-key: {KEY}\r\n"
-                f"Content-Length: {2**40}\r\n\r\n"
+                f"POST {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+                f"admin-key: {KEY}\r\nContent-Length: {2**40}\r\n\r\n"
             ).encode()
             status = watch.seen(f"1 TB {path}", http.exchange(head + b"{")[0])
             assert status == 413, (path, status)
@@ -396,7 +396,11 @@ def test_path_traversal(watch: Watch, tmp_path: Path) -> None:
                     config=json.dumps(labelled),
                     files={"file:1/model.onnx": model},
                 )
-            assert "outside the model folder" in err.value.message(), err.value
+            # the config check names the field (a plain file name), the loader the folder
+            message = err.value.message()
+            assert "label_filename must be a plain file name" in message or (
+                "outside the model folder" in message
+            ), err.value
         client.close()
     assert not outside.exists()
     watch.check()
@@ -427,14 +431,14 @@ def test_authentication_bypass_through_alternate_paths(watch: Watch) -> None:
         for method, path in spellings:
             for version in ("1.1", "1.0"):
                 raw = (
-                    f"{method} {path} HTTP/{version}\r\nHost: x\r\nConnection: close\r\n"
+                    f"{method} {path} HTTP/{version}\r\nHost: localhost\r\nConnection: close\r\n"
                     "Content-Length: 2\r\n\r\n{}"
                 ).encode()
                 status, answer = http.exchange(raw)
                 watch.seen(f"{path} HTTP/{version}", status)
                 assert status in (403, 404, 405), (path, version, status, answer)
             raw = (
-                f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
                 "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
             ).encode()
             status = watch.seen(f"{path} chunked", http.exchange(raw)[0])
