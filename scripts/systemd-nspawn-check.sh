@@ -148,7 +148,7 @@ check "HTTP ready answered 200 right after start returned (got $ready_code)" tes
 loaded_us=$(($(prop ActiveEnterTimestampMonotonic) - $(prop ExecMainStartTimestampMonotonic)))
 note "from exec to READY: $((loaded_us / 1000)) ms"
 order=$(ct journalctl -b -u "$unit" --no-pager -o cat |
-  grep -E "is READY$|server is ready|^Started $unit" | sed -E 's/.*(model .*) is READY/\1/; s/ - .*//' | tr '\n' ',')
+  grep -E "is READY$|server is ready|^Started $unit" | sed -E 's/.*(model .*) is READY/\1/; s/(server is ready).*/\1/; s/ - .*//' | tr '\n' ',')
 check "journal order: every model READY, then 'server is ready', then systemd's 'Started'" \
   grep -qE "^(model '[^']+' version [0-9]+,)+appliance.server.app: server is ready,Started $unit,\$" <<<"$order"
 body='{"inputs": [
