@@ -179,14 +179,7 @@ class _Running:
     def __init__(self, settings: ServerSettings, argv: list[str], options: Options) -> None:
         self.settings = settings
         self.argv = argv  # the front ends parse their flags after these
-        state = LogState(
-            log_file=settings.log_file,
-            log_info=settings.log_info,
-            log_warning=settings.log_warning,
-            log_error=settings.log_error,
-            log_verbose_level=settings.log_verbose,
-            log_format=settings.log_format,
-        )
+        state = LogState.from_settings(settings)
         self.logs = LogSettings(state)
         self._handler = _LogHandler(self.logs, options.log_callback)
         self.appliance = Appliance(settings, Notifier(None), self.logs)

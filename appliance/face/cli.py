@@ -321,16 +321,7 @@ def serve(argv: Sequence[str]) -> int:
     faulthandler.enable()
     parser = serve_parser(Parser(prog="edge-appliance serve"))
     settings = settings_from_args(parser.parse_args(list(argv)))
-    log_settings = logs.LogSettings(
-        logs.LogState(
-            log_file=settings.log_file,
-            log_info=settings.log_info,
-            log_warning=settings.log_warning,
-            log_error=settings.log_error,
-            log_verbose_level=settings.log_verbose,
-            log_format=settings.log_format,
-        )
-    )
+    log_settings = logs.LogSettings(logs.LogState.from_settings(settings))
     try:
         log_settings.install()
     except OSError as exc:

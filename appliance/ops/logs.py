@@ -40,6 +40,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web import RequestPayloadError
 
 from appliance.common.errors import InvalidInput, Unsupported
+from appliance.common.settings import ServerSettings
 
 FORMATS = ("default", "ISO8601", "json")
 KEYS = ("log_file", "log_info", "log_warning", "log_error", "log_verbose_level", "log_format")
@@ -64,6 +65,18 @@ class LogState:
     log_error: bool = True
     log_verbose_level: int = 0
     log_format: str = "default"
+
+    @classmethod
+    def from_settings(cls, settings: ServerSettings) -> LogState:
+        """The start's log settings (the flags), in these names."""
+        return cls(
+            log_file=settings.log_file,
+            log_info=settings.log_info,
+            log_warning=settings.log_warning,
+            log_error=settings.log_error,
+            log_verbose_level=settings.log_verbose,
+            log_format=settings.log_format,
+        )
 
     def passes(self, record: logging.LogRecord) -> bool:
         level = record.levelno
