@@ -37,8 +37,6 @@ BACKEND_LIBRARIES: dict[str, tuple[str, str] | None] = {
     "pytorch": ("torch", "torch"),
     "tensorrt": ("tensorrt", "tensorrt"),
 }
-# The optional extra that brings each backend's library (pip install 'edge-appliance[X]').
-_EXTRAS = {"openvino": "openvino", "pytorch": "torch", "tensorrt": "gpu"}
 
 
 def _build_module() -> dict[str, str]:
@@ -94,14 +92,11 @@ def _probe(name: str) -> dict[str, Any]:
     if library is None:
         return {"available": True}
     module, dist = library
-    try:
-        present = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        present = False
-    if not present:
+    if not extras.installed(module):
         if extras.frozen():
             return {"available": False, "error": f"this binary does not include {module}"}
-        extra = f" (pip install 'edge-appliance[{_EXTRAS[name]}]')" if name in _EXTRAS else ""
+        extra_name = extras.EXTRA_OF.get(module)
+        extra = f" (pip install 'edge-appliance[{extra_name}]')" if extra_name else ""
         return {"available": False, "error": f"{module} is not installed{extra}"}
     entry: dict[str, Any] = {"available": True, "library": dist}
     if dist:
