@@ -120,8 +120,17 @@ def sequence_spec(config: ModelConfig, max_waiting: int) -> SequenceSpec:
     # Triton's slots per instance: max(1, max_batch_size), or the oldest strategy's
     # max_candidate_sequences when it is set.
     slots = max(1, int(config.max_batch_size))
-    if batching.HasField("oldest") and batching.oldest.max_candidate_sequences > 0:
-        slots = int(batching.oldest.max_candidate_sequences)
+    oldest = None
+    if batching.HasField("oldest"):
+        if batching.oldest.max_candidate_sequences > 0:
+            slots = int(batching.oldest.max_candidate_sequences)
+        # Triton batches each instance's sequences with a dynamic batcher of these settings.
+        oldest = BatchPolicy(
+            max_batch_size=int(config.max_batch_size),
+            dynamic=config.max_batch_size > 0,
+            preferred_batch_sizes=tuple(int(n) for n in batching.oldest.preferred_batch_size),
+            max_queue_delay_ns=int(batching.oldest.max_queue_delay_microseconds) * 1000,
+        )
     return SequenceSpec(
         max_batch_size=int(config.max_batch_size),
         idle_ns=idle_us * 1000,
@@ -130,6 +139,7 @@ def sequence_spec(config: ModelConfig, max_waiting: int) -> SequenceSpec:
         max_waiting=max_waiting,
         model_name=config.name,
         slots_per_instance=slots,
+        oldest=oldest,
     )
 
 

@@ -14,6 +14,12 @@ control inputs whether it starts or ends its sequence (START, END, READY, CORRID
 values the config gives). Implicit state (`state` entries) is kept here, per sequence: a row's
 state output becomes its state input on the sequence's next request, starting from zeros or
 `initial_state`.
+
+With the `direct` strategy a batch runs as soon as its instance is free. With `oldest`, each
+instance's sequences feed a dynamic batcher, as in Triton (core's `OldestSequenceBatch` hands
+each slot's next request to a `DynamicBatchScheduler`): the batch of the sequences' next
+requests is decided by `policy.next_batch` with the strategy's `preferred_batch_size` and
+`max_queue_delay_microseconds`, so it may wait for more sequences' requests.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from appliance.common.errors import InvalidInput, QueueFull, ServerUnavailable
 from appliance.common.types import Array
 from appliance.scheduling.base import SchedulerBase
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
+from appliance.scheduling.policy import BatchPolicy, next_batch
 from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.stats import ModelStats
 
@@ -93,6 +100,9 @@ class SequenceSpec:
     max_waiting: int = 4096  # requests waiting across all sequences; more are refused
     model_name: str = ""  # for Triton's error texts
     slots_per_instance: int = 0  # 0: max(1, max_batch_size) (the direct strategy)
+    # The oldest strategy's batching (preferred sizes, delay); None: the direct strategy, where
+    # a batch runs as soon as its instance is free.
+    oldest: BatchPolicy | None = None
 
 
 class SequenceScheduler(SchedulerBase):
@@ -117,6 +127,8 @@ class SequenceScheduler(SchedulerBase):
         self._states = spec.states
         self._max_sequences = spec.max_sequences
         self._max_waiting = spec.max_waiting
+        self._oldest = spec.oldest
+        self._batch_timer: asyncio.TimerHandle | None = None
         self._sequences: dict[SequenceId, Sequence] = {}
         self._backlog: deque[Sequence] = deque()  # sequences waiting for a slot, in order
         slots = spec.slots_per_instance or self._max_batch
@@ -240,6 +252,7 @@ class SequenceScheduler(SchedulerBase):
     # ---- batches -----------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
+        wait_ns = 0  # the soonest an instance's held-back batch is due
         while self._idle and not self._awaiting_resources:
             idle = {id(w): w for w in self._idle}
             ready: dict[int, list[Sequence]] = {}
@@ -248,11 +261,18 @@ class SequenceScheduler(SchedulerBase):
                     worker = self._workers[s.slot.worker]
                     if id(worker) in idle:
                         ready.setdefault(s.slot.worker, []).append(s)
-            if not ready:
-                break
-            for sequences in ready.values():
+            now = time.monotonic_ns()
+            batches: dict[int, list[Sequence]] = {}
+            for index, sequences in ready.items():
                 sequences.sort(key=lambda s: s.waiting[0].enqueue_ns)
-            order = sorted(ready, key=lambda w: ready[w][0].waiting[0].enqueue_ns)
+                batch, wait = self._batch_of(sequences, now)
+                if batch:
+                    batches[index] = batch
+                elif wait:
+                    wait_ns = min(wait_ns, wait) if wait_ns else wait
+            if not batches:
+                break
+            order = sorted(batches, key=lambda w: batches[w][0].waiting[0].enqueue_ns)
             chosen_worker = next(
                 (w for w in order if self._limiter.try_acquire(self._workers[w].resources)),
                 None,
@@ -262,12 +282,8 @@ class SequenceScheduler(SchedulerBase):
                 break
             worker = self._workers[chosen_worker]
             self._idle.remove(worker)
-            candidates = ready[chosen_worker]
-            head_key = candidates[0].waiting[0].shape_key
-            chosen = [s for s in candidates if s.waiting[0].shape_key == head_key]
             jobs = []
-            now = time.monotonic_ns()
-            for sequence in chosen[: self._max_batch]:
+            for sequence in batches[chosen_worker]:
                 job = sequence.waiting.popleft()
                 sequence.running = True
                 job.dispatch_ns = now
@@ -275,7 +291,35 @@ class SequenceScheduler(SchedulerBase):
                 self._add_controls_and_state(job, sequence)
                 jobs.append(job)
             self._run(worker, jobs)
+        self._arm_batch_timer(wait_ns)
         self._arm_idle_timer()
+
+    def _batch_of(self, candidates: list[Sequence], now: int) -> tuple[list[Sequence], int]:
+        """The sequences whose next requests run together on one instance now (oldest first),
+        or none and how long to wait for more (the oldest strategy's batching window)."""
+        head = candidates[0].waiting[0]
+        if self._oldest is None:  # direct: every sequence ready with the head's shapes
+            same = [s for s in candidates if s.waiting[0].shape_key == head.shape_key]
+            return same[: self._max_batch], 0
+        queued = [(1, s.waiting[0].shape_key) for s in candidates]
+        decision = next_batch(queued, now - head.enqueue_ns, self._oldest)
+        return candidates[: decision.run], decision.wait_ns
+
+    def _arm_batch_timer(self, wait_ns: int) -> None:
+        if self._batch_timer is not None:
+            self._batch_timer.cancel()
+            self._batch_timer = None
+        if wait_ns and self._loop is not None:
+            self._batch_timer = self._loop.call_later(wait_ns / 1e9, self._on_batch_timer)
+
+    def _on_batch_timer(self) -> None:
+        self._batch_timer = None
+        self._dispatch()
+
+    async def stop(self, timeout_s: float, reason: str) -> int:
+        failed = await super().stop(timeout_s, reason)
+        self._arm_batch_timer(0)
+        return failed
 
     def _row(self, value: Any, dtype: np.dtype[Any]) -> Array:
         return np.full((1, 1) if self._batching else (1,), value, dtype=dtype)

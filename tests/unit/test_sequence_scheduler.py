@@ -61,9 +61,11 @@ def job(sid: int | str, x: int, start: bool = False, end: bool = False) -> Job:
     return j
 
 
-def scheduler(gate: threading.Event) -> tuple[SequenceScheduler, RunningSum]:
+def scheduler(
+    gate: threading.Event, config_text: str = CONFIG
+) -> tuple[SequenceScheduler, RunningSum]:
     model = RunningSum(gate)
-    config = text_format.Parse(CONFIG, mc.ModelConfig())
+    config = text_format.Parse(config_text, mc.ModelConfig())
     sched = SequenceScheduler(
         "model 'sum' version 1",
         [InstanceWorker("w", model, True)],
@@ -106,5 +108,54 @@ async def test_unknown_and_idle_sequences_are_refused() -> None:
     await asyncio.sleep(0.2)  # max_sequence_idle_microseconds is 50 ms
     with pytest.raises(SequenceError, match=f"sequence s9 to model 'sum' {start_flag}"):
         await sched.submit(job("s9", 1))
+    await sched.stop(1, "was unloaded")
+    sched.release(1)
+
+
+def oldest(delay_us: int) -> str:
+    """CONFIG with the oldest strategy: 8 candidate sequences, preferred batch size 4."""
+    strategy = (
+        "oldest { max_candidate_sequences: 8 preferred_batch_size: [ 4 ] "
+        f"max_queue_delay_microseconds: {delay_us} }}"
+    )
+    return CONFIG.replace("sequence_batching {", "sequence_batching { " + strategy)
+
+
+async def test_oldest_strategy_runs_a_preferred_batch_of_sequences_at_once() -> None:
+    gate = threading.Event()
+    gate.set()
+    sched, model = scheduler(gate, oldest(60_000_000))  # a minute's delay: never reached here
+    starts = [asyncio.ensure_future(sched.submit(job(f"s{i}", i, start=True))) for i in range(4)]
+    results = [int(r["OUT"][0, 0]) for r in await asyncio.gather(*starts)]
+    assert results == [0, 1, 2, 3]
+    # Triton's dynamic batcher of the oldest strategy: the four sequences' first requests wait
+    # for each other and run as one batch of the preferred size (not 1 then 3).
+    assert model.batches == [[b"s0", b"s1", b"s2", b"s3"]]
+    await sched.stop(1, "was unloaded")
+    sched.release(1)
+
+
+async def test_oldest_strategy_waits_up_to_its_delay_for_a_batch() -> None:
+    gate = threading.Event()
+    gate.set()
+    sched, model = scheduler(gate, oldest(50_000))  # 50 ms
+    starts = [asyncio.ensure_future(sched.submit(job(f"s{i}", i, start=True))) for i in range(3)]
+    await asyncio.gather(*starts)
+    # Three of the preferred four: they run together once the oldest has waited 50 ms.
+    assert model.batches == [[b"s0", b"s1", b"s2"]]
+    # The next requests of the same sequences batch again, past the preferred size's wait.
+    nexts = [asyncio.ensure_future(sched.submit(job(f"s{i}", 10, end=True))) for i in range(3)]
+    assert [int(r["OUT"][0, 0]) for r in await asyncio.gather(*nexts)] == [10, 11, 12]
+    assert model.batches[1] == [b"s0", b"s1", b"s2"]
+    await sched.stop(1, "was unloaded")
+    sched.release(1)
+
+
+async def test_direct_strategy_runs_at_once() -> None:
+    gate = threading.Event()
+    gate.set()
+    sched, model = scheduler(gate)
+    assert (await sched.submit(job("d", 5, start=True)))["OUT"][0, 0] == 5
+    assert model.batches == [[b"d"]]
     await sched.stop(1, "was unloaded")
     sched.release(1)
