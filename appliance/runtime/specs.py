@@ -172,11 +172,14 @@ def states_from_config(config: ModelConfig) -> list[StateSpec]:
     states = []
     for entry in config.sequence_batching.state:
         dtype = BY_TRITON[datatype_of(entry.data_type)].numpy
-        dims = tuple(int(d) for d in entry.dims)
+        # A variable (-1) dimension is 1 on a sequence's first request, as in Triton (core's
+        # SequenceStates::Initialize); the model's state output sets the shape after that.
+        dims = tuple(1 if d < 0 else int(d) for d in entry.dims)
         initial = None
         for init in entry.initial_state:
             if init.HasField("zero_data") or not init.data_file:
-                initial = np.zeros(tuple(int(d) for d in init.dims) or dims, dtype=dtype)
+                shape = tuple(1 if d < 0 else int(d) for d in init.dims) or dims
+                initial = np.zeros(shape, dtype=dtype)
         states.append(StateSpec(entry.input_name, entry.output_name, dtype, dims, initial))
     return states
 

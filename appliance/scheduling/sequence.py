@@ -299,11 +299,29 @@ class SequenceScheduler(SchedulerBase):
         or none and how long to wait for more (the oldest strategy's batching window)."""
         head = candidates[0].waiting[0]
         if self._oldest is None:  # direct: every sequence ready with the head's shapes
-            same = [s for s in candidates if s.waiting[0].shape_key == head.shape_key]
+            key = self._shapes(candidates[0])
+            same = [s for s in candidates if self._shapes(s) == key]
             return same[: self._max_batch], 0
-        queued = [(1, s.waiting[0].shape_key) for s in candidates]
+        queued = [(1, self._shapes(s)) for s in candidates]
         decision = next_batch(queued, now - head.enqueue_ns, self._oldest)
         return candidates[: decision.run], decision.wait_ns
+
+    def _shapes(self, sequence: Sequence) -> tuple[Any, ...]:
+        """The next request's input shapes and its state's: rows batch only with equals (a
+        state with a variable dimension may differ from one sequence to the next)."""
+        job = sequence.waiting[0]
+        if not self._states:
+            return (job.shape_key,)
+        kept = {} if job.sequence_start else sequence.state
+        shapes = []
+        for state in self._states:
+            current = kept.get(state.input_name)
+            if current is not None:
+                shapes.append(current.shape)
+            else:
+                base = state.initial.shape if state.initial is not None else state.dims
+                shapes.append((1, *base) if self._batching else base)
+        return (job.shape_key, *shapes)
 
     def _arm_batch_timer(self, wait_ns: int) -> None:
         if self._batch_timer is not None:
@@ -338,19 +356,20 @@ class SequenceScheduler(SchedulerBase):
                 job.inputs[control.name] = self._row(
                     control.false_true[1 if flags[control.kind] else 0], control.dtype
                 )
+        kept = {} if job.sequence_start else sequence.state
         for state in self._states:
-            current = None if job.sequence_start else sequence.state.get(state.input_name)
-            if current is None:
-                base = (
-                    state.initial
-                    if state.initial is not None
-                    else np.zeros(state.dims, dtype=state.dtype)
-                )
-                current = base[np.newaxis, ...] if self._batching else base
-            job.inputs[state.input_name] = current
+            job.inputs[state.input_name] = self._state_of(state, kept)
         job.output_names = tuple(
             dict.fromkeys([*job.output_names, *(s.output_name for s in self._states)])
         )
+
+    def _state_of(self, state: StateSpec, kept: dict[str, Array]) -> Array:
+        """A state input's row: the sequence's kept value, else its initial value (zeros)."""
+        current = kept.get(state.input_name)
+        if current is not None:
+            return current
+        base = state.initial if state.initial is not None else np.zeros(state.dims, state.dtype)
+        return base[np.newaxis, ...] if self._batching else base
 
     def _on_batch_done(self, worker: InstanceWorker, result: BatchResult) -> None:
         self._instance_done(worker, result)

@@ -159,3 +159,59 @@ async def test_direct_strategy_runs_at_once() -> None:
     assert model.batches == [[b"d"]]
     await sched.stop(1, "was unloaded")
     sched.release(1)
+
+
+GROWING = """
+name: "grow" max_batch_size: 4
+sequence_batching {
+  state [ { input_name: "S_IN" output_name: "S_OUT" data_type: TYPE_INT32 dims: [ -1 ] } ]
+}
+"""
+
+
+class Growing(InstanceBase):
+    """OUT = S_OUT = concat(S_IN, X) along the state's variable dimension; records each
+    batch's state lengths."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        self.gate = gate
+        self.lengths: list[list[int]] = []
+
+    def execute(self, inputs: Any, output_names: Any) -> dict[str, np.ndarray]:
+        self.gate.wait(5)
+        self.lengths.append([inputs["S_IN"].shape[1]] * inputs["S_IN"].shape[0])
+        out = np.concatenate([inputs["S_IN"], inputs["X"]], axis=1)
+        return {"OUT": out, "S_OUT": out}
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_variable_state_starts_as_one_zero_and_batches_only_with_its_shape() -> None:
+    gate = threading.Event()
+    model = Growing(gate)
+    config = text_format.Parse(GROWING, mc.ModelConfig())
+    sched = SequenceScheduler(
+        "model 'grow' version 1",
+        [InstanceWorker("w", model, True)],
+        sequence_spec(config, max_waiting=100),
+        ModelStats(),
+    )
+    sched.start()
+    gate.set()
+    first = await sched.submit(job("a", 1, start=True))
+    assert first["OUT"].tolist() == [[0, 1]]  # the -1 dimension starts as 1, zeros
+    gate.clear()
+    held = asyncio.ensure_future(sched.submit(job("c", 9, start=True)))  # holds the instance
+    await asyncio.sleep(0.01)
+    a = asyncio.ensure_future(sched.submit(job("a", 2, end=True)))  # state [0, 1]
+    b = asyncio.ensure_future(sched.submit(job("b", 3, start=True, end=True)))  # state [0]
+    await asyncio.sleep(0.01)
+    gate.set()
+    assert (await a)["OUT"].tolist() == [[0, 1, 2]]
+    assert (await b)["OUT"].tolist() == [[0, 3]]
+    await held
+    # Rows whose states differ in shape run in separate batches (never one of [2] and [1]).
+    assert sorted(model.lengths[2:]) == [[1], [2]]
+    await sched.stop(1, "was unloaded")
+    sched.release(1)
