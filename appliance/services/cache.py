@@ -1,12 +1,16 @@
 """The response cache: model outputs keyed on model, version and the exact input bytes.
 
 Server-wide, bounded in bytes, least recently used out first (Triton's `--cache-config
-local,size=N`); a model opts in with `response_cache { enable: true }`.
+local,size=N`); a model opts in with `response_cache { enable: true }`. An entry counts what
+Triton's cache stores of a response (core's `CacheEntry`, packed): a count of outputs, then for
+each its name, datatype, shape and data with their sizes, so a budget too small for a response
+stores nothing, as in Triton (L0_response_cache's insertion failure with 200 bytes).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections import OrderedDict
 from collections.abc import Iterable
 
@@ -14,6 +18,9 @@ import numpy as np
 
 from appliance.common.serialization import encode_bytes
 from appliance.common.types import Array
+from edge_backends.datatypes import from_numpy
+
+log = logging.getLogger(__name__)
 
 CachedOutputs = dict[str, Array]
 
@@ -55,8 +62,15 @@ class ResponseCache:
 
     def put(self, key: bytes, outputs: CachedOutputs) -> bool:
         """Store a response; False when it is larger than the whole cache."""
-        size = sum(_size(a) for a in outputs.values())
+        size = entry_size(outputs)
         if size > self.max_bytes:
+            log.error(
+                "Failed to insert key [%s] into response cache: Requested byte_size: %d is "
+                "greater than total cache size: %d",
+                key.hex(),
+                size,
+                self.max_bytes,
+            )
             return False
         old = self._entries.pop(key, None)
         if old is not None:
@@ -70,7 +84,19 @@ class ResponseCache:
         return True
 
 
-def _size(array: Array) -> int:
-    if array.dtype.kind == "O":
-        return sum(len(x) if isinstance(x, bytes | str) else 8 for x in array.reshape(-1))
+def entry_size(outputs: CachedOutputs) -> int:
+    """The bytes Triton's cache entry of these outputs takes: a 4-byte output count, and per
+    output 8 bytes of its size, its name and datatype with 4-byte lengths, its shape (4 bytes
+    and 8 per dimension) and its data with an 8-byte length."""
+    size = 4
+    for name, array in outputs.items():
+        datatype = from_numpy(array.dtype).triton if array.dtype.kind != "O" else "BYTES"
+        size += 8 + 4 + len(name.encode()) + 4 + len(datatype) + 4 + 8 * array.ndim + 8
+        size += _data_size(array)
+    return size
+
+
+def _data_size(array: Array) -> int:
+    if array.dtype.kind == "O":  # BYTES: a 4-byte length before each element
+        return sum(4 + (len(x) if isinstance(x, bytes | str) else 8) for x in array.reshape(-1))
     return int(array.nbytes)
