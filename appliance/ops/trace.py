@@ -42,6 +42,9 @@ class Tracer:
             "log_frequency": "0",
             "trace_mode": "triton",
         }
+        # A global setting cleared (null or []) goes back to its value at start, as in
+        # tritonserver (its TraceManager keeps the start-up settings as the global default).
+        self._startup = dict(self._global)
         self._models: dict[str, dict[str, Any]] = {}
         self._seen: dict[str, int] = {}  # requests seen per model, for trace_rate
         self._remaining: dict[str, int] = {}  # traces left per model, for trace_count
@@ -69,7 +72,8 @@ class Tracer:
         return {**self._global, **self._models.get(model, {})} if model else dict(self._global)
 
     def update(self, model: str, changes: dict[str, Any]) -> dict[str, Any]:
-        """Apply settings (None or [] clears a model's override); returns the result. Every
+        """Apply settings (None or [] clears a model's override, or puts a global setting back
+        to its value at start); returns the result. Every
         change is checked before any is applied: a refused request changes nothing."""
         if "trace_file" in changes:
             # tritonserver's words, so clients that match on them keep working.
@@ -82,12 +86,12 @@ class Tracer:
             if key not in KEYS:
                 raise InvalidInput(f"unknown trace setting '{key}'; known: {', '.join(KEYS)}")
             values = [] if value is None else value if isinstance(value, list) else [value]
-            if not values and not model:
-                raise InvalidInput(f"trace setting '{key}' cannot be cleared globally")
             checked[key] = self._checked(key, [str(v) for v in values]) if values else None
         target = self._models.setdefault(model, {}) if model else self._global
         for key, setting in checked.items():
-            if setting is None:
+            if setting is None and not model:
+                target[key] = self._startup[key]
+            elif setting is None:
                 target.pop(key, None)
             else:
                 target[key] = setting

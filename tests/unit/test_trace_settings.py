@@ -41,3 +41,17 @@ def test_the_flags_file_is_reported_and_used() -> None:
     assert settings["trace_file"] == "/var/log/trace.jsonl"
     assert tracer.sample("simple") == 1
     assert tracer.sample("other") == 0  # the global level is still OFF
+
+
+def test_a_cleared_global_setting_goes_back_to_its_start_up_value() -> None:
+    tracer = Tracer(trace_file="/var/log/trace.jsonl", level="TIMESTAMPS", rate=7, count=5)
+    tracer.update("", {"trace_level": ["OFF"], "trace_rate": "100", "trace_count": "-1"})
+    settings = tracer.update("", {"trace_level": [], "trace_rate": None, "trace_count": None})
+    # tritonserver 2.51 answers so (its global defaults are the start-up flags' values).
+    assert settings["trace_level"] == ["TIMESTAMPS"]
+    assert (settings["trace_rate"], settings["trace_count"]) == ("7", "5")
+    assert tracer.active
+    assert tracer.update("", {"trace_level": None})["trace_level"] == ["TIMESTAMPS"]
+    # A model's override that is cleared follows the global settings again.
+    tracer.update("simple", {"trace_rate": "3"})
+    assert tracer.update("simple", {"trace_rate": None})["trace_rate"] == "7"
