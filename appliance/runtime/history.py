@@ -20,6 +20,7 @@ from typing import Any
 from appliance.repository.ledger import (
     LOAD,
     PROBATION,
+    WARM_UP,
     ModelLedger,
     content_id,
     record_failure,
@@ -62,15 +63,23 @@ class UpdateHistory:
         self._ended = False  # the runtime is stopping: no marker is set any more
 
     def plan(
-        self, path: Path, from_repository: bool, pin: int | Recorded | None = RECORDED
+        self,
+        path: Path,
+        from_repository: bool,
+        pin: int | Recorded | None = RECORDED,
+        retry_failed: bool = False,
     ) -> LoadPlan:
         """What the ledger says for a load of `path` (blocking: reads the version folders).
         `pin`: a pin being asked for (None: an unpin), tried before it is recorded; a version
-        pinned on purpose gets a new chance even if its content failed before."""
+        pinned on purpose gets a new chance even if its content failed before.
+        `retry_failed`: a client's load request, which (as in Triton) tries again the versions
+        that failed to load or warm up; a rolled-back or unverified one stays out."""
         present = frozenset(list_versions(path))
         if not from_repository:  # a load request's own files: nothing recorded applies
             return LoadPlan(present, {}, None)
         held = self.ledger.held_back(path, present)
+        if retry_failed:
+            held = {v: f for v, f in held.items() if f.stage not in (LOAD, WARM_UP)}
         if isinstance(pin, Recorded):
             pin = self.ledger.entry(path).pinned
         elif pin is not None:

@@ -153,13 +153,15 @@ class ModelRuntime:
         override: ModelConfig | None = None,
         source: Path | None = None,
         pin: int | Recorded | None = RECORDED,
+        retry_failed: bool = False,
     ) -> None:
         """Load (or reload) a model; new versions serve before the old ones drain.
 
         `source` replaces the repository folder (a load request's file overrides). Versions
-        whose content failed before (the ledger) are skipped, the recorded pin (or `pin`) is
-        applied, and a version no longer in the repository leaves service whatever happens to
-        the others.
+        whose content failed before (the ledger) are skipped (unless `retry_failed`: a
+        client's load request tries those that failed to load again, as Triton does), the
+        recorded pin (or `pin`) is applied, and a version no longer in the repository leaves
+        service whatever happens to the others.
         """
         if self._stopping:
             raise ModelNotReady(SHUTTING_DOWN)
@@ -177,7 +179,7 @@ class ModelRuntime:
                 record.state = LOADING
             log.info("loading model '%s' from %s", name, path)
             plan, by_rollout = await asyncio.to_thread(
-                self._plan, path, source is None, pin, frozenset(record.versions)
+                self._plan, path, source is None, pin, frozenset(record.versions), retry_failed
             )
             prepared = await self._prepare_versions(name, path, record, plan, override, source)
             if prepared.ensemble is not None:
@@ -319,12 +321,17 @@ class ModelRuntime:
                 marker(None)
 
     def _plan(
-        self, path: Path, from_repository: bool, pin: int | Recorded | None, serving: frozenset[int]
+        self,
+        path: Path,
+        from_repository: bool,
+        pin: int | Recorded | None,
+        serving: frozenset[int],
+        retry_failed: bool = False,
     ) -> tuple[LoadPlan, bool]:
         """The ledger's plan, and whether a fleet rollout chose its version (blocking): with
         no pin, a rollout's choice (the ledger holds it) is served alone; while the chosen
         version is not in the store (or failed here), what serves keeps serving."""
-        plan = self.history.plan(path, from_repository, pin)
+        plan = self.history.plan(path, from_repository, pin, retry_failed)
         if not from_repository or plan.pin is not None:
             return plan, False
         chosen = self.history.ledger.entry(path).rollout

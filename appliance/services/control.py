@@ -365,7 +365,8 @@ class ControlService:
         served_before = dict(before.versions) if before else {}
         failed_before = dict(before.failed) if before else {}
         try:
-            await self.runtime.load(name, override, source)
+            # As in Triton, a load request tries again the versions that failed to load.
+            await self.runtime.load(name, override, source, retry_failed=True)
             check_loaded(self.runtime.record(name), served_before, failed_before)
         except BaseException:
             if source is not None:
@@ -380,6 +381,8 @@ class ControlService:
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self.runtime.require_explicit(self.control_mode)
+        if self.runtime.registry.find(name) is None:
+            return  # Triton answers an unload of a model it never loaded with success
         if unload_dependents:
             await self.runtime.unload_with_dependents(name)
         else:
