@@ -78,6 +78,9 @@ class RequestInfo:
     timeout_us: int = 0
     output_names: tuple[str, ...] = ()
     batch_size: int = 1  # this request's rows of the batch (1 for models that do not batch)
+    # Ragged inputs (`allow_ragged_batch`) of a batch of several requests: the batch's tensor
+    # is every request's elements one after the other (1-D), and this request's shape of each.
+    ragged_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

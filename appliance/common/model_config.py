@@ -223,10 +223,31 @@ def validate_config(
                 )
             if not entry.dims and not entry.HasField("reshape"):
                 raise ConfigError(f"{label}: dims is missing")
+    _check_batch_inputs(config, where)
     if signature is not None:
         _check_against_model(config, where, signature)
+        _check_batch_targets(config, where, signature)
         if config.HasField("sequence_batching"):
             _check_sequence_tensors(config, where, signature)
+
+
+def _check_batch_inputs(config: ModelConfig, where: str) -> None:
+    """`batch_input` entries, with Triton's texts (core's ValidateBatchIO)."""
+    inputs = {i.name for i in config.input}
+    for entry in config.batch_input:
+        kind = mc.BatchInput.Kind.Name(entry.kind)
+        if len(entry.source_input) != 1:
+            raise ConfigError(
+                f"{where}: batch input kind '{kind}' expects 1 source input, got "
+                f"{len(entry.source_input)}"
+            )
+        if entry.data_type not in (mc.TYPE_INT32, mc.TYPE_FP32):
+            raise ConfigError(f"{where}: batch input data type must be TYPE_INT32 or TYPE_FP32")
+        for source in entry.source_input:
+            if source not in inputs:
+                raise ConfigError(f"{where}: unknown source input name '{source}'")
+        if not entry.target_name:
+            raise ConfigError(f"{where}: batch input kind '{kind}' has no target_name")
 
 
 def _over(where: str, field: str, value: int, bound: int) -> ConfigError:
@@ -352,6 +373,9 @@ def _check_against_model(config: ModelConfig, where: str, signature: ModelSignat
                     f"model's {BY_TRITON[spec.datatype].config}"
                 )
             shape = list(spec.shape)
+            if kind == "input" and batching and getattr(entry, "allow_ragged_batch", False):
+                _check_ragged(config, entry, shape, where)
+                continue
             if batching:
                 if not shape or shape[0] != -1:
                     raise ConfigError(
@@ -367,6 +391,34 @@ def _check_against_model(config: ModelConfig, where: str, signature: ModelSignat
                 raise ConfigError(
                     f"{label}: dims {want} do not match the model's shape {shape}"
                     + (" (batch dimension excluded)" if batching else "")
+                )
+
+
+def _check_ragged(config: ModelConfig, entry: mc.ModelInput, shape: list[int], where: str) -> None:
+    """A ragged input reaches the model as one 1-D tensor of the batch's elements: the model's
+    input must be [-1] (onnxruntime_backend's rule and texts)."""
+    start = f"{where}: unable to load model '{config.name}', configuration expects model provides"
+    if entry.optional:
+        raise ConfigError(
+            f"{start} input with shape [-1] for ragged input '{entry.name}', which is not "
+            "supported for optional input"
+        )
+    if shape != [-1]:
+        raise ConfigError(
+            f"{start} input with shape [-1] for ragged input '{entry.name}', model provides "
+            f"{shape}"
+        )
+
+
+def _check_batch_targets(config: ModelConfig, where: str, signature: ModelSignature) -> None:
+    """Each batch input fills a model input the client never sends."""
+    model_inputs = {t.name for t in signature.inputs}
+    for entry in config.batch_input:
+        for target in entry.target_name:
+            if target not in model_inputs:
+                raise ConfigError(
+                    f"{where}: batch input target '{target}' is not a model input; the model "
+                    f"has {sorted(model_inputs)}"
                 )
 
 

@@ -44,7 +44,7 @@ from appliance.runtime.autocomplete import (
     resolve_backend,
 )
 from appliance.runtime.placement import onnx_substitute, place_group, tensorrt_problem
-from appliance.runtime.specs import plan_from_config
+from appliance.runtime.specs import batch_shaping, plan_from_config
 from appliance.runtime.version_policy import select_versions
 from appliance.runtime.warmup import warm_up
 from appliance.scheduling.ensemble import EnsemblePlan
@@ -78,6 +78,7 @@ class TensorRule:
     dims: tuple[int, ...]  # as clients see it, without the batch dimension
     model_dims: tuple[int, ...] | None  # the model's own shape when config has `reshape`
     optional: bool = False
+    ragged: bool = False  # allow_ragged_batch: requests batch whatever its shape
 
 
 @dataclass
@@ -118,6 +119,7 @@ def tensor_rules(entries: Any) -> dict[str, TensorRule]:
             dims=tuple(e.dims),
             model_dims=reshaped,
             optional=bool(getattr(e, "optional", False)),
+            ragged=bool(getattr(e, "allow_ragged_batch", False)),
         )
     return rules
 
@@ -444,6 +446,7 @@ def _load_instances(
     )
     version_cache = cache_dir / "derived" / config.name / str(version) if cache_dir else None
     batching = config.max_batch_size > 0
+    shaping = batch_shaping(config) if batching else None
     workers: list[InstanceWorker] = []
     instances: list[ModelInstance] = []
     try:
@@ -490,6 +493,7 @@ def _load_instances(
                         batching,
                         resources=resources,
                         priority=int(group.rate_limiter.priority),
+                        shaping=shaping,
                     )
                 )
         try:

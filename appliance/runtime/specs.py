@@ -14,6 +14,7 @@ import numpy as np
 
 from appliance.common.errors import ConfigError
 from appliance.common.model_config import ModelConfig, datatype_of
+from appliance.common.protocol import model_config_pb2 as mc
 from appliance.common.settings import SchedulingSettings
 from appliance.scheduling.batcher import DynamicScheduler
 from appliance.scheduling.contract import ModelScheduler
@@ -27,6 +28,7 @@ from appliance.scheduling.ensemble import (
 from appliance.scheduling.instances import InstanceWorker
 from appliance.scheduling.policy import BatchPolicy
 from appliance.scheduling.queues import DEFAULT_POLICY_KEY, QueuePolicy
+from appliance.scheduling.ragged import BatchInputSpec, BatchShaping
 from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.sequence import Control, SequenceScheduler, SequenceSpec, StateSpec
 from appliance.scheduling.stats import ModelStats
@@ -109,6 +111,22 @@ def queue_settings(config: ModelConfig) -> tuple[int, int, dict[int, QueuePolicy
     for level, policy in dyn.priority_queue_policy.items():
         policies[int(level)] = _queue_policy(policy)
     return levels, int(dyn.default_priority_level), policies
+
+
+def batch_shaping(config: ModelConfig) -> BatchShaping:
+    """The config's ragged inputs (`allow_ragged_batch`) and `batch_input` tensors."""
+    return BatchShaping(
+        ragged=frozenset(i.name for i in config.input if i.allow_ragged_batch),
+        batch_inputs=tuple(
+            BatchInputSpec(
+                kind=mc.BatchInput.Kind.Name(b.kind),
+                targets=tuple(b.target_name),
+                dtype=BY_TRITON[datatype_of(b.data_type)].numpy,
+                source=b.source_input[0],
+            )
+            for b in config.batch_input
+        ),
+    )
 
 
 # ---- sequence ----------------------------------------------------------------------------------

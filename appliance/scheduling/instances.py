@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from appliance.common.types import Array
+from appliance.scheduling.ragged import BatchShaping, gather
 from edge_backends.api import BackendError, InputRejected, ModelInstance, Pending, RequestInfo
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ _RESERVED_PARAMETERS = frozenset(
 )
 
 
-def request_info(job: Job) -> RequestInfo:
+def request_info(job: Job, ragged: frozenset[str] = frozenset()) -> RequestInfo:
     """What the backend may show the model of a job's request besides its tensors."""
     parameters = job.parameters or {}
     sequence_id = job.sequence_id or parameters.get("sequence_id", 0)
@@ -90,6 +91,9 @@ def request_info(job: Job) -> RequestInfo:
         timeout_us=job.timeout_us,
         output_names=job.output_names,
         batch_size=job.batch_size,
+        ragged_shapes={
+            name: tuple(job.inputs[name].shape) for name in ragged if name in job.inputs
+        },
     )
 
 
@@ -117,11 +121,17 @@ class BatchResult:
             job.compute_ns = times
 
 
-def _gather_inputs(jobs: Sequence[Job], batching: bool) -> dict[str, Array]:
-    if len(jobs) == 1:
+def _gather_inputs(
+    jobs: Sequence[Job], batching: bool, shaping: BatchShaping, per_request: bool
+) -> dict[str, Array]:
+    """The batch's tensors. `per_request`: the backend sees each request's own tensors (a
+    Python model): no batch inputs, a single request's tensors as they are."""
+    if len(jobs) == 1 and (per_request or not shaping):
         return jobs[0].inputs
-    if not batching:
+    if len(jobs) > 1 and not batching:
         raise AssertionError("only batching models get multi-request batches")
+    if shaping:
+        return gather([j.inputs for j in jobs], shaping, batch_inputs=not per_request)
     return {name: np.concatenate([j.inputs[name] for j in jobs]) for name in jobs[0].inputs}
 
 
@@ -155,8 +165,10 @@ class InstanceWorker:
         batching: bool,
         resources: dict[str, int] | None = None,
         priority: int = 0,
+        shaping: BatchShaping | None = None,
     ) -> None:
         self.name = name
+        self._shaping = shaping or BatchShaping()  # ragged inputs and batch inputs
         self.resources = resources or {}  # rate_limiter resources held while a batch runs
         self.priority = priority
         # Instances that wait on another process must never run on the event loop.
@@ -281,13 +293,13 @@ class InstanceWorker:
         # scheduler learns the model's cost, then one batch in CPU_SAMPLE_EVERY.
         timed = self._runs <= CPU_WARMUP_RUNS or not self._runs % CPU_SAMPLE_EVERY
         job = jobs[0]
-        if len(jobs) == 1 and job.emit is None and not self._wants_requests:
+        if len(jobs) == 1 and job.emit is None and not self._wants_requests and not self._shaping:
             return self._run_one(job, jobs, timed)
         result = BatchResult(jobs=jobs)
         cpu0 = time.thread_time_ns() if timed else 0
         try:
             t0 = time.monotonic_ns()
-            inputs = _gather_inputs(jobs, self._batching)
+            inputs = _gather_inputs(jobs, self._batching, self._shaping, self._wants_requests)
             names: list[str] = []
             for job in jobs:
                 names.extend(n for n in job.output_names if n not in names)
@@ -303,7 +315,7 @@ class InstanceWorker:
                         inputs, names, emit, info
                     )
                 elif self._wants_requests:  # each request answered on its own
-                    infos = [request_info(job) for job in jobs]
+                    infos = [request_info(job, self._ragged_of(jobs)) for job in jobs]
                     answers = list(self._instance.execute_requests(inputs, names, infos))
                     if len(answers) != len(jobs):
                         raise BackendError(
@@ -338,6 +350,10 @@ class InstanceWorker:
         except Exception as exc:  # the whole batch failed: every request reports it
             result.outcomes = [exc] * len(jobs)
         return result
+
+    def _ragged_of(self, jobs: list[Job]) -> frozenset[str]:
+        """The ragged inputs a batch's tensors hold as one 1-D tensor (several requests)."""
+        return self._shaping.ragged if len(jobs) > 1 else frozenset()
 
     def _run_one(self, job: Job, jobs: list[Job], timed: bool) -> BatchResult:
         """`run` for a batch of one request to `execute` (the common case): its inputs as

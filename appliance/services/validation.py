@@ -92,7 +92,7 @@ def validate(
             limits.check_elements(data.size, shape, f"model '{name}' input '{tensor.name}'")
         if nbytes > max_bytes >= 0:
             limits.check_bytes(nbytes, name, tensor.name)
-        keys.append((tensor.name, item_shape))
+        keys.append((tensor.name, None if rule.ragged and batching else item_shape))
     if len(arrays) < len(rules):
         missing = [n for n, r in rules.items() if n not in arrays and not r.optional]
         if missing:

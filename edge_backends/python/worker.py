@@ -77,12 +77,21 @@ class _Flag:
 def _split(
     inputs: dict[str, np.ndarray[Any, Any]], infos: list[RequestInfo]
 ) -> list[dict[str, np.ndarray[Any, Any]]]:
-    """Each request's rows of a batch's inputs."""
+    """Each request's rows of a batch's inputs (a ragged input's elements, in its shape)."""
     if len(infos) <= 1:
         return [inputs]
     cuts = np.cumsum([info.batch_size for info in infos])[:-1]
     parts: list[dict[str, np.ndarray[Any, Any]]] = [{} for _ in infos]
+    ragged = infos[0].ragged_shapes
     for name, array in inputs.items():
+        if name in ragged:
+            taken = 0
+            for part, info in zip(parts, infos, strict=True):
+                shape = info.ragged_shapes[name]
+                count = int(np.prod(shape, dtype=np.int64))
+                part[name] = array[taken : taken + count].reshape(shape)
+                taken += count
+            continue
         for part, rows in zip(parts, np.split(array, cuts), strict=True):
             part[name] = rows
     return parts

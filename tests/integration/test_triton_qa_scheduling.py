@@ -4,6 +4,7 @@ L0_sequence_batcher, L0_batch_input, model control), on the real server through 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,11 @@ def _repository(root: Path) -> Path:
     models = root / "models"
     save(growing_state_model(), models / "growing_state" / "1" / "model.onnx")
     (models / "growing_state" / "config.pbtxt").write_text(GROWING_STATE)
+    save(ragged_onnx_model(), models / "ragged_onnx" / "1" / "model.onnx")
+    (models / "ragged_onnx" / "config.pbtxt").write_text(RAGGED_ONNX)
+    (models / "ragged_python" / "1").mkdir(parents=True)
+    (models / "ragged_python" / "1" / "model.py").write_text(RAGGED_PYTHON_MODEL)
+    (models / "ragged_python" / "config.pbtxt").write_text(RAGGED_PYTHON)
     return models
 
 
@@ -96,6 +102,156 @@ def test_implicit_state_with_a_variable_dimension_starts_as_one_zero(
         seen.append(result.as_numpy("OUTPUT").tolist())
     # The first request's state is [0] (the -1 dimension as 1); then the model's own output.
     assert seen == [[0, 5], [0, 5, 6, 7], [0, 5, 6, 7, 8]]
+
+
+# Ragged batching (L0_batch_input's kinds): requests of different shapes batch together; the
+# model gets the ragged input as one 1-D tensor and the batch inputs the server makes. Every
+# output row of this model shows the whole batch: a request sees what its batch was.
+RAGGED_ONNX = """\
+name: "ragged_onnx"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ { name: "INPUT", data_type: TYPE_FP32, dims: [ -1 ], allow_ragged_batch: true } ]
+output [
+  { name: "FLAT", data_type: TYPE_FP32, dims: [ -1 ] },
+  { name: "COUNT", data_type: TYPE_FP32, dims: [ -1 ] },
+  { name: "ACC", data_type: TYPE_INT32, dims: [ -1 ] },
+  { name: "ACC0", data_type: TYPE_FP32, dims: [ -1 ] },
+  { name: "MAX", data_type: TYPE_FP32, dims: [ -1 ] },
+  { name: "ITEM", data_type: TYPE_FP32, dims: [ 1 ] },
+  { name: "FLAT_ITEMS", data_type: TYPE_FP32, dims: [ -1 ] }
+]
+batch_input [
+  { kind: BATCH_ELEMENT_COUNT, target_name: "B_COUNT",
+    data_type: TYPE_FP32, source_input: "INPUT" },
+  { kind: BATCH_ACCUMULATED_ELEMENT_COUNT, target_name: "B_ACC",
+    data_type: TYPE_INT32, source_input: "INPUT" },
+  { kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO, target_name: "B_ACC0",
+    data_type: TYPE_FP32, source_input: "INPUT" },
+  { kind: BATCH_MAX_ELEMENT_COUNT_AS_SHAPE, target_name: "B_MAX",
+    data_type: TYPE_FP32, source_input: "INPUT" },
+  { kind: BATCH_ITEM_SHAPE, target_name: "B_ITEM", data_type: TYPE_FP32, source_input: "INPUT" },
+  { kind: BATCH_ITEM_SHAPE_FLATTEN, target_name: "B_FLAT",
+    data_type: TYPE_FP32, source_input: "INPUT" }
+]
+dynamic_batching { preferred_batch_size: [ 3 ], max_queue_delay_microseconds: 30000000 }
+"""
+
+
+def ragged_onnx_model() -> Any:
+    """Each output row: a batch input (or the 1-D ragged input), one row per request."""
+    fp32, int32 = TensorProto.FLOAT, TensorProto.INT32
+    nodes = [helper.make_node("Shape", ["B_COUNT"], ["rows"])]  # [requests]: batch 1 each
+    outputs = []
+    for source, name, elem in (
+        ("INPUT", "FLAT", fp32),
+        ("B_COUNT", "COUNT", fp32),
+        ("B_ACC", "ACC", int32),
+        ("B_ACC0", "ACC0", fp32),
+        ("B_MAX", "MAX", fp32),
+        ("B_FLAT", "FLAT_ITEMS", fp32),
+    ):
+        nodes += [
+            helper.make_node("Shape", [source], [f"{name}_len"]),
+            helper.make_node("Concat", ["rows", f"{name}_len"], [f"{name}_shape"], axis=0),
+            helper.make_node("Unsqueeze", [source, "zero"], [f"{name}_row"]),
+            helper.make_node("Expand", [f"{name}_row", f"{name}_shape"], [name]),
+        ]
+        outputs.append(helper.make_tensor_value_info(name, elem, ["b", "n"]))
+    nodes.append(helper.make_node("Identity", ["B_ITEM"], ["ITEM"]))
+    outputs.append(helper.make_tensor_value_info("ITEM", fp32, ["b", 1]))
+    inputs = [
+        helper.make_tensor_value_info("INPUT", fp32, ["n"]),
+        helper.make_tensor_value_info("B_COUNT", fp32, ["r"]),
+        helper.make_tensor_value_info("B_ACC", int32, ["r"]),
+        helper.make_tensor_value_info("B_ACC0", fp32, ["r1"]),
+        helper.make_tensor_value_info("B_MAX", fp32, ["m"]),
+        helper.make_tensor_value_info("B_ITEM", fp32, ["b", 1]),
+        helper.make_tensor_value_info("B_FLAT", fp32, ["f"]),
+    ]
+    zero = helper.make_tensor("zero", TensorProto.INT64, [1], [0])
+    graph = helper.make_graph(nodes, "ragged", inputs, outputs, initializer=[zero])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    return model
+
+
+# The same batching for a Python model: it gets each request's own tensors (no batch inputs,
+# as Triton's Python backend) and says how many requests its execute() had.
+RAGGED_PYTHON = """\
+name: "ragged_python"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT", data_type: TYPE_FP32, dims: [ -1 ], allow_ragged_batch: true } ]
+output [
+  { name: "OUTPUT", data_type: TYPE_FP32, dims: [ -1 ] },
+  { name: "REQUESTS", data_type: TYPE_INT32, dims: [ 1 ] }
+]
+batch_input [
+  { kind: BATCH_ACCUMULATED_ELEMENT_COUNT, target_name: "INDEX",
+    data_type: TYPE_FP32, source_input: "INPUT" }
+]
+dynamic_batching { preferred_batch_size: [ 3 ], max_queue_delay_microseconds: 30000000 }
+"""
+
+RAGGED_PYTHON_MODEL = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            assert pb_utils.get_input_tensor_by_name(request, "INDEX") is None
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
+            count = np.array([[len(requests)]], dtype=np.int32)
+            tensors = [pb_utils.Tensor("OUTPUT", x * 2), pb_utils.Tensor("REQUESTS", count)]
+            responses.append(pb_utils.InferenceResponse(tensors))
+        return responses
+"""
+
+
+def _ragged_batch(server: ServerProcess, module: Any, model: str, outputs: list[str]) -> list[Any]:
+    """Three concurrent requests of shapes [1, 2], [1, 3], [1, 1]: one batch of three."""
+    url = server.http_url if module is httpclient else server.grpc_url
+
+    def call(n: int) -> Any:
+        tensor = module.InferInput("INPUT", [1, n], "FP32")
+        tensor.set_data_from_numpy(np.full((1, n), n, dtype=np.float32))
+        result = module.InferenceServerClient(url).infer(model, [tensor])
+        return {name: result.as_numpy(name).tolist() for name in outputs}
+
+    with ThreadPoolExecutor(3) as pool:
+        return list(pool.map(call, (2, 3, 1)))
+
+
+@pytest.mark.parametrize("module", MODULES, ids=IDS)
+def test_ragged_inputs_batch_together_with_their_batch_inputs(
+    server: ServerProcess, module: Any
+) -> None:
+    names = ["FLAT", "COUNT", "ACC", "ACC0", "MAX", "ITEM", "FLAT_ITEMS"]
+    results = _ragged_batch(server, module, "ragged_onnx", names)
+    for result, n in zip(results, (2, 3, 1), strict=True):
+        # The batch is the three requests in their arrival order; whichever order that was,
+        # the batch inputs describe it (the request's own row says which it was).
+        counts = result["COUNT"][0]
+        assert sorted(counts) == [1, 2, 3]
+        assert result["FLAT"] == [[c for c in counts for _ in range(int(c))]]
+        assert result["ACC"] == [np.cumsum(counts).astype(int).tolist()]
+        assert result["ACC0"] == [[0, *np.cumsum(counts).tolist()]]
+        assert result["MAX"] == [[0.0, 0.0, 0.0]]  # shape [3]: the largest element count
+        assert result["ITEM"] == [[n]]  # the request's own item shape (without the batch)
+        assert result["FLAT_ITEMS"] == [counts]
+
+
+@pytest.mark.parametrize("module", MODULES, ids=IDS)
+def test_a_python_model_gets_each_ragged_request_on_its_own(
+    server: ServerProcess, module: Any
+) -> None:
+    results = _ragged_batch(server, module, "ragged_python", ["OUTPUT", "REQUESTS"])
+    assert [r["OUTPUT"] for r in results] == [[[4.0, 4.0]], [[6.0, 6.0, 6.0]], [[2.0]]]
+    assert [r["REQUESTS"] for r in results] == [[[3]]] * 3  # one execute() of three requests
 
 
 # A Python model that fails to initialize while its config says so: it fails to load until the
