@@ -34,7 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from appliance.common.errors import InvalidInput, QueueFull, ServerUnavailable
+from appliance.common.errors import (
+    ApplianceError,
+    ErrorCode,
+    InvalidInput,
+    QueueFull,
+    ServerUnavailable,
+)
 from appliance.common.types import Array
 from appliance.scheduling.base import SchedulerBase
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
@@ -49,6 +55,13 @@ SequenceId = int | str
 
 class SequenceError(InvalidInput):
     """A request that does not fit its sequence (unknown, timed out, no START)."""
+
+
+class SequenceCancelled(ApplianceError):
+    """A queued request of a sequence one of whose earlier requests was cancelled: as in
+    Triton, the sequence ends there and its requests still queued are cancelled."""
+
+    code = ErrorCode.CANCELLED
 
 
 @dataclass
@@ -84,7 +97,8 @@ class Sequence:
     state: dict[str, Array] = field(default_factory=dict)  # state input name -> row
     running: bool = False
     last_used_ns: int = 0
-    ended: bool = False  # its END request has been accepted
+    ended: bool = False  # its END request has been accepted, or it was cancelled
+    cancelled: bool = False  # a queued request of it was cancelled: it ends when idle
     slot: Slot | None = None  # None: in the backlog, waiting for a slot
 
 
@@ -184,7 +198,7 @@ class SequenceScheduler(SchedulerBase):
                     sid,
                     self._model,
                 )
-            sequence.ended = False
+            sequence.ended = sequence.cancelled = False
         elif sequence is None or sequence.ended:
             raise SequenceError(
                 f"inference request for sequence {sid} to model '{self._model}' must specify "
@@ -205,12 +219,30 @@ class SequenceScheduler(SchedulerBase):
             return await job.future
         except asyncio.CancelledError:
             if job in sequence.waiting:
-                sequence.waiting.remove(job)
-                self._stats.cancelled += 1
-                if job.sequence_end and not sequence.waiting and not sequence.running:
-                    self._end(sequence)
-                    self._dispatch()
+                self._cancel_from(sequence, job)
             raise
+
+    def _cancel_from(self, sequence: Sequence, job: Job) -> None:
+        """A queued request was cancelled: as in Triton (core's OldestSequenceBatch /
+        DirectSequenceBatch force-end a sequence whose next request is cancelled, and
+        ReleaseSequenceSlot cancels what is queued behind it), the sequence ends there: its
+        requests queued after this one are cancelled and its slot is released once the
+        request it is running (if any) is done; a later request needs a START."""
+        index = sequence.waiting.index(job)
+        dropped = [sequence.waiting.pop() for _ in range(len(sequence.waiting) - index)]
+        self._stats.cancelled += len(dropped)
+        for other in dropped:
+            if other is not job and not other.future.done():
+                other.future.set_exception(
+                    SequenceCancelled(
+                        f"sequence {sequence.id} to model '{self._model}' was cancelled: "
+                        "an earlier request of it was cancelled"
+                    )
+                )
+        sequence.ended = sequence.cancelled = True
+        if not sequence.running and not sequence.waiting:
+            self._end(sequence)
+            self._dispatch()
 
     # ---- slots -------------------------------------------------------------------------------
 
@@ -393,7 +425,8 @@ class SequenceScheduler(SchedulerBase):
                     for state in self._states:
                         if state.output_name in outcome:
                             sequence.state[state.input_name] = np.array(outcome[state.output_name])
-                if job.sequence_end and sequence.ended and not sequence.waiting:
+                ending = job.sequence_end or sequence.cancelled
+                if ending and sequence.ended and not sequence.waiting:
                     self._end(sequence)
             self._settle(job, outcome)
         self._dispatch()

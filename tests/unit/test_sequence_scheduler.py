@@ -11,9 +11,10 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from appliance.common.errors import ErrorCode
 from appliance.runtime.specs import sequence_spec
 from appliance.scheduling.instances import InstanceWorker, Job
-from appliance.scheduling.sequence import SequenceError, SequenceScheduler
+from appliance.scheduling.sequence import SequenceCancelled, SequenceError, SequenceScheduler
 from appliance.scheduling.stats import ModelStats
 from edge_backends.api import InstanceBase
 
@@ -213,5 +214,35 @@ async def test_a_variable_state_starts_as_one_zero_and_batches_only_with_its_sha
     await held
     # Rows whose states differ in shape run in separate batches (never one of [2] and [1]).
     assert sorted(model.lengths[2:]) == [[1], [2]]
+    await sched.stop(1, "was unloaded")
+    sched.release(1)
+
+
+async def test_a_cancelled_queued_request_ends_its_sequence_and_cancels_the_rest() -> None:
+    gate = threading.Event()
+    sched, model = scheduler(gate)
+    running = asyncio.ensure_future(sched.submit(job("s", 1, start=True)))
+    await asyncio.sleep(0.01)
+    second = asyncio.ensure_future(sched.submit(job("s", 2)))
+    third = asyncio.ensure_future(sched.submit(job("s", 3)))
+    last = asyncio.ensure_future(sched.submit(job("s", 4, end=True)))
+    other = asyncio.ensure_future(sched.submit(job("t", 10, start=True, end=True)))
+    await asyncio.sleep(0.01)
+    third.cancel()
+    await asyncio.sleep(0)
+    # Triton: the sequence ends at the cancelled request, and what is queued behind it is
+    # cancelled (CANCELLED); what is ahead of it still runs, other sequences are untouched.
+    with pytest.raises(SequenceCancelled) as cancelled:
+        await last
+    assert cancelled.value.code is ErrorCode.CANCELLED
+    gate.set()
+    assert int((await running)["OUT"][0, 0]) == 1
+    assert int((await second)["OUT"][0, 0]) == 3
+    assert int((await other)["OUT"][0, 0]) == 10
+    assert third.cancelled()
+    with pytest.raises(SequenceError, match="must specify the START flag"):
+        await sched.submit(job("s", 5))
+    assert sched.pending == 0
+    assert b"s" not in [row for batch in model.batches[2:] for row in batch]
     await sched.stop(1, "was unloaded")
     sched.release(1)
