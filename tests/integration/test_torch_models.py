@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import queue
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 
+from configs.generate import REPEAT_CONFIG, REPEAT_MODEL
 from tests.serverproc import ServerProcess
 
 torch = pytest.importorskip("torch", reason="torch is not installed (extra 'torch')")
@@ -32,6 +34,56 @@ class LinearTwoOutputs(torch.nn.Module):  # type: ignore[misc]  # torch is untyp
 
 
 MODULE = LinearTwoOutputs().eval()
+
+
+class AddSub(torch.nn.Module):  # type: ignore[misc]
+    """Triton's qa libtorch_*_int32_int32_int32: (INPUT0 + INPUT1, INPUT0 - INPUT1)."""
+
+    def forward(
+        self, INPUT0: torch.Tensor, INPUT1: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return INPUT0 + INPUT1, INPUT0 - INPUT1
+
+
+PT_ADD_SUB = """\
+name: "pt_add_sub"
+platform: "pytorch_libtorch"
+max_batch_size: 0
+input [
+  { name: "INPUT0", data_type: TYPE_INT32, dims: [ 1 ] },
+  { name: "INPUT1", data_type: TYPE_INT32, dims: [ 1 ] }
+]
+output [
+  { name: "OUTPUT__0", data_type: TYPE_INT32, dims: [ 1 ] },
+  { name: "OUTPUT__1", data_type: TYPE_INT32, dims: [ 1 ] }
+]
+"""
+
+# L0_decoupled's fan_repeat: a decoupled Python step, an identity step and a TorchScript step
+# (whose config dims Triton takes as they are: TorchScript has no shapes to check them by).
+FAN_REPEAT = """\
+name: "fan_repeat"
+platform: "ensemble"
+max_batch_size: 0
+input [
+  { name: "IN", data_type: TYPE_INT32, dims: [ -1 ] },
+  { name: "DELAY", data_type: TYPE_UINT32, dims: [ -1 ] },
+  { name: "WAIT", data_type: TYPE_UINT32, dims: [ 1 ] }
+]
+output [ { name: "OUT", data_type: TYPE_INT32, dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "repeat_int32", model_version: -1,
+    input_map { key: "IN" value: "IN" } input_map { key: "DELAY" value: "DELAY" }
+    input_map { key: "WAIT" value: "WAIT" } output_map { key: "OUT" value: "repeat_out" } },
+  { model_name: "identity_int32", model_version: -1,
+    input_map { key: "INPUT0" value: "repeat_out" }
+    output_map { key: "OUTPUT0" value: "identity_out" } },
+  { model_name: "pt_add_sub", model_version: -1,
+    input_map { key: "INPUT0" value: "repeat_out" }
+    input_map { key: "INPUT1" value: "identity_out" }
+    output_map { key: "OUTPUT__0" value: "OUT" } }
+] }
+"""
 BATCHING = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 300000 }\n"
 
 
@@ -98,6 +150,20 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         + _tensors("input", ["INPUT__0", "INPUT__1"], 4)
         + 'output [ { name: "OUTPUT__0", data_type: TYPE_FP64, dims: [ 3 ] } ]\n',
     )
+    (root / "pt_add_sub" / "1").mkdir(parents=True)
+    torch.jit.script(AddSub()).save(str(root / "pt_add_sub" / "1" / "model.pt"))
+    (root / "pt_add_sub" / "config.pbtxt").write_text(PT_ADD_SUB)
+    (root / "repeat_int32" / "1").mkdir(parents=True)
+    (root / "repeat_int32" / "config.pbtxt").write_text(REPEAT_CONFIG)
+    (root / "repeat_int32" / "1" / "model.py").write_text(REPEAT_MODEL)
+    (root / "identity_int32" / "1").mkdir(parents=True)
+    (root / "identity_int32" / "config.pbtxt").write_text(
+        'name: "identity_int32"\nbackend: "identity"\nmax_batch_size: 0\n'
+        'input [ { name: "INPUT0", data_type: TYPE_INT32, dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT0", data_type: TYPE_INT32, dims: [ -1 ] } ]\n'
+    )
+    (root / "fan_repeat" / "1").mkdir(parents=True)
+    (root / "fan_repeat" / "config.pbtxt").write_text(FAN_REPEAT)
     return root
 
 
@@ -242,3 +308,28 @@ def test_wrong_output_datatype_fails_the_request_with_the_reason(server: ServerP
     inputs[1].set_data_from_numpy(y)
     with pytest.raises(Exception, match="output 'OUTPUT__0': the model returned float32, the"):
         client.infer("pt_wrong_dtype", inputs)
+
+
+def test_a_decoupled_ensemble_with_a_torchscript_step_streams(server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    assert client.is_model_ready("fan_repeat")
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    values = [4, 2, 0, 1]
+    inputs = []
+    for name, datatype, data in (
+        ("IN", "INT32", np.array(values, dtype=np.int32)),
+        ("DELAY", "UINT32", np.zeros(4, dtype=np.uint32)),
+        ("WAIT", "UINT32", np.zeros(1, dtype=np.uint32)),
+    ):
+        tensor = grpcclient.InferInput(name, list(data.shape), datatype)
+        tensor.set_data_from_numpy(data)
+        inputs.append(tensor)
+    client.async_stream_infer("fan_repeat", inputs)
+    got = []
+    for _ in values:  # one response per element: OUT = IN + identity(IN)
+        result, error = answers.get(timeout=30)
+        assert error is None
+        got.append(int(result.as_numpy("OUT")[0]))  # type: ignore[attr-defined]
+    client.stop_stream()
+    assert sorted(got) == sorted(2 * v for v in values)
