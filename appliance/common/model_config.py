@@ -248,6 +248,26 @@ def _check_batch_inputs(config: ModelConfig, where: str) -> None:
                 raise ConfigError(f"{where}: unknown source input name '{source}'")
         if not entry.target_name:
             raise ConfigError(f"{where}: batch input kind '{kind}' has no target_name")
+    outputs = {o.name for o in config.output}
+    for output in config.batch_output:
+        kind = mc.BatchOutput.Kind.Name(output.kind)
+        if len(output.source_input) != 1:
+            raise ConfigError(
+                f"{where}: batch output kind '{kind}' expects 1 source input, got "
+                f"{len(output.source_input)}"
+            )
+        for source in output.source_input:
+            if source not in inputs:
+                raise ConfigError(f"{where}: unknown source input name '{source}'")
+        targets: set[str] = set()
+        for target in output.target_name:
+            if target not in outputs:
+                raise ConfigError(f"{where}: unknown target output name '{target}'")
+            if target in targets:
+                raise ConfigError(
+                    f"{where}: target output name '{target}' can only be specified once"
+                )
+            targets.add(target)
 
 
 def _over(where: str, field: str, value: int, bound: int) -> ConfigError:
@@ -356,6 +376,9 @@ def model_shape(entry: mc.ModelInput | mc.ModelOutput) -> list[int]:
 
 def _check_against_model(config: ModelConfig, where: str, signature: ModelSignature) -> None:
     batching = config.max_batch_size > 0
+    # A batch output's shape in the model is the batch's, not a request's (onnxruntime_backend
+    # does not compare it either).
+    scattered = {t for b in config.batch_output for t in b.target_name}
     for kind, entries, specs in (
         ("input", config.input, signature.inputs),
         ("output", config.output, signature.outputs),
@@ -373,6 +396,8 @@ def _check_against_model(config: ModelConfig, where: str, signature: ModelSignat
                     f"model's {BY_TRITON[spec.datatype].config}"
                 )
             shape = list(spec.shape)
+            if kind == "output" and entry.name in scattered:
+                continue
             if kind == "input" and batching and getattr(entry, "allow_ragged_batch", False):
                 _check_ragged(config, entry, shape, where)
                 continue

@@ -28,7 +28,7 @@ from appliance.scheduling.ensemble import (
 from appliance.scheduling.instances import InstanceWorker
 from appliance.scheduling.policy import BatchPolicy
 from appliance.scheduling.queues import DEFAULT_POLICY_KEY, QueuePolicy
-from appliance.scheduling.ragged import BatchInputSpec, BatchShaping
+from appliance.scheduling.ragged import BatchInputSpec, BatchShaping, ScatterSpec
 from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.sequence import Control, SequenceScheduler, SequenceSpec, StateSpec
 from appliance.scheduling.stats import ModelStats
@@ -114,7 +114,8 @@ def queue_settings(config: ModelConfig) -> tuple[int, int, dict[int, QueuePolicy
 
 
 def batch_shaping(config: ModelConfig) -> BatchShaping:
-    """The config's ragged inputs (`allow_ragged_batch`) and `batch_input` tensors."""
+    """The config's ragged inputs (`allow_ragged_batch`), `batch_input` and `batch_output`."""
+    outputs = {o.name: o for o in config.output}
     return BatchShaping(
         ragged=frozenset(i.name for i in config.input if i.allow_ragged_batch),
         batch_inputs=tuple(
@@ -125,6 +126,16 @@ def batch_shaping(config: ModelConfig) -> BatchShaping:
                 source=b.source_input[0],
             )
             for b in config.batch_input
+        ),
+        scatter=tuple(
+            ScatterSpec(
+                target,
+                b.source_input[0],
+                (-1, *(int(d) for d in outputs[target].dims)),
+            )
+            for b in config.batch_output
+            for target in b.target_name
+            if target in outputs and b.source_input
         ),
     )
 

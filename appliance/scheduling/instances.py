@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from appliance.common.types import Array
-from appliance.scheduling.ragged import BatchShaping, gather
+from appliance.scheduling.ragged import BatchShaping, gather, scatter
 from edge_backends.api import BackendError, InputRejected, ModelInstance, Pending, RequestInfo
 
 log = logging.getLogger(__name__)
@@ -136,10 +136,24 @@ def _gather_inputs(
 
 
 def _split_outputs(
-    jobs: Sequence[Job], outputs: dict[str, Array], batching: bool, total: int
+    jobs: Sequence[Job],
+    outputs: dict[str, Array],
+    batching: bool,
+    total: int,
+    shaping: BatchShaping | None = None,
 ) -> list[dict[str, Array]]:
+    scattered: dict[str, list[Array]] = {}  # batch outputs, cut by their source's shapes
+    for spec in shaping.scatter if shaping else ():
+        if spec.target in outputs:
+            outputs = dict(outputs)
+            try:
+                scattered[spec.target] = scatter(
+                    spec, outputs.pop(spec.target), [j.inputs for j in jobs]
+                )
+            except ValueError as exc:
+                raise BackendError(str(exc)) from exc
     if len(jobs) == 1:
-        return [outputs]
+        return [{**outputs, **{name: cut[0] for name, cut in scattered.items()}}]
     for name, array in outputs.items():
         if array.ndim == 0 or array.shape[0] != total:
             raise BackendError(
@@ -148,9 +162,11 @@ def _split_outputs(
             )
     parts: list[dict[str, Array]] = []
     start = 0
-    for job in jobs:
+    for index, job in enumerate(jobs):
         end = start + job.batch_size
-        parts.append({name: array[start:end] for name, array in outputs.items()})
+        part = {name: array[start:end] for name, array in outputs.items()}
+        part.update({name: cut[index] for name, cut in scattered.items()})
+        parts.append(part)
         start = end
     return parts
 
@@ -328,7 +344,9 @@ class InstanceWorker:
             t2 = time.monotonic_ns()
             total = sum(j.batch_size for j in jobs)
             if answers is None:
-                answers = list(_split_outputs(jobs, outputs, self._batching, total))
+                answers = list(
+                    _split_outputs(jobs, outputs, self._batching, total, self._shaping)
+                )
             result.outcomes = answers
             t3 = time.monotonic_ns()
             result.input_ns, result.infer_ns, result.output_ns = t1 - t0, t2 - t1, t3 - t2

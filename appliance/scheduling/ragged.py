@@ -16,6 +16,10 @@ backend repository's `BackendInputCollector`, onnxruntime_backend's ragged input
   `BATCH_ITEM_SHAPE` [batch size, source dims]: each batch item's shape without the batch
   dimension; `BATCH_ITEM_SHAPE_FLATTEN`: the same values, flattened.
 
+- each `batch_output` (`BATCH_SCATTER_WITH_INPUT_SHAPE`) is cut back into the requests by
+  their source input's shape: a request's part has the output's config shape (batch first)
+  with each -1 the source's dimension at the same place, its elements taken in order.
+
 A Python model sees each request's own tensors (as with Triton's Python backend, which makes
 no batch inputs): its worker cuts them back out of the 1-D tensor by the shapes each request's
 `RequestInfo.ragged_shapes` gives.
@@ -52,14 +56,24 @@ class BatchInputSpec:
 
 
 @dataclass(frozen=True)
+class ScatterSpec:
+    """One config `batch_output`: the output it cuts, the input whose shapes say how."""
+
+    target: str
+    source: str
+    shape: tuple[int, ...]  # the output's config dims, the batch dimension (-1) first
+
+
+@dataclass(frozen=True)
 class BatchShaping:
-    """A model's ragged inputs and batch inputs (both empty: batches are plain)."""
+    """A model's ragged inputs, batch inputs and batch outputs (all empty: plain batches)."""
 
     ragged: frozenset[str] = frozenset()
     batch_inputs: tuple[BatchInputSpec, ...] = ()
+    scatter: tuple[ScatterSpec, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.ragged or self.batch_inputs)
+        return bool(self.ragged or self.batch_inputs or self.scatter)
 
 
 def batch_input(spec: BatchInputSpec, shapes: Sequence[tuple[int, ...]]) -> Array:
@@ -104,3 +118,26 @@ def gather(
             for target in spec.targets:
                 gathered[target] = tensor
     return gathered
+
+
+def scatter(
+    spec: ScatterSpec, output: Array, inputs: Sequence[Mapping[str, Array]]
+) -> list[Array]:
+    """A batch output cut into each request's part (`inputs`: the requests' tensors)."""
+    flat = output.reshape(-1)
+    parts = []
+    taken = 0
+    for request in inputs:
+        source = request[spec.source].shape
+        shape = tuple(
+            source[i] if d == -1 and i < len(source) else d for i, d in enumerate(spec.shape)
+        )
+        count = int(np.prod(shape, dtype=np.int64))
+        if taken + count > flat.size:
+            raise ValueError(
+                f"batch output '{spec.target}' has {flat.size} elements, fewer than its "
+                f"requests' shapes take"
+            )
+        parts.append(flat[taken : taken + count].reshape(shape))
+        taken += count
+    return parts

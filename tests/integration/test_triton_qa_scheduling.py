@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
-from configs.generate import IR_VERSION, OPSET, save
+from configs.generate import IR_VERSION, OPSET, identity_model, save
 from tests.serverproc import ServerProcess
 
 MODULES = [httpclient, grpcclient]
@@ -62,6 +62,8 @@ def _repository(root: Path) -> Path:
     (models / "growing_state" / "config.pbtxt").write_text(GROWING_STATE)
     save(ragged_onnx_model(), models / "ragged_onnx" / "1" / "model.onnx")
     (models / "ragged_onnx" / "config.pbtxt").write_text(RAGGED_ONNX)
+    save(identity_model(TensorProto.FLOAT, ["n"]), models / "ragged_io" / "1" / "model.onnx")
+    (models / "ragged_io" / "config.pbtxt").write_text(RAGGED_IO)
     (models / "ragged_python" / "1").mkdir(parents=True)
     (models / "ragged_python" / "1" / "model.py").write_text(RAGGED_PYTHON_MODEL)
     (models / "ragged_python" / "config.pbtxt").write_text(RAGGED_PYTHON)
@@ -176,6 +178,21 @@ def ragged_onnx_model() -> Any:
     return model
 
 
+# L0_batch_input's ragged_io: an identity model gets the ragged input as one 1-D tensor, and
+# `batch_output` cuts its output back into each request's shape.
+RAGGED_IO = """\
+name: "ragged_io"
+platform: "onnxruntime_onnx"
+max_batch_size: 4
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ], allow_ragged_batch: true } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+batch_output [
+  { target_name: "OUTPUT0", kind: BATCH_SCATTER_WITH_INPUT_SHAPE, source_input: "INPUT0" }
+]
+dynamic_batching { preferred_batch_size: [ 3 ], max_queue_delay_microseconds: 30000000 }
+"""
+
+
 # The same batching for a Python model: it gets each request's own tensors (no batch inputs,
 # as Triton's Python backend) and says how many requests its execute() had.
 RAGGED_PYTHON = """\
@@ -212,12 +229,14 @@ class TritonPythonModel:
 """
 
 
-def _ragged_batch(server: ServerProcess, module: Any, model: str, outputs: list[str]) -> list[Any]:
+def _ragged_batch(
+    server: ServerProcess, module: Any, model: str, outputs: list[str], name: str = "INPUT"
+) -> list[Any]:
     """Three concurrent requests of shapes [1, 2], [1, 3], [1, 1]: one batch of three."""
     url = server.http_url if module is httpclient else server.grpc_url
 
     def call(n: int) -> Any:
-        tensor = module.InferInput("INPUT", [1, n], "FP32")
+        tensor = module.InferInput(name, [1, n], "FP32")
         tensor.set_data_from_numpy(np.full((1, n), n, dtype=np.float32))
         result = module.InferenceServerClient(url).infer(model, [tensor])
         return {name: result.as_numpy(name).tolist() for name in outputs}
@@ -243,6 +262,22 @@ def test_ragged_inputs_batch_together_with_their_batch_inputs(
         assert result["MAX"] == [[0.0, 0.0, 0.0]]  # shape [3]: the largest element count
         assert result["ITEM"] == [[n]]  # the request's own item shape (without the batch)
         assert result["FLAT_ITEMS"] == [counts]
+
+
+@pytest.mark.parametrize("module", MODULES, ids=IDS)
+def test_a_batch_output_is_cut_back_into_each_requests_shape(
+    server: ServerProcess, module: Any
+) -> None:
+    def executions() -> int:
+        stats = httpclient.InferenceServerClient(server.http_url).get_inference_statistics(
+            "ragged_io"
+        )
+        return int(stats["model_stats"][0]["execution_count"])
+
+    before = executions()
+    results = _ragged_batch(server, module, "ragged_io", ["OUTPUT0"], name="INPUT0")
+    assert [r["OUTPUT0"] for r in results] == [[[2.0, 2.0]], [[3.0, 3.0, 3.0]], [[1.0]]]
+    assert executions() - before == 1  # one batch of the three shapes
 
 
 @pytest.mark.parametrize("module", MODULES, ids=IDS)

@@ -13,7 +13,14 @@ from tritonclient.grpc import model_config_pb2 as mc
 from appliance.common.errors import ConfigError
 from appliance.common.model_config import validate_config
 from appliance.runtime.specs import batch_shaping
-from appliance.scheduling.ragged import BatchInputSpec, BatchShaping, batch_input, gather
+from appliance.scheduling.ragged import (
+    BatchInputSpec,
+    BatchShaping,
+    ScatterSpec,
+    batch_input,
+    gather,
+    scatter,
+)
 from edge_backends.api import ModelSignature, TensorSpec
 
 F32, I32 = np.dtype(np.float32), np.dtype(np.int32)
@@ -59,12 +66,26 @@ def test_gather_concatenates_ragged_inputs_flat_and_adds_the_batch_inputs() -> N
     assert "N" not in gather(requests, shaping, batch_inputs=False)  # a Python model's batch
 
 
+def test_a_batch_output_is_cut_by_its_source_inputs_shapes() -> None:
+    spec = ScatterSpec("OUT", "INPUT", (-1, -1))
+    requests = [{"INPUT": np.zeros((1, 2))}, {"INPUT": np.zeros((2, 3))}]
+    parts = scatter(spec, np.arange(8, dtype=np.float32), requests)
+    assert [p.tolist() for p in parts] == [[[0, 1]], [[2, 3, 4], [5, 6, 7]]]
+    with pytest.raises(ValueError, match="batch output 'OUT' has 7 elements"):
+        scatter(spec, np.arange(7, dtype=np.float32), requests)
+
+
 CONFIG = """
 name: "m" max_batch_size: 4
 input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
 output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
 batch_input [ { kind: BATCH_ACCUMULATED_ELEMENT_COUNT target_name: "INDEX"
                 data_type: TYPE_FP32 source_input: "INPUT" } ]
+"""
+
+
+BATCH_OUTPUT = """batch_output [ {{ kind: BATCH_SCATTER_WITH_INPUT_SHAPE
+                 target_name: ["{target}"] source_input: "INPUT" }} ]
 """
 
 
@@ -81,6 +102,14 @@ def signature(input_shape: tuple[int, ...] = (-1,)) -> ModelSignature:
 
 def test_a_ragged_model_with_batch_inputs_is_accepted_and_read() -> None:
     validate_config(config(), Path("m"), signature())
+    scattering = config(BATCH_OUTPUT.format(target="OUT") + CONFIG)
+    flat_output = ModelSignature(
+        inputs=signature().inputs, outputs=(TensorSpec("OUT", "FP32", (-1,)),)
+    )
+    validate_config(scattering, Path("m"), flat_output)  # a batch output's shape: the batch's
+    with pytest.raises(ConfigError, match="dims"):
+        validate_config(config(), Path("m"), flat_output)  # a plain output's is compared
+    assert batch_shaping(scattering).scatter == (ScatterSpec("OUT", "INPUT", (-1, -1)),)
     shaping = batch_shaping(config())
     assert shaping.ragged == {"INPUT"}
     assert shaping.batch_inputs == (
@@ -96,6 +125,14 @@ def test_a_ragged_model_with_batch_inputs_is_accepted_and_read() -> None:
         (
             ('source_input: "INPUT"', 'source_input: ["INPUT", "INPUT"]'),
             "batch input kind 'BATCH_ACCUMULATED_ELEMENT_COUNT' expects 1 source input, got 2",
+        ),
+        (
+            ("batch_input [", BATCH_OUTPUT.format(target="NOPE") + "batch_input ["),
+            "unknown target output name 'NOPE'",
+        ),
+        (
+            ("batch_input [", BATCH_OUTPUT.format(target='OUT", "OUT') + "batch_input ["),
+            "target output name 'OUT' can only be specified once",
         ),
         (
             ("allow_ragged_batch: true", "allow_ragged_batch: true optional: true"),
