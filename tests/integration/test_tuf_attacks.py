@@ -271,3 +271,43 @@ async def test_trust_survives_a_restart_and_never_goes_back(repo: Repo) -> None:
     why = await _refused(repo.source())
     assert "BadVersionNumberError" in why
     assert (repo.source().metadata_dir / "root_history" / "1.root.json").is_file()
+
+
+async def test_the_operators_commands_make_a_repository_a_device_takes(
+    repo: Repo, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from appliance.fleet import ops
+
+    keys = tmp_path / "cli-keys"
+    assert ops.main(["keys", str(keys), "--targets-threshold", "2"]) == 0
+    assert (keys / "1.root.json").is_file()
+    assert len(list((keys / "targets").glob("*.pem"))) == 2
+    assert ops.main(["keys", str(keys)]) == 1
+    assert "already holds a root.json" in capsys.readouterr().err
+    folder = tmp_path / "v1"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(b"one" * 10)
+    model_files = tmp_path / "model-files"
+    model_files.mkdir()
+    (model_files / "config.pbtxt").write_bytes(CONFIG)
+    published = ["publish", repo.url, "m", str(folder), "--version", "1"]
+    flags = ["--model-files", str(model_files), "--tuf-keys", str(keys)]
+    assert ops.main([*published, *flags]) == 0
+    assert "targets version 1:" in capsys.readouterr().out
+    assert ops.main(["sign", repo.url, "--tuf-keys", str(keys)]) == 0
+    assert "unchanged" in capsys.readouterr().out
+    assert ops.main(["timestamp", repo.url, "--tuf-keys", str(keys), "--expires-hours", "2"]) == 0
+    assert "timestamp version 2" in capsys.readouterr().out
+    assert ops.main(["rotate", repo.url, "--tuf-keys", str(keys), "--role", "targets"]) == 0
+    assert "root version 2" in capsys.readouterr().out
+    source = TufSource(
+        repo.url,
+        repo.store,
+        0,
+        NO_MANIFEST_RULES,
+        trusted_root=(keys / "1.root.json").read_bytes(),
+        timeout_s=5,
+    )
+    assert await _sync(source) == {"m"}
+    assert repo.held()["m/1/model.onnx"] == b"one" * 10
+    assert repo.held()["m/config.pbtxt"] == CONFIG
