@@ -129,7 +129,8 @@ def _command(sub: Any, name: str, text: str) -> argparse.ArgumentParser:
 def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.description = (
         "Staged model rollouts from the bucket the devices poll: publish a version, advance, "
-        "halt, roll back or resume its rollout, and see which device serves what."
+        "halt, roll back or resume its rollout, and see which device serves what; and TUF "
+        "metadata for it: keys, sign, timestamp, rotate (docs/model-updates.md)."
     )
     sub = p.add_subparsers(dest="fleet_command", required=True, metavar="COMMAND")
     pub = _command(sub, "publish", "upload a version and write its rollout document")

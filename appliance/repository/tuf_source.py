@@ -36,7 +36,7 @@ from tuf.ngclient import Updater, UpdaterConfig
 
 from appliance.repository.rollout import ROLLOUT, ROLLOUT_SIGNATURE
 from appliance.repository.s3 import RemoteObject, S3Source, SourceError
-from appliance.repository.store import PartFile
+from appliance.repository.store import PartFile, read_record
 from appliance.repository.tuf_fetch import SCHEME, S3Fetcher
 
 log = logging.getLogger(__name__)
@@ -189,6 +189,32 @@ class TufSource(S3Source):
         return found
 
     # ---- a version's targets --------------------------------------------------------------
+
+    async def _sync_version(
+        self, name: str, version: int, files: dict[str, RemoteObject], bucket_now: float | None
+    ) -> bool:
+        await asyncio.to_thread(self._drop_unsigned, name, version)
+        return await super()._sync_version(name, version, files, bucket_now)
+
+    def _drop_unsigned(self, name: str, version: int) -> None:
+        """A held version whose files are not what the targets sign (stored before TUF mode,
+        from an object the targets do not match) leaves the store, to be fetched and checked
+        like any other (blocking: reads the store's record of it)."""
+        folder = self.store.version_dir(name, version)
+        for rel, entry in read_record(folder).items():
+            info = self._targets.get(f"{name}/{version}/{rel}")
+            signed = info.hashes.get("sha256") if info is not None else None
+            if signed is None or (len(entry) >= 3 and entry[2] == signed):
+                continue
+            log.warning(
+                "model '%s' version %d: the store's '%s' is not what its TUF target signs; "
+                "fetching the version again",
+                name,
+                version,
+                rel,
+            )
+            self.store.remove_version(name, version)
+            return
 
     async def _check_complete(
         self,

@@ -21,7 +21,7 @@ from tuf.api.metadata import Metadata, Snapshot, TargetFile, Targets, Timestamp
 from appliance.fleet import tuf_keys
 from appliance.fleet.bucket import FleetBucket, FleetError
 from appliance.repository.manifest import NO_MANIFEST_RULES, SYNC_RECORD
-from appliance.repository.s3 import SourceError
+from appliance.repository.s3 import S3Source, SourceError
 from appliance.repository.tuf_source import METADATA_PREFIX, TufSource
 from tests.s3servers import S3Server, moto_server
 
@@ -311,3 +311,23 @@ async def test_the_operators_commands_make_a_repository_a_device_takes(
     assert await _sync(source) == {"m"}
     assert repo.held()["m/1/model.onnx"] == b"one" * 10
     assert repo.held()["m/config.pbtxt"] == CONFIG
+
+
+async def test_a_held_version_that_the_targets_do_not_sign_leaves_the_store(
+    repo: Repo, tmp_path: Path
+) -> None:
+    # Stored before TUF mode, from a bucket object someone had replaced ...
+    repo.put("m/config.pbtxt", CONFIG)
+    repo.put("m/1/model.onnx", b"evi" * 100)
+    plain = S3Source(repo.url, repo.store, 0, NO_MANIFEST_RULES, settle_s=0, timeout_s=5)
+    async with plain.opened():
+        await plain.sync()
+    assert repo.held()["m/1/model.onnx"] == b"evi" * 100
+    # ... which the operator's signing (hashing the release's own files) does not vouch for.
+    good = tmp_path / "model.onnx"
+    good.write_bytes(b"one" * 100)
+    tuf_keys.sign_bucket(repo.fleet, repo.keys, local={"m/1/model.onnx": good})
+    source = repo.source()
+    await _sync(source)
+    assert "m/1/model.onnx" not in repo.held()
+    assert "does not match its TUF target" in source.pending[("m", 1)]
