@@ -92,7 +92,12 @@ def _tuf_commands(sub: Any) -> None:
     rot = _command(sub, "rotate", "replace a TUF role's keys through a new root version")
     _common(rot, model=False)
     _tuf_flag(rot)
-    rot.add_argument("--role", required=True, choices=("root", "targets", "snapshot", "timestamp"))
+    rot.add_argument(
+        "--role",
+        required=True,
+        choices=("root", "targets", "snapshot", "timestamp"),
+        help="the role whose keys are replaced (its old keys are revoked)",
+    )
     rot.add_argument("--threshold", type=int, metavar="N", help="the role's new threshold")
 
 
