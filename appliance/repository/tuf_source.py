@@ -28,7 +28,7 @@ import datetime
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from tuf.api import exceptions
 from tuf.api.metadata import Metadata, Root, TargetFile, Targets
@@ -155,7 +155,7 @@ class TufSource(S3Source):
         self.frozen_since_s, self.tuf_problem = 0.0, ""
         return self._as_listing(objects), bucket_now
 
-    async def _refused(self, exc: Exception) -> Any:
+    async def _refused(self, exc: Exception) -> NoReturn:
         why = reason(exc)
         if isinstance(exc, exceptions.ExpiredMetadataError):
             if not self.frozen_since_s:
