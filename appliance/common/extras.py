@@ -12,12 +12,13 @@ EXTRA_OF = {
     "aiobotocore": "s3",
     "botocore": "s3",
     "cryptography": "signing",
+    "tuf": "signing",
     "openvino": "openvino",
     "torch": "torch",
     "tensorrt": "gpu",
 }
 # What build/edge-appliance.spec packages into the binary (it excludes torch and openvino).
-IN_BINARY = frozenset({"aiobotocore", "botocore", "cryptography"})
+IN_BINARY = frozenset({"aiobotocore", "botocore", "cryptography", "tuf"})
 
 
 def frozen() -> bool:

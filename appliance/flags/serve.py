@@ -193,6 +193,15 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="Ed25519 public key (PEM): every version needs a SHA256SUMS signed by it",
     )
     p.add_argument(
+        "--model-repository-tuf-root",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="TUF metadata mode for s3:// repositories: the trusted initial root.json "
+        "(`edge-appliance fleet keys` writes it); every file taken is a target of the "
+        "bucket's TUF metadata (docs/model-updates.md)",
+    )
+    p.add_argument(
         "--device-id",
         default=None,
         metavar="ID",
@@ -701,11 +710,15 @@ def _config_name(value: str | None) -> str:
         raise SystemExit(f"edge-appliance: {exc}") from None
 
 
-def _check_extras(remote: tuple[str, ...], public_key: Path | None) -> None:
+def _check_extras(
+    remote: tuple[str, ...], public_key: Path | None, tuf_root: Path | None = None
+) -> None:
     """An optional package a flag needs and that is missing stops the start in one line."""
     needs = [("aiobotocore", f"--model-repository {remote[0]}")] if remote else []
     if public_key is not None:
         needs.append(("cryptography", "--manifest-public-key"))
+    if tuf_root is not None:
+        needs.append(("tuf", "--model-repository-tuf-root"))
     for module, flag in needs:
         problem = extras.missing(module, flag)
         if problem:
@@ -739,7 +752,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             check_location(location)
         except ValueError as exc:
             raise SystemExit(f"edge-appliance: {exc}") from None
-    _check_extras(remote, args.manifest_public_key)
+    _check_extras(remote, args.manifest_public_key, args.model_repository_tuf_root)
     return ServerSettings(
         model_repositories=tuple(Path(p) for p in args.model_repository if not is_remote(p)),
         remote_repositories=remote,
@@ -748,6 +761,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             None if args.model_store_reserve_mb is None else args.model_store_reserve_mb * MiB
         ),
         manifest_public_key=args.manifest_public_key,
+        model_repository_tuf_root=args.model_repository_tuf_root,
         download_rate_bytes_s=args.model_download_limit_mbps * 1e6 / 8,
         repository_sync_wait_secs=max(0.0, args.repository_sync_wait_secs),
         repository_timeout_secs=args.repository_timeout_secs,

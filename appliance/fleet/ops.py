@@ -1,4 +1,5 @@
-"""`edge-appliance fleet publish | advance | halt | rollback | resume | status` (docs/fleet.md).
+"""`edge-appliance fleet publish | advance | halt | rollback | resume | status` (docs/fleet.md),
+and TUF metadata mode's `keys | sign | timestamp | rotate` (docs/model-updates.md).
 
 Every command takes the bucket location the devices poll (their --model-repository) and the
 AWS credentials from the environment, as the server does. Exit status: 0 done, 1 the bucket or
@@ -8,12 +9,14 @@ the fleet's state refused (the reason on stderr), 2 a usage error.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from appliance.common import extras
 from appliance.flags.parsing import Parser
 from appliance.fleet import control, publish, view
 from appliance.fleet.bucket import FleetBucket, FleetError
@@ -50,6 +53,77 @@ def _key_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _tuf_flag(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument(
+        "--tuf-keys",
+        type=Path,
+        required=required,
+        metavar="KEYDIR",
+        help="the TUF keys folder `fleet keys` made: sign the bucket's TUF metadata with it"
+        + ("" if required else " after the upload (devices with --model-repository-tuf-root)"),
+    )
+
+
+def _tuf_commands(sub: Any) -> None:
+    keys = _command(sub, "keys", "create TUF keys for every role and root version 1")
+    keys.add_argument("keydir", type=Path, metavar="KEYDIR", help="a new folder for the keys")
+    for role in ("root", "targets", "snapshot", "timestamp"):
+        keys.add_argument(
+            f"--{role}-threshold",
+            type=int,
+            default=1,
+            metavar="N",
+            help=f"signatures the {role} role needs (that many keys are made; default 1)",
+        )
+    sign = _command(sub, "sign", "make every model file a TUF target and sign new metadata")
+    _common(sign, model=False)
+    _tuf_flag(sign)
+    sign.add_argument("--force", action="store_true", help="sign even when nothing changed")
+    ts = _command(sub, "timestamp", "sign a fresh TUF timestamp (devices freeze once it expires)")
+    _common(ts, model=False)
+    _tuf_flag(ts)
+    ts.add_argument(
+        "--expires-hours",
+        type=float,
+        default=24.0,
+        metavar="HOURS",
+        help="how long it stays valid (default 24)",
+    )
+    rot = _command(sub, "rotate", "replace a TUF role's keys through a new root version")
+    _common(rot, model=False)
+    _tuf_flag(rot)
+    rot.add_argument(
+        "--role",
+        required=True,
+        choices=("root", "targets", "snapshot", "timestamp"),
+        help="the role whose keys are replaced (its old keys are revoked)",
+    )
+    rot.add_argument("--threshold", type=int, metavar="N", help="the role's new threshold")
+
+
+def _run_tuf(args: argparse.Namespace) -> list[str] | None:
+    """The TUF commands (appliance/fleet/tuf_keys.py); None for any other."""
+    command = args.fleet_command
+    if command not in ("keys", "sign", "timestamp", "rotate"):
+        return None
+    try:
+        from appliance.fleet import tuf_keys
+    except ImportError as exc:
+        raise FleetError(f"the TUF commands need python-tuf: {extras.how_to_get('tuf')}") from exc
+    if command == "keys":
+        thresholds = {r: getattr(args, f"{r}_threshold") for r in tuf_keys.ROLES}
+        return tuf_keys.create_keys(args.keydir, thresholds)
+    bucket = FleetBucket(args.url)
+    if command == "sign":
+        return tuf_keys.sign_bucket(bucket, args.tuf_keys, force=args.force)
+    if command == "timestamp":
+        if not args.expires_hours > 0:
+            raise FleetError(f"--expires-hours must be above 0, got {args.expires_hours:g}")
+        hours = datetime.timedelta(hours=args.expires_hours)
+        return tuf_keys.refresh_timestamp(bucket, args.tuf_keys, hours)
+    return tuf_keys.rotate(bucket, args.tuf_keys, args.role, args.threshold)
+
+
 def _command(sub: Any, name: str, text: str) -> argparse.ArgumentParser:
     command: argparse.ArgumentParser = sub.add_parser(
         name, help=text, description=text[0].upper() + text[1:] + " (docs/fleet.md)."
@@ -60,7 +134,8 @@ def _command(sub: Any, name: str, text: str) -> argparse.ArgumentParser:
 def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.description = (
         "Staged model rollouts from the bucket the devices poll: publish a version, advance, "
-        "halt, roll back or resume its rollout, and see which device serves what."
+        "halt, roll back or resume its rollout, and see which device serves what; and TUF "
+        "metadata for it: keys, sign, timestamp, rotate (docs/model-updates.md)."
     )
     sub = p.add_subparsers(dest="fleet_command", required=True, metavar="COMMAND")
     pub = _command(sub, "publish", "upload a version and write its rollout document")
@@ -79,6 +154,7 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "before the version",
     )
     _key_flag(pub)
+    _tuf_flag(pub, required=False)
     pub.add_argument(
         "--stages",
         action=_StageSpec,
@@ -180,11 +256,15 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="also one line per device and model: what it serves, its probation and why",
     )
     st.add_argument("--json", action="store_true", help="print it as one JSON object")
+    _tuf_commands(sub)
     return p
 
 
 def run(args: argparse.Namespace) -> list[str]:
     """Carry out a parsed command; the lines to print. Raises FleetError."""
+    tuf_lines = _run_tuf(args)
+    if tuf_lines is not None:
+        return tuf_lines
     key = None
     if getattr(args, "sign_key", None) is not None:
         try:
@@ -210,6 +290,7 @@ def run(args: argparse.Namespace) -> list[str]:
             else None,
             halt=(args.halt_max_failed_share, args.halt_min_verdicts, not args.no_halt_rollback),
             model_files=args.model_files,
+            tuf_keys=args.tuf_keys,
         )
         return publish.publish(bucket, plan, key)
     if command == "advance":

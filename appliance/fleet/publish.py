@@ -9,7 +9,9 @@ The order makes every moment safe for a device that polls in between:
    SHA256SUMS.sig, then their SHA256SUMS;
 3. the version's files, then SHA256SUMS.sig, then SHA256SUMS last: a device takes a version only
    once every file its manifest lists is there and matches (appliance/repository/s3.py);
-4. with --start, the next revision at stage 0.
+4. with --tuf-keys, the TUF metadata signed over the bucket's files (targets, snapshot, then
+   the timestamp last: what TUF-mode devices take starts here);
+5. with --start, the next revision at stage 0.
 
 The first version of a model (nothing to roll out from) is uploaded without a document.
 """
@@ -57,6 +59,8 @@ class Plan:
     halt: tuple[float, int, bool] = (0.2, 2, True)  # max_failed_share, min_verdicts, rollback
     # --model-files: the folder of the files beside the version folders (config.pbtxt, ...)
     model_files: Path | None = None
+    # --tuf-keys: sign the bucket's TUF metadata after the upload (tuf_keys.py)
+    tuf_keys: Path | None = None
 
 
 def stage_json(spec: str) -> dict[str, Any]:
@@ -203,6 +207,24 @@ def upload(bucket: FleetBucket, plan: Plan, key: Any) -> int:
     return count + len(names) + 1
 
 
+def sign_tuf(bucket: FleetBucket, plan: Plan) -> list[str]:
+    """--tuf-keys: the uploaded files become targets (hashed from the local copies), then new
+    TUF metadata; the lines to print ([] without the flag)."""
+    if plan.tuf_keys is None:
+        return []
+    from appliance.fleet import tuf_keys
+
+    local = {f"{plan.model}/{plan.version}/{n}": plan.folder / n for n in files_in(plan.folder)}
+    if plan.model_files is not None:
+        local.update(
+            {
+                f"{plan.model}/{rel}": path
+                for rel, path in model_level_files(plan.model_files).items()
+            }
+        )
+    return tuf_keys.sign_bucket(bucket, plan.tuf_keys, local=local)
+
+
 def publish(bucket: FleetBucket, plan: Plan, key: Any) -> list[str]:
     """Do it; the lines to print."""
     check_folder(plan)
@@ -223,7 +245,7 @@ def publish(bucket: FleetBucket, plan: Plan, key: Any) -> list[str]:
             f"model '{plan.model}' version {plan.version}: {count} files uploaded; the model's "
             "first version, so no rollout document: every device takes it"
         )
-        return lines
+        return lines + sign_tuf(bucket, plan)
     revision = current.document.revision + 1 if current.document is not None else 1
     document = document_for(plan, revision, baseline, -1)
     if current.document is not None and current.document == repeated(document, current):
@@ -235,6 +257,7 @@ def publish(bucket: FleetBucket, plan: Plan, key: Any) -> list[str]:
         f"model '{plan.model}' version {plan.version}: {count} files uploaded; baseline "
         f"{baseline} ({why})"
     )
+    lines += sign_tuf(bucket, plan)
     if plan.start and document.stage < 0:
         document = control.change(document, stage=0)
         control.write(bucket, document, key, current)

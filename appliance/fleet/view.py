@@ -38,6 +38,7 @@ class DeviceReport:
     models: dict[str, dict[str, Any]]
     last_poll_ok: bool | None = None
     server_version: str = ""
+    frozen_since: str = ""  # TUF mode: "updates frozen since" this UTC time ('' : not frozen)
 
 
 @dataclass
@@ -116,6 +117,7 @@ def parse_report(key: str, modified_s: float, data: bytes) -> DeviceReport:
     if not all(isinstance(v, str) for v in labels.values()):
         raise ValueError("'labels' values must be strings")
     poll_ok = raw.get("last_poll_ok")
+    frozen = raw.get("updates_frozen_since")
     return DeviceReport(
         device=raw["device"],
         labels={str(k): str(v) for k, v in labels.items()},
@@ -123,6 +125,7 @@ def parse_report(key: str, modified_s: float, data: bytes) -> DeviceReport:
         models={str(k): _model_entry(str(k), v) for k, v in models.items()},
         last_poll_ok=poll_ok if isinstance(poll_ok, bool) else None,
         server_version=str(raw.get("server_version", "")),
+        frozen_since=frozen if isinstance(frozen, str) else "",
     )
 
 
@@ -300,6 +303,9 @@ def render(view: FleetView) -> str:
         lines.append(f"  silent: {_names(view.silent)}")
     if view.unreachable:
         lines.append(f"  last poll failed: {_names(view.unreachable)}")
+    frozen = [f"{r.device} (since {r.frozen_since})" for r in view.reports if r.frozen_since]
+    if frozen:
+        lines.append(f"  updates frozen (TUF metadata expired): {_names(frozen)}")
     for what in view.unreadable:
         lines.append(f"  unreadable: {what}")
     for model in view.models:
@@ -401,6 +407,7 @@ def as_json(view: FleetView) -> dict[str, Any]:
                 "age_s": round(max(0.0, view.now_s - r.modified_s), 1),
                 "silent": r.device in view.silent,
                 "last_poll_ok": r.last_poll_ok,
+                "updates_frozen_since": r.frozen_since or None,
                 "server_version": r.server_version,
                 "models": r.models,
             }

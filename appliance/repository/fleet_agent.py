@@ -496,6 +496,7 @@ class FleetAgent:
             source.last_sync_s or None,
             source.reachable,
             models,
+            source.frozen_since_s,
         )
         await source.write_object(report_key(source.location.prefix, self.identity.device_id), body)
 

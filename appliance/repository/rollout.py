@@ -534,8 +534,10 @@ def report_body(
     last_poll_s: float | None,
     last_poll_ok: bool | None,
     models: Mapping[str, ModelReport],
+    frozen_since_s: float = 0.0,
 ) -> bytes:
-    """A device report (`.fleet/devices/<id>.json`)."""
+    """A device report (`.fleet/devices/<id>.json`). `frozen_since_s`: TUF mode's freeze (the
+    trusted metadata expired then; 0: not frozen)."""
     body = {
         "format": FORMAT,
         "device": identity.device_id,
@@ -544,6 +546,7 @@ def report_body(
         "server_version": server_version,
         "last_poll": utc_text(last_poll_s) if last_poll_s else None,
         "last_poll_ok": last_poll_ok,
+        "updates_frozen_since": utc_text(frozen_since_s) if frozen_since_s else None,
         "models": {name: models[name].to_json() for name in sorted(models)},
     }
     return (json.dumps(body, ensure_ascii=False) + "\n").encode("utf-8")

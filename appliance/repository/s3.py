@@ -342,6 +342,9 @@ def client_options(
 class S3Source:
     """One s3:// repository, synced into its folder of the model store."""
 
+    lengths_from = "the listing"  # whose word an object's length is (tuf_source.py: TUF's)
+    frozen_since_s = 0.0  # TUF mode: when the trusted metadata expired (0: not frozen)
+
     def __init__(
         self,
         url: str,
@@ -917,7 +920,7 @@ class S3Source:
                     delay = min(8.0, _BACKOFF_S * 2**attempt)
                     log.warning("downloading '%s': %s; retrying in %.1f s", obj.key, exc, delay)
                     await asyncio.sleep(delay)
-            why = _mismatch(part, obj, sha256)
+            why = await self._check_part(part, obj, sha256)
             if why:
                 await asyncio.to_thread(part.discard)
                 raise _Rejected(f"'{obj.key}' {why}")
@@ -962,7 +965,7 @@ class S3Source:
         while data := await body.read(max(1, min(chunk, obj.size - part.size + 1))):
             if part.size + len(data) > obj.size:
                 raise _Rejected(
-                    f"'{obj.key}' is longer than the {obj.size} bytes the listing gives"
+                    f"'{obj.key}' is longer than the {obj.size} bytes {self.lengths_from} gives"
                 )
             await asyncio.to_thread(part.write, data)
             self.downloaded_bytes += len(data)
@@ -971,6 +974,11 @@ class S3Source:
                 ahead = received / rate - (time.monotonic() - started)
                 if ahead > 0:
                     await asyncio.sleep(ahead)
+
+    async def _check_part(self, part: PartFile, obj: RemoteObject, sha256: str | None) -> str:
+        """'' when a downloaded part is the object, else what is wrong (tuf_source.py adds
+        TUF's own check)."""
+        return _mismatch(part, obj, sha256)
 
     def _classify(self, exc: Exception, obj: RemoteObject) -> Exception:
         response = getattr(exc, "response", None)

@@ -52,9 +52,16 @@ class RemoteSources:
         rate_bytes_s: float = 0.0,
         ledger: ModelLedger | None = None,
         timeout_s: float = 10.0,
+        tuf_root: bytes | None = None,  # --model-repository-tuf-root: TUF metadata mode
     ) -> None:
+        kind: Callable[..., S3Source] = S3Source
+        extra: dict[str, bytes] = {}
+        if tuf_root is not None:
+            from appliance.repository.tuf_source import TufSource
+
+            kind, extra = TufSource, {"trusted_root": tuf_root}
         self.sources = [
-            S3Source(
+            kind(
                 url,
                 state_dir,
                 reserve_bytes,
@@ -62,6 +69,7 @@ class RemoteSources:
                 rate_bytes_s=rate_bytes_s,
                 ledger=ledger,
                 timeout_s=timeout_s,
+                **extra,
             )
             for url in locations
         ]

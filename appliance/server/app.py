@@ -75,6 +75,25 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+def _tuf_root(path: Path | None) -> bytes | None:
+    """--model-repository-tuf-root's bytes, checked to be signed TUF root metadata."""
+    if path is None:
+        return None
+    from appliance.repository.tuf_source import TufError, check_root
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigurationError(
+            f"--model-repository-tuf-root: cannot read '{path}': {exc.strerror}"
+        ) from exc
+    try:
+        check_root(data, str(path))
+    except TufError as exc:
+        raise ConfigurationError(f"--model-repository-tuf-root: {exc}") from exc
+    return data
+
+
 class Appliance:
     """The whole server: the model runtime, the inference service, HTTP and gRPC listeners."""
 
@@ -105,6 +124,7 @@ class Appliance:
         except ManifestError as exc:
             raise ConfigurationError(str(exc)) from exc
         manifest = ManifestPolicy(settings.require_manifest, public_key)
+        tuf_root = _tuf_root(settings.model_repository_tuf_root)
         # What failed, the last good versions and pins: kept across restarts.
         ledger = ModelLedger(state_dir)
         self.remote = RemoteSources(
@@ -115,6 +135,7 @@ class Appliance:
             settings.download_rate_bytes_s,
             ledger,
             settings.repository_timeout_secs,
+            tuf_root,
         )
         self.runtime = ModelRuntime(
             RuntimeSettings.from_server(

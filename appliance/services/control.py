@@ -59,6 +59,8 @@ class SourceHealth(Protocol):
     def reachable(self) -> bool | None: ...  # None until the first sync
     @property
     def last_error(self) -> str: ...
+    @property
+    def frozen_since_s(self) -> float: ...  # TUF mode's freeze (0: not frozen)
 
 
 def shown_url(url: str) -> str:
@@ -74,8 +76,9 @@ def source_problems(sources: Iterable[SourceHealth]) -> tuple[str, ...]:
     """One line per remote repository whose last sync failed, with the source's reason (a
     bucket that does not exist, a name that does not resolve, a 403)."""
     return tuple(
-        f"model source {shown_url(s.url)} unreachable: {s.last_error or 'the last sync failed'} "
-        "(serving what the model store holds)"
+        f"model source {shown_url(s.url)} "
+        f"{'refused' if s.frozen_since_s else 'unreachable'}: "
+        f"{s.last_error or 'the last sync failed'} (serving what the model store holds)"
         for s in sources
         if s.reachable is False
     )

@@ -306,14 +306,21 @@ class SourceCollector(Collector):
             "Versions listed in the remote repository that the store does not hold yet",
             labels=["source"],
         )
+        frozen = GaugeMetricFamily(
+            "edge_repository_updates_frozen",
+            "1 while the remote repository's TUF metadata has expired: the device serves what "
+            "it has and takes nothing new (--model-repository-tuf-root)",
+            labels=["source"],
+        )
         for source in self._remote.sources:
             labels = [source.url]
+            frozen.add_metric(labels, 1.0 if source.frozen_since_s else 0.0)
             up.add_metric(labels, 1.0 if source.reachable else 0.0)
             synced.add_metric(labels, source.last_sync_s)
             downloaded.add_metric(labels, source.downloaded_bytes)
             requests.add_metric(labels, source.requests)
             pending.add_metric(labels, len(source.pending))
-        yield from (up, synced, downloaded, requests, pending)
+        yield from (up, synced, downloaded, requests, pending, frozen)
 
 
 def number_text(value: float) -> str:

@@ -71,6 +71,8 @@ class UpdateSource(Protocol):
     @property
     def last_error(self) -> str: ...
     @property
+    def frozen_since_s(self) -> float: ...
+    @property
     def downloaded_bytes(self) -> int: ...
     @property
     def pending(self) -> dict[tuple[str, int], str]: ...
@@ -304,6 +306,7 @@ class StatusService:
                     )
                     + tuple(f"'{key}' left out: {why}" for key, why in source.skipped.items()),
                     download=self._download(source.download, rate),
+                    frozen_since_s=source.frozen_since_s,
                 )
                 for source, rate in zip(self._sources, self._download_rates, strict=True)
             ),

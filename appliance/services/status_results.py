@@ -123,6 +123,8 @@ class SourceStatus:
     downloaded_bytes: int
     pending: tuple[str, ...]  # "model version N: why", versions not in the store yet
     download: DownloadStatus | None  # None: nothing being fetched
+    # TUF mode: when the trusted metadata expired, so updates froze (0: not frozen)
+    frozen_since_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -394,10 +394,18 @@ def test_a_fleet_rolls_out_by_stage_halts_a_bad_version_and_rides_out_a_lost_lin
         url = bucket.url
 
         private, public = release_keys(tmp_path)
+        # EDGE_FLEET_TUF=1: the same run in TUF metadata mode too (docs/model-updates.md):
+        # publish signs TUF metadata, every device trusts its root (not in CI: ~2 min more).
+        tuf = os.environ.get("EDGE_FLEET_TUF") == "1"
+        tuf_keys = tmp_path / "tuf-keys"
+        if tuf:
+            assert cli.main(["fleet", "keys", str(tuf_keys)]) == 0
 
         def fleet(*argv: Any) -> str:  # every write signed; the devices check the signatures
             if argv[0] != "status":
                 argv = (*argv, "--sign-key", private)
+            if tuf and argv[0] == "publish":
+                argv = (*argv, "--tuf-keys", tuf_keys)
             code = cli.main(["fleet", *[str(a) for a in argv]])
             out, err = capsys.readouterr()
             assert code == 0, err
@@ -410,7 +418,8 @@ def test_a_fleet_rolls_out_by_stage_halts_a_bad_version_and_rides_out_a_lost_lin
         fleet("publish", url, "m", first, "--version", 1, "--model-files", model_files)
         started = time.monotonic()
         key_flag = f"--manifest-public-key={public}"
-        devices = [Device(i, s3, bucket, tmp_path, key_flag) for i in range(DEVICES)]
+        tuf_flag = (f"--model-repository-tuf-root={tuf_keys / '1.root.json'}",) if tuf else ()
+        devices = [Device(i, s3, bucket, tmp_path, key_flag, *tuf_flag) for i in range(DEVICES)]
         by_id = {d.id: d for d in devices}
         cut = by_id[CUT]
         try:
@@ -419,6 +428,11 @@ def test_a_fleet_rolls_out_by_stage_halts_a_bad_version_and_rides_out_a_lost_lin
             numbers["start_all_s"] = round(time.monotonic() - started, 1)
             print("fleet: all ready after", numbers["start_all_s"], "s")  # noqa: T201
             assert all(d.value() == 1.0 for d in devices)
+            if tuf:  # each device holds trusted TUF metadata of its own
+                assert all(
+                    list((tmp_path / d.id / "store" / "tuf").glob("*/timestamp.json"))
+                    for d in devices
+                )
             # Every device's report names `m` before the link is cut: a device whose first
             # report went out before `m` loaded, and whose next one meets the cut, is never
             # counted in the stage (two clean-clone runs saw it: 21 of 22).

@@ -35,6 +35,7 @@ class Source:
     pending: dict[tuple[str, int], str] | None = None
     download: DownloadProgress | None = None
     skipped: dict[str, str] = field(default_factory=dict)
+    frozen_since_s: float = 0.0
 
 
 @dataclass

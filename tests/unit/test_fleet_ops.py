@@ -179,3 +179,16 @@ def test_a_report_that_is_not_one_is_refused() -> None:
     parsed = view.parse_report("k", 1.0, b'{"device": "d", "models": {"m": {"serving": [1]}}}')
     assert parsed.models == {"m": {"serving": [1]}}
     assert parsed.last_poll_ok is None
+
+
+def test_a_frozen_device_is_named_by_fleet_status() -> None:
+    identity = rollout.DeviceIdentity("dev-07", {})
+    body = rollout.report_body(identity, 2_000.0, "0.1.0", 1_990.0, False, {}, 1_000.0)
+    parsed = view.parse_report(".fleet/devices/dev-07.json", 2_000.0, body)
+    assert parsed.frozen_since == "1970-01-01T00:16:40Z"
+    fleet = view.summarize(view.Snapshot("s3://b/p", 2_010.0, reports=[parsed], rollouts={}))
+    text = view.render(fleet)
+    assert "updates frozen (TUF metadata expired): dev-07 (since 1970-01-01T00:16:40Z)" in text
+    assert view.as_json(fleet)["reports"][0]["updates_frozen_since"] == "1970-01-01T00:16:40Z"
+    calm = rollout.report_body(identity, 2_000.0, "0.1.0", 1_990.0, True, {})
+    assert view.parse_report(".fleet/devices/dev-07.json", 2_000.0, calm).frozen_since == ""

@@ -444,6 +444,7 @@ def test_report_body_has_the_contracts_fields() -> None:
         "server_version": "0.1.0",
         "last_poll": "2026-12-01T14:59:30Z",
         "last_poll_ok": True,
+        "updates_frozen_since": None,
         "models": {
             "m": {
                 "serving": [3],

@@ -36,6 +36,7 @@ class _Source:
     url: str
     reachable: bool | None
     last_error: str
+    frozen_since_s: float = 0.0
 
 
 def test_only_sources_whose_last_sync_failed_are_problems_and_without_credentials() -> None:

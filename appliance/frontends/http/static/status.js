@@ -245,6 +245,7 @@ function renderUpdates(data) {
     const item = el("li", `${s.url}: ${reach}, last sync ` +
       `${when(s.last_sync_s)}, ${bytes(s.downloaded_bytes)} downloaded`);
     if (s.download) item.append(downloadItem(s.download));
+    if (s.frozen_since_s) item.append(el("div", `updates frozen since ${when(s.frozen_since_s)}`, "reason"));
     if (s.last_error) item.append(el("div", s.last_error, "reason"));
     for (const p of s.pending) item.append(el("div", "pending: " + p, "note"));
     return item;
