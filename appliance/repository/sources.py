@@ -16,6 +16,8 @@ from pathlib import Path
 from appliance.repository.fleet_agent import FleetAgent, ServingView
 from appliance.repository.ledger import ModelLedger
 from appliance.repository.manifest import ManifestPolicy
+from appliance.repository.oci import OciSource
+from appliance.repository.oci_registry import OciLocation
 from appliance.repository.rollout import DeviceIdentity, ProbationRule
 from appliance.repository.s3 import S3Location, S3Source, SourceError
 
@@ -35,10 +37,13 @@ def check_location(location: str) -> None:
     if location.startswith("s3://"):
         S3Location.parse(location)
         return
+    if location.startswith(("oci://", "oci+http://", "oci+https://")):
+        OciLocation.parse(location)
+        return
     scheme = location.split("://", 1)[0]
     raise ValueError(
-        f"model repository '{location}': {scheme}:// is not supported; use a local folder or "
-        "s3://[host:port/]bucket/prefix"
+        f"model repository '{location}': {scheme}:// is not supported; use a local folder, "
+        "s3://[host:port/]bucket/prefix or oci://host[:port]/repository"
     )
 
 
@@ -53,8 +58,8 @@ class RemoteSources:
         ledger: ModelLedger | None = None,
         timeout_s: float = 10.0,
     ) -> None:
-        self.sources = [
-            S3Source(
+        self.sources: list[S3Source | OciSource] = [
+            (S3Source if url.startswith("s3://") else OciSource)(
                 url,
                 state_dir,
                 reserve_bytes,
@@ -81,6 +86,8 @@ class RemoteSources:
     ) -> None:
         """Follow each source's rollout documents and report there (fleet_agent.py)."""
         for source in self.sources:
+            if not isinstance(source, S3Source):
+                continue  # rollout documents live in buckets
             agent = FleetAgent(
                 source, identity, report_interval_s, report_always, source.manifest.public_key
             )

@@ -1,0 +1,251 @@
+"""Models from an OCI registry (Debian's docker-registry on loopback): pushed with
+`edge-appliance oci push`, pulled into the verified store, switched, refused, resumed.
+
+Each test gets its own repository in one registry of the module.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as grpcclient
+
+from tests.integration.test_s3_repository import (
+    CONFIG,
+    _added,
+    _index,
+    _metric,
+    _model_bytes,
+    _wait_for,
+)
+from tests.ociregistry import OciRegistry, registry_binary
+from tests.serverproc import ROOT
+from tests.tcpproxy import TcpProxy
+
+POLL = ("--model-control-mode=poll", "--repository-poll-secs=0.3")
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OciRegistry]:
+    if registry_binary() is None:
+        pytest.skip("no docker-registry binary (apt-get install docker-registry)")
+    server = OciRegistry(tmp_path_factory.mktemp("registry"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _repository() -> str:
+    return f"t{uuid.uuid4().hex[:10]}/models"
+
+
+def _model_folder(root: Path, versions: dict[int, int], padding: int = 0) -> Path:
+    """Model m: its config and a version adding `value` for each (version, value)."""
+    folder = root / "m"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.pbtxt").write_text(CONFIG)
+    for version, value in versions.items():
+        (folder / str(version)).mkdir(exist_ok=True)
+        (folder / str(version) / "model.onnx").write_bytes(_model_bytes(value, padding))
+    return folder
+
+
+def _push(url: str, *folders: Path) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "appliance", "oci", "push", *map(str, folders), url],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _pinned(registry: OciRegistry, repository: str, version: int) -> dict[str, str]:
+    """The layers (path -> digest) of the version the registry's index pins."""
+    base = f"http://{registry.host_port}/v2/{repository}"
+    accept = {"Accept": "application/vnd.oci.image.manifest.v1+json"}
+
+    def get(path: str) -> bytes:
+        request = urllib.request.Request(f"{base}/{path}", headers=accept)
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return bytes(response.read())
+
+    index = json.loads(get("manifests/index"))
+    document = json.loads(get(f"blobs/{index['config']['digest']}"))
+    digest = document["models"]["m"]["versions"][str(version)]["digest"]
+    manifest = json.loads(get(f"manifests/{digest}"))
+    return {
+        layer["annotations"]["org.opencontainers.image.title"]: layer["digest"]
+        for layer in manifest["layers"]
+    }
+
+
+def _start(start_server, url: str, store: Path, *flags: str, wait: bool = True):  # type: ignore[no-untyped-def]
+    if not any(flag.startswith("--repository-sync-wait-secs") for flag in flags):
+        flags = ("--repository-sync-wait-secs=60", *flags)
+    return start_server(url, f"--model-store-dir={store}", *flags, wait=wait)
+
+
+def _ready(url: str) -> list[tuple[str, str]]:
+    return [(e["name"], e["version"]) for e in _index(url) if e["state"] == "READY"]
+
+
+def _reason(url: str, version: str) -> str:
+    rows = [e for e in _index(url) if e.get("version") == version]
+    return str(rows[0].get("reason", "")) if rows else ""
+
+
+def test_a_pushed_model_serves_and_a_new_version_switches_in_with_only_its_layers(
+    start_server, registry: OciRegistry, tmp_path: Path
+) -> None:
+    repository = _repository()
+    url = registry.url(repository)
+    folder = _model_folder(tmp_path / "src", {1: 1}, padding=200_000)
+    (folder / "1" / "notes.txt").write_text("first notes")
+    out = _push(url, folder)
+    assert "model 'm' version 1: 2 files, sha256:" in out
+    store = tmp_path / "store"
+    proc = _start(start_server, url, store, *POLL)
+    assert _added(proc.http_url) == 1.0
+    requests = _metric(proc, "edge_repository_requests_total")
+    time.sleep(1.0)  # about three idle polls
+    idle = _metric(proc, "edge_repository_requests_total") - requests
+    assert 1 <= idle <= 6  # one index read per poll, nothing else
+    # Version 2: the same weights (one layer digest), new notes.
+    (folder / "2").mkdir()
+    (folder / "2" / "model.onnx").write_bytes((folder / "1" / "model.onnx").read_bytes())
+    (folder / "2" / "notes.txt").write_text("second notes")
+    before = _metric(proc, "edge_repository_download_bytes_total")
+    _push(url, folder)
+    layers = _pinned(registry, repository, 2)
+    _wait_for(lambda: _ready(proc.http_url) == [("m", "2")])
+    assert _added(proc.http_url) == 1.0  # version 2 is the same model: a switch, same answer
+    assert registry.blob_gets(repository, layers["model.onnx"]) == 1  # fetched for version 1 only
+    assert registry.blob_gets(repository, layers["notes.txt"]) == 1
+    fetched = _metric(proc, "edge_repository_download_bytes_total") - before
+    index_doc = 4096  # the new index document, a few hundred bytes
+    assert len("second notes") <= fetched <= len("second notes") + index_doc
+    stored = sorted(p.name for p in next((store / "models").glob("*/m")).iterdir() if p.is_dir())
+    assert stored == ["1", "2"]
+    assert not list(store.rglob("*.part"))
+    assert _metric(proc, "edge_repository_source_up") == 1.0
+
+
+@pytest.mark.parametrize("tampered", ["layer", "manifest"])
+def test_a_registry_serving_other_content_for_a_digest_is_refused_and_last_good_serves(
+    start_server, registry: OciRegistry, tmp_path: Path, tampered: str
+) -> None:
+    repository = _repository()
+    url = registry.url(repository)
+    folder = _model_folder(tmp_path / "src", {1: 1})
+    _push(url, folder)
+    store = tmp_path / "store"
+    first = _start(start_server, url, store, *POLL)
+    assert _added(first.http_url) == 1.0
+    first.stop()
+    _model_folder(tmp_path / "src", {2: 2})
+    _push(url, folder)
+    # The registry's disk (or whoever answers for it) changes version 2's bytes, same length.
+    if tampered == "layer":
+        blob = registry.blob_file(_pinned(registry, repository, 2)["model.onnx"])
+    else:
+        index = json.loads(registry.blob_file(_index_digest(registry, repository)).read_bytes())
+        document = json.loads(registry.blob_file(index["config"]["digest"]).read_bytes())
+        blob = registry.blob_file(document["models"]["m"]["versions"]["2"]["digest"])
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    blob.write_bytes(bytes(data))
+
+    proc = _start(start_server, url, store, *POLL)
+    why = "with other content" if tampered == "layer" else "is not the sha256:"
+    _wait_for(lambda: why in _reason(proc.http_url, "2"))
+    assert _reason(proc.http_url, "2").startswith("not fetched: rejected: ")
+    assert _added(proc.http_url) == 1.0
+    assert not next((store / "models").glob("*/m")).joinpath("2").exists()
+    assert not list(store.rglob("*.part"))
+    log = proc.log()
+    time.sleep(1.0)  # polls go on; the refused content is not fetched again
+    assert proc.log().count("version 2 not fetched") == log.count("version 2 not fetched") == 1
+
+
+def _index_digest(registry: OciRegistry, repository: str) -> str:
+    link = (
+        registry.root
+        / "docker/registry/v2/repositories"
+        / repository
+        / "_manifests/tags/index/current/link"
+    )
+    return link.read_text().strip()
+
+
+def test_a_download_killed_half_way_resumes_and_a_restart_offline_serves_from_the_store(
+    start_server, registry: OciRegistry, tmp_path: Path
+) -> None:
+    proxy = TcpProxy(registry.host_port)
+    repository = _repository()
+    url = registry.url(repository, proxy.address)
+    size = 6 * 1024 * 1024
+    folder = _model_folder(tmp_path / "src", {1: 5}, padding=size)
+    model_size = (folder / "1" / "model.onnx").stat().st_size
+    _push(registry.url(repository), folder)
+    store = tmp_path / "store"
+    try:
+        # 16 Mbit/s: the 6 MiB layer takes about 3 s, long enough to kill the server half way.
+        proc = _start(
+            start_server, url, store, *POLL, "--model-download-limit-mbps=16", wait=False
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            parts = list((store / "staging").rglob("model.onnx.part"))
+            if parts and parts[0].stat().st_size > size // 4:
+                break
+            assert time.monotonic() < deadline, proc.log()
+            time.sleep(0.02)
+        proc.proc.send_signal(signal.SIGKILL)
+        proc.proc.wait()
+        fetched_before = parts[0].stat().st_size
+        assert fetched_before < size
+        assert not list((store / "models").rglob("model.onnx"))  # nothing torn is served
+        again = _start(start_server, url, store, *POLL)
+        assert _added(again.http_url) == 5.0
+        resumed = _metric(again, "edge_repository_download_bytes_total")
+        assert resumed <= model_size - fetched_before + 4096  # only the rest, and the index
+        again.stop()
+        proxy.stop()  # the registry goes away: the store serves
+        offline = _start(start_server, url, store, *POLL, "--repository-sync-wait-secs=0")
+        assert _added(offline.http_url) == 5.0
+        _wait_for(lambda: "unreachable" in offline.log())
+        assert _metric(offline, "edge_repository_source_up") == 0.0
+    finally:
+        proxy.stop()
+
+
+def test_explicit_mode_loads_from_the_registry(
+    start_server, registry: OciRegistry, tmp_path: Path
+) -> None:
+    repository = _repository()
+    url = registry.url(repository)
+    folder = _model_folder(tmp_path / "src", {1: 7})
+    _push(url, folder)
+    proc = _start(start_server, url, tmp_path / "store", "--model-control-mode=explicit")
+    client = grpcclient.InferenceServerClient(proc.grpc_url)
+    assert not client.is_model_ready("m")
+    client.load_model("m")
+    assert _added(proc.http_url) == 7.0
+    _model_folder(tmp_path / "src", {2: 8})
+    _push(url, folder)
+    client.load_model("m")  # a load request fetches what changed first
+    assert _added(proc.http_url) == 8.0
