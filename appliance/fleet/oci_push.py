@@ -164,9 +164,21 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     pushing = sub.add_parser(
         "push", help="push model folders as artifacts and update the repository index"
     )
-    pushing.add_argument("folders", nargs="+", type=Path, metavar="MODEL_DIR")
-    pushing.add_argument("url", metavar="oci://HOST[:PORT]/REPOSITORY")
-    pushing.add_argument("--timeout-secs", type=float, default=30.0, metavar="S")
+    pushing.add_argument(
+        "folders", nargs="+", type=Path, metavar="MODEL_DIR", help="model folders to push"
+    )
+    pushing.add_argument(
+        "url",
+        metavar="oci://HOST[:PORT]/REPOSITORY",
+        help="the registry repository (plain HTTP on loopback or with oci+http://)",
+    )
+    pushing.add_argument(
+        "--timeout-secs",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="each connect and read waits at most this long (default 30)",
+    )
     return p
 
 
