@@ -12,6 +12,7 @@ EXTRA_OF = {
     "aiobotocore": "s3",
     "botocore": "s3",
     "cryptography": "signing",
+    "model_signing": "modelsigning",
     "openvino": "openvino",
     "torch": "torch",
     "tensorrt": "gpu",

@@ -180,6 +180,8 @@ class ServerSettings:
     scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)
     require_manifest: bool = False
     manifest_public_key: Path | None = None  # manifests must carry an Ed25519 signature
+    model_signature: str = ""  # --model-signature METHOD:ARGS (OpenSSF model signing)
+    require_model_signature: bool = False
     remote_repositories: tuple[str, ...] = ()  # s3://... synced into the model store
     model_store_dir: Path | None = None  # where remote repositories are cached
     # Downloads stop before free space drops below; None: the smaller of 256 MiB and 10% of
