@@ -92,6 +92,31 @@ def test_signed_versions_load_and_tampered_unsigned_or_uncovered_ones_are_refuse
     assert "files not covered by model.sig: extra.py" in status
 
 
+def test_a_certificate_chain_verifies_versions_signed_under_its_ca_only(
+    start_server, tmp_path: Path
+) -> None:
+    from tests.pki import code_signing_chain
+
+    ca, cert, key = code_signing_chain(tmp_path, "release")
+    _, other_cert, other_key = code_signing_chain(tmp_path, "someone-else")
+    repo = tmp_path / "repo"
+    model = repo / "m"
+    model.mkdir(parents=True)
+    (model / "config.pbtxt").write_text(CONFIG)
+    for version, (signing_cert, signing_key) in ((1, (cert, key)), (2, (other_cert, other_key))):
+        folder = _version(model, version, version, None)
+        signer = model_signing.signing.Config().use_certificate_signer(
+            private_key=signing_key, signing_certificate=signing_cert, certificate_chain=[ca]
+        )
+        signer.sign(folder, tmp_path / "model.sig")
+        (tmp_path / "model.sig").rename(folder / "model.sig")
+    proc = start_server(repo, f"--model-signature=certificate:{ca}", "--strict-readiness=0")
+    rows = {row["version"]: row for row in _index(proc.http_url) if row["name"] == "m"}
+    assert rows["1"]["state"] == "READY"
+    assert rows["2"]["reason"].startswith("model.sig does not verify (certificate): ")
+    assert _added(proc.http_url) == 1.0
+
+
 def test_a_bad_model_signature_flag_stops_the_start_in_one_line(tmp_path: Path) -> None:
     import subprocess
     import sys
