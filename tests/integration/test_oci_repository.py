@@ -181,6 +181,34 @@ def test_a_registry_serving_other_content_for_a_digest_is_refused_and_last_good_
     assert proc.log().count("version 2 not fetched") == log.count("version 2 not fetched") == 1
 
 
+def test_a_tag_moved_to_other_content_changes_nothing_on_the_device(
+    start_server, registry: OciRegistry, tmp_path: Path
+) -> None:
+    """A device follows the digests the index pins, never a tag: `m.1` re-pointed at other
+    weights (a registry write without the index) is not served."""
+    repository = _repository()
+    url = registry.url(repository)
+    folder = _model_folder(tmp_path / "src", {1: 1})
+    _push(url, folder)
+    base = f"http://{registry.host_port}/v2/{repository}/manifests"
+    accept = {"Accept": "application/vnd.oci.image.manifest.v1+json"}
+    with urllib.request.urlopen(urllib.request.Request(f"{base}/index", headers=accept)) as r:
+        index = r.read()
+    _push(url, _model_folder(tmp_path / "other", {1: 9}))  # tag m.1 -> the 9-adding weights
+    put = urllib.request.Request(
+        f"{base}/index",
+        data=index,
+        method="PUT",
+        headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"},
+    )
+    with urllib.request.urlopen(put) as r:  # the index as it was: pinning the 1-adding ones
+        assert r.status == 201
+    proc = _start(start_server, url, tmp_path / "store", *POLL)
+    assert _added(proc.http_url) == 1.0
+    time.sleep(1.0)  # a few polls
+    assert _added(proc.http_url) == 1.0
+
+
 def _index_digest(registry: OciRegistry, repository: str) -> str:
     link = (
         registry.root
