@@ -142,6 +142,9 @@ def test_a_pushed_model_serves_and_a_new_version_switches_in_with_only_its_layer
     assert stored == ["1", "2"]
     assert not list(store.rglob("*.part"))
     assert _metric(proc, "edge_repository_source_up") == 1.0
+    with urllib.request.urlopen(f"http://{proc.http_url}/status.json", timeout=10) as resp:
+        sources = json.loads(resp.read())["updates"]["sources"]
+    assert [(s["url"], s["reachable"], s["pending"]) for s in sources] == [(url, True, [])]
 
 
 @pytest.mark.parametrize("tampered", ["layer", "manifest"])
