@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -39,14 +40,19 @@ def registry_binary() -> str | None:
 class OciRegistry:
     """`docker-registry serve` on 127.0.0.1, its access log in `log_path`."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, tls: tuple[Path, Path] | None = None) -> None:
+        """`tls`: (certificate, key) PEM files: the registry serves HTTPS."""
         binary = registry_binary()
         assert binary is not None
         self.root = folder / "storage"
         self.port = free_port()  # the registry takes no port 0: a free one, bound just before
         self.host_port = f"127.0.0.1:{self.port}"
+        self._tls = tls
         config = folder / "config.yml"
-        config.write_text(_CONFIG.format(root=self.root, port=self.port))
+        text = _CONFIG.format(root=self.root, port=self.port)
+        if tls is not None:
+            text += f"  tls:\n    certificate: {tls[0]}\n    key: {tls[1]}\n"
+        config.write_text(text)
         self.log_path = folder / "registry.log"
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
@@ -59,8 +65,12 @@ class OciRegistry:
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"docker-registry exited:\n{self.log_path.read_text()}")
+            scheme, context = "http", None
+            if self._tls is not None:
+                scheme, context = "https", ssl.create_default_context(cafile=str(self._tls[0]))
+            url = f"{scheme}://{self.host_port}/v2/"
             try:
-                with urllib.request.urlopen(f"http://{self.host_port}/v2/", timeout=1) as resp:
+                with urllib.request.urlopen(url, timeout=1, context=context) as resp:
                     if resp.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError):

@@ -7,6 +7,7 @@ Each test gets its own repository in one registry of the module.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -60,7 +61,7 @@ def _model_folder(root: Path, versions: dict[int, int], padding: int = 0) -> Pat
     return folder
 
 
-def _push(url: str, *folders: Path) -> str:
+def _push(url: str, *folders: Path, env: dict[str, str] | None = None) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "appliance", "oci", "push", *map(str, folders), url],
         capture_output=True,
@@ -68,6 +69,7 @@ def _push(url: str, *folders: Path) -> str:
         cwd=ROOT,
         timeout=120,
         check=False,
+        env=dict(os.environ, **(env or {})),
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -147,7 +149,7 @@ def test_a_pushed_model_serves_and_a_new_version_switches_in_with_only_its_layer
     assert [(s["url"], s["reachable"], s["pending"]) for s in sources] == [(url, True, [])]
 
 
-@pytest.mark.parametrize("tampered", ["layer", "manifest"])
+@pytest.mark.parametrize("tampered", ["layer", "manifest", "longer"])
 def test_a_registry_serving_other_content_for_a_digest_is_refused_and_last_good_serves(
     start_server, registry: OciRegistry, tmp_path: Path, tampered: str
 ) -> None:
@@ -162,18 +164,25 @@ def test_a_registry_serving_other_content_for_a_digest_is_refused_and_last_good_
     _model_folder(tmp_path / "src", {2: 2})
     _push(url, folder)
     # The registry's disk (or whoever answers for it) changes version 2's bytes, same length.
-    if tampered == "layer":
+    if tampered in ("layer", "longer"):
         blob = registry.blob_file(_pinned(registry, repository, 2)["model.onnx"])
     else:
         index = json.loads(registry.blob_file(_index_digest(registry, repository)).read_bytes())
         document = json.loads(registry.blob_file(index["config"]["digest"]).read_bytes())
         blob = registry.blob_file(document["models"]["m"]["versions"]["2"]["digest"])
     data = bytearray(blob.read_bytes())
-    data[len(data) // 2] ^= 0x01
+    if tampered == "longer":  # endless data: more than the manifest's size for it
+        data += b"\0" * (1 << 20)
+    else:
+        data[len(data) // 2] ^= 0x01
     blob.write_bytes(bytes(data))
 
     proc = _start(start_server, url, store, *POLL)
-    why = "with other content" if tampered == "layer" else "is not the sha256:"
+    why = {
+        "layer": "with other content",
+        "manifest": "is not the sha256:",
+        "longer": "bytes its manifest gives",
+    }[tampered]
     _wait_for(lambda: why in _reason(proc.http_url, "2"))
     assert _reason(proc.http_url, "2").startswith("not fetched: rejected: ")
     assert _added(proc.http_url) == 1.0
@@ -280,3 +289,34 @@ def test_explicit_mode_loads_from_the_registry(
     _push(url, folder)
     client.load_model("m")  # a load request fetches what changed first
     assert _added(proc.http_url) == 8.0
+
+
+def test_a_registry_over_https_with_its_own_ca(start_server, tmp_path: Path) -> None:
+    """oci+https:// (and oci:// to a host that is not loopback) is TLS, verified against the
+    system's roots or SSL_CERT_FILE; a registry whose certificate is not trusted is refused."""
+    from tests.pki import self_signed
+
+    if registry_binary() is None:
+        pytest.skip("no docker-registry binary (apt-get install docker-registry)")
+    cert, key = self_signed(tmp_path, "registry")
+    (tmp_path / "tls-registry").mkdir()
+    server = OciRegistry(tmp_path / "tls-registry", tls=(cert, key))
+    try:
+        url = f"oci+https://{server.host_port}/fleet/models"
+        trust = {"SSL_CERT_FILE": str(cert)}
+        folder = _model_folder(tmp_path / "src", {1: 3})
+        _push(url, folder, env=trust)
+        proc = start_server(
+            url, f"--model-store-dir={tmp_path / 'store'}", "--repository-sync-wait-secs=60",
+            env=trust,
+        )
+        assert _added(proc.http_url) == 3.0
+        untrusting = start_server(
+            url,
+            f"--model-store-dir={tmp_path / 'store2'}",
+            "--repository-sync-wait-secs=0",
+        )
+        _wait_for(lambda: "CERTIFICATE_VERIFY_FAILED" in untrusting.log())
+        assert not grpcclient.InferenceServerClient(untrusting.grpc_url).is_model_ready("m")
+    finally:
+        server.stop()
