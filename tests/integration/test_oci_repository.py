@@ -320,3 +320,37 @@ def test_a_registry_over_https_with_its_own_ca(start_server, tmp_path: Path) -> 
         assert not grpcclient.InferenceServerClient(untrusting.grpc_url).is_model_ready("m")
     finally:
         server.stop()
+
+
+def test_a_registry_with_bearer_token_auth(start_server, tmp_path: Path) -> None:
+    """The distribution spec's token auth (Docker Hub, GHCR, Harbor): a 401 with a Bearer
+    challenge is answered with a token from its realm, got with EDGE_OCI_USERNAME /
+    EDGE_OCI_PASSWORD; wrong credentials leave the source unreachable."""
+    from tests.ociregistry import TokenService
+
+    if registry_binary() is None:
+        pytest.skip("no docker-registry binary (apt-get install docker-registry)")
+    tokens = TokenService(tmp_path, "device", "s3cret")
+    (tmp_path / "auth-registry").mkdir()
+    server = OciRegistry(tmp_path / "auth-registry", token=tokens.config())
+    try:
+        url = server.url("fleet/models")
+        good = {"EDGE_OCI_USERNAME": "device", "EDGE_OCI_PASSWORD": "s3cret"}
+        _push(url, _model_folder(tmp_path / "src", {1: 4}), env=good)
+        proc = start_server(
+            url, f"--model-store-dir={tmp_path / 'store'}", "--repository-sync-wait-secs=60",
+            env=good,
+        )
+        assert _added(proc.http_url) == 4.0
+        assert tokens.tokens >= 2  # the pusher's and the device's
+        wrong = start_server(
+            url,
+            f"--model-store-dir={tmp_path / 'store2'}",
+            "--repository-sync-wait-secs=0",
+            env={"EDGE_OCI_USERNAME": "device", "EDGE_OCI_PASSWORD": "guess"},
+        )
+        _wait_for(lambda: "the token service refused (401)" in wrong.log())
+        assert not grpcclient.InferenceServerClient(wrong.grpc_url).is_model_ready("m")
+    finally:
+        server.stop()
+        tokens.stop()
