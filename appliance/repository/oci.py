@@ -159,7 +159,10 @@ class OciSource:
                     log.error("model source unreachable, serving the cached models: %s", why)
                 self.reachable, self.last_error = False, why
                 raise SourceError(why) from exc
-            self.skipped = {f"{name}": f"model skipped: {why}" for name, why in problems.items()}
+            self.skipped = {name: f"model skipped: {why}" for name, why in problems.items()}
+            self.skipped.update(
+                {name: f"model not synced: {why}" for name, why in self._failing.items()}
+            )
             if self.reachable is not True:
                 log.info("model source %s is reachable", self.url)
             self.reachable, self.last_error = True, ""

@@ -161,7 +161,9 @@ def test_a_registry_serving_other_content_for_a_digest_is_refused_and_last_good_
     first = _start(start_server, url, store, *POLL)
     assert _added(first.http_url) == 1.0
     first.stop()
-    _model_folder(tmp_path / "src", {2: 2})
+    # Random padding: blobs are shared by every repository of the registry, and this one's
+    # are about to be damaged.
+    _model_folder(tmp_path / "src", {2: 2}, padding=64)
     _push(url, folder)
     # The registry's disk (or whoever answers for it) changes version 2's bytes, same length.
     if tampered in ("layer", "longer"):
@@ -354,3 +356,36 @@ def test_a_registry_with_bearer_token_auth(start_server, tmp_path: Path) -> None
     finally:
         server.stop()
         tokens.stop()
+
+
+def test_an_openssf_signed_model_travels_through_the_registry(
+    start_server, registry: OciRegistry, tmp_path: Path
+) -> None:
+    """model.sig is a layer like any file; the store's record beside the files needs no
+    signature, a version signed by another key is refused."""
+    model_signing = pytest.importorskip("model_signing", reason="model-signing not installed")
+    from tests.integration.test_model_signature import _keys
+
+    private, public = _keys(tmp_path)
+    (tmp_path / "other-key").mkdir()
+    other, _ = _keys(tmp_path / "other-key")
+    repository = _repository()
+    url = registry.url(repository)
+    folder = _model_folder(tmp_path / "src", {1: 1, 2: 2})
+    (folder / "config.pbtxt").write_text(CONFIG + "version_policy: { all: {} }\n")
+    for version, key in ((1, private), (2, other)):
+        signer = model_signing.signing.Config().use_elliptic_key_signer(private_key=key)
+        signer.sign(folder / str(version), tmp_path / "model.sig")
+        (tmp_path / "model.sig").rename(folder / str(version) / "model.sig")
+    _push(url, folder)
+    proc = _start(
+        start_server, url, tmp_path / "store", *POLL, f"--model-signature=key:{public}"
+    )
+    assert _added(proc.http_url) == 1.0
+    assert _reason(proc.http_url, "2").startswith("model.sig does not verify (key): ")
+    (stored,) = (tmp_path / "store").glob("models/*/m/1")
+    assert sorted(p.name for p in stored.iterdir()) == [
+        ".edge-sync.json",
+        "model.onnx",
+        "model.sig",
+    ]
