@@ -6,6 +6,7 @@ Each test gets its own repository in one registry of the module.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as grpcclient
 
+from appliance.fleet.oci_push import push
 from tests.integration.test_s3_repository import (
     CONFIG,
     _added,
@@ -61,7 +63,13 @@ def _model_folder(root: Path, versions: dict[int, int], padding: int = 0) -> Pat
     return folder
 
 
-def _push(url: str, *folders: Path, env: dict[str, str] | None = None) -> str:
+def _push(
+    url: str, *folders: Path, env: dict[str, str] | None = None, cli: bool = False, ok: bool = True
+) -> str:
+    """`edge-appliance oci push` (a process of its own with `env` or `cli`, else called here:
+    a second a push less); its output, or its error when not `ok`."""
+    if env is None and not cli:
+        return "\n".join(asyncio.run(push(list(folders), url)))
     done = subprocess.run(
         [sys.executable, "-m", "appliance", "oci", "push", *map(str, folders), url],
         capture_output=True,
@@ -71,8 +79,8 @@ def _push(url: str, *folders: Path, env: dict[str, str] | None = None) -> str:
         check=False,
         env=dict(os.environ, **(env or {})),
     )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    assert (done.returncode == 0) is ok, done.stderr
+    return done.stdout if ok else done.stderr
 
 
 def _pinned(registry: OciRegistry, repository: str, version: int) -> dict[str, str]:
@@ -117,7 +125,7 @@ def test_a_pushed_model_serves_and_a_new_version_switches_in_with_only_its_layer
     url = registry.url(repository)
     folder = _model_folder(tmp_path / "src", {1: 1}, padding=200_000)
     (folder / "1" / "notes.txt").write_text("first notes")
-    out = _push(url, folder)
+    out = _push(url, folder, cli=True)
     assert "model 'm' version 1: 2 files, sha256:" in out
     store = tmp_path / "store"
     proc = _start(start_server, url, store, *POLL)
@@ -156,15 +164,11 @@ def test_a_registry_serving_other_content_for_a_digest_is_refused_and_last_good_
     repository = _repository()
     url = registry.url(repository)
     folder = _model_folder(tmp_path / "src", {1: 1})
-    _push(url, folder)
-    store = tmp_path / "store"
-    first = _start(start_server, url, store, *POLL)
-    assert _added(first.http_url) == 1.0
-    first.stop()
     # Random padding: blobs are shared by every repository of the registry, and this one's
     # are about to be damaged.
     _model_folder(tmp_path / "src", {2: 2}, padding=64)
     _push(url, folder)
+    store = tmp_path / "store"
     # The registry's disk (or whoever answers for it) changes version 2's bytes, same length.
     if tampered in ("layer", "longer"):
         blob = registry.blob_file(_pinned(registry, repository, 2)["model.onnx"])
@@ -295,7 +299,8 @@ def test_explicit_mode_loads_from_the_registry(
 
 def test_a_registry_over_https_with_its_own_ca(start_server, tmp_path: Path) -> None:
     """oci+https:// (and oci:// to a host that is not loopback) is TLS, verified against the
-    system's roots or SSL_CERT_FILE; a registry whose certificate is not trusted is refused."""
+    system's roots or SSL_CERT_FILE; a registry whose certificate is not trusted is refused
+    (shown with a push: the same calls as the device's sync)."""
     from tests.pki import self_signed
 
     if registry_binary() is None:
@@ -313,13 +318,10 @@ def test_a_registry_over_https_with_its_own_ca(start_server, tmp_path: Path) -> 
             env=trust,
         )
         assert _added(proc.http_url) == 3.0
-        untrusting = start_server(
-            url,
-            f"--model-store-dir={tmp_path / 'store2'}",
-            "--repository-sync-wait-secs=0",
-        )
-        _wait_for(lambda: "CERTIFICATE_VERIFY_FAILED" in untrusting.log())
-        assert not grpcclient.InferenceServerClient(untrusting.grpc_url).is_model_ready("m")
+        # Without the CA (the device's sync makes the same calls): refused, nothing sent.
+        untrusting = _push(url, folder, env={"SSL_CERT_FILE": os.devnull}, ok=False)
+        assert "cannot reach the registry" in untrusting
+        assert "CERTIFICATE_VERIFY_FAILED" in untrusting
     finally:
         server.stop()
 
@@ -327,7 +329,7 @@ def test_a_registry_over_https_with_its_own_ca(start_server, tmp_path: Path) -> 
 def test_a_registry_with_bearer_token_auth(start_server, tmp_path: Path) -> None:
     """The distribution spec's token auth (Docker Hub, GHCR, Harbor): a 401 with a Bearer
     challenge is answered with a token from its realm, got with EDGE_OCI_USERNAME /
-    EDGE_OCI_PASSWORD; wrong credentials leave the source unreachable."""
+    EDGE_OCI_PASSWORD; wrong credentials are refused (shown with a push: the same calls)."""
     from tests.ociregistry import TokenService
 
     if registry_binary() is None:
@@ -345,14 +347,9 @@ def test_a_registry_with_bearer_token_auth(start_server, tmp_path: Path) -> None
         )
         assert _added(proc.http_url) == 4.0
         assert tokens.tokens >= 2  # the pusher's and the device's
-        wrong = start_server(
-            url,
-            f"--model-store-dir={tmp_path / 'store2'}",
-            "--repository-sync-wait-secs=0",
-            env={"EDGE_OCI_USERNAME": "device", "EDGE_OCI_PASSWORD": "guess"},
-        )
-        _wait_for(lambda: "the token service refused (401)" in wrong.log())
-        assert not grpcclient.InferenceServerClient(wrong.grpc_url).is_model_ready("m")
+        wrong = {"EDGE_OCI_USERNAME": "device", "EDGE_OCI_PASSWORD": "guess"}
+        folder = _model_folder(tmp_path / "src", {2: 5})
+        assert "the token service refused (401)" in _push(url, folder, env=wrong, ok=False)
     finally:
         server.stop()
         tokens.stop()
