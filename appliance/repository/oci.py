@@ -32,6 +32,7 @@ from appliance.repository.oci_registry import (
     ContentRejected,
     Descriptor,
     ModelEntry,
+    NotInRegistry,
     OciLocation,
     Registry,
     RegistryError,
@@ -237,7 +238,7 @@ class OciSource:
             raise ContentRejected(f"{what}: its manifest is {pinned.size} bytes, too large")
         raw = await self._client.read("manifests", pinned.digest, pinned.size, f"{what} manifest")
         if raw is None:
-            raise ContentRejected(f"{what}: manifest {pinned.digest} is not in the registry")
+            raise NotInRegistry(f"manifest {pinned.digest} is not in the registry")
         if digest_of(raw) != pinned.digest:
             raise ContentRejected(
                 f"{what}: the registry sent a manifest whose digest {digest_of(raw)} is not "
@@ -297,7 +298,7 @@ class OciSource:
             await asyncio.to_thread(self._reject, name, version, pinned.digest, str(exc))
             self._set_pending(key, f"rejected: {exc}", logging.ERROR)
             return False
-        except DiskReserveError as exc:
+        except (DiskReserveError, NotInRegistry) as exc:  # tried again at the next sync
             self._set_pending(key, str(exc), logging.WARNING)
             return False
         self._synced[key] = pinned.digest
@@ -432,7 +433,11 @@ class OciSource:
                     ahead = received / rate - (time.monotonic() - started)
                     if ahead > 0:
                         await asyncio.sleep(ahead)
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as exc:
+        except (
+            aiohttp.ClientPayloadError,
+            aiohttp.ClientConnectionError,
+            asyncio.TimeoutError,
+        ) as exc:
             raise _Transient(f"{type(exc).__name__}: {exc}") from exc
         except OSError as exc:
             raise DiskReserveError(f"cannot write '{part.part}': {exc.strerror}") from exc

@@ -24,6 +24,7 @@ needs, so it would add a dependency and still leave the verified download to wri
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import ipaddress
@@ -68,6 +69,10 @@ class RegistryError(Exception):
 
 class ContentRejected(Exception):
     """What the registry sent is not what was asked for (digest, size, format)."""
+
+
+class NotInRegistry(Exception):
+    """A manifest or blob the index pins is not in the registry (now): tried again later."""
 
 
 def _is_loopback(host: str) -> bool:
@@ -339,7 +344,7 @@ class Registry:
             self.requests += 1
             try:
                 response = await self._session.request(method, url, headers=headers, **kwargs)
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                 raise RegistryError(
                     f"{self.location.url}: cannot reach the registry: {exc}"
                 ) from exc
@@ -401,13 +406,18 @@ class Registry:
         headers = {"Range": f"bytes={start}-"} if start else {}
         async with await self.request("GET", self._url(f"blobs/{digest}"), headers=headers) as r:
             if r.status == 404:
-                raise ContentRejected(f"blob {digest} is not in the registry")
-            if r.status == 416 or (start and r.status == 200):
-                raise ContentRejected(f"blob {digest}: the registry cannot resume at {start}")
+                raise NotInRegistry(f"blob {digest} is not in the registry")
+            if r.status == 416:
+                raise ContentRejected(f"blob {digest} is shorter than its manifest says")
             if r.status not in (200, 206):
                 raise self._status_error(r.status, f"downloading blob {digest}")
+            skip = start if r.status == 200 else 0  # a registry that ignored the Range
             while data := await r.content.read(chunk):
-                yield data
+                if skip:
+                    dropped = min(skip, len(data))
+                    data, skip = data[dropped:], skip - dropped
+                if data:
+                    yield data
 
     # ---- pushing (the operator's `edge-appliance oci push`) -----------------------------
 

@@ -386,3 +386,33 @@ def test_an_openssf_signed_model_travels_through_the_registry(
         "model.onnx",
         "model.sig",
     ]
+
+
+async def test_a_blob_missing_from_the_registry_waits_and_is_never_recorded_as_rejected(
+    registry: OciRegistry, tmp_path: Path
+) -> None:
+    """A pinned blob the registry lost (garbage collection, a restore) is not bad content:
+    the version waits with its reason, nothing goes into the ledger, and it is fetched once
+    the blob is back."""
+    from appliance.repository.manifest import NO_MANIFEST_RULES
+    from appliance.repository.oci import OciSource
+
+    repository = _repository()
+    url = registry.url(repository)
+    folder = _model_folder(tmp_path / "src", {1: 1})
+    _model_folder(tmp_path / "src", {2: 2}, padding=64)  # a blob of its own, to take away
+    await push([folder], url)
+    blob = registry.blob_file(_pinned(registry, repository, 2)["model.onnx"])
+    data = blob.read_bytes()
+    blob.unlink()
+    source = OciSource(url, tmp_path / "store", 0, NO_MANIFEST_RULES)
+    async with source.opened():
+        assert await source.sync() == {"m"}
+        assert source.reachable is True
+        assert source.pending[("m", 2)].endswith("is not in the registry")
+        assert not source.ledger.entry(source.root / "m").failed
+        assert not (source.root / "m" / "2").exists()
+        blob.write_bytes(data)
+        assert await source.sync() == {"m"}
+        assert (source.root / "m" / "2" / "model.onnx").read_bytes() == data
+        assert ("m", 2) not in source.pending
