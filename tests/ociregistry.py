@@ -42,9 +42,7 @@ def registry_binary() -> str | None:
 class OciRegistry:
     """`docker-registry serve` on 127.0.0.1, its access log in `log_path`."""
 
-    def __init__(
-        self, folder: Path, tls: tuple[Path, Path] | None = None, token: str = ""
-    ) -> None:
+    def __init__(self, folder: Path, tls: tuple[Path, Path] | None = None, token: str = "") -> None:
         """`tls`: (certificate, key) PEM files: the registry serves HTTPS. `token`: its
         clients need a Bearer token from a TokenService (its config block)."""
         binary = registry_binary()

@@ -6,21 +6,21 @@ repository index and the status page, while the good version serves."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.integration.test_s3_repository import _added, _index, _model_bytes
+from tests.serverproc import ROOT
 
 model_signing = pytest.importorskip(
     "model_signing", reason="model-signing is not installed (pip install '.[modelsigning]')"
 )
 
-CONFIG = (
-    'name: "m"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
-    "version_policy: { all: {} }\n"
-)
+CONFIG = 'name: "m"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 4\nversion_policy: { all: {} }\n'
 
 
 def _keys(folder: Path) -> tuple[Path, Path]:
@@ -90,6 +90,29 @@ def test_signed_versions_load_and_tampered_unsigned_or_uncovered_ones_are_refuse
         status = json.dumps(json.loads(resp.read()))
     assert "model.sig does not verify (key)" in status
     assert "files not covered by model.sig: extra.py" in status
+    # `edge-appliance check` says the same offline, before a release is published.
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "appliance",
+            "check",
+            str(repo),
+            "--json",
+            f"--model-signature=key:{public}",
+            "--require-model-signature",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    checked = {row["version"]: row for row in json.loads(done.stdout)["models"]}
+    assert {v: (r["state"], r["reason"]) for v, r in checked.items()} == {
+        v: (r["state"], r["reason"]) for v, r in rows.items()
+    }
 
 
 def test_a_certificate_chain_verifies_versions_signed_under_its_ca_only(
@@ -118,11 +141,6 @@ def test_a_certificate_chain_verifies_versions_signed_under_its_ca_only(
 
 
 def test_a_bad_model_signature_flag_stops_the_start_in_one_line(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    from tests.serverproc import ROOT
-
     done = subprocess.run(
         [
             sys.executable,

@@ -250,9 +250,7 @@ def test_a_download_killed_half_way_resumes_and_a_restart_offline_serves_from_th
     store = tmp_path / "store"
     try:
         # 16 Mbit/s: the 6 MiB layer takes about 3 s, long enough to kill the server half way.
-        proc = _start(
-            start_server, url, store, *POLL, "--model-download-limit-mbps=16", wait=False
-        )
+        proc = _start(start_server, url, store, *POLL, "--model-download-limit-mbps=16", wait=False)
         deadline = time.monotonic() + 30
         while True:
             parts = list((store / "staging").rglob("model.onnx.part"))
@@ -314,7 +312,9 @@ def test_a_registry_over_https_with_its_own_ca(start_server, tmp_path: Path) -> 
         folder = _model_folder(tmp_path / "src", {1: 3})
         _push(url, folder, env=trust)
         proc = start_server(
-            url, f"--model-store-dir={tmp_path / 'store'}", "--repository-sync-wait-secs=60",
+            url,
+            f"--model-store-dir={tmp_path / 'store'}",
+            "--repository-sync-wait-secs=60",
             env=trust,
         )
         assert _added(proc.http_url) == 3.0
@@ -342,7 +342,9 @@ def test_a_registry_with_bearer_token_auth(start_server, tmp_path: Path) -> None
         good = {"EDGE_OCI_USERNAME": "device", "EDGE_OCI_PASSWORD": "s3cret"}
         _push(url, _model_folder(tmp_path / "src", {1: 4}), env=good)
         proc = start_server(
-            url, f"--model-store-dir={tmp_path / 'store'}", "--repository-sync-wait-secs=60",
+            url,
+            f"--model-store-dir={tmp_path / 'store'}",
+            "--repository-sync-wait-secs=60",
             env=good,
         )
         assert _added(proc.http_url) == 4.0
@@ -375,9 +377,7 @@ def test_an_openssf_signed_model_travels_through_the_registry(
         signer.sign(folder / str(version), tmp_path / "model.sig")
         (tmp_path / "model.sig").rename(folder / str(version) / "model.sig")
     _push(url, folder)
-    proc = _start(
-        start_server, url, tmp_path / "store", *POLL, f"--model-signature=key:{public}"
-    )
+    proc = _start(start_server, url, tmp_path / "store", *POLL, f"--model-signature=key:{public}")
     assert _added(proc.http_url) == 1.0
     assert _reason(proc.http_url, "2").startswith("model.sig does not verify (key): ")
     (stored,) = (tmp_path / "store").glob("models/*/m/1")
