@@ -13,6 +13,7 @@ EXTRA_OF = {
     "botocore": "s3",
     "cryptography": "signing",
     "tuf": "signing",
+    "model_signing": "modelsigning",
     "openvino": "openvino",
     "torch": "torch",
     "tensorrt": "gpu",

@@ -182,6 +182,8 @@ class ServerSettings:
     manifest_public_key: Path | None = None  # manifests must carry an Ed25519 signature
     # TUF metadata mode for s3:// repositories: the trusted initial root.json
     model_repository_tuf_root: Path | None = None
+    model_signature: str = ""  # --model-signature METHOD:ARGS (OpenSSF model signing)
+    require_model_signature: bool = False
     remote_repositories: tuple[str, ...] = ()  # s3://... synced into the model store
     model_store_dir: Path | None = None  # where remote repositories are cached
     # Downloads stop before free space drops below; None: the smaller of 256 MiB and 10% of

@@ -1,6 +1,6 @@
-"""`edge-appliance serve | version | manifest | check | tune | pin | unpin | status | fleet`: the
-entry point, and the only place with signal handlers. The serve flags and the settings they make
-are in serve_flags.py.
+"""`edge-appliance serve | version | manifest | check | tune | pin | unpin | status | fleet |
+oci`: the entry point, and the only place with signal handlers. The serve flags and the settings
+they make are in serve_flags.py.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from types import FrameType
 from appliance.common.settings import ServerSettings
 from appliance.flags.parsing import Parser
 from appliance.flags.serve import add_serve_flags, settings_from_args
+from appliance.fleet import oci_push
 from appliance.fleet import ops as fleet_ops
 from appliance.ops import logs
 from appliance.ops.notify import Notifier
@@ -37,7 +38,9 @@ __all__ = ["add_serve_flags", "build_parser", "main", "settings_from_args"]
 log = logging.getLogger("appliance")
 
 
-COMMANDS = ("serve", "version", "manifest", "check", "tune", "pin", "unpin", "status", "fleet")
+COMMANDS = (
+    "serve", "version", "manifest", "check", "tune", "pin", "unpin", "status", "fleet", "oci"
+)
 
 
 class _PrintVersion(argparse.Action):
@@ -90,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     pin.parser(sub.add_parser("unpin", help="follow a model's version policy again"), True)
     status_cli.parser(sub.add_parser("status", help="print the server's status (--watch)"))
     fleet_ops.parser(sub.add_parser("fleet", help="staged rollouts across a fleet of devices"))
+    oci_push.parser(sub.add_parser("oci", help="push model folders to an OCI registry"))
     return parser
 
 
@@ -357,6 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return status_cli.main(args[1:])
     if args[0] == "fleet":
         return fleet_ops.main(args[1:])
+    if args[0] == "oci":
+        return oci_push.main(args[1:])
     if args[0] == "tune":
         from appliance.tools import tune  # loads the server path only when tuning
 

@@ -37,6 +37,7 @@ from appliance.flags.values import (
     parse_trace_config,
 )
 from appliance.ops import logs
+from appliance.repository.model_signature import parse_policy
 from appliance.repository.rollout import (
     RolloutError,
     check_device_id,
@@ -501,6 +502,19 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         "(default false)",
     )
     p.add_argument(
+        "--model-signature",
+        default="",
+        metavar="METHOD:ARGS",
+        help="verify OpenSSF model signatures (model.sig in a version folder) before a load: "
+        "key:PUBLIC.pem, certificate:CA.pem[,MORE.pem] or sigstore:IDENTITY,ISSUER,TRUST.json "
+        "(offline); a version whose signature fails is never loaded",
+    )
+    add_bool(
+        p,
+        "--require-model-signature",
+        "with --model-signature: refuse a version folder without model.sig (default false)",
+    )
+    p.add_argument(
         "--rate-limit",
         default="off",
         type=str.lower,  # as tritonserver: OFF, EXECUTION_COUNT are accepted
@@ -753,6 +767,12 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         except ValueError as exc:
             raise SystemExit(f"edge-appliance: {exc}") from None
     _check_extras(remote, args.manifest_public_key, args.model_repository_tuf_root)
+    try:
+        parse_policy(args.model_signature, on(args.require_model_signature, False))
+    except ValueError as exc:
+        raise SystemExit(f"edge-appliance: {exc}") from None
+    if args.model_signature and (problem := extras.missing("model_signing", "--model-signature")):
+        raise SystemExit(f"edge-appliance: {problem}")
     return ServerSettings(
         model_repositories=tuple(Path(p) for p in args.model_repository if not is_remote(p)),
         remote_repositories=remote,
@@ -850,6 +870,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             max_instances_per_model=args.max_instances_per_model,
         ),
         require_manifest=on(args.require_manifest, False),
+        model_signature=args.model_signature,
+        require_model_signature=on(args.require_model_signature, False),
         trace_file=trace.get("trace_file", args.trace_file),
         trace_level=trace.get("trace_level", _D.trace_level),
         trace_rate=trace.get("trace_rate", args.trace_rate),

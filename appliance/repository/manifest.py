@@ -51,10 +51,21 @@ class ManifestError(ValueError):
 class ManifestPolicy:
     required: bool = False  # --require-manifest
     public_key: Any = None  # an Ed25519PublicKey: manifests must be signed by it
+    # OpenSSF model signatures (model.sig in a version folder), verified before a load
+    model_signature: ModelSignaturePolicy | None = None
 
     @property
     def signed(self) -> bool:
         return self.public_key is not None
+
+
+@dataclass(frozen=True)
+class ModelSignaturePolicy:
+    """--model-signature: how OpenSSF model signatures are verified (model_signature.py)."""
+
+    method: str = ""  # "": off; "key", "certificate", "sigstore"
+    args: tuple[str, ...] = ()  # the key, the certificate chain, or identity, issuer, trust
+    required: bool = False  # --require-model-signature
 
 
 NO_MANIFEST_RULES = ManifestPolicy()

@@ -16,6 +16,8 @@ from pathlib import Path
 from appliance.repository.fleet_agent import FleetAgent, ServingView
 from appliance.repository.ledger import ModelLedger
 from appliance.repository.manifest import ManifestPolicy
+from appliance.repository.oci import OciSource
+from appliance.repository.oci_registry import OciLocation
 from appliance.repository.rollout import DeviceIdentity, ProbationRule
 from appliance.repository.s3 import S3Location, S3Source, SourceError
 
@@ -35,10 +37,13 @@ def check_location(location: str) -> None:
     if location.startswith("s3://"):
         S3Location.parse(location)
         return
+    if location.startswith(("oci://", "oci+http://", "oci+https://")):
+        OciLocation.parse(location)
+        return
     scheme = location.split("://", 1)[0]
     raise ValueError(
-        f"model repository '{location}': {scheme}:// is not supported; use a local folder or "
-        "s3://[host:port/]bucket/prefix"
+        f"model repository '{location}': {scheme}:// is not supported; use a local folder, "
+        "s3://[host:port/]bucket/prefix or oci://host[:port]/repository"
     )
 
 
@@ -54,14 +59,14 @@ class RemoteSources:
         timeout_s: float = 10.0,
         tuf_root: bytes | None = None,  # --model-repository-tuf-root: TUF metadata mode
     ) -> None:
-        kind: Callable[..., S3Source] = S3Source
         extra: dict[str, bytes] = {}
+        tuf_kind: Callable[..., S3Source] = S3Source
         if tuf_root is not None:
             from appliance.repository.tuf_source import TufSource
 
-            kind, extra = TufSource, {"trusted_root": tuf_root}
-        self.sources = [
-            kind(
+            tuf_kind, extra = TufSource, {"trusted_root": tuf_root}
+        self.sources: list[S3Source | OciSource] = [
+            (tuf_kind if url.startswith("s3://") else OciSource)(
                 url,
                 state_dir,
                 reserve_bytes,
@@ -69,7 +74,7 @@ class RemoteSources:
                 rate_bytes_s=rate_bytes_s,
                 ledger=ledger,
                 timeout_s=timeout_s,
-                **extra,
+                **(extra if url.startswith("s3://") else {}),
             )
             for url in locations
         ]
@@ -89,6 +94,8 @@ class RemoteSources:
     ) -> None:
         """Follow each source's rollout documents and report there (fleet_agent.py)."""
         for source in self.sources:
+            if not isinstance(source, S3Source):
+                continue  # rollout documents live in buckets
             agent = FleetAgent(
                 source, identity, report_interval_s, report_always, source.manifest.public_key
             )

@@ -100,8 +100,9 @@ def write_record(folder: Path, record: dict[str, list[Any]]) -> None:
 
 
 def with_hashes(folder: Path, record: dict[str, list[Any]]) -> dict[str, list[Any]]:
-    """`record` with each file's sha256 added: the manifest's (the sync checked every listed
-    file against it) where the folder has one, else computed (blocking)."""
+    """`record` with each file's sha256 added: the record's own where it has one (an OCI
+    layer's digest, checked while it streamed), else the manifest's (the sync checked every
+    listed file against it) where the folder has one, else computed (blocking)."""
     listed: dict[str, str] = {}
     if (folder / MANIFEST).is_file():
         try:
@@ -109,9 +110,13 @@ def with_hashes(folder: Path, record: dict[str, list[Any]]) -> dict[str, list[An
         except (ManifestError, UnicodeDecodeError):
             listed = {}
     return {
-        rel: [*entry[:2], listed.get(rel) or sha256_of(folder / rel)]
+        rel: [*entry[:2], _sha256(entry, listed.get(rel), folder / rel)]
         for rel, entry in record.items()
     }
+
+
+def _sha256(entry: list[Any], listed: str | None, path: Path) -> str:
+    return str(entry[2]) if len(entry) > 2 else listed or sha256_of(path)
 
 
 def damage_of(version_dir: Path) -> tuple[str, dict[str, str]]:

@@ -37,6 +37,7 @@ from appliance.repository.manifest import (
     check_version,
     model_level_files,
 )
+from appliance.repository.model_signature import check_model_signature
 from appliance.repository.store import damage_of, read_record, remove_damaged
 from appliance.runtime.autocomplete import (
     complete_config,
@@ -250,6 +251,8 @@ def prepare_model(
             unverified.add(version)
             continue
         why = check_version(model_dir / str(version), manifest, hashed.get(version))
+        if not why and manifest.model_signature is not None:
+            why = check_model_signature(model_dir / str(version), manifest.model_signature)
         if why:
             unreadable[version] = why
             unverified.add(version)

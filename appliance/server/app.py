@@ -38,6 +38,7 @@ from appliance.ops.notify import (
 from appliance.ops.trace import Tracer
 from appliance.repository.ledger import ModelLedger
 from appliance.repository.manifest import ManifestError, ManifestPolicy, load_public_key
+from appliance.repository.model_signature import parse_policy
 from appliance.repository.poller import RepositoryPoller
 from appliance.repository.rollout import DeviceIdentity, RolloutError, device_id_from
 from appliance.repository.sources import RemoteSources
@@ -123,7 +124,13 @@ class Appliance:
             )
         except ManifestError as exc:
             raise ConfigurationError(str(exc)) from exc
-        manifest = ManifestPolicy(settings.require_manifest, public_key)
+        try:
+            model_signature = parse_policy(
+                settings.model_signature, settings.require_model_signature
+            )
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from exc
+        manifest = ManifestPolicy(settings.require_manifest, public_key, model_signature)
         tuf_root = _tuf_root(settings.model_repository_tuf_root)
         # What failed, the last good versions and pins: kept across restarts.
         ledger = ModelLedger(state_dir)

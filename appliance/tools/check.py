@@ -27,6 +27,8 @@ from appliance.common.tf_advice import TensorflowAdvice, tensorflow_advice
 from appliance.flags.parsing import Parser
 from appliance.frontends.http import convert
 from appliance.repository.local import list_versions
+from appliance.repository.manifest import ManifestPolicy, ModelSignaturePolicy
+from appliance.repository.model_signature import parse_policy
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.registry import READY
 from appliance.runtime.settings import RuntimeSettings
@@ -58,6 +60,18 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="every version needs a SHA256SUMS manifest that matches it",
     )
     p.add_argument(
+        "--model-signature",
+        default="",
+        metavar="METHOD:ARGS",
+        help="verify OpenSSF model signatures as serve would (key:PUBLIC.pem, "
+        "certificate:CA.pem[,MORE.pem] or sigstore:IDENTITY,ISSUER,TRUST.json)",
+    )
+    p.add_argument(
+        "--require-model-signature",
+        action="store_true",
+        help="with --model-signature: every version needs a model.sig",
+    )
+    p.add_argument(
         "--model-config-name",
         default="",
         metavar="NAME",
@@ -71,7 +85,11 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def runtime_settings(
-    repositories: tuple[Path, ...], strict: bool, require_manifest: bool, config_name: str = ""
+    repositories: tuple[Path, ...],
+    strict: bool,
+    require_manifest: bool,
+    config_name: str = "",
+    model_signature: ModelSignaturePolicy | None = None,
 ) -> RuntimeSettings:
     """The runtime `serve` would run with these flags (one model loads at a time)."""
     server = ServerSettings(
@@ -80,14 +98,23 @@ def runtime_settings(
         require_manifest=require_manifest,
         model_config_name=config_name,
     )
-    return dataclasses.replace(RuntimeSettings.from_server(server), load_concurrency=1)
+    manifest = ManifestPolicy(require_manifest, None, model_signature)
+    return dataclasses.replace(
+        RuntimeSettings.from_server(server, manifest=manifest), load_concurrency=1
+    )
 
 
 async def check(
-    repositories: tuple[Path, ...], strict: bool, require_manifest: bool, config_name: str = ""
+    repositories: tuple[Path, ...],
+    strict: bool,
+    require_manifest: bool,
+    config_name: str = "",
+    model_signature: ModelSignaturePolicy | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """The repository index after loading everything, and each loaded model's config."""
-    settings = runtime_settings(repositories, strict, require_manifest, config_name)
+    settings = runtime_settings(
+        repositories, strict, require_manifest, config_name, model_signature
+    )
     runtime = ModelRuntime(settings)
     try:
         await runtime.load_all()
@@ -131,13 +158,20 @@ def main(argv: Sequence[str]) -> int:
     logging.basicConfig(level=logging.ERROR, format="%(message)s", stream=sys.stderr)
     try:
         config_name = check_config_name(args.model_config_name) if args.model_config_name else ""
+        signature = parse_policy(args.model_signature, args.require_model_signature)
     except ValueError as exc:
         print(f"edge-appliance check: {exc}", file=sys.stderr)  # noqa: T201
         return 2
     repositories = tuple(args.repositories)
     try:
         index, configs = asyncio.run(
-            check(repositories, args.strict_model_config, args.require_manifest, config_name)
+            check(
+                repositories,
+                args.strict_model_config,
+                args.require_manifest,
+                config_name,
+                signature,
+            )
         )
     except ApplianceError as exc:  # e.g. not a folder, a model name in two repositories
         print(f"edge-appliance check: {exc.message}", file=sys.stderr)  # noqa: T201
