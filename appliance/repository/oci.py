@@ -100,6 +100,7 @@ class OciSource:
         self.pending: dict[tuple[str, int], str] = {}
         self.skipped: dict[str, str] = {}
         self.fleet: Any = None  # rollouts follow S3 buckets only
+        self.frozen_since_s = 0.0  # TUF metadata mode is for S3 only: an index never expires
         self._registry: Registry | None = None
         self._lock = asyncio.Lock()
         # The index acted on (its manifest's digest and models), and per (model, version) or

@@ -66,7 +66,7 @@ class RemoteSources:
 
             tuf_kind, extra = TufSource, {"trusted_root": tuf_root}
         self.sources: list[S3Source | OciSource] = [
-            (tuf_kind if url.startswith("s3://") else OciSource)(
+            tuf_kind(
                 url,
                 state_dir,
                 reserve_bytes,
@@ -74,7 +74,17 @@ class RemoteSources:
                 rate_bytes_s=rate_bytes_s,
                 ledger=ledger,
                 timeout_s=timeout_s,
-                **(extra if url.startswith("s3://") else {}),
+                **extra,
+            )
+            if url.startswith("s3://")
+            else OciSource(
+                url,
+                state_dir,
+                reserve_bytes,
+                manifest,
+                rate_bytes_s=rate_bytes_s,
+                ledger=ledger,
+                timeout_s=timeout_s,
             )
             for url in locations
         ]
