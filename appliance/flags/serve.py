@@ -33,6 +33,7 @@ from appliance.flags.values import (
     parse_bool,
     parse_cache_config,
     parse_metrics_config,
+    parse_quantiles,
     parse_rate_limit_resources,
     parse_trace_config,
 )
@@ -59,7 +60,6 @@ IGNORED_FLAGS = (
     "vertex-ai-thread-count",
     "vertex-ai-default-model",
     "trace-log-frequency",
-    "model-load-retry-count",
     "model-namespacing",
     "enable-peer-access",
     "pinned-memory-pool-byte-size",
@@ -93,7 +93,6 @@ _IGNORED_INT = (
     "vertex-ai-port",
     "vertex-ai-thread-count",
     "trace-log-frequency",
-    "model-load-retry-count",
     "pinned-memory-pool-byte-size",
     "buffer-manager-thread-count",
 )
@@ -109,6 +108,13 @@ def _positive_int(text: str) -> int:
     value = integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
     return value
 
 
@@ -385,6 +391,14 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         f"{_D.model_load_threads}: each load's peak memory adds up on a small device)",
     )
     p.add_argument(
+        "--model-load-retry-count",
+        type=_non_negative_int,
+        default=_D.model_load_retries,
+        metavar="N",
+        help="a model version whose load fails is tried again up to N more times before it "
+        f"counts as failed, as tritonserver's (default {_D.model_load_retries})",
+    )
+    p.add_argument(
         "--model-config-name",
         default=None,
         metavar="NAME",
@@ -541,7 +555,10 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="histogram_latencies=true adds nv_inference_first_response_histogram_ms",
+        help="histogram_latencies=true adds nv_inference_first_response_histogram_ms; "
+        "summary_latencies=true adds the nv_inference_*_summary_us summaries (quantiles of the "
+        "last 60 s), summary_quantiles=Q:E,... chooses them (default "
+        "0.5:0.05,0.9:0.01,0.95:0.001,0.99:0.001,0.999:0.001)",
     )
     p.add_argument(
         "--cache-config",
@@ -720,7 +737,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     ) + tuple(
         f"--metrics-config {key}"
         for key in parse_metrics_config(args.metrics_config)
-        if key != "histogram_latencies"
+        if key not in ("histogram_latencies", "summary_latencies", "summary_quantiles")
     )
     trace, ignored_trace = parse_trace_config(args.trace_config, args.trace_level)
     batch_defaults, ignored_backend = parse_backend_config(args.backend_config)
@@ -789,11 +806,19 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         latency_histograms=parse_bool(
             parse_metrics_config(args.metrics_config).get("histogram_latencies", "false")
         ),
+        latency_summaries=parse_bool(
+            parse_metrics_config(args.metrics_config).get("summary_latencies", "false")
+        ),
+        summary_quantiles=parse_quantiles(
+            parse_metrics_config(args.metrics_config).get("summary_quantiles", "")
+        )
+        or _D.summary_quantiles,
         strict_model_config=(
             on(args.strict_model_config, False) or on(args.disable_auto_complete_config, False)
         ),
         model_config_name=_config_name(args.model_config_name),
         model_load_threads=args.model_load_thread_count,
+        model_load_retries=args.model_load_retry_count,
         default_max_batch_size=batch_defaults.pop("", _D.default_max_batch_size),
         backend_max_batch_sizes=tuple(sorted(batch_defaults.items())),
         server_id=args.id,

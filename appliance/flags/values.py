@@ -170,6 +170,28 @@ def parse_backend_config(values: list[str]) -> tuple[dict[str, int], tuple[str, 
     return batch_defaults, tuple(ignored)
 
 
+def parse_quantiles(text: str) -> tuple[tuple[float, float], ...]:
+    """`--metrics-config summary_quantiles=0.5:0.05,0.9:0.01`: (quantile, error) pairs, as
+    tritonserver reads them (comma-separated QUANTILE:ERROR); () when none is given."""
+    pairs = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        quantile, sep, error = item.partition(":")
+        try:
+            pair = (float(quantile), float(error))
+        except ValueError:
+            pair = (-1.0, -1.0)
+        if not sep or not 0 <= pair[0] <= 1 or not 0 <= pair[1] <= 1:
+            raise SystemExit(
+                "edge-appliance: --metrics-config summary_quantiles expects QUANTILE:ERROR "
+                f"pairs between 0 and 1, separated by commas (e.g. 0.5:0.05,0.9:0.01), got "
+                f"'{item}'"
+            )
+        pairs.append(pair)
+    return tuple(pairs)
+
+
 def parse_metrics_config(values: list[str]) -> dict[str, str]:
     """Triton's `--metrics-config key=value` pairs; unknown keys are warned about later."""
     pairs = {}
