@@ -210,5 +210,6 @@ class ServerSettings:
     trace_level: str = "OFF"
     trace_rate: int = 1000
     trace_count: int = -1
+    trace_log_frequency: int = 0  # --trace-log-frequency: traces per <trace-file>.<n>; 0 one file
     response_cache_bytes: int = 0  # 0: no response cache (--cache-config local,size=N)
     ignored_flags: tuple[str, ...] = field(default=())

@@ -59,7 +59,6 @@ IGNORED_FLAGS = (
     "vertex-ai-port",
     "vertex-ai-thread-count",
     "vertex-ai-default-model",
-    "trace-log-frequency",
     "model-namespacing",
     "enable-peer-access",
     "pinned-memory-pool-byte-size",
@@ -92,7 +91,6 @@ _IGNORED_INT = (
     "sagemaker-thread-count",
     "vertex-ai-port",
     "vertex-ai-thread-count",
-    "trace-log-frequency",
     "pinned-memory-pool-byte-size",
     "buffer-manager-thread-count",
 )
@@ -532,6 +530,13 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         "--trace-count", type=int, default=_D.trace_count, help="stop after N traces (-1: never)"
     )
     p.add_argument(
+        "--trace-log-frequency",
+        type=_non_negative_int,
+        default=_D.trace_log_frequency,
+        metavar="N",
+        help="write the traces to <trace-file>.0, .1, ... N at a time (0: all to --trace-file)",
+    )
+    p.add_argument(
         "--backend-config",
         action="append",
         default=[],
@@ -547,8 +552,8 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="[MODE,]SETTING=VALUE",
         help="tritonserver's spelling of the trace flags, repeatable: rate=N, level=LEVEL, "
-        "count=N, triton,file=PATH (they win over --trace-rate, ...); OpenTelemetry mode and "
-        "triton,log-frequency are accepted and ignored",
+        "count=N, triton,file=PATH, triton,log-frequency=N (they win over --trace-rate, ...); "
+        "OpenTelemetry mode is accepted and ignored",
     )
     p.add_argument(
         "--metrics-config",
@@ -865,6 +870,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         trace_level=trace.get("trace_level", _D.trace_level),
         trace_rate=trace.get("trace_rate", args.trace_rate),
         trace_count=trace.get("trace_count", args.trace_count),
+        trace_log_frequency=trace.get("trace_log_frequency", args.trace_log_frequency),
         response_cache_bytes=parse_cache_config(args.cache_config, args.response_cache_byte_size),
         ignored_flags=ignored,
     )

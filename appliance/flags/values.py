@@ -72,6 +72,7 @@ _TRACE_FIELDS = {
     ("", "count"): "trace_count",
     ("", "level"): "trace_level",
     ("triton", "file"): "trace_file",
+    ("triton", "log-frequency"): "trace_log_frequency",
 }
 _TRACE_FORMAT = "--trace-config expects [MODE,]SETTING=VALUE (MODE: triton or opentelemetry)"
 
@@ -98,7 +99,7 @@ def parse_trace_config(
     deprecated --trace-level, if given): the trace settings they set (they win over
     --trace-rate, --trace-count and --trace-file, and their levels combine with
     --trace-level's, as there) and the entries accepted but ignored (OpenTelemetry mode and
-    its settings, triton's log-frequency, unknown settings, the tensors level). A malformed
+    its settings, unknown settings, the tensors level). A malformed
     entry stops the start, as it stops tritonserver's."""
     chosen: dict[str, Any] = {}
     ignored: list[str] = []
@@ -129,6 +130,8 @@ def parse_trace_config(
         else:
             try:
                 chosen[field] = int(setting_value)
+                if field == "trace_log_frequency" and chosen[field] < 0:
+                    raise ValueError
             except ValueError:
                 raise SystemExit(
                     f"edge-appliance: --trace-config {setting} must be an integer, "
