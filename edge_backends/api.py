@@ -40,6 +40,8 @@ What the bases give, and who overrides it here:
 - `ModelInstance.set_cancel_check`: ignored (Python models show it as request.is_cancelled()).
 - `ModelInstance.interrupt`: cannot (a Python model's process can be killed).
 - `ModelInstance.custom_metrics`: none (Python models define them with `pb_utils.MetricFamily`).
+- `ModelInstance.asks_readiness` / `ready`: False / True, a loaded instance is ready (a Python
+  model with `is_ready()` is asked, within its `is_ready_timeout_s`).
 """
 
 from __future__ import annotations
@@ -260,8 +262,8 @@ class ModelInstance(Protocol):
     """One loaded copy of a model.
 
     The server calls `execute` or `execute_decoupled` from one thread at a time, and `close`
-    once, after the last execution has returned (never while one runs). Only `interrupt` is
-    called while an execution may be running, from another thread."""
+    once, after the last execution has returned (never while one runs). Only `interrupt` and
+    `ready` are called while an execution may be running, from another thread."""
 
     @property
     def runs_inline(self) -> bool:
@@ -329,6 +331,20 @@ class ModelInstance(Protocol):
         (same name) are the same family: the server lists each name once."""
         ...
 
+    @property
+    def asks_readiness(self) -> bool:
+        """Whether `ready` asks the model (a round trip the backend bounds in time, e.g. a
+        Python model's is_ready()), so the server calls it off its event loop; False: `ready`
+        answers at once."""
+        ...
+
+    def ready(self) -> bool:
+        """Whether the instance can serve now (Triton's TRITONBACKEND_ModelInstanceReady),
+        called whenever the model's readiness is asked (model ready, strict server readiness),
+        from any thread. It must return within a bounded time: a check that fails or takes
+        too long answers False (and says why in the log), never raises or hangs."""
+        ...
+
 
 class InstanceBase(ModelInstance):
     """The defaults of an instance's optional members; subclasses write `execute` and `close`."""
@@ -370,6 +386,11 @@ class InstanceBase(ModelInstance):
 
     def custom_metrics(self) -> Sequence[CustomMetricFamily]:
         return ()
+
+    asks_readiness: bool = False
+
+    def ready(self) -> bool:
+        return True  # loaded is ready: nothing to ask
 
 
 class Backend(Protocol):

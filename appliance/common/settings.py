@@ -13,6 +13,10 @@ MiB = 1024 * 1024
 DEFAULT_MAX_BATCH_SIZE = 4
 
 
+# Triton's default latency summary quantiles, (quantile, allowed error) each.
+SUMMARY_QUANTILES = ((0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001))
+
+
 @dataclass(frozen=True)
 class TlsSettings:
     """Certificates for TLS listeners (PEM file paths); empty: plain TCP."""
@@ -147,9 +151,13 @@ class ServerSettings:
     allow_gpu_metrics: bool = True  # NVML, or a Jetson's sysfs; absent without a GPU
     metrics_interval_ms: int = 2000  # NVML readings are at most this old
     latency_histograms: bool = False  # --metrics-config histogram_latencies=true
+    latency_summaries: bool = False  # --metrics-config summary_latencies=true
+    # --metrics-config summary_quantiles=Q:E,...: Triton's default (quantile, error) pairs.
+    summary_quantiles: tuple[tuple[float, float], ...] = SUMMARY_QUANTILES
     strict_model_config: bool = False
     model_config_name: str = ""  # --model-config-name: configs/<name>.pbtxt where it exists
     model_load_threads: int = 2  # --model-load-thread-count (tritonserver's default is 4)
+    model_load_retries: int = 0  # --model-load-retry-count: a failed version's load retried
     # --backend-config [BACKEND,]default-max-batch-size=N: auto-complete's max_batch_size for
     # a model that can batch (0: auto-completed models do not batch), for every backend and
     # (backend, N) where one backend was given its own.
@@ -206,5 +214,6 @@ class ServerSettings:
     trace_level: str = "OFF"
     trace_rate: int = 1000
     trace_count: int = -1
+    trace_log_frequency: int = 0  # --trace-log-frequency: traces per <trace-file>.<n>; 0 one file
     response_cache_bytes: int = 0  # 0: no response cache (--cache-config local,size=N)
     ignored_flags: tuple[str, ...] = field(default=())

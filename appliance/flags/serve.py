@@ -33,6 +33,7 @@ from appliance.flags.values import (
     parse_bool,
     parse_cache_config,
     parse_metrics_config,
+    parse_quantiles,
     parse_rate_limit_resources,
     parse_trace_config,
 )
@@ -59,8 +60,6 @@ IGNORED_FLAGS = (
     "vertex-ai-port",
     "vertex-ai-thread-count",
     "vertex-ai-default-model",
-    "trace-log-frequency",
-    "model-load-retry-count",
     "model-namespacing",
     "enable-peer-access",
     "pinned-memory-pool-byte-size",
@@ -93,8 +92,6 @@ _IGNORED_INT = (
     "sagemaker-thread-count",
     "vertex-ai-port",
     "vertex-ai-thread-count",
-    "trace-log-frequency",
-    "model-load-retry-count",
     "pinned-memory-pool-byte-size",
     "buffer-manager-thread-count",
 )
@@ -110,6 +107,13 @@ def _positive_int(text: str) -> int:
     value = integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
     return value
 
 
@@ -395,6 +399,14 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         f"{_D.model_load_threads}: each load's peak memory adds up on a small device)",
     )
     p.add_argument(
+        "--model-load-retry-count",
+        type=_non_negative_int,
+        default=_D.model_load_retries,
+        metavar="N",
+        help="a model version whose load fails is tried again up to N more times before it "
+        f"counts as failed, as tritonserver's (default {_D.model_load_retries})",
+    )
+    p.add_argument(
         "--model-config-name",
         default=None,
         metavar="NAME",
@@ -541,6 +553,13 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         "--trace-count", type=int, default=_D.trace_count, help="stop after N traces (-1: never)"
     )
     p.add_argument(
+        "--trace-log-frequency",
+        type=_non_negative_int,
+        default=_D.trace_log_frequency,
+        metavar="N",
+        help="write the traces to <trace-file>.0, .1, ... N at a time (0: all to --trace-file)",
+    )
+    p.add_argument(
         "--backend-config",
         action="append",
         default=[],
@@ -556,15 +575,18 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="[MODE,]SETTING=VALUE",
         help="tritonserver's spelling of the trace flags, repeatable: rate=N, level=LEVEL, "
-        "count=N, triton,file=PATH (they win over --trace-rate, ...); OpenTelemetry mode and "
-        "triton,log-frequency are accepted and ignored",
+        "count=N, triton,file=PATH, triton,log-frequency=N (they win over --trace-rate, ...); "
+        "OpenTelemetry mode is accepted and ignored",
     )
     p.add_argument(
         "--metrics-config",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="histogram_latencies=true adds nv_inference_first_response_histogram_ms",
+        help="histogram_latencies=true adds nv_inference_first_response_histogram_ms; "
+        "summary_latencies=true adds the nv_inference_*_summary_us summaries (quantiles of the "
+        "last 60 s), summary_quantiles=Q:E,... chooses them (default "
+        "0.5:0.05,0.9:0.01,0.95:0.001,0.99:0.001,0.999:0.001)",
     )
     p.add_argument(
         "--cache-config",
@@ -747,7 +769,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     ) + tuple(
         f"--metrics-config {key}"
         for key in parse_metrics_config(args.metrics_config)
-        if key != "histogram_latencies"
+        if key not in ("histogram_latencies", "summary_latencies", "summary_quantiles")
     )
     trace, ignored_trace = parse_trace_config(args.trace_config, args.trace_level)
     batch_defaults, ignored_backend = parse_backend_config(args.backend_config)
@@ -823,11 +845,19 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         latency_histograms=parse_bool(
             parse_metrics_config(args.metrics_config).get("histogram_latencies", "false")
         ),
+        latency_summaries=parse_bool(
+            parse_metrics_config(args.metrics_config).get("summary_latencies", "false")
+        ),
+        summary_quantiles=parse_quantiles(
+            parse_metrics_config(args.metrics_config).get("summary_quantiles", "")
+        )
+        or _D.summary_quantiles,
         strict_model_config=(
             on(args.strict_model_config, False) or on(args.disable_auto_complete_config, False)
         ),
         model_config_name=_config_name(args.model_config_name),
         model_load_threads=args.model_load_thread_count,
+        model_load_retries=args.model_load_retry_count,
         default_max_batch_size=batch_defaults.pop("", _D.default_max_batch_size),
         backend_max_batch_sizes=tuple(sorted(batch_defaults.items())),
         server_id=args.id,
@@ -876,6 +906,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         trace_level=trace.get("trace_level", _D.trace_level),
         trace_rate=trace.get("trace_rate", args.trace_rate),
         trace_count=trace.get("trace_count", args.trace_count),
+        trace_log_frequency=trace.get("trace_log_frequency", args.trace_log_frequency),
         response_cache_bytes=parse_cache_config(args.cache_config, args.response_cache_byte_size),
         ignored_flags=ignored,
     )

@@ -72,6 +72,7 @@ _TRACE_FIELDS = {
     ("", "count"): "trace_count",
     ("", "level"): "trace_level",
     ("triton", "file"): "trace_file",
+    ("triton", "log-frequency"): "trace_log_frequency",
 }
 _TRACE_FORMAT = "--trace-config expects [MODE,]SETTING=VALUE (MODE: triton or opentelemetry)"
 
@@ -98,7 +99,7 @@ def parse_trace_config(
     deprecated --trace-level, if given): the trace settings they set (they win over
     --trace-rate, --trace-count and --trace-file, and their levels combine with
     --trace-level's, as there) and the entries accepted but ignored (OpenTelemetry mode and
-    its settings, triton's log-frequency, unknown settings, the tensors level). A malformed
+    its settings, unknown settings, the tensors level). A malformed
     entry stops the start, as it stops tritonserver's."""
     chosen: dict[str, Any] = {}
     ignored: list[str] = []
@@ -129,6 +130,8 @@ def parse_trace_config(
         else:
             try:
                 chosen[field] = int(setting_value)
+                if field == "trace_log_frequency" and chosen[field] < 0:
+                    raise ValueError
             except ValueError:
                 raise SystemExit(
                     f"edge-appliance: --trace-config {setting} must be an integer, "
@@ -168,6 +171,28 @@ def parse_backend_config(values: list[str]) -> tuple[dict[str, int], tuple[str, 
             )
         batch_defaults[backend] = int(setting_value)
     return batch_defaults, tuple(ignored)
+
+
+def parse_quantiles(text: str) -> tuple[tuple[float, float], ...]:
+    """`--metrics-config summary_quantiles=0.5:0.05,0.9:0.01`: (quantile, error) pairs, as
+    tritonserver reads them (comma-separated QUANTILE:ERROR); () when none is given."""
+    pairs = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        quantile, sep, error = item.partition(":")
+        try:
+            pair = (float(quantile), float(error))
+        except ValueError:
+            pair = (-1.0, -1.0)
+        if not sep or not 0 <= pair[0] <= 1 or not 0 <= pair[1] <= 1:
+            raise SystemExit(
+                "edge-appliance: --metrics-config summary_quantiles expects QUANTILE:ERROR "
+                f"pairs between 0 and 1, separated by commas (e.g. 0.5:0.05,0.9:0.01), got "
+                f"'{item}'"
+            )
+        pairs.append(pair)
+    return tuple(pairs)
 
 
 def parse_metrics_config(values: list[str]) -> dict[str, str]:

@@ -2,7 +2,9 @@
 
 Settings are global, with per-model overrides (`/v2[/models/{m}]/trace/setting`, gRPC
 `TraceSetting`): `trace_level` (OFF or TIMESTAMPS), `trace_rate` (trace one request in N),
-`trace_count` (stop after N traces; -1 unlimited), `log_frequency` (accepted). `trace_file`
+`trace_count` (stop after N traces; -1 unlimited), `log_frequency` (0: every trace to
+`trace_file`; N: the traces to `<trace_file>.0` N at a time, then `.1`, ..., as tritonserver's
+--trace-log-frequency, each line written as it comes rather than N at once). `trace_file`
 is read-only: only `--trace-file` sets it, at start. As in tritonserver, a network client may
 not name a file for the server to append to (the server's user could be made to write anywhere
 it may), so a request that names `trace_file` is refused and changes nothing.
@@ -32,14 +34,19 @@ class Tracer:
     """Trace settings, sampling decisions and the trace file writer."""
 
     def __init__(
-        self, trace_file: str = "", level: str = "OFF", rate: int = 1000, count: int = -1
+        self,
+        trace_file: str = "",
+        level: str = "OFF",
+        rate: int = 1000,
+        count: int = -1,
+        log_frequency: int = 0,
     ) -> None:
         self._global: dict[str, Any] = {
             "trace_file": trace_file,
             "trace_level": [level],
             "trace_rate": str(rate),
             "trace_count": str(count),
-            "log_frequency": "0",
+            "log_frequency": str(log_frequency),
             "trace_mode": "triton",
         }
         # A global setting cleared (null or []) goes back to its value at start, as in
@@ -49,6 +56,7 @@ class Tracer:
         self._seen: dict[str, int] = {}  # requests seen per model, for trace_rate
         self._remaining: dict[str, int] = {}  # traces left per model, for trace_count
         self._ids = itertools.count(1)
+        self._written: dict[str, int] = {}  # traces sent to each trace file, for log_frequency
         self._lines: queue.SimpleQueue[tuple[str, str] | None] = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
         self._active = self._any_active()
@@ -113,7 +121,11 @@ class Tracer:
                 number = int(value)
             except ValueError:
                 raise InvalidInput(f"{key} must be an integer, got '{value}'") from None
-            if (key == "trace_rate" and number < 1) or (key == "trace_count" and number < -1):
+            if (
+                (key == "trace_rate" and number < 1)
+                or (key == "trace_count" and number < -1)
+                or (key == "log_frequency" and number < 0)
+            ):
                 raise InvalidInput(f"{key} is out of range: {number}")
         return value
 
@@ -155,7 +167,14 @@ class Tracer:
             }
         )
         self._ensure_writer()
-        self._lines.put((self.settings(model)["trace_file"], line))
+        effective = self.settings(model)
+        path = effective["trace_file"]
+        frequency = int(effective["log_frequency"])
+        written = self._written.get(path, 0)
+        self._written[path] = written + 1
+        if frequency > 0:
+            path = f"{path}.{written // frequency}"
+        self._lines.put((path, line))
 
     def _ensure_writer(self) -> None:
         if self._writer is None:

@@ -166,8 +166,11 @@ def prepare_model(
     config_name: str = "",
     default_max_batch: Mapping[str, int] | None = None,
     loading: Callable[[int], None] | None = None,
+    load_retries: int = 0,
 ) -> PreparedModel:
-    """Read, complete and validate the config, then load the instances of each chosen version.
+    """Read, complete and validate the config, then load the instances of each chosen version
+    (a version whose instances fail to load is tried `load_retries` more times, as
+    tritonserver's --model-load-retry-count: at once, each try from the start).
 
     `skip`: versions not to load (they failed before, with this content); `pin`: load this
     version alone, whatever the version policy says; `bounds`: the limits on config numbers
@@ -308,29 +311,44 @@ def prepare_model(
     for version in (v for v in versions if v not in unreadable):
         if loading is not None:
             loading(version)
-        try:
-            workers = _load_instances(
-                backend_name,
-                config,
-                model_dir,
-                version,
-                prepared.notes,
-                host,
-                cache_dir,
-                requested,
-                on_gpu,
-                # The file that described the model is not read again (an engine or a
-                # converted forest costs seconds to open).
-                signature if version == described_version else None,
-                bounds,
-                source,
-            )
-        except (BackendError, ApplianceError) as exc:
-            log.error("model '%s' version %d failed to load: %s", name, version, exc)
-            prepared.failed[version] = str(exc)
-            prepared.failed_stage[version] = WARM_UP if isinstance(exc, WarmUpFailed) else LOAD
-            continue
-        prepared.versions.append(PreparedVersion(version, workers))
+        for attempt in range(load_retries + 1):
+            try:
+                workers = _load_instances(
+                    backend_name,
+                    config,
+                    model_dir,
+                    version,
+                    prepared.notes,
+                    host,
+                    cache_dir,
+                    requested,
+                    on_gpu,
+                    # The file that described the model is not read again (an engine or a
+                    # converted forest costs seconds to open).
+                    signature if version == described_version and not attempt else None,
+                    bounds,
+                    source,
+                )
+            except (BackendError, ApplianceError) as exc:
+                left = load_retries - attempt
+                log.error(
+                    "model '%s' version %d failed to load: %s%s",
+                    name,
+                    version,
+                    exc,
+                    f" (retrying: {left} more {'try' if left == 1 else 'tries'}, "
+                    "--model-load-retry-count)"
+                    if left
+                    else "",
+                )
+                if left:
+                    continue
+                prepared.failed[version] = str(exc)
+                stage = WARM_UP if isinstance(exc, WarmUpFailed) else LOAD
+                prepared.failed_stage[version] = stage
+                break
+            prepared.versions.append(PreparedVersion(version, workers))
+            break
     if prepared.versions:
         for group, gpu_instances in zip(config.instance_group, on_gpu, strict=True):
             group.kind = (

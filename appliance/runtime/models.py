@@ -44,7 +44,7 @@ from appliance.runtime.settings import RuntimeSettings, release_version
 from appliance.runtime.specs import build_scheduler, with_decoupled_steps
 from appliance.scheduling.ensemble import EnsembleStep, StepEmit, StepRequest, StepTensor
 from appliance.scheduling.rate_limiter import RateLimiter
-from appliance.scheduling.stats import LatencyHistogram, ModelStats
+from appliance.scheduling.stats import LatencyHistogram, LatencySummaries, ModelStats
 from edge_backends.api import InferenceHost
 
 log = logging.getLogger(__name__)
@@ -205,6 +205,7 @@ class ModelRuntime:
             return await asyncio.to_thread(
                 self._prepare,
                 marker,
+                self._settings.load_retries,
                 path,
                 self._settings.strict_model_config,
                 override,
@@ -311,11 +312,14 @@ class ModelRuntime:
             await asyncio.to_thread(shutil.rmtree, folder, True)
 
     @staticmethod
-    def _prepare(marker: Callable[[int | None], None] | None, *args: Any) -> PreparedModel:
+    def _prepare(
+        marker: Callable[[int | None], None] | None, retries: int, *args: Any
+    ) -> PreparedModel:
         """prepare_model with the ledger's "loading version N" marker set around each
-        version's load and cleared when it ends, however it ends (blocking)."""
+        version's load and cleared when it ends, however it ends (blocking); `retries`:
+        --model-load-retry-count."""
         try:
-            return functools.partial(prepare_model, loading=marker)(*args)
+            return functools.partial(prepare_model, loading=marker, load_retries=retries)(*args)
         finally:
             if marker is not None:
                 marker(None)
@@ -420,8 +424,10 @@ class ModelRuntime:
         inputs, outputs = tensor_rules(config.input), tensor_rules(config.output)
         served: dict[int, ServedVersion] = {}
         for pv in prepared.versions:
+            quantiles = self._settings.summary_quantiles
             stats = ModelStats(
-                latency=LatencyHistogram() if self._settings.latency_histograms else None
+                latency=LatencyHistogram() if self._settings.latency_histograms else None,
+                summaries=LatencySummaries(quantiles) if quantiles else None,
             )
             scheduler = build_scheduler(
                 config,

@@ -55,6 +55,17 @@ class ServedVersion:
     def label(self) -> str:
         return f"model '{self.name}' version {self.version}"
 
+    @property
+    def asks_readiness(self) -> bool:
+        """Whether a readiness check asks an instance's model (a Python model's is_ready()),
+        a round trip to call off the event loop."""
+        return any(instance.asks_readiness for instance in self.instances)
+
+    def instances_ready(self) -> bool:
+        """Every instance says it can serve (Triton asks each instance's backend); blocking
+        for as long as a backend's bounded check takes when `asks_readiness`."""
+        return all(instance.ready() for instance in self.instances)
+
 
 @dataclass
 class ModelRecord:
@@ -111,11 +122,12 @@ class ModelRegistry:
         return record.versions[max(record.versions)]
 
     def is_ready(self, name: str, version: str = "") -> bool:
+        """Served, and every instance says it can serve (blocking: see `instances_ready`)."""
         try:
-            self.get(name, version)
+            served = self.get(name, version)
         except ApplianceError:
             return False
-        return True
+        return served.instances_ready()
 
     def record(self, name: str) -> ModelRecord:
         record = self._models.get(name)

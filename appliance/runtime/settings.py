@@ -30,6 +30,9 @@ class RuntimeSettings:
     rollback_window: int
     cache_dir: Path | None  # derived files of models (engines, conversions) go under it
     load_concurrency: int = 2
+    load_retries: int = 0  # a version whose instances failed to load is tried this often again
+    # --metrics-config summary_latencies=true: the summaries' (quantile, error); () off.
+    summary_quantiles: tuple[tuple[float, float], ...] = ()
     # --model-config-name: each model's config is configs/<name>.pbtxt where that exists.
     config_name: str = ""
     # Auto-complete's max_batch_size for a model that can batch, by backend ('': the others;
@@ -62,6 +65,8 @@ class RuntimeSettings:
             cache_dir=settings.model_store_dir,
             rollback_latency_ratio=settings.rollback_latency_ratio,
             load_concurrency=settings.model_load_threads,
+            load_retries=settings.model_load_retries,
+            summary_quantiles=settings.summary_quantiles if settings.latency_summaries else (),
             default_max_batch_sizes={
                 "": settings.default_max_batch_size,
                 **dict(settings.backend_max_batch_sizes),

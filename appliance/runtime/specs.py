@@ -259,6 +259,7 @@ def plan_from_config(config: ModelConfig) -> EnsemblePlan:
         outputs,
         batching=config.max_batch_size > 0,
         output_dims={o.name: tuple(int(d) for d in o.dims) for o in config.output},
+        max_inflight_requests=int(config.ensemble_scheduling.max_inflight_requests),
     )
 
 

@@ -28,7 +28,14 @@ As Triton's ensemble scheduler does (core `ensemble_scheduler.cc`):
   flag); the load refuses a step whose inputs come from different decoupled steps
   (`decoupled_labels`);
 - a successful request counts one execution of batch size max(1, batch) in the ensemble's
-  statistics (Triton's DecrementCounter); the steps' compute times are their models' own.
+  statistics (Triton's DecrementCounter); the steps' compute times are their models' own;
+- `ensemble_scheduling { max_inflight_requests: N }` (0: no limit) bounds each step's requests
+  in flight, across every request of the ensemble (Triton 2.5x's per-step limiter): a step
+  takes one of its N slots before its request goes to its model and gives it back when the
+  request ends. A decoupled step's next response is taken only once the steps it feeds have
+  their slots, so a producer faster than its consumer is held back (its responses wait in its
+  stream's bounded room, then the model blocks in send): memory stays bounded instead of one
+  queued consumer request per response.
 """
 
 from __future__ import annotations
@@ -64,6 +71,7 @@ class EnsemblePlan:
     batching: bool = False  # the ensemble's own max_batch_size > 0
     output_dims: dict[str, tuple[int, ...]] = field(default_factory=dict)  # config dims
     decoupled_steps: frozenset[int] = frozenset()  # steps whose model is decoupled
+    max_inflight_requests: int = 0  # per step, across requests; 0: no limit
 
     @property
     def decoupled(self) -> bool:
@@ -100,15 +108,17 @@ class StepRequest:
     request_id: str = ""
 
 
-# A decoupled step's responses, each as a step's outputs by model output name.
-StepEmit = Callable[[dict[str, StepTensor]], None]
+# A decoupled step's responses, each as a step's outputs by model output name; the step takes
+# its next response once the awaitable is done (the steps it feeds have their slots).
+StepEmit = Callable[[dict[str, StepTensor]], Awaitable[None]]
 
 
 class StepRunner(Protocol):
     """Runs one step: (step, its inputs by model input name, the ensemble request's id and
     parameters) -> its outputs by model output name; a step whose model did not produce an
     output leaves it out. For a decoupled step `each` is given: it gets every response's
-    outputs in order, on the event loop, and the step returns {} after the last one."""
+    outputs in order, on the event loop (awaited before the next is taken), and the step
+    returns {} after the last one."""
 
     def __call__(
         self,
@@ -231,44 +241,80 @@ class _Run:
         request: StepRequest,
         requested: Collection[str],
         respond: Callable[[dict[str, StepTensor]], None],
+        slots: tuple[asyncio.Semaphore, ...] = (),
     ) -> None:
         self.plan = plan
+        self.slots = slots  # each step's, shared by the ensemble's requests; () no limit
         self.run_step = run_step
         self.request = request
         self.requested = [name for name in plan.outputs if name in requested]
         self.respond = respond
         self.steps = needed_steps(plan, requested)
         # None: absent (an optional ensemble input not given, an output a step did not make).
+        # A value is dropped once every step reading it was launched for its iteration and,
+        # for a requested output, its response went out (`_release`): a long stream of a
+        # decoupled step's responses holds only those still in use.
         self.tensors: dict[str, dict[int, StepTensor | None]] = {}
-        self.launched: set[tuple[int, int]] = set()  # (step index, iteration)
+        self.made: dict[str, int] = {}  # values of each tensor made in order so far
+        self.readers: dict[str, list[EnsembleStep]] = {}
+        for step in self.steps:
+            for name in step.inputs.values():
+                self.readers.setdefault(name, []).append(step)
+        # (step index, iteration), until every input of that run is dropped.
+        self.launched: set[tuple[int, int]] = set()
         # Each running step and the iteration it runs for; the step tasks a decoupled step's
         # responses launch join while `run` waits, and `finished` wakes it for each that ends.
         self.running: dict[asyncio.Task[dict[str, StepTensor]], tuple[EnsembleStep, int]] = {}
         self.finished = asyncio.Event()
         self.responses = 0  # answered so far: the next response is that iteration's
 
-    def add(self, values: Mapping[str, StepTensor | None], iteration: int | None = None) -> None:
+    def add(
+        self, values: Mapping[str, StepTensor | None], iteration: int | None = None
+    ) -> list[asyncio.Future[None]]:
         """New values of ensemble tensors, each at `iteration` (a non-decoupled step's run for
         that iteration) or else at its tensor's next one (the ensemble's inputs, a decoupled
         step's responses in order): launch the steps they make ready and answer, in order,
-        for the iterations every requested output has."""
+        for the iterations every requested output has. Returns, for each step launched that
+        waits for a slot (max_inflight_requests), a future done once it has it."""
         updated: list[tuple[str, int]] = []
         for name, value in values.items():
-            made = self.tensors.setdefault(name, {})
-            at = len(made) if iteration is None else iteration
+            if iteration is None:
+                at = self.made.get(name, 0)
+                self.made[name] = at + 1
+            else:
+                at = iteration
             updated.append((name, at))
-            made[at] = value
+            self.tensors.setdefault(name, {})[at] = value
+        waiting: list[asyncio.Future[None]] = []
         for name, at in updated:
-            for step in self.steps:
-                if name in step.inputs.values():
-                    self._launch_if_ready(step, at)
-        if not self.requested:
-            return
+            for step in self.readers.get(name, ()):
+                self._launch_if_ready(step, at, waiting)
         # Steps of different iterations may finish in any order; the responses keep theirs.
-        while all(self.responses in self.tensors.get(o, {}) for o in self.requested):
+        while self.requested and all(
+            self.responses in self.tensors.get(o, {}) for o in self.requested
+        ):
             self._answer(self.responses)
+        for name, at in updated:
+            self._release(name, at)
+        return waiting
 
-    def _launch_if_ready(self, step: EnsembleStep, iteration: int) -> None:
+    def _release(self, name: str, at: int) -> None:
+        """Drop tensor `name`'s value at iteration `at` once nothing needs it any more."""
+        if name in self.requested and at >= self.responses:
+            return
+        readers = self.readers.get(name, ())
+        if any((step.index, at) not in self.launched for step in readers):
+            return
+        values = self.tensors.get(name)
+        if values is None or values.pop(at, self) is self:
+            return
+        for step in readers:  # a run whose inputs are all dropped is never launched again
+            if all(at not in self.tensors.get(t, {}) for t in step.inputs.values()):
+                self.launched.discard((step.index, at))
+
+    def _launch_if_ready(
+        self, step: EnsembleStep, iteration: int, waiting: list[asyncio.Future[None]]
+    ) -> None:
         key = (step.index, iteration)
         if key in self.launched:
             return
@@ -281,17 +327,47 @@ class _Run:
             if value is not None:
                 feed[model_input] = value
         self.launched.add(key)
-        if step.index in self.plan.decoupled_steps:
-
-            def each(produced: dict[str, StepTensor]) -> None:
-                self.add({name: produced.get(out) for out, name in step.outputs.items()})
-
-            work = self.run_step(step, feed, self.request, each)
-        else:
-            work = self.run_step(step, feed, self.request)
-        task = asyncio.ensure_future(work)
+        for name in step.inputs.values():
+            self._release(name, iteration)
+        has_slot = None
+        if self.slots:
+            has_slot = asyncio.get_running_loop().create_future()
+            waiting.append(has_slot)
+        task = asyncio.ensure_future(self._step(step, feed, has_slot))
         task.add_done_callback(lambda _: self.finished.set())
         self.running[task] = (step, iteration)
+
+    async def _step(
+        self,
+        step: EnsembleStep,
+        feed: dict[str, StepTensor],
+        has_slot: asyncio.Future[None] | None,
+    ) -> dict[str, StepTensor]:
+        """One step's request, within its slot when the ensemble limits them."""
+        if has_slot is None:
+            return await self._request(step, feed)
+        slot = self.slots[step.index]
+        try:
+            await slot.acquire()
+        finally:
+            has_slot.set_result(None)  # taken, or cancelled: nobody waits on it any more
+        try:
+            return await self._request(step, feed)
+        finally:
+            slot.release()
+
+    def _request(
+        self, step: EnsembleStep, feed: dict[str, StepTensor]
+    ) -> Awaitable[dict[str, StepTensor]]:
+        if step.index not in self.plan.decoupled_steps:
+            return self.run_step(step, feed, self.request)
+
+        async def each(produced: dict[str, StepTensor]) -> None:
+            waiting = self.add({name: produced.get(out) for out, name in step.outputs.items()})
+            if waiting:  # the steps this response launched, until they have their slot
+                await asyncio.gather(*waiting)
+
+        return self.run_step(step, feed, self.request, each)
 
     def _answer(self, iteration: int) -> None:
         outputs = {}
@@ -301,6 +377,8 @@ class _Run:
                 outputs[name] = value
         self.responses += 1
         self.respond(outputs)
+        for name in self.requested:
+            self._release(name, iteration)
 
     async def run(self, inputs: Mapping[str, StepTensor]) -> None:
         given: dict[str, StepTensor | None] = dict.fromkeys(self.plan.inputs)
@@ -333,13 +411,15 @@ async def run_ensemble(
     request: StepRequest | None = None,
     requested: Collection[str] | None = None,
     emit: Callable[[dict[str, StepTensor]], None] | None = None,
+    slots: tuple[asyncio.Semaphore, ...] = (),
 ) -> dict[str, StepTensor]:
     """Run every needed step as soon as its inputs exist; return the ensemble's outputs
     (those that were produced) as their steps made them. A decoupled ensemble's responses go
-    to `emit` as they are made (any number, none included) and {} is returned."""
+    to `emit` as they are made (any number, none included) and {} is returned. `slots`:
+    each step's semaphore (max_inflight_requests), shared by the ensemble's requests."""
     responses: list[dict[str, StepTensor]] = []
     wanted = requested or plan.outputs  # none named: all, as Triton asks for all
-    run = _Run(plan, run_step, request or StepRequest({}), wanted, emit or responses.append)
+    run = _Run(plan, run_step, request or StepRequest({}), wanted, emit or responses.append, slots)
     await run.run(inputs)
     if emit is not None:
         return {}
@@ -370,6 +450,8 @@ class EnsembleScheduler:
         self._plan = plan
         self._run_step = run_step
         self._stats = stats  # the ensemble's own: each run is counted there (see submit)
+        limit = plan.max_inflight_requests
+        self._slots = tuple(asyncio.Semaphore(limit) for _ in plan.steps) if limit > 0 else ()
         self._active = 0
         self._closing = False
         self._idle = asyncio.Event()
@@ -415,6 +497,7 @@ class EnsembleScheduler:
                 StepRequest(job.parameters or {}, job.request_id),
                 job.output_names,
                 None if emit is None else lambda made: emit(self._shaped(made)),
+                self._slots,
             )
         except ApplianceError as exc:
             if self._stats is not None:

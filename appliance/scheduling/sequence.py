@@ -319,7 +319,7 @@ class SequenceScheduler(SchedulerBase):
                 job = sequence.waiting.popleft()
                 sequence.running = True
                 job.dispatch_ns = now
-                self._stats.queue.add(now - job.enqueue_ns)
+                self._stats.record_queue(now - job.enqueue_ns)
                 self._add_controls_and_state(job, sequence)
                 jobs.append(job)
             self._run(worker, jobs)

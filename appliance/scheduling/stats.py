@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Callable
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from appliance.common.settings import SUMMARY_QUANTILES
 
 
 @dataclass(slots=True)
@@ -42,6 +46,69 @@ class LatencyHistogram:
         self.sum_ms += ms
 
 
+# --metrics-config summary_latencies=true: the summaries' sliding window (prometheus-cpp's
+# Summary, which Triton uses, keeps 60 s) and the observations kept at most per summary within
+# it (the newest), so a busy model's summary costs a fixed amount of memory. Quantiles are
+# exact over what is kept (Triton's are within each quantile's allowed error).
+SUMMARY_WINDOW_NS = 60 * 10**9
+SUMMARY_SAMPLES = 4096
+# Triton's summaries, by the ModelStats duration each observes per request.
+SUMMARY_NAMES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+
+
+class LatencySummary:
+    """One summary: count and sum (us) since start, and the quantiles of the observations
+    of the last SUMMARY_WINDOW_NS (at most SUMMARY_SAMPLES of them), computed when read."""
+
+    __slots__ = ("count", "samples", "sum_us")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.sum_us = 0.0
+        self.samples: deque[tuple[int, float, int]] = deque(maxlen=SUMMARY_SAMPLES)
+
+    def observe(self, ns: int, weight: int, now_ns: int) -> None:
+        """`weight` requests of `ns` each (the requests of one execution)."""
+        us = ns / 1000
+        self.count += weight
+        self.sum_us += us * weight
+        self.samples.append((now_ns, us, weight))
+
+    def quantiles(self, wanted: Sequence[float], now_ns: int) -> list[float]:
+        """Each wanted quantile of the window's observations (NaN when it has none)."""
+        cutoff = now_ns - SUMMARY_WINDOW_NS
+        while self.samples and self.samples[0][0] < cutoff:
+            self.samples.popleft()
+        ordered = sorted((us, weight) for _, us, weight in self.samples)
+        total = sum(weight for _, weight in ordered)
+        answers = []
+        for q in wanted:
+            if not total:
+                answers.append(float("nan"))
+                continue
+            rank, seen, value = q * total, 0, ordered[-1][0]
+            for us, weight in ordered:
+                seen += weight
+                if seen >= rank:
+                    value = us
+                    break
+            answers.append(value)
+        return answers
+
+
+@dataclass(slots=True)
+class LatencySummaries:
+    """Triton's latency summaries of one model version (see SUMMARY_NAMES)."""
+
+    quantiles: tuple[tuple[float, float], ...] = SUMMARY_QUANTILES
+    by_name: dict[str, LatencySummary] = field(
+        default_factory=lambda: {name: LatencySummary() for name in SUMMARY_NAMES}
+    )
+
+    def observe(self, name: str, ns: int, weight: int = 1) -> None:
+        self.by_name[name].observe(ns, weight, time.monotonic_ns())
+
+
 # The latencies of the last RECENT_LATENCIES successful requests, kept for the status page's
 # percentiles (services/status_samples.py reads them every 2 s): one list store per request.
 RECENT_LATENCIES = 512  # a power of two
@@ -58,6 +125,7 @@ class ModelStats:
 
     success: Duration = field(default_factory=Duration)
     latency: LatencyHistogram | None = None  # only with histogram_latencies=true
+    summaries: LatencySummaries | None = None  # only with summary_latencies=true
     fail: Duration = field(default_factory=Duration)
     queue: Duration = field(default_factory=Duration)
     compute_input: Duration = field(default_factory=Duration)
@@ -86,6 +154,8 @@ class ModelStats:
             self.recent_ns[self.success.count & _RECENT_MASK] = ns
             if self.latency is not None:
                 self.latency.observe(ns)
+            if self.summaries is not None:
+                self.summaries.observe("request", ns)
         if self.watcher is not None:
             self.watcher(False)
 
@@ -93,6 +163,8 @@ class ModelStats:
         """One request's wait in the queue (0 for one the thread lane ran at once)."""
         with self.lock:
             self.queue.add(ns)
+            if self.summaries is not None:
+                self.summaries.observe("queue", ns)
 
     def recent_latencies_ns(self, last: int = RECENT_LATENCIES) -> list[int]:
         """The latencies (ns) of the last `last` successful requests, newest first: as many
@@ -163,3 +235,10 @@ class ModelStats:
             d = per_size.compute_output
             d.count += 1
             d.ns += output_ns
+            summaries = self.summaries
+            if summaries is not None:
+                if queue_ns >= 0:
+                    summaries.observe("queue", queue_ns)
+                summaries.observe("compute_input", input_ns, requests)
+                summaries.observe("compute_infer", infer_ns, requests)
+                summaries.observe("compute_output", output_ns, requests)

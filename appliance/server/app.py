@@ -156,7 +156,11 @@ class Appliance:
             ResponseCache(settings.response_cache_bytes) if settings.response_cache_bytes else None
         )
         self.tracer = Tracer(
-            settings.trace_file, settings.trace_level, settings.trace_rate, settings.trace_count
+            settings.trace_file,
+            settings.trace_level,
+            settings.trace_rate,
+            settings.trace_count,
+            settings.trace_log_frequency,
         )
         self.inference = InferenceService(
             self.runtime, self.cache, self.tracer, settings.request_limits

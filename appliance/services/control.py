@@ -161,6 +161,9 @@ class ControlService:
         self.state = state
         self.control_mode = control_mode
         self.strict_readiness = strict_readiness
+        # Model readiness checks that ask a model, going on, by (name, version): callers on
+        # the loop share one (a thread each would let a slow is_ready() take the pool).
+        self._ready_checks: dict[tuple[str, int], asyncio.Future[bool]] = {}
 
     # ---- health ------------------------------------------------------------------------------
 
@@ -168,8 +171,27 @@ class ControlService:
         return self.state.live
 
     def server_ready(self) -> bool:
-        """Ready once start-up loading is done (and, with --strict-readiness, all models are)."""
-        return self.readiness().ready
+        """Ready once start-up loading is done (and, with --strict-readiness, all models are,
+        their instances asked as for model readiness); blocking: for threads."""
+        readiness = self.readiness()
+        if not (readiness.ready and self.strict_readiness):
+            return readiness.ready
+        return all(served.instances_ready() for served in self.runtime.registry.ready_versions())
+
+    async def asked_readiness(self) -> Readiness:
+        """`readiness` for the event loop, with --strict-readiness asking every ready
+        version's instances too (a Python model's is_ready()), as Triton's strict readiness
+        does: a version whose check fails is a reason for not ready."""
+        readiness = self.readiness()
+        if not (readiness.ready and self.strict_readiness):
+            return readiness
+        failed = []
+        for served in self.runtime.registry.ready_versions():
+            if not await self.model_ready_async(served.name, str(served.version)):
+                failed.append(f"{served.label}: not ready (its instances' readiness check failed)")
+        if failed:
+            return Readiness(False, (*readiness.problems, *failed), readiness.notes)
+        return readiness
 
     def readiness(self) -> Readiness:
         """Readiness with its reasons: each model with no version serving and why (not fetched
@@ -196,7 +218,28 @@ class ControlService:
         return Readiness(not (self.strict_readiness and problems), (*problems, *sources), notes)
 
     def model_ready(self, name: str, version: str = "") -> bool:
+        """Served and every instance ready; blocking while a model's is_ready() is asked
+        (bounded by its backend): for threads (gRPC, the embedding API, BLS)."""
         return self.runtime.is_ready(name, version)
+
+    async def model_ready_async(self, name: str, version: str = "") -> bool:
+        """`model_ready` for the event loop: a version whose instances answer at once is
+        answered here; one whose model is asked (is_ready()) is asked on a thread, one check
+        at a time per version, its answer shared by every caller waiting meanwhile."""
+        try:
+            served = self.runtime.get(name, version)
+        except ApplianceError:
+            return False
+        if not served.asks_readiness:
+            return served.instances_ready()
+        key = (served.name, served.version)
+        check = self._ready_checks.get(key)
+        if check is None:
+            check = asyncio.ensure_future(asyncio.to_thread(served.instances_ready))
+            self._ready_checks[key] = check
+            check.add_done_callback(lambda _: self._ready_checks.pop(key, None))
+        # Shielded: a caller that goes away leaves the check to end (within its bound).
+        return await asyncio.shield(check)
 
     # ---- metadata ----------------------------------------------------------------------------
 

@@ -336,7 +336,7 @@ class InferenceService:
         parameters, request_id = dict(request.parameters), request.request_id
         if each is not None:
             async for made in self.stream_arrays(*call, parameters, request_id):
-                each({name: StepTensor(array, batch) for name, array in made.items()})
+                await each({name: StepTensor(array, batch) for name, array in made.items()})
             return {}
         outputs = await self.infer_arrays(*call, parameters, request_id)
         return {name: StepTensor(array, batch) for name, array in outputs.items()}

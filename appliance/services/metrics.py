@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry
@@ -34,7 +35,7 @@ from appliance.repository.poller import RepositoryPoller
 from appliance.repository.sources import RemoteSources
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.registry import ServedVersion
-from appliance.scheduling.stats import LATENCY_BUCKETS_MS
+from appliance.scheduling.stats import LATENCY_BUCKETS_MS, SUMMARY_NAMES
 from appliance.services.cache import ResponseCache
 from edge_backends.api import CustomMetricFamily
 
@@ -69,6 +70,49 @@ _DURATIONS = (
         "compute_output",
     ),
 )
+
+
+# --metrics-config summary_latencies=true: Triton's summary families, by SUMMARY_NAMES.
+_SUMMARIES = {
+    "request": (
+        "nv_inference_request_summary_us",
+        "request durations (us): quantiles of the last 60 s",
+    ),
+    "queue": ("nv_inference_queue_summary_us", "queue waits (us): quantiles of the last 60 s"),
+    "compute_input": (
+        "nv_inference_compute_input_summary_us",
+        "input preparation durations (us): quantiles of the last 60 s",
+    ),
+    "compute_infer": (
+        "nv_inference_compute_infer_summary_us",
+        "model execution durations (us): quantiles of the last 60 s",
+    ),
+    "compute_output": (
+        "nv_inference_compute_output_summary_us",
+        "output extraction durations (us): quantiles of the last 60 s",
+    ),
+}
+assert tuple(_SUMMARIES) == SUMMARY_NAMES
+
+
+def _summaries(versions: Iterable[ServedVersion]) -> Iterator[Metric]:
+    """Each summary family, one quantile sample per configured quantile, _count and _sum."""
+    families = {name: Metric(*_SUMMARIES[name], "summary") for name in SUMMARY_NAMES}
+    now = time.monotonic_ns()
+    for served in versions:
+        summaries = served.stats.summaries
+        if summaries is None:
+            continue
+        labels = {"model": served.name, "version": str(served.version)}
+        wanted = [q for q, _ in summaries.quantiles]
+        with served.stats.lock:
+            for name in SUMMARY_NAMES:
+                summary, family = summaries.by_name[name], families[name]
+                for q, value in zip(wanted, summary.quantiles(wanted, now), strict=True):
+                    family.add_sample(family.name, {**labels, "quantile": f"{q:g}"}, value)
+                family.add_sample(f"{family.name}_count", labels, summary.count)
+                family.add_sample(f"{family.name}_sum", labels, summary.sum_us)
+    yield from (family for family in families.values() if family.samples)
 
 
 class InferenceCollector(Collector):
@@ -135,6 +179,7 @@ class InferenceCollector(Collector):
                 histogram.add_metric([served.name, str(served.version)], buckets, latency.sum_ms)
         if histogram.samples:
             yield histogram
+        yield from _summaries(self._versions())
         yield from (success, failure, count, executions, pending)
         yield from (family for family, _ in durations)
         yield self._placement()

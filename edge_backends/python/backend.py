@@ -59,6 +59,9 @@ _model_log = logging.getLogger("python_model")
 START_TIMEOUT_S = 120.0
 CANCEL_POLL_S = 0.05  # how often a long execution checks whether its callers went away
 HOST_CALL_THREADS = 16  # BLS / model-loading calls of one instance served at once
+# How long the model's is_ready() may take before the check counts as not ready (Triton's
+# python_backend: 5 s); the config parameter `is_ready_timeout_s` changes it.
+IS_READY_TIMEOUT_S = 5.0
 _CONTEXT = CONTEXT  # spawn (no fork of a threaded server), lean: launch.py
 _EOF = ("eof",)
 
@@ -141,6 +144,18 @@ class PythonInstance(InstanceBase):
                 f"model '{spec.model_name}': parameter execute_timeout_s must be a number of "
                 "seconds"
             ) from None
+        try:
+            self._ready_timeout_s = float(
+                spec.parameters.get("is_ready_timeout_s", "") or IS_READY_TIMEOUT_S
+            )
+        except ValueError:
+            raise ModelLoadError(
+                f"model '{spec.model_name}': parameter is_ready_timeout_s must be a number of "
+                "seconds"
+            ) from None
+        self.asks_readiness = False  # the model defines is_ready(): told once it started
+        self._ready_lock = threading.Lock()  # one is_ready() asked at a time
+        self._ready_answers: dict[int, queue.SimpleQueue[tuple[bool, str | None]]] = {}
         # Given by the server: did every caller of the execution in hand go away?
         self._cancel_check: CancelCheck | None = None
         # interrupt() was called: the process is gone for good, no restart.
@@ -216,6 +231,7 @@ class PythonInstance(InstanceBase):
         if kind != "ready":
             self._kill()
             raise ModelLoadError(f"Python model '{self._spec.model_name}' failed: {detail[0]}")
+        self.asks_readiness = bool(detail[0])
 
     def _send(self, *message: Any) -> None:
         with self._send_lock:
@@ -228,6 +244,11 @@ class PythonInstance(InstanceBase):
                 message = connection.recv()
                 if message[0].startswith("stream_"):
                     self._stream_message(*message)
+                    continue
+                if message[0] == "readiness":  # the model's is_ready() answered
+                    answers = self._ready_answers.get(message[1])
+                    if answers is not None:  # else: the check had timed out
+                        answers.put((message[2], message[3]))
                     continue
                 if message[0] == "log":  # a line of the model's (pb_logging.ChannelHandler)
                     _, level, text = message
@@ -356,6 +377,57 @@ class PythonInstance(InstanceBase):
             self._reply(connection, "reply", call_id, False, str(exc) or type(exc).__name__)
             return
         self._reply(connection, "reply", call_id, True, result)
+
+    def ready(self) -> bool:
+        """The model's is_ready(), sync or async, when it defines one: True only when it
+        returned True within is_ready_timeout_s; False (with a log line) when it returned
+        False, raised, returned something else or took longer. One is asked at a time: a
+        caller that comes meanwhile waits for its turn within the same timeout. Without
+        is_ready(), ready while the process lives (nothing is sent)."""
+        process = self._process
+        if process is None or not process.is_alive():
+            return False
+        if not self.asks_readiness:
+            return True
+        name = self._spec.model_name
+        deadline = time.monotonic() + self._ready_timeout_s
+        if not self._ready_lock.acquire(timeout=self._ready_timeout_s):
+            log.warning(
+                "Python model '%s' instance %s: not ready: is_ready() still running after "
+                "%g s (is_ready_timeout_s)",
+                name,
+                self._spec.instance_name,
+                self._ready_timeout_s,
+            )
+            return False
+        call_id = next(self._tags)
+        answers: queue.SimpleQueue[tuple[bool, str | None]] = queue.SimpleQueue()
+        self._ready_answers[call_id] = answers
+        try:
+            self._send("is_ready", call_id)
+            ready, error = answers.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            late = f"is_ready() did not return within {self._ready_timeout_s:g} s"
+            ready, error = False, f"{late} (is_ready_timeout_s)"
+        except (OSError, ValueError):
+            ready, error = False, "its process is gone"
+        finally:
+            self._ready_answers.pop(call_id, None)
+            self._ready_lock.release()
+        if error is not None:
+            log.warning(
+                "Python model '%s' instance %s: not ready: %s",
+                name,
+                self._spec.instance_name,
+                error,
+            )
+        elif not ready:
+            log.info(
+                "Python model '%s' instance %s: is_ready() returned False",
+                name,
+                self._spec.instance_name,
+            )
+        return ready
 
     def custom_metrics(self) -> Sequence[CustomMetricFamily]:
         with self._held_lock:

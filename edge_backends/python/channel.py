@@ -15,7 +15,8 @@ then ("stream_response", tag, outputs)... and ("stream_done", tag) | ("stream_fa
 text, code) whenever they come; ("call", id, operation, arguments). Server -> model process:
 ("execute", arena, metas, outputs, tag or None, request infos) | ("finalize",) |
 ("cancel", tag); ("reply", id, ok, payload) ends call `id`; ("item", id, outputs) is one
-response of a streamed call.
+response of a streamed call; ("is_ready", id) asks the model's is_ready(), answered
+("readiness", id, ready, error text or None) from a thread of its own.
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ class Channel:
         # ("cancel", tag): a decoupled request's client went away; told at once, even while
         # the main loop is in another execute().
         self.on_cancel: Callable[[int], None] = lambda tag: None
+        # ("is_ready", id): the server asks the model's is_ready(); answered on another thread.
+        self.on_is_ready: Callable[[int], None] = lambda call_id: None
         self._reader = threading.Thread(target=self._read, name="server-reader", daemon=True)
         self._reader.start()
 
@@ -140,6 +143,8 @@ class Channel:
                 kind = message[0]
                 if kind == "cancel":
                     self.on_cancel(message[1])
+                elif kind == "is_ready":
+                    self.on_is_ready(message[1])
                 elif kind in ("reply", "item"):
                     with self._calls_lock:
                         replies = self._calls.get(message[1])

@@ -315,6 +315,26 @@ class Runner:
         elif done.result() is not None:
             stream.fail(self._must_return_none())
 
+    def answer_is_ready(self, call_id: int) -> None:
+        """The server asks the model's is_ready() (from the channel's reader): it runs on a
+        thread of its own, so a slow one holds neither the reader nor execute(); the server
+        stops waiting at its timeout and counts the model not ready."""
+
+        def ask() -> None:
+            try:
+                result = self._model.is_ready()
+                if isinstance(result, Coroutine):
+                    result = self._run(result).result()
+                if not isinstance(result, bool):
+                    raise TypeError(
+                        f"is_ready() must return a boolean value, got {type(result).__name__}"
+                    )
+                self._channel.send("readiness", call_id, result, None)
+            except BaseException as exc:  # user code: not ready, and why
+                self._channel.send("readiness", call_id, False, f"{type(exc).__name__}: {exc}")
+
+        threading.Thread(target=ask, name="model-is-ready", daemon=True).start()
+
     def _must_return_none(self) -> str:
         return (
             f"Python model '{self._name}' is using the decoupled mode and the execute "
@@ -336,9 +356,11 @@ def main(
     except BaseException as exc:  # report any failure of user code to the server
         channel.send("error", f"{type(exc).__name__}: {exc}")
         return
-    channel.send("ready", None)
     runner = Runner(model, name, channel, cancelled)
     channel.on_cancel = runner.cancel
+    channel.on_is_ready = runner.answer_is_ready
+    # Whether the model has is_ready(): without one the server asks nothing (Triton's rule).
+    channel.send("ready", hasattr(model, "is_ready"))
     arena = Arena("out")
     reader = Reader()
     try:

@@ -66,6 +66,7 @@ def test_latency_histogram_behind_metrics_config(start_server, model_repository)
         "--metrics-config=histogram_latencies=true",
         "--metrics-config",
         "summary_latencies=true",
+        "--metrics-config=counter_latencies=false",
     )
     client = httpclient.InferenceServerClient(proc.http_url)
     inp = httpclient.InferInput("INPUT0", [1, 4], "FP64")
@@ -79,4 +80,6 @@ def test_latency_histogram_behind_metrics_config(start_server, model_repository)
     inf = tuple(sorted((*labels, ("le", "+Inf"))))
     assert samples[("nv_inference_first_response_histogram_ms_bucket", inf)] == 5
     assert samples[("nv_inference_first_response_histogram_ms_sum", labels)] > 0
-    assert "--metrics-config summary_latencies is a tritonserver flag" in proc.log()
+    assert samples[("nv_inference_request_summary_us_count", labels)] == 5
+    assert "--metrics-config summary_latencies" not in proc.log()
+    assert "--metrics-config counter_latencies is a tritonserver flag" in proc.log()

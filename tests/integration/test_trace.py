@@ -102,6 +102,33 @@ def test_tritonservers_trace_config_flags_trace_from_the_start(
     assert [t["name"] for t in lines[0]["timestamps"]] == ORDER
 
 
+def test_trace_log_frequency_splits_the_trace_file(
+    model_repository: Path, start_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """--trace-log-frequency N (or triton,log-frequency=N): the traces go to <file>.0, .1, ...
+    N each, as tritonserver's; the setting reads back, and a client may change it."""
+    trace_file = tmp_path / "trace.jsonl"
+    server = start_server(
+        model_repository,
+        f"--trace-file={trace_file}",
+        "--trace-config=level=TIMESTAMPS",
+        "--trace-rate=1",
+        "--trace-log-frequency=2",
+    )
+    http = httpclient.InferenceServerClient(server.http_url)
+    assert http.get_trace_settings()["log_frequency"] == "2"
+    for i in range(5):
+        _infer(http, "identity_uint8", f"r{i}")
+    parts = [_lines(tmp_path / f"trace.jsonl.{n}", want) for n, want in ((0, 2), (1, 2), (2, 1))]
+    assert [[line["request_id"] for line in part] for part in parts] == [
+        ["r0", "r1"],
+        ["r2", "r3"],
+        ["r4"],
+    ]
+    assert not trace_file.exists()
+    assert "--trace-log-frequency is a tritonserver flag" not in server.log()
+
+
 def test_trace_settings_over_grpc_and_errors(server: ServerProcess) -> None:
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     settings = grpc.update_trace_settings("identity_int8", {"trace_rate": "5"}, as_json=True)

@@ -111,6 +111,8 @@ def test_the_bases_give_the_documented_defaults() -> None:
     assert instance.runs_inline is True
     assert instance.placement is None
     assert instance.interrupt() is False
+    assert instance.asks_readiness is False
+    assert instance.ready() is True
     instance.set_cancel_check(lambda: True)  # accepted and ignored
     with pytest.raises(BackendError, match="this backend cannot serve decoupled models"):
         instance.execute_decoupled({"x": np.zeros(1)}, ["y"], lambda outputs: None)
@@ -119,7 +121,7 @@ def test_the_bases_give_the_documented_defaults() -> None:
 def test_the_protocols_list_what_the_bases_provide() -> None:
     """An instance written against the protocol alone has every member the server calls."""
     instance_members = {"runs_inline", "placement", "execute", "execute_decoupled"}
-    instance_members |= {"set_cancel_check", "interrupt", "close"}
+    instance_members |= {"set_cancel_check", "interrupt", "close", "asks_readiness", "ready"}
     for member in instance_members:
         assert member in vars(ModelInstance), member
         assert hasattr(InstanceBase, member), member

@@ -47,7 +47,7 @@ async def _run_step(
         assert each is not None
         for i in range(int(x[0])):
             await asyncio.sleep(0)
-            each({"y": StepTensor(x * (i + 1), 0)})
+            await each({"y": StepTensor(x * (i + 1), 0)})
         return {}
     assert each is None
     if step.model_name == "slow":
@@ -114,7 +114,7 @@ async def test_each_response_goes_out_as_soon_as_its_steps_are_done() -> None:
         x = inputs["x"].data
         if each is not None:
             for i in range(3):
-                each({"y": StepTensor(x + i, 0)})
+                await each({"y": StepTensor(x + i, 0)})
                 events.append(f"sent {i}")
                 await asyncio.sleep(0.01)
             await release.wait()  # ends only once the test saw the responses

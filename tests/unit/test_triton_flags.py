@@ -218,7 +218,11 @@ def test_trace_config_sets_the_trace_flags_as_tritonserver_does() -> None:
     assert (settings.trace_rate, settings.trace_count) == (50, 7)
     assert settings.trace_level == "TIMESTAMPS"
     assert settings.trace_file == "/var/log/trace.json"
-    assert settings.ignored_flags == ("--trace-config triton,log-frequency=50",)
+    assert settings.trace_log_frequency == 50
+    assert settings.ignored_flags == ()
+    assert _settings("--trace-log-frequency=20").trace_log_frequency == 20
+    with pytest.raises(SystemExit):
+        _settings("--trace-config=triton,log-frequency=-1")
     # Levels combine; OFF alone turns tracing off.
     assert _settings("--trace-config=level=OFF", "--trace-config=level=TIMESTAMPS").trace_level == (
         "TIMESTAMPS"

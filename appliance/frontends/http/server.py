@@ -496,7 +496,7 @@ class HttpFrontend:
         return web.Response(status=200 if self.control.server_live() else 400)
 
     async def ready(self, request: web.Request) -> web.StreamResponse:
-        readiness = self.control.readiness()
+        readiness = await self.control.asked_readiness()
         status = 200 if readiness.ready else 400
         if request.query.get("verbose", "").lower() in ("1", "true"):
             return json_response(convert.readiness(readiness), status)  # says why
@@ -512,7 +512,8 @@ class HttpFrontend:
         return json_response(convert.model_metadata(result))
 
     async def model_ready(self, request: web.Request) -> web.StreamResponse:
-        return web.Response(status=200 if self.control.model_ready(*self._model(request)) else 400)
+        ready = await self.control.model_ready_async(*self._model(request))
+        return web.Response(status=200 if ready else 400)
 
     async def model_config(self, request: web.Request) -> web.StreamResponse:
         config = self.control.model_config(*self._model(request))
