@@ -57,7 +57,7 @@ class Runtime:
     async def pin(self, name: str, version: int | None) -> None:
         pass
 
-    async def load(self, name: str, override: Any, source: Any) -> None:
+    async def load(self, name: str, override: Any, source: Any, retry_failed: bool = False) -> None:
         pass
 
     async def unload(self, name: str) -> None:
