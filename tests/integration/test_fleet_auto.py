@@ -1,0 +1,301 @@
+"""A fleet that rolls out by itself (issue 39): real appliance processes poll SeaweedFS (SigV4,
+conditional writes) and move an automatic rollout along with no operator command after
+`fleet publish`; windows hold a label group; a disruption budget of one device is kept; a
+device that defers switches once its lock is gone.
+
+Small for CI: 1-3 devices a test, tiny ONNX models, a 0.3 s poll, soak times of a second.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from appliance.face import cli
+from appliance.repository import rollout
+from appliance.repository.rollout_policy import PROGRESS, Progress
+from tests.integration.test_s3_repository import CONFIG, Bucket, _added, _model_bytes
+from tests.s3servers import S3Server, seaweed_server, weed_binary
+from tests.serverproc import ServerProcess
+
+pytestmark = [
+    pytest.mark.fleet,
+    pytest.mark.skipif(weed_binary() is None, reason="SeaweedFS 'weed' binary not found"),
+]
+
+POLL = ("--model-control-mode=poll", "--repository-poll-secs=0.3")
+PROBATION = {"window_requests": 3, "max_error_rate": 0.34}
+
+
+@pytest.fixture(scope="module")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    with seaweed_server(tmp_path_factory.mktemp("seaweed")) as server:
+        yield server
+
+
+def _ids(count: int, low: float, high: float, target: int = 2, prefix: str = "d") -> list[str]:
+    """Device ids whose place for model m's target is in [low, high) (percent)."""
+    found = (f"{prefix}-{n}" for n in itertools.count())
+    return list(
+        itertools.islice(
+            (i for i in found if low <= rollout.hash_share(i, "m", target) < high), count
+        )
+    )
+
+
+class AutoFleet:
+    """A bucket with model m (config, v1 adding 1) and devices polling it."""
+
+    def __init__(self, start_server: Any, s3: S3Server, tmp_path: Path) -> None:
+        self.s3, self.tmp_path, self._start = s3, tmp_path, start_server
+        self.bucket = Bucket(s3)
+        self.bucket.put("m/config.pbtxt", CONFIG.encode())
+        self.bucket.put_version(1, 1)
+        self.procs: dict[str, ServerProcess] = {}
+
+    def devices(self, ids: dict[str, dict[str, str]]) -> None:
+        """Start devices (id -> labels) at once; each ready once its first sync loaded m."""
+        for device_id, labels in ids.items():
+            self.procs[device_id] = self._start(
+                self.bucket.url,
+                f"--model-store-dir={self.store(device_id)}",
+                f"--device-id={device_id}",
+                *(f"--device-label={k}={v}" for k, v in labels.items()),
+                *POLL,
+                "--repository-sync-wait-secs=60",
+                wait=False,
+                env=self.s3.env(),
+            )
+        for proc in self.procs.values():
+            proc.wait_ready()
+
+    def store(self, device_id: str) -> Path:
+        return self.tmp_path / device_id
+
+    def document(self, **changes: Any) -> None:
+        raw: dict[str, Any] = {
+            "format": 1,
+            "model": "m",
+            "revision": 1,
+            "target": 2,
+            "baseline": 1,
+            "stages": [{"percent": 100}],
+            "stage": 0,
+            "probation": PROBATION,
+            "halt": {"max_failed_share": 0.5, "min_verdicts": 1},
+        }
+        raw.update(changes)
+        document = rollout.RolloutDocument.parse(json.dumps(raw).encode())
+        self.bucket.put("m/rollout.json", document.to_json())
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        try:
+            body = self.bucket.client.get_object(Bucket=self.bucket.name, Key=key)["Body"]
+        except self.bucket.client.exceptions.NoSuchKey:
+            return None
+        data: dict[str, Any] = json.loads(body.read())
+        return data
+
+    def report(self, device_id: str) -> dict[str, Any]:
+        found = self.get(rollout.report_key("models", device_id)) or {}
+        entry: dict[str, Any] = found.get("models", {}).get("m", {})
+        return entry
+
+    def serves(self, device_id: str, value: float) -> bool:
+        try:
+            return _added(self.procs[device_id].http_url) == value
+        except InferenceServerException:
+            return False
+
+    def stored(self, device_id: str, version: int) -> bool:
+        return any(self.store(device_id).glob(f"models/*/m/{version}/model.onnx"))
+
+
+@pytest.fixture
+def fleet(start_server: Any, seaweed: S3Server, tmp_path: Path) -> AutoFleet:
+    return AutoFleet(start_server, seaweed, tmp_path)
+
+
+class Traffic:
+    """Clients: requests to every device in turn, each answer and failure counted."""
+
+    def __init__(self, fleet: AutoFleet) -> None:
+        self.fleet = fleet
+        self.failures: dict[str, int] = dict.fromkeys(fleet.procs, 0)
+        self.answers: dict[str, set[float]] = {d: set() for d in fleet.procs}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Traffic:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for device_id, proc in self.fleet.procs.items():
+                try:
+                    self.answers[device_id].add(_added(proc.http_url))
+                except InferenceServerException:
+                    self.failures[device_id] += 1
+            time.sleep(0.02)
+
+
+def _wait(what: str, predicate: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"not in {timeout_s:g} s: {what}"
+        time.sleep(0.1)
+
+
+def test_an_automatic_rollout_goes_10_50_100_with_no_operator_command_after_publish(
+    fleet: AutoFleet, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    for name, value in fleet.s3.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    first, second, last = _ids(1, 0, 10)[0], _ids(1, 10, 50)[0], _ids(1, 50, 100)[0]
+    fleet.devices({first: {}, second: {}, last: {}})
+    folder = tmp_path / "v2"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(_model_bytes(2))
+    policy = tmp_path / "policy.json"
+    policy.write_text(
+        json.dumps(
+            {  # the 10% need its one verdict, the 50% a second one, a second of soak each
+                "stage_rules": [
+                    {"soak_s": 1, "min_verdicts": 1, "min_passed_share": 1},
+                    {"soak_s": 1, "min_verdicts": 2, "min_passed_share": 1},
+                    {},
+                ]
+            }
+        )
+    )
+    with Traffic(fleet) as traffic:
+        code = cli.main(
+            [
+                "fleet", "publish", fleet.bucket.url, "m", str(folder), "--version", "2",
+                "--stages", "10,50,100", "--start", "--auto", "--policy", str(policy),
+                "--probation-window", "3", "--probation-max-error-rate", "0.34",
+            ]
+        )  # fmt: skip
+        assert code == 0, capsys.readouterr().err
+        # no `fleet advance` from here on: the devices move it
+        _wait("every device serves v2", lambda: all(fleet.serves(d, 2.0) for d in fleet.procs))
+    assert traffic.failures == dict.fromkeys(fleet.procs, 0)
+    raw = fleet.get(f"models/m/{PROGRESS}")
+    assert raw is not None
+    progress = Progress.parse(json.dumps(raw).encode(), "m")
+    assert progress.stage == 2
+    assert [(s.stage, s.action) for s in progress.history] == [(1, "advance"), (2, "advance")]
+    assert all(s.by in fleet.procs for s in progress.history)  # devices, not an operator
+    assert progress.history[0].passed >= 1
+    assert progress.history[1].passed >= 2
+    # The 50% device took v2 only after the first stage passed; the last only after the 50%.
+    _wait("the last device reports", lambda: fleet.report(last).get("probation_started"))
+    started = {d: fleet.report(d)["probation_started"] for d in fleet.procs}
+    assert started[first] < started[second] < started[last]
+    # `fleet status` says where it stands: at its last stage, done
+    assert cli.main(["fleet", "status", fleet.bucket.url]) == 0
+    out = capsys.readouterr().out
+    assert "version 2 at stage 2 of 2 (100%)" in out
+    assert "automatic: done: at its last stage (verdicts 3/1" in out
+
+
+def test_status_says_why_an_automatic_stage_waits(
+    fleet: AutoFleet, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in fleet.s3.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    fleet.bucket.put_version(2, 2)
+    fleet.document(
+        advance="auto",
+        stages=[{"percent": 10, "soak_s": 3600, "min_verdicts": 5}, {"percent": 100}],
+    )
+    assert cli.main(["fleet", "status", fleet.bucket.url]) == 0
+    out = capsys.readouterr().out
+    assert "automatic: wait: waiting: soak 3600 s left of 3600 s, verdicts 0/5" in out
+    # the operator's loop waits too, and says so
+    assert cli.main(["fleet", "operator", fleet.bucket.url, "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "model 'm': version 2 at stage 0 of 1 (10%): waiting: soak" in out
+    assert fleet.get(f"models/m/{PROGRESS}") is None
+
+
+def test_a_closed_switch_window_holds_its_group_while_the_others_proceed(
+    fleet: AutoFleet,
+) -> None:
+    fleet.devices({"a-0": {"site": "a"}, "b-0": {"site": "b"}})
+    now = time.localtime()
+    start = (now.tm_hour + 2) % 24  # a window that opens in two hours: closed now
+    closed = f"{start:02d}:00-{(start + 1) % 24:02d}:00"
+    fleet.bucket.put_version(2, 2)
+    with Traffic(fleet):
+        fleet.document(windows=[{"labels": {"site": "a"}, "switch": closed}])
+        _wait("b serves v2", lambda: fleet.serves("b-0", 2.0))
+        _wait("a downloaded v2 ahead of its window", lambda: fleet.stored("a-0", 2))
+        _wait("a reports its window", lambda: fleet.report("a-0").get("window") == "switch closed")
+        time.sleep(1.5)  # five polls
+        assert fleet.serves("a-0", 1.0)
+    report = fleet.report("a-0")
+    assert report["serving"] == [1]
+    assert report["waiting"] == f"waiting: the switch window ({closed}) is closed"
+    assert fleet.report("b-0").get("serving") == [2]
+
+
+def test_a_disruption_budget_of_one_device_is_never_exceeded(fleet: AutoFleet) -> None:
+    ids = ["c-0", "c-1", "c-2"]
+    fleet.devices({device: {"site": "x"} for device in ids})
+    fleet.bucket.put_version(2, 2)
+    with Traffic(fleet) as traffic:
+        fleet.document(budget={"max_devices": 1, "group_by": "site", "lease_s": 600})
+        _wait("every device serves v2", lambda: all(fleet.serves(d, 2.0) for d in ids), 90)
+        _wait(
+            "every device reports its probation's end",
+            lambda: all(fleet.report(d).get("probation_ended") for d in ids),
+        )
+    assert traffic.failures == dict.fromkeys(ids, 0)
+    reports = [fleet.report(d) for d in ids]
+    spans = sorted((r["probation_started"], r["probation_ended"]) for r in reports)
+    for (_, ended), (started, _) in itertools.pairwise(spans):
+        assert ended <= started, f"two devices on probation at once: {spans}"
+    slots = fleet.bucket.client.list_objects_v2(
+        Bucket=fleet.bucket.name, Prefix="models/.fleet/slots/"
+    )
+    assert slots.get("KeyCount", 0) == 0  # every slot freed after its verdict
+
+
+def test_a_deferring_device_holds_back_and_switches_once_its_lock_is_released(
+    fleet: AutoFleet,
+) -> None:
+    fleet.store("e-0").mkdir()
+    lock = fleet.store("e-0") / "fleet-defer"
+    lock.write_text("recording\n")
+    fleet.devices({"e-0": {}})
+    fleet.bucket.put_version(2, 2)
+    fleet.document(defer={"max_s": 1})
+    _wait("it reports holding back", lambda: fleet.report("e-0").get("holding_back") is True)
+    report = fleet.report("e-0")
+    assert report["serving"] == [1]
+    assert report["waiting"] == (
+        "deferred on this device (fleet-defer) (holding back: longer than the 1 s the rollout "
+        "allows)"
+    )
+    assert report["deferred_s"] > 1
+    assert fleet.serves("e-0", 1.0)
+    lock.unlink()
+    _wait("it switches", lambda: fleet.serves("e-0", 2.0))
+    _wait("its report says so", lambda: "deferred_s" not in fleet.report("e-0"))
