@@ -67,7 +67,7 @@ from appliance.repository.rollout import (
     verdict_key,
     verdict_prefix,
 )
-from appliance.repository.rollout_policy import AUTO, open_at, window_for
+from appliance.repository.rollout_policy import AUTO, ShadowRule, open_at, window_for
 from appliance.repository.s3 import (
     FleetPlan,
     ObjectTooLarge,
@@ -264,7 +264,10 @@ class FleetAgent:
         )
         listed_s = self._verdicts_listed_s.get((name, target, document.revision))
         due = not settled or listed_s is None or time.monotonic() - listed_s >= self.settled_s
-        if due and needs_verdicts(document, in_stage, bool(failed_here), on_target):
+        # An automatic rollout is moved (or halted) by the devices of its stage, those that
+        # failed the target included: they count the verdicts while it is not halted.
+        moves = document.advance == AUTO and in_stage and not document.halted
+        if due and (moves or needs_verdicts(document, in_stage, bool(failed_here), on_target)):
             self._verdicts_listed_s[(name, target, document.revision)] = time.monotonic()
             listed = verdict_prefix(self.source.location.prefix, name, target)
             try:
@@ -458,6 +461,13 @@ class FleetAgent:
         if state is None or state.document.target != version:
             return None
         return state.document.probation
+
+    def shadow_rule(self, name: str, version: int) -> ShadowRule | None:
+        """The rollout's shadow probation rule for its target, when this device takes it."""
+        state = self.states.get(name)
+        if state is None or state.document.target != version or state.chosen != version:
+            return None
+        return state.document.shadow
 
     def verdict(self, name: str, version: int, why: str) -> None:
         """Probation's verdict on a version ('' : passed): a marker when it is the target."""
