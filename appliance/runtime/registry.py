@@ -30,6 +30,8 @@ class Mirror(Protocol):
 
     def take(self) -> bool: ...
 
+    def skip(self) -> None: ...
+
     def observe(
         self,
         served_ns: int,

@@ -36,6 +36,11 @@ from appliance.runtime.registry import ServedVersion
 log = logging.getLogger(__name__)
 
 PASS, FAIL = "passed", "failed"
+# Mirrored requests in flight at once, at most: a share of a busy device's requests must not
+# queue up on the target (and its copied inputs in memory); past it, requests are not mirrored.
+# Measured (bench/shadow_cost.py, squeezenet at 100%): unbounded, the target's queue refused
+# about a third of the mirrored requests as overloaded.
+MAX_IN_FLIGHT = 2
 
 
 @dataclass
@@ -61,6 +66,7 @@ class ShadowTrial:
     why: str = ""
     ended_s: float | None = None
     in_flight: int = 0
+    skipped: int = 0  # requests of the share not mirrored (too many in flight, refused for load)
 
     def take(self) -> bool:
         """Whether to mirror the next served request: an even `share` of them (no randomness:
@@ -71,10 +77,16 @@ class ShadowTrial:
         self.seen += 1
         if math.floor(self.seen * self.rule.share) == before:
             return False
-        if self.in_flight + self.mirrored >= self.rule.requests:
+        if self.in_flight >= MAX_IN_FLIGHT or self.in_flight + self.mirrored >= self.rule.requests:
+            self.skipped += 1
             return False
         self.in_flight += 1
         return True
+
+    def skip(self) -> None:
+        """A mirrored request refused for load (the target's queue full): not judged."""
+        self.in_flight -= 1
+        self.skipped += 1
 
     def observe(
         self,
@@ -191,6 +203,7 @@ class ShadowTrial:
             "mirrored": self.mirrored,
             "of": self.rule.requests,
             "errors": self.errors,
+            "skipped": self.skipped,
             "p50_ms": None if shadow_ms is None else round(shadow_ms, 3),
             "served_p50_ms": None if served_ms is None else round(served_ms, 3),
             "max_abs_diff": None if not self.shadow_ns else _finite(self.max_abs_diff),

@@ -275,6 +275,9 @@ class InferenceService:
         try:
             result = await trial.shadow.scheduler.submit(mirrored)
         except ApplianceError as exc:
+            if exc.code is ErrorCode.UNAVAILABLE:  # refused for load, not the version's fault
+                trial.skip()
+                return
             trial.observe(served_ns, outputs, time.monotonic_ns() - begin, None, exc.message)
             return
         trial.observe(served_ns, outputs, time.monotonic_ns() - begin, result)

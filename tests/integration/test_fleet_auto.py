@@ -204,6 +204,10 @@ def test_an_automatic_rollout_goes_10_50_100_with_no_operator_command_after_publ
         assert code == 0, capsys.readouterr().err
         # no `fleet advance` from here on: the devices move it
         _wait("every device serves v2", lambda: all(fleet.serves(d, 2.0) for d in fleet.procs))
+        _wait(  # its probation's requests come from the traffic; its report after the verdict
+            "every device reports its verdict",
+            lambda: all(fleet.report(d).get("probation_ended") for d in fleet.procs),
+        )
     assert traffic.failures == dict.fromkeys(fleet.procs, 0)
     raw = fleet.get(f"models/m/{PROGRESS}")
     assert raw is not None
@@ -214,10 +218,6 @@ def test_an_automatic_rollout_goes_10_50_100_with_no_operator_command_after_publ
     assert progress.history[0].passed >= 1
     assert progress.history[1].passed >= 2
     # The 50% device took v2 only after the first stage passed; the last only after the 50%.
-    _wait(  # a report goes out after the verdict it follows
-        "every device reports its verdict",
-        lambda: all(fleet.report(d).get("probation_ended") for d in fleet.procs),
-    )
     started = {d: fleet.report(d)["probation_started"] for d in fleet.procs}
     assert started[first] < started[second] < started[last]
     # `fleet status` says where it stands: at its last stage, done

@@ -31,10 +31,15 @@ def test_a_share_mirrors_evenly_and_never_more_than_one_window_at_once() -> None
 def test_an_error_past_the_rate_fails_it_at_once_and_stops_the_mirroring() -> None:
     trial, ended, served = _trial(ShadowRule(share=1, requests=10, max_error_rate=0.1))
     out = {"y": np.zeros((1, 4), np.float32)}
-    for _ in range(3):
-        assert trial.take()
+    assert trial.take()
+    assert trial.take()
+    assert not trial.take()  # two in flight at most: a busy target is not queued up
     trial.observe(1000, out, 1000, None, "index 10 is out of bounds")
     assert trial.verdict == ""  # 1 of 10 allowed
+    assert trial.take()
+    trial.skip()  # refused for load: not judged
+    assert (trial.mirrored, trial.errors, trial.skipped) == (1, 1, 2)
+    assert trial.take()
     trial.observe(1000, out, 1000, None, "index 10 is out of bounds")
     assert trial.verdict == FAIL
     assert ended == [
