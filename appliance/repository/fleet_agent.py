@@ -206,6 +206,10 @@ class FleetAgent:
                 )
             if state.chosen != document.target or state.failed_here:
                 await self.auto.release(name, document.target)
+            budget = document.budget
+            if budget is not None and budget.max_percent is not None and not document.halted:
+                group = budget.group(self.identity.labels)
+                await self.auto.register(name, document.target, group)
             previous = self.states.get(name)
             self.states[name] = state
             wanted = {state.chosen} if state.prefetch is None else {state.chosen, state.prefetch}
@@ -312,6 +316,9 @@ class FleetAgent:
         """What keeps a device from switching to the target now: (why it waits, the version to
         download ahead, the window's state). Only taking the target waits; going back never."""
         target = document.target
+        served = self.serving(name)
+        if served is not None and target in served.versions:
+            return "", None, ""  # it serves the target already (taken before the rollout)
         rule = window_for(document.windows, self.identity.labels)
         local = time.localtime()
         stored = await asyncio.to_thread((self.source.store.root / name / str(target)).is_dir)

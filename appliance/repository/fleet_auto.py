@@ -45,6 +45,8 @@ from appliance.repository.s3 import RemoteObject, S3Source, SourceError, WriteCo
 
 log = logging.getLogger(__name__)
 
+MEMBERS = "members/"  # under a group's slots: one key per device of the group (a percent budget)
+
 
 @dataclass(frozen=True)
 class HeldSlot:
@@ -62,6 +64,7 @@ class AutoRollouts:
         self._progress: dict[str, tuple[str, Progress | None]] = {}  # model -> (etag, parsed)
         self.checks: dict[str, StageCheck] = {}  # model -> the stage's state as last checked
         self.slots: dict[tuple[str, int], HeldSlot] = {}  # (model, version) -> the slot held
+        self._registered: set[tuple[str, int]] = set()  # (model, version) counted in its group
         self.advanced = 0  # progress writes that won (for the log and the tests)
         self.conflicts = 0  # ... and that another advancer won
 
@@ -156,15 +159,22 @@ class AutoRollouts:
             return f"waiting for a probation slot: cannot list them: {exc}"
         taken: dict[int, float] = {}
         etags: dict[int, str] = {}
+        members = {self.device_id}
         for obj in objects:
-            stem = obj.key[len(listed) :].removesuffix(".json")
+            rel = obj.key[len(listed) :]
+            if rel.startswith(MEMBERS) and rel.endswith(".json"):
+                members.add(rel[len(MEMBERS) : -len(".json")])
+                continue
+            stem = rel.removesuffix(".json")
             if stem.isdigit() and stem.isascii():
                 taken[int(stem)], etags[int(stem)] = obj.modified, obj.etag
         now_s = bucket_now_s if bucket_now_s is not None else time.time()
-        free = free_slot(rule, taken, now_s)
+        free = free_slot(rule, taken, now_s, len(members))
+        slots = rule.slots(len(members))
+        in_use = sum(1 for i in taken if i < slots)
         waiting = (
-            f"waiting for a probation slot: {min(len(taken), rule.max_devices)} of "
-            f"{rule.max_devices} in use in group {group}"
+            f"waiting for a probation slot: {in_use} of {slots} in use in group {group}"
+            + (f" ({len(members)} devices)" if rule.max_percent is not None else "")
         )
         if free is None:
             return waiting
@@ -191,6 +201,19 @@ class AutoRollouts:
             " (its holder's lease ran out)" if stale else "",
         )
         return ""
+
+    async def register(self, name: str, version: int, group: str) -> None:
+        """Count this device in its group for a percent budget (once per version)."""
+        if (name, version) in self._registered:
+            return
+        key = slots_prefix(self.source.location.prefix, name, version, group)
+        key += f"{MEMBERS}{self.device_id}.json"
+        try:
+            await self.source.write_object(key, b"{}\n")
+        except SourceError as exc:
+            log.warning("model '%s': cannot count this device in its group: %s", name, exc)
+            return
+        self._registered.add((name, version))
 
     async def release(self, name: str, version: int) -> None:
         held = self.slots.pop((name, version), None)

@@ -224,30 +224,46 @@ def window_for(rules: Iterable[WindowRule], labels: Mapping[str, str]) -> Window
 
 @dataclass(frozen=True)
 class BudgetRule:
-    """At most `max_devices` devices of a group (the devices with the same value of label
-    `group_by`; none: the whole fleet) switch to the target and run its probation at once.
-    A slot older than `lease_s` (a device that died holding it) is free again."""
+    """At most `max_devices` devices, and at most `max_percent` of the devices, of a group
+    (the devices with the same value of label `group_by`; none: the whole fleet) switch to the
+    target and run its probation at once (either or both; at least one slot). A group's size
+    is the devices that registered in it for the target (every device that read the document
+    does, once); early in a rollout that is fewer than all, so the budget errs low. A slot
+    older than `lease_s` (a device that died holding it) is free again."""
 
-    max_devices: int
+    max_devices: int | None = None
     group_by: str = ""
     lease_s: float = 1800.0
+    max_percent: float | None = None
 
     @classmethod
     def parse(cls, value: Any, where: Where) -> BudgetRule:
-        raw = _keys(value, "budget", where, ("max_devices", "group_by", "lease_s"))
-        if "max_devices" not in raw:
-            raise PolicyError(f"{where('budget')} lacks 'max_devices'")
+        raw = _keys(value, "budget", where, ("max_devices", "max_percent", "group_by", "lease_s"))
+        if "max_devices" not in raw and "max_percent" not in raw:
+            raise PolicyError(f"{where('budget')} lacks 'max_devices' or 'max_percent'")
         group = raw.get("group_by", "")
         if not isinstance(group, str):
             raise PolicyError(f"{where('budget.group_by')} must be a label key")
+        percent = None
+        if "max_percent" in raw:
+            percent = _number(raw, "max_percent", "budget.max_percent", where)
+            if not 0 < percent <= 100:
+                raise PolicyError(f"{where('budget.max_percent')} must be above 0, at most 100")
         return cls(
-            _count(raw, "max_devices", "budget.max_devices", where, 1),
+            _count(raw, "max_devices", "budget.max_devices", where, 1)
+            if "max_devices" in raw
+            else None,
             group,
             _number(raw, "lease_s", "budget.lease_s", where, 1.0) if "lease_s" in raw else 1800.0,
+            percent,
         )
 
     def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"max_devices": self.max_devices}
+        body: dict[str, Any] = {}
+        if self.max_devices is not None:
+            body["max_devices"] = self.max_devices
+        if self.max_percent is not None:
+            body["max_percent"] = _text(self.max_percent)
         if self.group_by:
             body["group_by"] = self.group_by
         body["lease_s"] = _text(self.lease_s)
@@ -259,19 +275,25 @@ class BudgetRule:
             return "all"
         return f"{self.group_by}={labels.get(self.group_by, '-')}"
 
+    def slots(self, members: int) -> int:
+        """How many devices of a group of `members` may be on probation at once."""
+        limits = [self.max_devices] if self.max_devices is not None else []
+        if self.max_percent is not None:
+            limits.append(max(1, math.floor(members * self.max_percent / 100 + 1e-9)))
+        return min(limits)
+
 
 def free_slot(
-    rule: BudgetRule, taken: Mapping[int, float], now_s: float
+    rule: BudgetRule, taken: Mapping[int, float], now_s: float, members: int = 0
 ) -> tuple[int, bool] | None:
     """A slot to claim, and whether it is a stale one to take over (its holder's lease is
-    over), from the slots taken (index -> when written, by the bucket's clock). None: the
-    budget is used up."""
-    for index in range(rule.max_devices):
+    over), from the slots taken (index -> when written, by the bucket's clock) in a group of
+    `members` devices. None: the budget is used up."""
+    slots = rule.slots(members)
+    for index in range(slots):
         if index not in taken:
             return index, False
-    stale = [
-        i for i, at in sorted(taken.items()) if i < rule.max_devices and now_s - at > rule.lease_s
-    ]
+    stale = [i for i, at in sorted(taken.items()) if i < slots and now_s - at > rule.lease_s]
     return (stale[0], True) if stale else None
 
 

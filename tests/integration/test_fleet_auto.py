@@ -255,9 +255,9 @@ def test_a_closed_switch_window_holds_its_group_while_the_others_proceed(
     now = time.localtime()
     start = (now.tm_hour + 2) % 24  # a window that opens in two hours: closed now
     closed = f"{start:02d}:00-{(start + 1) % 24:02d}:00"
-    fleet.bucket.put_version(2, 2)
     with Traffic(fleet):
         fleet.document(windows=[{"labels": {"site": "a"}, "switch": closed}])
+        fleet.bucket.put_version(2, 2)
         _wait("b serves v2", lambda: fleet.serves("b-0", 2.0))
         _wait("a downloaded v2 ahead of its window", lambda: fleet.stored("a-0", 2))
         _wait("a reports its window", lambda: fleet.report("a-0").get("window") == "switch closed")
@@ -269,12 +269,19 @@ def test_a_closed_switch_window_holds_its_group_while_the_others_proceed(
     assert fleet.report("b-0").get("serving") == [2]
 
 
-def test_a_disruption_budget_of_one_device_is_never_exceeded(fleet: AutoFleet) -> None:
-    ids = ["c-0", "c-1", "c-2"]
+@pytest.mark.parametrize(
+    ("budget", "devices", "most"),
+    [({"max_devices": 1}, 3, 1), ({"max_percent": 50}, 4, 2)],
+    ids=["1 device", "50 percent"],
+)
+def test_a_disruption_budget_of_one_device_is_never_exceeded(
+    fleet: AutoFleet, budget: dict[str, Any], devices: int, most: int
+) -> None:
+    ids = [f"c-{i}" for i in range(devices)]
     fleet.devices({device: {"site": "x"} for device in ids})
-    fleet.bucket.put_version(2, 2)
     with Traffic(fleet) as traffic:
-        fleet.document(budget={"max_devices": 1, "group_by": "site", "lease_s": 600})
+        fleet.document(budget={**budget, "group_by": "site", "lease_s": 600})
+        fleet.bucket.put_version(2, 2)  # after the document: no device takes it as the newest
         _wait("every device serves v2", lambda: all(fleet.serves(d, 2.0) for d in ids), 90)
         _wait(
             "every device reports its probation's end",
@@ -283,12 +290,16 @@ def test_a_disruption_budget_of_one_device_is_never_exceeded(fleet: AutoFleet) -
     assert traffic.failures == dict.fromkeys(ids, 0)
     reports = [fleet.report(d) for d in ids]
     spans = sorted((r["probation_started"], r["probation_ended"]) for r in reports)
-    for (_, ended), (started, _) in itertools.pairwise(spans):
-        assert ended <= started, f"two devices on probation at once: {spans}"
+    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    at_once = max(itertools.accumulate(step for _, step in events))
+    assert at_once <= most, f"{at_once} devices on probation at once: {spans}"
     slots = fleet.bucket.client.list_objects_v2(
         Bucket=fleet.bucket.name, Prefix="models/.fleet/slots/"
     )
-    assert slots.get("KeyCount", 0) == 0  # every slot freed after its verdict
+    held = [o["Key"] for o in slots.get("Contents", []) if "/members/" not in o["Key"]]
+    assert held == []  # every slot freed after its verdict
+    members = [o["Key"] for o in slots.get("Contents", []) if "/members/" in o["Key"]]
+    assert len(members) == (devices if "max_percent" in budget else 0)
 
 
 def test_a_deferring_device_holds_back_and_switches_once_its_lock_is_released(
@@ -298,8 +309,8 @@ def test_a_deferring_device_holds_back_and_switches_once_its_lock_is_released(
     lock = fleet.store("e-0") / "fleet-defer"
     lock.write_text("recording\n")
     fleet.devices({"e-0": {}})
-    fleet.bucket.put_version(2, 2)
     fleet.document(defer={"max_s": 1})
+    fleet.bucket.put_version(2, 2)
     _wait("it reports holding back", lambda: fleet.report("e-0").get("holding_back") is True)
     report = fleet.report("e-0")
     assert report["serving"] == [1]
@@ -319,7 +330,6 @@ def test_a_broken_version_halts_at_the_first_stage_with_no_failed_client_request
 ) -> None:
     inside, outside = _ids(2, 0, 50), _ids(1, 50, 100)
     fleet.devices({device: {} for device in [*inside, *outside]})
-    fleet.put_files(2, {"model.onnx": _failing_model().SerializeToString()})
     with Traffic(fleet) as traffic:
         fleet.document(
             advance="auto",
@@ -327,6 +337,7 @@ def test_a_broken_version_halts_at_the_first_stage_with_no_failed_client_request
             shadow={"share": 1, "requests": 4},
             halt={"max_failed_share": 0.2, "min_verdicts": 2},
         )
+        fleet.put_files(2, {"model.onnx": _failing_model().SerializeToString()})
         _wait(
             "both devices of the stage failed it in the shadow",
             lambda: all(fleet.report(d).get("probation") == "failed" for d in inside),
@@ -352,9 +363,9 @@ def test_a_version_whose_outputs_differ_fails_its_shadow_and_a_good_one_passes(
     fleet: AutoFleet,
 ) -> None:
     fleet.devices({"s-0": {}})
-    fleet.bucket.put_version(2, 5)  # adds 5 where version 1 adds 1
     with Traffic(fleet) as traffic:
         fleet.document(shadow={"share": 0.5, "requests": 6, "max_abs_diff": 0.5})
+        fleet.bucket.put_version(2, 5)  # adds 5 where version 1 adds 1
         _wait("it failed", lambda: fleet.report("s-0").get("probation") == "failed")
         shadow = fleet.report("s-0")["shadow"]
         assert shadow["reason"] == (
@@ -362,10 +373,10 @@ def test_a_version_whose_outputs_differ_fails_its_shadow_and_a_good_one_passes(
             "mirrored requests (the rollout's shadow.max_abs_diff 0.5)"
         )
         assert (shadow["mirrored"], shadow["errors"], shadow["max_abs_diff"]) == (6, 0, 4.0)
-        fleet.bucket.put_version(3, 1)  # the same outputs: it passes and clients move
         fleet.document(
             revision=2, target=3, shadow={"share": 0.5, "requests": 6, "max_abs_diff": 0.5}
         )
+        fleet.bucket.put_version(3, 1)  # the same outputs: it passes and clients move
         _wait("version 3 serves", lambda: fleet.report("s-0").get("serving") == [3])
         _wait("its report", lambda: fleet.report("s-0").get("shadow", {}).get("state") == "passed")
     assert traffic.failures == {"s-0": 0}

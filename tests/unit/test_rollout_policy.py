@@ -139,6 +139,8 @@ def test_stage_rules_and_policies_round_trip_through_the_document() -> None:
         ({"windows": [{"when": "04:00-05:00"}]}, "windows[0]' has unknown key(s) 'when'"),
         ({"budget": {"max_devices": 0}}, "budget.max_devices' must be at least 1"),
         ({"budget": {"percent": 5}}, "budget' has unknown key(s) 'percent'"),
+        ({"budget": {"group_by": "site"}}, "budget' lacks 'max_devices' or 'max_percent'"),
+        ({"budget": {"max_percent": 0}}, "budget.max_percent' must be above 0, at most 100"),
         ({"shadow": {"share": 0}}, "shadow.share' must be above 0"),
         ({"shadow": {"share": 1.5}}, "shadow.share' must be between 0 and 1"),
         ({"defer": {}}, "defer' lacks 'max_s'"),
@@ -189,6 +191,12 @@ def test_a_free_slot_is_the_lowest_untaken_else_a_stale_one_else_none() -> None:
     assert free_slot(rule, {0: 990, 1: 995}, 1000) is None  # used up: at most 2 at once
     assert free_slot(rule, {0: 850, 1: 995}, 1000) == (0, True)  # its holder's lease ran out
     assert free_slot(rule, {0: 990, 1: 995, 5: 0}, 1000) is None  # beyond max_devices: ignored
+    percent = BudgetRule(max_percent=25, lease_s=100)
+    assert [percent.slots(n) for n in (0, 1, 4, 7, 8, 100)] == [1, 1, 1, 1, 2, 25]
+    assert free_slot(percent, {0: 990}, 1000, members=4) is None  # 25% of 4: one at a time
+    assert free_slot(percent, {0: 990}, 1000, members=8) == (1, False)
+    both = BudgetRule(max_devices=3, max_percent=50)
+    assert (both.slots(2), both.slots(100)) == (1, 3)  # the lower of the two
     assert BudgetRule(1, "site").group({"site": "berlin"}) == "site=berlin"
     assert BudgetRule(1, "site").group({}) == "site=-"
     assert BudgetRule(1).group({"site": "berlin"}) == "all"
