@@ -373,9 +373,8 @@ def render(view: FleetView) -> str:
             check = model.check
             share = "-" if check.passed_share is None else f"{check.passed_share:.0%}"
             lines.append(
-                f"  automatic: {check.action}: {check.why} (verdicts {check.verdicts}/"
-                f"{check.min_verdicts}, passed {share} of at least "
-                f"{check.min_passed_share:.0%})"
+                f"  automatic: {check.action}: {check.why}; verdicts {check.verdicts}/"
+                f"{check.min_verdicts}, passed {share} (at least {check.min_passed_share:.0%})"
             )
         if model.waiting:
             parts = ", ".join(f"{n} {kind}" for kind, n in sorted(model.waiting.items()))

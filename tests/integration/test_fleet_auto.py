@@ -224,7 +224,7 @@ def test_an_automatic_rollout_goes_10_50_100_with_no_operator_command_after_publ
     assert cli.main(["fleet", "status", fleet.bucket.url]) == 0
     out = capsys.readouterr().out
     assert "version 2 at stage 2 of 2 (100%)" in out
-    assert "automatic: done: at its last stage (verdicts 3/1" in out
+    assert "automatic: done: at its last stage; verdicts 3/1, passed 100% (at least 100%)" in out
 
 
 def test_status_says_why_an_automatic_stage_waits(
