@@ -272,6 +272,11 @@ class ModelRuntime:
             self._count_load(name, "success")
             await self._retire(gone)
             return
+        superseded = self.shadows.drop(name)  # another switch of the model ends its trial
+        if superseded is not None:
+            label = superseded.shadow.label
+            log.info("%s: shadow probation ended without a verdict (reloaded)", label)
+            gone.append(superseded.shadow)
         # Rollback: what failed to load never replaces what serves. A version whose new
         # content failed keeps its old instance; if nothing new loaded, all old ones stay.
         kept = (
