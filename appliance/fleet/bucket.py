@@ -40,6 +40,14 @@ class Listed:
     modified_s: float  # by the bucket's clock
 
 
+@dataclass(frozen=True)
+class Fetched:
+    data: bytes
+    etag: str
+    modified_s: float  # by the bucket's clock
+    now_s: float  # the bucket's clock when it answered
+
+
 class FleetBucket:
     """Reads and writes under the location's prefix (keys given relative to it)."""
 
@@ -67,11 +75,28 @@ class FleetBucket:
 
     def read(self, rel: str) -> tuple[bytes, str] | None:
         """The object's bytes and ETag, None when there is none."""
+        found = self.read_object(rel)
+        return (found.data, found.etag) if found is not None else None
+
+    def read_object(self, rel: str) -> Fetched | None:
+        """The object's bytes, ETag and times (by the bucket's clock), None when there is none."""
         self.requests += 1
         try:
             response = self._client.get_object(Bucket=self.location.bucket, Key=self.key(rel))
             with contextlib.closing(response["Body"]) as body:
-                return bytes(body.read()), str(response.get("ETag", "")).strip('"')
+                data = bytes(body.read())
+            now = time.time()
+            date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+            if date:
+                with contextlib.suppress(TypeError, ValueError):
+                    now = email.utils.parsedate_to_datetime(date).timestamp()
+            modified = response.get("LastModified")
+            return Fetched(
+                data,
+                str(response.get("ETag", "")).strip('"'),
+                modified.timestamp() if modified is not None else now,
+                now,
+            )
         except Exception as exc:
             if _status(exc) == 404 or _code(exc) in ("NoSuchKey", "NotFound"):
                 return None

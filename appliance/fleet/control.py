@@ -16,6 +16,14 @@ from typing import Any
 from appliance.fleet.bucket import Conflict, FleetBucket, FleetError
 from appliance.repository import rollout
 from appliance.repository.rollout import HaltRule, RolloutDocument, RolloutError
+from appliance.repository.rollout_policy import (
+    AUTO,
+    PROGRESS,
+    PolicyError,
+    Progress,
+    StageCheck,
+    check_stage,
+)
 
 # The contract's example thresholds (docs/fleet.md); publish's defaults.
 DEFAULT_HALT = HaltRule(max_failed_share=0.2, min_verdicts=2, rollback=True)
@@ -25,10 +33,17 @@ DEFAULT_HALT = HaltRule(max_failed_share=0.2, min_verdicts=2, rollback=True)
 class Current:
     """A model's rollout document as the bucket holds it."""
 
-    document: RolloutDocument | None
+    document: RolloutDocument | None  # with an automatic rollout's progress folded in
     signed: bool
     etag: str = ""  # the document's ("" : none)
     signature_etag: str = ""  # its signature's ("" : none)
+    # An automatic rollout (`advance: auto`): the progress object, its ETag ("" : none), when
+    # the current stage began and the bucket's clock at the read.
+    progress: Progress | None = None
+    progress_etag: str = ""
+    stage_started_s: float | None = None
+    now_s: float = 0.0
+    written: RolloutDocument | None = None  # the document as written (no progress folded in)
 
 
 def rollout_rel(model: str) -> str:
@@ -39,17 +54,65 @@ def signature_rel(model: str) -> str:
     return f"{model}/{rollout.ROLLOUT_SIGNATURE}"
 
 
+def progress_rel(model: str) -> str:
+    return f"{model}/{PROGRESS}"
+
+
 def read(bucket: FleetBucket, model: str) -> Current:
-    entry = bucket.read(rollout_rel(model))
+    entry = bucket.read_object(rollout_rel(model))
     signature = bucket.read(signature_rel(model))
     signature_etag = signature[1] if signature is not None else ""
     if entry is None:
         return Current(None, False, "", signature_etag)
     try:
-        document = RolloutDocument.parse(entry[0], model)
+        document = RolloutDocument.parse(entry.data, model)
     except RolloutError as exc:
         raise FleetError(f"{bucket.url}: {model}/{rollout.ROLLOUT}: {exc}") from None
-    return Current(document, signature is not None, entry[1], signature_etag)
+    current = Current(
+        document,
+        signature is not None,
+        entry.etag,
+        signature_etag,
+        stage_started_s=entry.modified_s,
+        now_s=entry.now_s,
+        written=document,
+    )
+    if document.advance != AUTO:
+        return current
+    found = bucket.read_object(progress_rel(model))
+    if found is None:
+        return current
+    try:
+        progress = Progress.parse(found.data, model)
+    except PolicyError:  # a bad one is overwritten by the next advance (over its ETag)
+        return dataclasses.replace(current, progress_etag=found.etag)
+    moved = rollout.effective(document, progress)
+    return dataclasses.replace(
+        current,
+        document=moved,
+        progress=progress,
+        progress_etag=found.etag,
+        stage_started_s=found.modified_s if moved.stage > document.stage else entry.modified_s,
+        now_s=found.now_s,
+    )
+
+
+def stage_check(current: Current, count: rollout.VerdictCount) -> StageCheck | None:
+    """An automatic rollout's stage: whether it advances, halts or waits, and why."""
+    document, written = current.document, current.written
+    if document is None or written is None or written.advance != AUTO:
+        return None
+    in_stage_s = current.now_s - (current.stage_started_s or current.now_s)
+    return check_stage(
+        document.stage,
+        len(document.stages),
+        document.stages[max(document.stage, 0)].advance_rule,
+        count.passed,
+        count.failed,
+        in_stage_s,
+        document.halted,
+        rollout.halted(document, count.passed, count.failed),
+    )
 
 
 def write(bucket: FleetBucket, document: RolloutDocument, key: Any, current: Current) -> Current:

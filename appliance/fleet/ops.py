@@ -18,7 +18,7 @@ from typing import Any
 
 from appliance.common import extras
 from appliance.flags.parsing import Parser
-from appliance.fleet import control, publish, view
+from appliance.fleet import control, operator, publish, view
 from appliance.fleet.bucket import FleetBucket, FleetError
 from appliance.repository.manifest import ManifestError, load_private_key
 
@@ -210,6 +210,36 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         action="store_true",
         help="on a halt, devices on the version keep it (default: they go back)",
     )
+    pub.add_argument(
+        "--auto",
+        action="store_true",
+        help="advance: auto: the devices (and `fleet operator`) move the stages by their rules",
+    )
+    pub.add_argument(
+        "--soak-s",
+        type=float,
+        metavar="SECONDS",
+        help="with --auto: each stage runs at least this long (default 0)",
+    )
+    pub.add_argument(
+        "--min-verdicts",
+        type=int,
+        metavar="N",
+        help="with --auto: each stage needs N verdicts of the version in all (default 1)",
+    )
+    pub.add_argument(
+        "--min-passed-share",
+        type=float,
+        metavar="SHARE",
+        help="with --auto: ... of which this share passed, else it halts (default 1)",
+    )
+    pub.add_argument(
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help="a JSON object of the self-running rollout's fields: advance, windows, budget, "
+        "defer, shadow, stage_rules (docs/fleet.md)",
+    )
     adv = _command(sub, "advance", "move the rollout to the next stage (or --to INDEX)")
     _common(adv)
     adv.add_argument(
@@ -238,6 +268,13 @@ def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     res.add_argument("--no-halt-rollback", action="store_true", help="as for publish")
     _key_flag(res)
+    op = _command(sub, "operator", "move automatic rollouts along by their rules, in a loop")
+    _common(op, model=False)
+    op.add_argument("--model", help="only this model")
+    op.add_argument(
+        "--interval", type=float, default=30.0, metavar="SECONDS", help="between rounds (30)"
+    )
+    op.add_argument("--rounds", type=int, metavar="N", help="stop after N rounds (default: never)")
     st = _command(sub, "status", "versions x devices, per label, from the reports")
     _common(st, model=False)
     st.add_argument("--model", help="only this model")
@@ -291,6 +328,7 @@ def run(args: argparse.Namespace) -> list[str]:
             halt=(args.halt_max_failed_share, args.halt_min_verdicts, not args.no_halt_rollback),
             model_files=args.model_files,
             tuf_keys=args.tuf_keys,
+            policy=_policy(args),
         )
         return publish.publish(bucket, plan, key)
     if command == "advance":
@@ -300,10 +338,44 @@ def run(args: argparse.Namespace) -> list[str]:
     if command == "resume":
         rollback = not args.no_halt_rollback
         return [control.resume(bucket, args.model, key, args.clear_verdicts, rollback)]
+    if command == "operator":
+        operator.loop(bucket, args.model, args.interval, args.rounds, _say)
+        return []
     fleet = view.summarize(view.gather(bucket, args.model), args.by, args.silent_after)
     if args.json:
         return [json.dumps(view.as_json(fleet), indent=2)]
     return [view.render(fleet), *(["", view.render_devices(fleet)] if args.devices else [])]
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)  # noqa: T201
+
+
+def _policy(args: argparse.Namespace) -> dict[str, Any]:
+    """--policy's object, with --auto / --soak-s / --min-verdicts / --min-passed-share."""
+    policy: dict[str, Any] = {}
+    if args.policy is not None:
+        try:
+            policy = json.loads(args.policy.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise FleetError(f"--policy {args.policy}: {exc}") from None
+        if not isinstance(policy, dict):
+            raise FleetError(f"--policy {args.policy}: not a JSON object")
+    if args.auto:
+        policy["advance"] = "auto"
+    rule = {
+        key: value
+        for key, value in (
+            ("soak_s", args.soak_s),
+            ("min_verdicts", args.min_verdicts),
+            ("min_passed_share", args.min_passed_share),
+        )
+        if value is not None
+    }
+    if rule:
+        stages = len(getattr(args, "stage_specs", None) or publish.DEFAULT_STAGES)
+        policy["stage_rules"] = [dict(rule) for _ in range(stages)]
+    return policy
 
 
 def main(argv: Sequence[str]) -> int:

@@ -61,6 +61,9 @@ class Plan:
     model_files: Path | None = None
     # --tuf-keys: sign the bucket's TUF metadata after the upload (tuf_keys.py)
     tuf_keys: Path | None = None
+    # A rollout that runs itself (docs/fleet.md): any of "advance", "windows", "budget",
+    # "defer", "shadow", and "stage_rules" (one object per stage, merged into it).
+    policy: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def stage_json(spec: str) -> dict[str, Any]:
@@ -94,6 +97,22 @@ def document_for(plan: Plan, revision: int, baseline: int, stage: int) -> Rollou
         "halted": False,
         "reason": "",
     }
+    policy = dict(plan.policy)
+    rules = policy.pop("stage_rules", None)
+    if rules is not None:
+        if not isinstance(rules, list) or len(rules) != len(raw["stages"]):
+            raise FleetError(
+                f"model '{plan.model}': stage_rules must be a list of one object per stage "
+                f"({len(raw['stages'])})"
+            )
+        for stage_raw, rule in zip(raw["stages"], rules, strict=True):
+            if not isinstance(rule, dict):
+                raise FleetError(f"model '{plan.model}': stage_rules entries must be objects")
+            stage_raw.update(rule)
+    unknown = sorted(set(policy) - {"advance", "windows", "budget", "defer", "shadow"})
+    if unknown:
+        raise FleetError(f"model '{plan.model}': the policy has unknown key(s) {unknown}")
+    raw.update(policy)
     if plan.probation is not None:
         window, rate, ratio = plan.probation
         raw["probation"] = {"window_requests": window, "max_error_rate": rate}

@@ -21,6 +21,7 @@ from appliance.fleet.bucket import FleetBucket, FleetError
 from appliance.repository import rollout
 from appliance.repository.local import version_number
 from appliance.repository.rollout import RolloutDocument
+from appliance.repository.rollout_policy import StageCheck
 
 DEFAULT_SILENT_AFTER_S = 900.0  # three of the devices' default report intervals (300 s)
 # A device's report is a few hundred bytes a model; one over this is not read (a device, or
@@ -52,6 +53,7 @@ class Snapshot:
     rollouts: dict[str, RolloutDocument | None] = field(default_factory=dict)
     # model -> version -> device -> verdict
     verdicts: dict[str, dict[int, dict[str, str]]] = field(default_factory=dict)
+    currents: dict[str, control.Current] = field(default_factory=dict)  # as read, progress too
 
 
 @dataclass
@@ -77,6 +79,10 @@ class ModelView:
     outside_on_target: int = 0  # devices outside the stage that serve the target
     behind: int = 0  # devices that reported an older revision of the document
     rows: list[Row] = field(default_factory=list)
+    check: StageCheck | None = None  # an automatic rollout's stage: advances, waits, halts
+    # devices that would take the target but wait, by why: a window, a deferral, the budget
+    waiting: dict[str, int] = field(default_factory=dict)
+    holding_back: list[str] = field(default_factory=list)  # deferring past the maximum
 
 
 @dataclass
@@ -173,7 +179,9 @@ def gather(bucket: FleetBucket, only: str | None = None) -> Snapshot:
         if only is not None and model != only:
             continue
         try:
-            snapshot.rollouts[model] = control.read(bucket, model).document
+            current = control.read(bucket, model)
+            snapshot.currents[model] = current
+            snapshot.rollouts[model] = current.document
         except FleetError as exc:  # a malformed document: say so, show the rest
             snapshot.unreadable.append(str(exc))
             snapshot.rollouts[model] = None
@@ -201,6 +209,19 @@ def read_verdicts(bucket: FleetBucket, model: str) -> dict[int, dict[str, str]]:
 
 
 # -- the view (pure) ---------------------------------------------------------------------------
+
+
+def _waiting_kind(why: str) -> str:
+    """A device's `waiting` words, as a kind: 'window closed', 'deferred', 'for a slot'."""
+    if not why:
+        return ""
+    if "window" in why:
+        return "in a closed window"
+    if why.startswith("deferred"):
+        return "deferred"
+    if "probation slot" in why:
+        return "for a probation slot"
+    return "other"
 
 
 def _served(entry: dict[str, Any]) -> list[int]:
@@ -242,6 +263,11 @@ def summarize(snapshot: Snapshot, by: str = "", silent_after_s: float = 900.0) -
             revision = entry.get("rollout_revision")
             if not isinstance(revision, int) or revision < document.revision:
                 view.behind += 1
+            kind = _waiting_kind(str(entry.get("waiting", "")))
+            if kind and entry.get("target") == document.target:
+                view.waiting[kind] = view.waiting.get(kind, 0) + 1
+                if entry.get("holding_back") is True:
+                    view.holding_back.append(report.device)
             if rollout.membership(document, report.device, report.labels):
                 view.in_stage += 1
                 view.in_stage_on_target += document.target in served
@@ -258,7 +284,14 @@ def summarize(snapshot: Snapshot, by: str = "", silent_after_s: float = 900.0) -
             target = snapshot.verdicts.get(model, {}).get(document.target, {})
             view.failed = sum(v == rollout.FAILED for v in target.values())
             view.passed = len(target) - view.failed
-            if document.halted:
+            current = snapshot.currents.get(model)
+            if current is not None:
+                view.check = control.stage_check(
+                    current, rollout.VerdictCount(view.passed, view.failed)
+                )
+            if document.halted and document.reason.startswith("halted by the fleet"):
+                view.halted_by = "fleet"
+            elif document.halted:
                 view.halted_by = "operator"
             elif rollout.halted(document, view.passed, view.failed):
                 view.halted_by = "verdicts"
@@ -320,7 +353,9 @@ def render(view: FleetView) -> str:
                 f"{document.baseline}"
             )
             total = model.passed + model.failed
-            if model.halted_by == "operator":
+            if model.halted_by == "fleet":
+                lines.append(f"  HALTED by the automatic rollout: {document.reason}")
+            elif model.halted_by == "operator":
                 lines.append(f"  HALTED by an operator: {document.reason or '(no reason)'}")
             elif model.halted_by == "verdicts":
                 rule = document.halt
@@ -340,6 +375,18 @@ def render(view: FleetView) -> str:
                 f"the stage on it; verdicts {model.passed} passed, {model.failed} failed; "
                 f"{model.behind} devices behind revision {document.revision}"
             )
+        if model.check is not None:
+            check = model.check
+            share = "-" if check.passed_share is None else f"{check.passed_share:.0%}"
+            lines.append(
+                f"  automatic: {check.action}: {check.why}; verdicts {check.verdicts}/"
+                f"{check.min_verdicts}, passed {share} (at least {check.min_passed_share:.0%})"
+            )
+        if model.waiting:
+            parts = ", ".join(f"{n} {kind}" for kind, n in sorted(model.waiting.items()))
+            lines.append(f"  waiting to switch: {parts}")
+        if model.holding_back:
+            lines.append(f"  holding back (deferred too long): {_names(model.holding_back)}")
         lines += _table(
             [view.by or "group", "version", "devices", "probation", "passed", "failed", "silent"],
             (
@@ -388,6 +435,9 @@ def as_json(view: FleetView) -> dict[str, Any]:
                 "outside_on_target": model.outside_on_target,
                 "behind": model.behind,
                 "rows": [vars(r) for r in model.rows],
+                "stage_check": model.check.to_json() if model.check is not None else None,
+                "waiting": model.waiting,
+                "holding_back": model.holding_back,
             }
         )
     return {

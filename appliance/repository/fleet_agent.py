@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from appliance import __version__
+from appliance.repository.fleet_auto import AutoRollouts
 from appliance.repository.ledger import (
     LedgerEntry,
     ModelLedger,
@@ -53,8 +54,10 @@ from appliance.repository.rollout import (
     ProbationRule,
     RolloutDocument,
     RolloutError,
+    VerdictCount,
     choose_version,
     count_verdicts,
+    effective,
     halted,
     membership,
     needs_verdicts,
@@ -64,6 +67,7 @@ from appliance.repository.rollout import (
     verdict_key,
     verdict_prefix,
 )
+from appliance.repository.rollout_policy import AUTO, ShadowRule, open_at, window_for
 from appliance.repository.s3 import (
     FleetPlan,
     ObjectTooLarge,
@@ -76,6 +80,9 @@ from appliance.repository.s3 import (
 log = logging.getLogger(__name__)
 
 _MIN_WRITE_GAP_S = 1.0  # changes that come together make one report
+DEFER_FILE = "fleet-defer"  # in the state directory: while it exists, no switch to a target
+# Without the document's defer.max_s, a deferring device reports itself as holding back after:
+DEFAULT_MAX_DEFER_S = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,9 @@ class RolloutState:
     failed_here: str  # why the target failed on this device ('' : it did not)
     chosen: int
     reason: str
+    waiting: str = ""  # why the device does not switch to the target yet (windows, budget, defer)
+    prefetch: int | None = None  # the target, downloaded ahead of its switch window
+    window: str = ""  # "open", "download closed", "switch closed" ("": no window rule)
 
 
 @dataclass(frozen=True)
@@ -131,6 +141,8 @@ class FleetAgent:
         # flags put a switched-in version on probation.
         self.serving: Callable[[str], ServingView | None] = lambda name: None
         self.flag_probation = False
+        # The shadow probation's numbers of a model's version (None: none ran), from the runtime.
+        self.shadow_view: Callable[[str, int], dict[str, object] | None] = lambda n, v: None
         self.states: dict[str, RolloutState] = {}
         self._read: dict[str, tuple[tuple[str, str], RolloutDocument | str]] = {}
         self._acted: dict[str, RolloutDocument] = {}
@@ -148,14 +160,23 @@ class FleetAgent:
         # How often a device settled on a completed rollout's target looks for a halt.
         self.settled_s = report_interval_s or 300.0
         self._wake = asyncio.Event()
+        self.auto = AutoRollouts(source, identity.device_id)
+        self._counts: dict[str, VerdictCount] = {}  # model -> the target's verdicts, this poll
+        # (model, version) -> [when the device switched to it, when its probation ended]
+        self.probation_times: dict[tuple[str, int], list[float | None]] = {}
+        self.deferring_since: float | None = None  # the defer file's time, while it exists
+        self.max_defer_s = DEFAULT_MAX_DEFER_S
         source.fleet = self
 
     # ---- the plan of one sync ----------------------------------------------------------------
 
-    async def plan(self, remote: dict[str, RemoteModel]) -> FleetPlan:
+    async def plan(
+        self, remote: dict[str, RemoteModel], bucket_now_s: float | None = None
+    ) -> FleetPlan:
         """Which versions to fetch and which models to load again, from the listing."""
         fetch: dict[str, frozenset[int]] = {}
         switch: set[str] = set()
+        self.deferring_since = await asyncio.to_thread(self._defer_file_time)
         for name, model in sorted(remote.items()):
             folder = self.source.store.root / name
             entry = await asyncio.to_thread(self.ledger.entry, folder)
@@ -171,10 +192,28 @@ class FleetAgent:
                 continue
             self._seen_rollout = True
             await self._record_revision(name, folder, document.revision)
-            state = await self._decide(name, document, model, entry)
+            written = document
+            progress = None
+            if document.advance == AUTO:
+                progress, _ = await self.auto.progress(name, model.rollout)
+                document = effective(document, progress)
+            self._counts.pop(name, None)
+            state = await self._decide(name, document, model, entry, bucket_now_s)
+            counts = self._counts.get(name)
+            if written.advance == AUTO and counts is not None:
+                await self.auto.consider(
+                    written, document, progress, model.rollout, counts, bucket_now_s
+                )
+            if state.chosen != document.target or state.failed_here:
+                await self.auto.release(name, document.target)
+            budget = document.budget
+            if budget is not None and budget.max_percent is not None and not document.halted:
+                group = budget.group(self.identity.labels)
+                await self.auto.register(name, document.target, group)
             previous = self.states.get(name)
             self.states[name] = state
-            fetch[name] = frozenset({state.chosen})
+            wanted = {state.chosen} if state.prefetch is None else {state.chosen, state.prefetch}
+            fetch[name] = frozenset(wanted)
             if state.failed_here:
                 self._mark(_Marker(name, document.target, FAILED, state.failed_here))
             if previous != state:
@@ -188,6 +227,8 @@ class FleetAgent:
                     state.reason,
                 )
                 await self._record(name, folder, state.chosen)
+                if state.chosen == document.target:
+                    self.probation_times[(name, state.chosen)] = [time.time(), None]
                 served = self.serving(name)
                 if served is None or set(served.versions) != {state.chosen}:
                     switch.add(name)
@@ -199,6 +240,7 @@ class FleetAgent:
         document: RolloutDocument,
         model: RemoteModel,
         entry: LedgerEntry,
+        bucket_now_s: float | None = None,
     ) -> RolloutState:
         target = document.target
         failure = entry.failed.get(target)
@@ -226,7 +268,10 @@ class FleetAgent:
         )
         listed_s = self._verdicts_listed_s.get((name, target, document.revision))
         due = not settled or listed_s is None or time.monotonic() - listed_s >= self.settled_s
-        if due and needs_verdicts(document, in_stage, bool(failed_here), on_target):
+        # An automatic rollout is moved (or halted) by the devices of its stage, those that
+        # failed the target included: they count the verdicts while it is not halted.
+        moves = document.advance == AUTO and in_stage and not document.halted
+        if due and (moves or needs_verdicts(document, in_stage, bool(failed_here), on_target)):
             self._verdicts_listed_s[(name, target, document.revision)] = time.monotonic()
             listed = verdict_prefix(self.source.location.prefix, name, target)
             try:
@@ -237,13 +282,16 @@ class FleetAgent:
                 self._verdicts_failing = str(exc)
             else:
                 self._verdicts_failing = ""
+                self._counts[name] = counts
                 is_halted = halted(document, counts.passed, counts.failed)
                 if is_halted and not document.halted:
                     reason = (
                         f"halted: {counts.failed} of {counts.passed + counts.failed} devices "
                         f"failed version {target}"
                     )
-        if document.halted:
+        if document.halted and document.reason.startswith("halted by the fleet"):
+            reason = document.reason
+        elif document.halted:
             reason = f"halted by the operator: {document.reason}".rstrip(": ")
         elif is_halted and not reason and previous is not None:
             reason = previous.reason  # not listed this poll: the halt seen before
@@ -252,7 +300,60 @@ class FleetAgent:
             reason = f"version {target} failed here: {failed_here}"
         elif not reason:
             reason = "in the stage" if in_stage else "not in the stage"
-        return RolloutState(document, in_stage, is_halted, failed_here, chosen, reason)
+        waiting, prefetch, window = "", None, ""
+        if chosen == target and not on_target and not failed_here:
+            waiting, prefetch, window = await self._gates(name, document, bucket_now_s)
+            if waiting:
+                chosen = entry.rollout if entry.rollout not in (None, target) else document.baseline
+                reason = waiting
+        return RolloutState(
+            document, in_stage, is_halted, failed_here, chosen, reason, waiting, prefetch, window
+        )
+
+    async def _gates(
+        self, name: str, document: RolloutDocument, bucket_now_s: float | None
+    ) -> tuple[str, int | None, str]:
+        """What keeps a device from switching to the target now: (why it waits, the version to
+        download ahead, the window's state). Only taking the target waits; going back never."""
+        target = document.target
+        served = self.serving(name)
+        if served is not None and target in served.versions:
+            return "", None, ""  # it serves the target already (taken before the rollout)
+        rule = window_for(document.windows, self.identity.labels)
+        local = time.localtime()
+        stored = await asyncio.to_thread((self.source.store.root / name / str(target)).is_dir)
+        window = ""
+        if rule is not None:
+            window = "open"
+            if not stored and not open_at(rule.download, local):
+                spans = ", ".join(s.text for s in rule.download)
+                return f"waiting: the download window ({spans}) is closed", None, "download closed"
+            if not open_at(rule.switch, local):
+                spans = ", ".join(s.text for s in rule.switch)
+                return f"waiting: the switch window ({spans}) is closed", target, "switch closed"
+        if self.deferring_since is not None:
+            limit = document.defer.max_s if document.defer is not None else self.max_defer_s
+            self.max_defer_s = limit
+            deferred = max(0.0, time.time() - self.deferring_since)
+            back = f" (holding back: longer than the {limit:g} s the rollout allows)"
+            return (
+                f"deferred on this device ({DEFER_FILE})" + (back if deferred > limit else ""),
+                target,
+                window,
+            )
+        if document.budget is not None:
+            group = document.budget.group(self.identity.labels)
+            why = await self.auto.claim(name, target, document.budget, group, bucket_now_s)
+            if why:
+                return why, target, window
+        return "", None, window
+
+    def _defer_file_time(self) -> float | None:
+        """When the defer file was made (None: there is none), blocking."""
+        try:
+            return (self.source.store.state_dir / DEFER_FILE).stat().st_mtime
+        except OSError:
+            return None
 
     async def _record(self, name: str, folder: Path, version: int | None) -> None:
         if self.ledger.change(folder, record_rollout(version)):
@@ -368,6 +469,13 @@ class FleetAgent:
             return None
         return state.document.probation
 
+    def shadow_rule(self, name: str, version: int) -> ShadowRule | None:
+        """The rollout's shadow probation rule for its target, when this device takes it."""
+        state = self.states.get(name)
+        if state is None or state.document.target != version or state.chosen != version:
+            return None
+        return state.document.shadow
+
     def verdict(self, name: str, version: int, why: str) -> None:
         """Probation's verdict on a version ('' : passed): a marker when it is the target."""
         state = self.states.get(name)
@@ -375,6 +483,8 @@ class FleetAgent:
             return
         if not why:
             self._passed.add((name, version))
+        times = self.probation_times.setdefault((name, version), [None, None])
+        times[1] = time.time()
         self._mark(_Marker(name, version, FAILED if why else PASSED, why))
 
     def _mark(self, marker: _Marker) -> None:
@@ -433,6 +543,7 @@ class FleetAgent:
         try:
             for key, marker in sorted(self._markers.items()):
                 await self._write_marker(marker)
+                await self.auto.release(marker.model, marker.version)
                 self._written.add(marker)
                 if self._markers.get(key) == marker:
                     del self._markers[key]
@@ -508,6 +619,9 @@ class FleetAgent:
         except OSError:
             return set()
 
+    def shadow_report(self, name: str, version: int) -> dict[str, object] | None:
+        return self.shadow_view(name, version)
+
     def model_report(self, name: str, view: ServingView | None = None) -> ModelReport:
         """A model's part of the report (`view`: what serves, if already read)."""
         served = view or self.serving(name) or ServingView(())
@@ -535,6 +649,10 @@ class FleetAgent:
             probation = PASSED
         else:
             probation = NONE
+        times = self.probation_times.get((name, target), [None, None])
+        deferred = self.deferring_since is not None and state.waiting.startswith("deferred")
+        deferred_s = max(0.0, time.time() - self.deferring_since) if deferred else None  # type: ignore[operator]  # deferred: not None
+        check = self.auto.checks.get(name)
         return dataclasses.replace(
             report,
             rollout_revision=document.revision,
@@ -542,4 +660,13 @@ class FleetAgent:
             in_stage=state.in_stage,
             probation=probation,
             reason=state.reason,
+            stage=document.stage,
+            waiting=state.waiting,
+            window=state.window,
+            deferred_s=round(deferred_s, 1) if deferred_s is not None else None,
+            holding_back=deferred_s is not None and deferred_s > self.max_defer_s,
+            probation_started=times[0],
+            probation_ended=times[1],
+            stage_check=check.to_json() if check is not None else None,
+            shadow=self.shadow_report(name, target),
         )

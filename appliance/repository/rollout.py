@@ -11,6 +11,7 @@ Pure: this module parses and builds bytes and keys; the S3 source reads and writ
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -19,6 +20,21 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from appliance.repository.rollout_policy import (
+    AUTO,
+    MANUAL,
+    PROGRESS,
+    STAGE_RULE_KEYS,
+    BudgetRule,
+    DeferRule,
+    PolicyError,
+    Progress,
+    ShadowRule,
+    StageRule,
+    WindowRule,
+    parse_windows,
+)
 
 FORMAT = 1
 ROLLOUT = "rollout.json"
@@ -53,6 +69,11 @@ _TOP_FIELDS = (
     "halt",
     "halted",
     "reason",
+    "advance",
+    "windows",
+    "budget",
+    "defer",
+    "shadow",
 )
 
 
@@ -66,6 +87,7 @@ class Stage:
 
     percent: float | None = None
     labels: tuple[tuple[str, tuple[str, ...]], ...] = ()  # sorted (key, accepted values)
+    rule: StageRule | None = None  # when an automatic rollout leaves it (None: the defaults)
 
     def holds(self, device_id: str, labels: Mapping[str, str], model: str, target: int) -> bool:
         if self.percent is not None:
@@ -73,9 +95,14 @@ class Stage:
         return all(labels.get(key) in values for key, values in self.labels)
 
     def to_json(self) -> dict[str, Any]:
+        rule = self.rule.to_json() if self.rule is not None else {}
         if self.percent is not None:
-            return {"percent": _number(self.percent)}
-        return {"labels": {k: v[0] if len(v) == 1 else list(v) for k, v in self.labels}}
+            return {"percent": _number(self.percent), **rule}
+        return {"labels": {k: v[0] if len(v) == 1 else list(v) for k, v in self.labels}, **rule}
+
+    @property
+    def advance_rule(self) -> StageRule:
+        return self.rule or StageRule()
 
 
 @dataclass(frozen=True)
@@ -115,6 +142,15 @@ class RolloutDocument:
     halted: bool = False  # set by an operator
     reason: str = ""
     format: int = field(default=FORMAT)
+    # The policy of a rollout that runs itself (rollout_policy.py): who moves the stages
+    # ("manual": operators; "auto": any device or `fleet operator`, by the stages' rules),
+    # when a label group downloads and switches, how many switch at once, local deferral,
+    # and the shadow probation before clients move.
+    advance: str = MANUAL
+    windows: tuple[WindowRule, ...] = ()
+    budget: BudgetRule | None = None
+    defer: DeferRule | None = None
+    shadow: ShadowRule | None = None
 
     def __post_init__(self) -> None:
         validate(self)
@@ -173,6 +209,16 @@ class RolloutDocument:
             }
         body["halted"] = self.halted
         body["reason"] = self.reason
+        if self.advance != MANUAL:
+            body["advance"] = self.advance
+        if self.windows:
+            body["windows"] = [w.to_json() for w in self.windows]
+        if self.budget is not None:
+            body["budget"] = self.budget.to_json()
+        if self.defer is not None:
+            body["defer"] = self.defer.to_json()
+        if self.shadow is not None:
+            body["shadow"] = self.shadow.to_json()
         return (json.dumps(body, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
@@ -248,16 +294,27 @@ def check_model_name(name: Any) -> str:
 
 def _stage(value: Any, index: int) -> Stage:
     what = f"stages[{index}]"
-    if not isinstance(value, dict) or set(value) not in ({"percent"}, {"labels"}):
+    kind = set(value) - set(STAGE_RULE_KEYS) if isinstance(value, dict) else set()
+    if kind not in ({"percent"}, {"labels"}):
         raise RolloutError(
-            f'{_where(what)} must be {{"percent": N}} or {{"labels": {{...}}}}, '
-            f"got {json.dumps(value)}"
+            f'{_where(what)} must be {{"percent": N}} or {{"labels": {{...}}}} (with '
+            f"{', '.join(STAGE_RULE_KEYS)} optional), got {json.dumps(value)}"
         )
+    rule = None
+    if any(k in value for k in STAGE_RULE_KEYS):
+        try:
+            rule = StageRule.parse(value, what, _where)
+        except PolicyError as exc:
+            raise RolloutError(str(exc)) from None
     if "percent" in value:
-        return Stage(percent=_fraction(value, "percent", f"{what}.percent", 100.0))
-    labels = value["labels"]
+        return Stage(percent=_fraction(value, "percent", f"{what}.percent", 100.0), rule=rule)
+    return Stage(labels=_label_pairs(value["labels"], f"{what}.labels"), rule=rule)
+
+
+def _label_pairs(labels: Any, what: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """A labels object ({KEY: VALUE or [VALUE, ...]}) as sorted (key, values) pairs."""
     if not isinstance(labels, dict) or not labels:
-        raise RolloutError(f"{_where(what + '.labels')} must be a non-empty object")
+        raise RolloutError(f"{_where(what)} must be a non-empty object")
     pairs = []
     for key, accepted in sorted(labels.items()):
         values = accepted if isinstance(accepted, list) else [accepted]
@@ -267,11 +324,36 @@ def _stage(value: Any, index: int) -> Stage:
             or not all(isinstance(v, str) and _LABEL_VALUE.fullmatch(v) for v in values)
         ):
             raise RolloutError(
-                f"{_where(what + '.labels')} entry {json.dumps(key)}: "
+                f"{_where(what)} entry {json.dumps(key)}: "
                 f"{json.dumps(accepted)} is not a label value or a non-empty list of them"
             )
         pairs.append((key, tuple(values)))
-    return Stage(labels=tuple(pairs))
+    return tuple(pairs)
+
+
+def _policy(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The self-running rollout's fields (rollout_policy.py), parsed."""
+    advance = raw.get("advance", MANUAL)
+    if advance not in (MANUAL, AUTO):
+        raise RolloutError(f'{_where("advance")} must be "manual" or "auto"')
+    try:
+        return {
+            "advance": advance,
+            "windows": parse_windows(raw["windows"], _where, _label_pairs)
+            if raw.get("windows") is not None
+            else (),
+            "budget": BudgetRule.parse(raw["budget"], _where)
+            if raw.get("budget") is not None
+            else None,
+            "defer": DeferRule.parse(raw["defer"], _where)
+            if raw.get("defer") is not None
+            else None,
+            "shadow": ShadowRule.parse(raw["shadow"], _where)
+            if raw.get("shadow") is not None
+            else None,
+        }
+    except PolicyError as exc:
+        raise RolloutError(str(exc)) from None
 
 
 def from_mapping(raw: Any) -> RolloutDocument:
@@ -335,6 +417,7 @@ def from_mapping(raw: Any) -> RolloutDocument:
         halt=halt,
         halted=halted,
         reason=reason,
+        **_policy(raw),
     )
 
 
@@ -386,6 +469,21 @@ def halted(document: RolloutDocument, passed: int, failed: int) -> bool:
     return failed / (failed + passed) > rule.max_failed_share
 
 
+def effective(document: RolloutDocument, progress: Progress | None) -> RolloutDocument:
+    """The document as its automatic progress moved it (`advance: auto`, a progress of this
+    revision and target): its stage (never below the document's) and the fleet's halt."""
+    if (
+        document.advance != AUTO
+        or progress is None
+        or not progress.applies_to(document.model, document.revision, document.target)
+    ):
+        return document
+    stage = min(max(document.stage, progress.stage), len(document.stages) - 1)
+    if progress.halted and not document.halted:
+        return dataclasses.replace(document, stage=stage, halted=True, reason=progress.reason)
+    return dataclasses.replace(document, stage=stage)
+
+
 def choose_version(
     document: RolloutDocument, in_stage: bool, is_halted: bool, failed_here: bool, on_target: bool
 ) -> int:
@@ -422,6 +520,15 @@ def rollout_key(prefix: str, model: str) -> str:
 
 def rollout_signature_key(prefix: str, model: str) -> str:
     return _join(prefix, model, ROLLOUT_SIGNATURE)
+
+
+def progress_key(prefix: str, model: str) -> str:
+    return _join(prefix, model, PROGRESS)
+
+
+def slots_prefix(prefix: str, model: str, version: int, group: str) -> str:
+    """The disruption budget's probation slots of one group (`<index>.json` under it)."""
+    return _join(prefix, FLEET, "slots", model, str(version), group) + "/"
 
 
 def report_key(prefix: str, device_id: str) -> str:
@@ -482,6 +589,12 @@ def utc_text(epoch_s: float) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def utc_text_ms(epoch_s: float) -> str:
+    """'2026-12-01T15:00:00.123Z'."""
+    moment = datetime.datetime.fromtimestamp(epoch_s, datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
 def verdict_body(
     device_id: str, model: str, version: int, verdict: str, reason: str, epoch_s: float
 ) -> bytes:
@@ -511,8 +624,35 @@ class ModelReport:
     errors: int = 0
     p50_ms: float | None = None
     p99_ms: float | None = None
+    # A rollout that runs itself (rollout_policy.py); absent from the report when unset.
+    stage: int | None = None  # the stage as this device acts on it (progress included)
+    waiting: str = ""  # why it does not switch to the target yet
+    window: str = ""  # "open", "download closed", "switch closed"
+    deferred_s: float | None = None  # deferring its switch for this long
+    holding_back: bool = False  # deferring for longer than the rollout allows
+    probation_started: float | None = None  # when it switched to the target (epoch s)
+    probation_ended: float | None = None  # when the target's verdict came (epoch s)
+    stage_check: Mapping[str, Any] | None = None  # the stage's advance check, as last made
+    shadow: Mapping[str, Any] | None = None  # the shadow probation's numbers
 
     def to_json(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        if self.stage is not None:
+            extra["stage"] = self.stage
+        for key in ("waiting", "window"):
+            if getattr(self, key):
+                extra[key] = getattr(self, key)
+        if self.deferred_s is not None:
+            extra["deferred_s"] = self.deferred_s
+            extra["holding_back"] = self.holding_back
+        for key in ("probation_started", "probation_ended"):
+            value = getattr(self, key)
+            if value is not None:
+                extra[key] = utc_text_ms(value)
+        if self.stage_check is not None:
+            extra["stage_check"] = dict(self.stage_check)
+        if self.shadow is not None:
+            extra["shadow"] = dict(self.shadow)
         return {
             "serving": list(self.serving),
             "rollout_revision": self.rollout_revision,
@@ -524,7 +664,7 @@ class ModelReport:
             "errors": self.errors,
             "p50_ms": self.p50_ms,
             "p99_ms": self.p99_ms,
-        }
+        } | extra
 
 
 def report_body(

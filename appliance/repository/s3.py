@@ -60,6 +60,7 @@ from appliance.repository.manifest import (
     verify_signature,
 )
 from appliance.repository.rollout import FLEET, ROLLOUT, ROLLOUT_SIGNATURE
+from appliance.repository.rollout_policy import PROGRESS
 from appliance.repository.store import (
     DiskReserveError,
     FreeBytes,
@@ -111,6 +112,10 @@ class _ObjectChanged(Exception):
 
 class _Rejected(Exception):
     """The content is wrong (checksum, manifest, signature); not retried until it changes."""
+
+
+class WriteConflict(SourceError):
+    """A conditional write found the object changed since it was read (another writer)."""
 
 
 class ObjectTooLarge(Exception):
@@ -206,7 +211,9 @@ class FleetPlan:
 class FleetHook(Protocol):
     """The device's side of fleet rollouts, told of every sync of its source."""
 
-    async def plan(self, remote: dict[str, RemoteModel]) -> FleetPlan: ...
+    async def plan(
+        self, remote: dict[str, RemoteModel], bucket_now_s: float | None = None
+    ) -> FleetPlan: ...
 
     def synced(self, ok: bool) -> None: ...
 
@@ -246,7 +253,7 @@ def group_objects(prefix: str, objects: list[RemoteObject]) -> dict[str, RemoteM
             model.skipped[obj.key] = (
                 f"'{parts[1]}' is not a version folder (versions are ASCII digits)"
             )
-        elif len(parts) == 2 and parts[1] in (ROLLOUT, ROLLOUT_SIGNATURE):
+        elif len(parts) == 2 and parts[1] in (ROLLOUT, ROLLOUT_SIGNATURE, PROGRESS):
             model.rollout[parts[1]] = obj
         else:
             model.files["/".join(parts[1:])] = obj
@@ -315,7 +322,6 @@ class DownloadProgress:
     started_s: float  # wall clock
 
 
-
 def client_options(
     location: S3Location, session: Any, timeout_s: float, attempts: int
 ) -> dict[str, Any]:
@@ -338,6 +344,7 @@ def client_options(
         s3={"addressing_style": "path"} if location.endpoint else {},
     )
     return {"endpoint_url": location.endpoint, "region_name": region, "config": config}
+
 
 class S3Source:
     """One s3:// repository, synced into its folder of the model store."""
@@ -469,12 +476,10 @@ class S3Source:
     ) -> set[str]:
         """Sync every model of a good listing; one model's failure is its own (logged, and
         the next poll tries it again), never the others'."""
-        wanted = {
-            n: m for n, m in remote.items() if not m.problem and (only is None or n in only)
-        }
+        wanted = {n: m for n, m in remote.items() if not m.problem and (only is None or n in only)}
         plan = FleetPlan({}, frozenset())
         if self.fleet is not None:
-            plan = await self.fleet.plan(wanted)
+            plan = await self.fleet.plan(wanted, bucket_now)
         changed: set[str] = set()
         for name in sorted(wanted):
             try:
@@ -628,17 +633,30 @@ class S3Source:
                 return None
             raise SourceError(self._explain(exc, f"reading '{key}'")) from exc
 
-    async def write_object(self, key: str, data: bytes) -> None:
+    async def write_object(self, key: str, data: bytes, expect: str | None = None) -> str:
+        """Write a small object; its ETag. `expect`: None writes over whatever is there; ''
+        only where there is none (If-None-Match); an ETag only over that object (If-Match):
+        else WriteConflict, the compare-and-swap of a rollout's progress and slots."""
+        condition: dict[str, str] = {}
+        if expect is not None:
+            condition = {"IfMatch": f'"{expect}"'} if expect else {"IfNoneMatch": "*"}
         self.requests += 1
         try:
-            await self._client.put_object(
+            answer = await self._client.put_object(
                 Bucket=self.location.bucket,
                 Key=key,
                 Body=data,
                 ContentType="application/json",
+                **condition,
             )
         except Exception as exc:
+            response = getattr(exc, "response", None) or {}
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            code = response.get("Error", {}).get("Code", "")
+            if condition and (status in (409, 412) or code in ("PreconditionFailed", "409")):
+                raise WriteConflict(f"'{key}' changed since it was read") from exc
             raise SourceError(self._explain(exc, f"writing '{key}'")) from exc
+        return str(answer.get("ETag", "")).strip('"')
 
     async def delete_object(self, key: str) -> None:
         self.requests += 1
@@ -649,7 +667,11 @@ class S3Source:
 
     async def list_keys(self, prefix: str) -> list[str]:
         """Every key under `prefix` (keys only)."""
-        keys: list[str] = []
+        return [obj.key for obj in await self.list_objects(prefix)]
+
+    async def list_objects(self, prefix: str) -> list[RemoteObject]:
+        """Every object under `prefix`."""
+        keys: list[RemoteObject] = []
         kwargs: dict[str, Any] = {"Bucket": self.location.bucket, "Prefix": prefix}
         for _ in range(MAX_LISTING_PAGES):
             self.requests += 1
@@ -657,7 +679,7 @@ class S3Source:
                 page = await self._client.list_objects_v2(**kwargs)
             except Exception as exc:
                 raise SourceError(self._explain(exc, f"listing '{prefix}'")) from exc
-            keys += [item["Key"] for item in page.get("Contents", [])]
+            keys += [_listed(self.url, item) for item in page.get("Contents", [])]
             if not page.get("IsTruncated"):
                 return keys
             token = page.get("NextContinuationToken")

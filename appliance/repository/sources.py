@@ -19,6 +19,7 @@ from appliance.repository.manifest import ManifestPolicy
 from appliance.repository.oci import OciSource
 from appliance.repository.oci_registry import OciLocation
 from appliance.repository.rollout import DeviceIdentity, ProbationRule
+from appliance.repository.rollout_policy import ShadowRule
 from appliance.repository.s3 import S3Location, S3Source, SourceError
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ class RemoteSources:
         report_always: bool,
         serving: Callable[[str], ServingView | None],
         flag_probation: bool,
+        shadow_view: Callable[[str, int], dict[str, object] | None] = lambda n, v: None,
     ) -> None:
         """Follow each source's rollout documents and report there (fleet_agent.py)."""
         for source in self.sources:
@@ -110,12 +112,21 @@ class RemoteSources:
                 source, identity, report_interval_s, report_always, source.manifest.public_key
             )
             agent.serving, agent.flag_probation = serving, flag_probation
+            agent.shadow_view = shadow_view
             self.agents.append(agent)
 
     def probation_rule(self, name: str, version: int) -> ProbationRule | None:
         """A rollout's probation thresholds for a version it switched in, if any."""
         for agent in self.agents:
             rule = agent.probation_rule(name, version)
+            if rule is not None:
+                return rule
+        return None
+
+    def shadow_rule(self, name: str, version: int) -> ShadowRule | None:
+        """A rollout's shadow probation rule for the target it switches to, if any."""
+        for agent in self.agents:
+            rule = agent.shadow_rule(name, version)
             if rule is not None:
                 return rule
         return None

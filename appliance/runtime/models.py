@@ -29,6 +29,7 @@ from appliance.common.model_config import ENSEMBLE, ConfigBounds, ModelConfig, r
 from appliance.repository.ledger import ModelLedger, record_pin
 from appliance.repository.local import list_models, list_versions
 from appliance.repository.rollout import ProbationRule
+from appliance.repository.rollout_policy import ShadowRule
 from appliance.runtime.history import RECORDED, LoadPlan, Recorded, UpdateHistory
 from appliance.runtime.loader import PreparedModel, prepare_model, tensor_rules
 from appliance.runtime.probation import RollbackGuard
@@ -41,6 +42,7 @@ from appliance.runtime.registry import (
     ServedVersion,
 )
 from appliance.runtime.settings import RuntimeSettings, release_version
+from appliance.runtime.shadow import ShadowTrial, ShadowTrials, fits_beside, mem_available_bytes
 from appliance.runtime.specs import build_scheduler, with_decoupled_steps
 from appliance.scheduling.ensemble import EnsembleStep, StepEmit, StepRequest, StepTensor
 from appliance.scheduling.rate_limiter import RateLimiter
@@ -106,6 +108,10 @@ class ModelRuntime:
         # rollout's probation thresholds for a version, and who hears probation's verdicts.
         self.probation_rule: Callable[[str, int], ProbationRule | None] = lambda n, v: None
         self.on_verdict: Callable[[str, int, str], None] = lambda n, v, why: None
+        # The rollout's shadow rule for a version its choice switches to (None: none), and
+        # the trials of targets on shadow probation (shadow.py).
+        self.shadow_rule: Callable[[str, int], ShadowRule | None] = lambda n, v: None
+        self.shadows = ShadowTrials(self._shadow_done)
         self._guard = RollbackGuard(
             self.registry,
             settings.rollback_error_rate,
@@ -181,12 +187,15 @@ class ModelRuntime:
             plan, by_rollout = await asyncio.to_thread(
                 self._plan, path, source is None, pin, frozenset(record.versions), retry_failed
             )
+            shadow = None
+            if by_rollout and plan.pin is not None and plan.pin not in record.versions:
+                shadow = await self._shadow_for(name, path, plan.pin, bool(record.versions))
             prepared = await self._prepare_versions(name, path, record, plan, override, source)
             if prepared.ensemble is not None:
                 await self._prepare_ensemble(prepared)
             if source is None:  # failures on disk before anyone can see them (the index)
                 await self.history.remember(name, path, prepared, plan)
-            await self._switch(name, path, record, prepared, plan, by_rollout, source)
+            await self._switch(name, path, record, prepared, plan, by_rollout, source, shadow)
 
     async def _prepare_versions(
         self,
@@ -253,13 +262,24 @@ class ModelRuntime:
         plan: LoadPlan,
         by_rollout: bool,
         source: Path | None,
+        shadow: ShadowRule | None = None,
     ) -> None:
         """The load's last step: the prepared versions serve, what they replace (or what left
-        the repository) drains, and the record says what serves and why."""
+        the repository) drains, and the record says what serves and why. With `shadow`, a
+        rollout's target goes on shadow probation beside what serves instead (shadow.py)."""
         skip = plan.skip
         gone = self._leave(record, plan.present)
         old = dict(record.versions)
         new = self._serve(prepared)
+        if shadow is not None and self._shadowed(name, record, old, new, shadow):
+            self._count_load(name, "success")
+            await self._retire(gone)
+            return
+        superseded = self.shadows.drop(name)  # another switch of the model ends its trial
+        if superseded is not None:
+            label = superseded.shadow.label
+            log.info("%s: shadow probation ended without a verdict (reloaded)", label)
+            gone.append(superseded.shadow)
         # Rollback: what failed to load never replaces what serves. A version whose new
         # content failed keeps its old instance; if nothing new loaded, all old ones stay.
         kept = (
@@ -348,12 +368,100 @@ class ModelRuntime:
             chosen = kept[-1]
         return dataclasses.replace(plan, pin=chosen), True
 
+    async def _shadow_for(
+        self, name: str, path: Path, version: int, serving: bool
+    ) -> ShadowRule | None:
+        """The rollout's shadow rule for the version a load switches to, when it can run
+        beside what serves; else None (today's probation, logged and reported)."""
+        rule = self.shadow_rule(name, version)
+        if rule is None:
+            return None
+        why = "" if serving else "nothing serves yet to mirror requests from"
+        if not why:
+            why = await asyncio.to_thread(fits_beside, path / str(version), mem_available_bytes())
+        if why:
+            log.warning(
+                "model '%s' version %d: shadow probation skipped (%s); today's probation instead",
+                name,
+                version,
+                why,
+            )
+            self.shadows.fell_back(name, version, why)
+            return None
+        return rule
+
+    def _shadowed(
+        self,
+        name: str,
+        record: ModelRecord,
+        old: dict[int, ServedVersion],
+        new: dict[int, ServedVersion],
+        rule: ShadowRule,
+    ) -> bool:
+        """Start the new version's shadow trial beside `old` (which keeps serving); False
+        when it cannot be one (then the switch goes on as today's)."""
+        if len(new) != 1 or not old or set(new) & set(old):
+            return False
+        (served,) = new.values()
+        if served.ensemble is not None or served.sequence or served.decoupled:
+            why = "an ensemble, sequence or decoupled model is not mirrored"
+            log.warning("%s: shadow probation skipped (%s); today's probation", served.label, why)
+            self.shadows.fell_back(name, served.version, why)
+            return False
+        dropped = self.shadows.drop(name)
+        if dropped is not None:
+            self._spawn(self._retire([dropped.shadow]))
+        self.shadows.start(name, served, list(old.values()), rule)
+        record.notes = [
+            f"version {served.version}: on shadow probation (requests mirrored to it; "
+            f"clients on version {', '.join(map(str, sorted(old)))})"
+        ]
+        return True
+
+    def _shadow_done(self, trial: ShadowTrial, why: str) -> None:
+        """A shadow trial's end (on the loop): a failure retires the target, which clients
+        never saw; a pass switches them to it."""
+        name, bad = trial.name, trial.shadow
+        if why:
+            record = self.registry.record(name)
+            record.failed[bad.version] = why
+            record.notes = [f"version {bad.version}: {why}"]
+            log.error("%s %s; clients stayed on the served version", bad.label, why)
+            self._verdict(name, bad.version, why)
+            self._spawn(self._retire([bad]))
+            return
+        log.info("%s passed its shadow probation: %s", bad.label, trial.numbers())
+        self._spawn(self._promote(name, trial))
+
+    async def _promote(self, name: str, trial: ShadowTrial) -> None:
+        """Clients move to a target that passed its shadow probation; today's probation then
+        watches it as after any switch."""
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            record = self.registry.record(name)
+            served = trial.shadow
+            old = dict(record.versions)
+            new = {served.version: served}
+            record.versions = dict(new)
+            record.notes = [f"version {served.version}: chosen by the model's fleet rollout"]
+            retire = self._guard.watch(name, old, new, record.versions)
+            log.info(
+                "model '%s' version %d is READY (after its shadow probation)", name, served.version
+            )
+            if self._guard.on_probation(name) != served.version:
+                self._verdict(name, served.version, "")
+            await self._retire(retire)
+
+    def shadow_numbers(self, name: str, version: int) -> dict[str, object] | None:
+        """A version's shadow probation, for the fleet report (None: it had none)."""
+        return self.shadows.numbers(name, version)
+
     def _probation_thresholds(self, name: str, version: int) -> ProbationRule | None:
         return self.probation_rule(name, version)  # set after the guard is built
 
     def on_probation(self, name: str) -> int | None:
-        """The version of a model on probation now, if any."""
-        return self._guard.on_probation(name)
+        """The version of a model on probation now (shadow probation included), if any."""
+        trial = self.shadows.trials.get(name)
+        return trial.shadow.version if trial is not None else self._guard.on_probation(name)
 
     def _verdict(self, name: str, version: int, why: str) -> None:
         """Probation's verdict on a version ('' : it passed), kept in the ledger."""
@@ -527,9 +635,10 @@ class ModelRuntime:
         """Stop every version at once: in-flight requests get timeout_s, the rest fail with
         "server is shutting down". One line per version that had work cancelled."""
         self._stopping = True
+        trials = [self.shadows.drop(name) for name in list(self.shadows.trials)]
         # A load cut short by the shutdown is not the version's fault.
         await asyncio.to_thread(self.history.end_loads)
-        versions: list[ServedVersion] = []
+        versions = [trial.shadow for trial in trials if trial is not None]
         for record in self.registry.records():
             versions += list(record.versions.values()) + self._guard.drop(record.name)
             record.versions = {}

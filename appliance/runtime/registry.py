@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from appliance.common.errors import (
     ApplianceError,
@@ -20,6 +21,25 @@ from appliance.scheduling.stats import ModelStats
 from edge_backends.api import ModelInstance
 
 READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
+
+
+class Mirror(Protocol):
+    """A version on shadow probation beside a served one (runtime/shadow.py's ShadowTrial)."""
+
+    shadow: ServedVersion
+
+    def take(self) -> bool: ...
+
+    def skip(self) -> None: ...
+
+    def observe(
+        self,
+        served_ns: int,
+        served_outputs: dict[str, Any],
+        shadow_ns: int,
+        shadow_outputs: dict[str, Any] | None,
+        error: str = "",
+    ) -> None: ...
 
 
 @dataclass
@@ -43,6 +63,9 @@ class ServedVersion:
     cache_enabled: bool = False
     sequence: bool = False
     decoupled: bool = False
+    # A rollout's target on shadow probation beside this version (runtime/shadow.py): the
+    # inference service mirrors a share of this version's successful requests to it.
+    mirror: Mirror | None = None
 
     def __post_init__(self) -> None:
         self.max_batch_size = int(self.config.max_batch_size)

@@ -252,8 +252,10 @@ class Appliance:
             report_always=settings.device_id is not None,
             serving=functools.partial(serving_view, self.runtime),
             flag_probation=settings.rollback_error_rate > 0 or settings.rollback_latency_ratio > 0,
+            shadow_view=self.runtime.shadow_numbers,
         )
         self.runtime.probation_rule = self.remote.probation_rule
+        self.runtime.shadow_rule = self.remote.shadow_rule
         self.runtime.on_verdict = self.remote.verdict
 
     async def add_listener(self, kind: str, settings: ServerSettings) -> Listener:

@@ -26,7 +26,7 @@ from appliance.common.limits import NO_LIMITS, RequestLimits
 from appliance.common.types import Array, InferRequest, InferResponse, RequestedOutput, Tensor
 from appliance.ops.trace import Tracer
 from appliance.runtime.models import ModelRuntime
-from appliance.runtime.registry import ServedVersion
+from appliance.runtime.registry import Mirror, ServedVersion
 from appliance.scheduling.batcher import QueueTimeout
 from appliance.scheduling.contract import ModelScheduler
 from appliance.scheduling.ensemble import (
@@ -106,6 +106,7 @@ class InferenceService:
         self.accepting = True
         # The tracer's sampling counts, as front ends' threads and the loop both sample.
         self._trace_lock = threading.Lock()
+        self._mirrors: set[asyncio.Future[None]] = set()  # requests mirrored to a shadow
         runtime.run_step = self.run_step  # ensembles' steps are ordinary requests
 
     def admit(self, model: str, version: str = "") -> Admission:
@@ -203,7 +204,11 @@ class InferenceService:
         """
         prepared = self._prepare(request, self.limits, admission, loop)
         served, _, job, start = prepared
-        if (served.cache_enabled and self.cache is not None) or served.stats.watcher:
+        if (
+            (served.cache_enabled and self.cache is not None)
+            or served.stats.watcher
+            or served.mirror is not None  # mirrored on the loop (infer_prepared)
+        ):
             return prepared
         try:
             outcome = served.scheduler.run_here(job, inline)
@@ -232,7 +237,50 @@ class InferenceService:
         except (ApplianceError, asyncio.CancelledError) as exc:
             served.stats.record_failure(_failure_reason(exc), time.monotonic_ns() - start)
             raise
+        if served.mirror is not None:
+            self._mirror(served.mirror, job, outputs, start)
         return self._answered(served, request, job, start, response)
+
+    def _mirror(self, trial: Mirror, job: Job, outputs: dict[str, Array], start: int) -> None:
+        """A served request's copy for the version on shadow probation beside it, when the
+        trial takes this one (its share); the client's answer is not held up by it."""
+        if not trial.take():
+            return
+        served_ns = time.monotonic_ns() - start
+        # Copied: the inputs are views over the request's received bytes, which the front end
+        # may reuse once it answered.
+        inputs = {name: np.array(array, copy=True) for name, array in job.inputs.items()}
+        task = asyncio.ensure_future(self._run_mirror(trial, job, inputs, outputs, served_ns))
+        self._mirrors.add(task)
+        task.add_done_callback(self._mirrors.discard)
+
+    async def _run_mirror(
+        self,
+        trial: Mirror,
+        job: Job,
+        inputs: dict[str, Array],
+        outputs: dict[str, Array],
+        served_ns: int,
+    ) -> None:
+        mirrored = Job(
+            inputs=inputs,
+            batch_size=job.batch_size,
+            shape_key=job.shape_key,
+            output_names=job.output_names,
+            future=asyncio.get_running_loop().create_future(),
+            nbytes=job.nbytes,
+            arrival_ns=time.monotonic_ns(),
+        )
+        begin = time.monotonic_ns()
+        try:
+            result = await trial.shadow.scheduler.submit(mirrored)
+        except ApplianceError as exc:
+            if exc.code is ErrorCode.UNAVAILABLE:  # refused for load, not the version's fault
+                trial.skip()
+                return
+            trial.observe(served_ns, outputs, time.monotonic_ns() - begin, None, exc.message)
+            return
+        trial.observe(served_ns, outputs, time.monotonic_ns() - begin, result)
 
     def is_decoupled(self, model: str, version: str = "") -> bool:
         try:
