@@ -186,7 +186,7 @@ class InferenceService:
         response: InferResponse,
     ) -> InferResponse:
         """A request's success: counted, and traced when sampled."""
-        end = time.monotonic_ns()
+        served.last_used_ns = end = time.monotonic_ns()  # idle from its answer on
         served.stats.record_success(end - start)
         if self.tracer.active:  # one attribute when nothing is traced: the common case
             with self._trace_lock:
