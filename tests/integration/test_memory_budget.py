@@ -155,16 +155,20 @@ def test_on_demand_loads_under_the_budget(start_server: Any, budget_repo: Path) 
     assert _states(proc)["a"] == "evicted"
     assert _states(proc)["keeper"] == "resident"
     log = _log(proc)
-    assert "unloading model 'b'" in log and "to make room for 'c'" in log
+    assert "unloading model 'b'" in log
+    assert "to make room for 'c'" in log
 
     # Larger than the whole budget: refused with the numbers, nothing unloaded, no OOM.
     with pytest.raises(InferenceServerException) as refused:
         _value(proc.http_url, "huge")
     message = str(refused.value)
-    assert "load refused" in message and "larger than the whole budget" in message
-    assert "160.0 MiB (estimated from its files)" in message and "150.0 MiB" in message
+    assert "load refused" in message
+    assert "larger than the whole budget" in message
+    assert "160.0 MiB (estimated from its files)" in message
+    assert "150.0 MiB" in message
     assert refused.value.status() == "503"
-    assert _states(proc)["b"] == "resident" and _states(proc)["c"] == "resident"
+    assert _states(proc)["b"] == "resident"
+    assert _states(proc)["c"] == "resident"
     assert _metric(proc, "edge_model_load_refused_total", model="huge") >= 1
     assert _log(proc).count("load refused: model 'huge'") == 1  # logged once
 

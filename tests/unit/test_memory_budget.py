@@ -8,10 +8,10 @@ import pytest
 
 from appliance.ops.memory import cgroup_limit_bytes
 from appliance.runtime.budget import (
-    MiB,
     BudgetSpec,
     CostBook,
     Estimate,
+    MiB,
     Resident,
     idle_models,
     make_room,
@@ -37,7 +37,7 @@ def test_budget_sizes_and_percentages(text: str, spec: BudgetSpec) -> None:
 
 @pytest.mark.parametrize("text", ["", "lots", "0", "-1G", "0%", "150%", "x%"])
 def test_bad_budgets_say_why(text: str) -> None:
-    with pytest.raises(ValueError, match="budget|size|percentage"):
+    with pytest.raises(ValueError, match=r"budget|size|percentage"):
         parse_budget(text)
 
 
@@ -66,15 +66,18 @@ def _r(name: str, mib: int, used: float, busy: bool = False, pinned: bool = Fals
 
 def test_it_fits_without_unloading_anything() -> None:
     room = make_room("d", Estimate(10 * MiB, False), 100 * MiB, [_r("a", 50, 1.0)])
-    assert room.evict == () and not room.refused
+    assert room.evict == ()
+    assert not room.refused
 
 
 def test_the_least_recently_used_idle_models_make_room_first() -> None:
     residents = [_r("a", 30, 3.0), _r("b", 30, 1.0), _r("c", 30, 2.0)]
     room = make_room("d", Estimate(40 * MiB, True), 100 * MiB, residents)
-    assert room.evict == ("b",) and not room.refused  # 10 free + b's 30
+    assert room.evict == ("b",)
+    assert not room.refused
     room = make_room("d", Estimate(50 * MiB, True), 100 * MiB, residents)
-    assert room.evict == ("b", "c") and not room.refused
+    assert room.evict == ("b", "c")
+    assert not room.refused
 
 
 def test_pinned_and_busy_models_are_never_chosen() -> None:
@@ -82,24 +85,29 @@ def test_pinned_and_busy_models_are_never_chosen() -> None:
     room = make_room("d", Estimate(30 * MiB, False), 100 * MiB, residents)
     assert room.evict == ()
     assert "nothing more can be unloaded" in room.refused
-    assert "'a' 40.0 MiB (pinned)" in room.refused and "'b' 40.0 MiB (in use)" in room.refused
+    assert "'a' 40.0 MiB (pinned)" in room.refused
+    assert "'b' 40.0 MiB (in use)" in room.refused
     assert "needs 30.0 MiB (estimated from its files)" in room.refused
     assert room.wait  # once b is idle it would fit
 
 
 def test_only_pinned_models_in_the_way_is_no_reason_to_wait() -> None:
     room = make_room("d", Estimate(70 * MiB, True), 100 * MiB, [_r("a", 50, 1.0, pinned=True)])
-    assert room.refused and not room.wait and "(measured)" in room.refused
+    assert room.refused
+    assert not room.wait
+    assert "(measured)" in room.refused
 
 
 def test_a_model_larger_than_the_budget_is_refused_outright() -> None:
     room = make_room("big", Estimate(200 * MiB, False), 100 * MiB, [])
-    assert "larger than the whole budget" in room.refused and not room.wait
+    assert "larger than the whole budget" in room.refused
+    assert not room.wait
 
 
 def test_a_reloading_model_is_not_evicted_to_make_room_for_itself() -> None:
     room = make_room("a", Estimate(60 * MiB, False), 100 * MiB, [_r("a", 50, 1.0)])
-    assert room.evict == () and room.refused
+    assert room.evict == ()
+    assert room.refused
 
 
 def test_idle_models_least_recently_used_first() -> None:
