@@ -174,20 +174,29 @@ def describe(residents: Iterable[Resident]) -> str:
 
 
 def make_room(
-    name: str, need: Estimate, budget: int, residents: Iterable[Resident], keep: Iterable[str] = ()
+    name: str,
+    need: Estimate,
+    budget: int,
+    residents: Iterable[Resident],
+    keep: Iterable[str] = (),
+    loading: int = 0,
 ) -> Room:
-    """Room for `name` (`need` more bytes) under `budget`, given what is resident: the idle,
-    unpinned models to unload, least recently used first, until it fits; never `name`
-    itself nor one in `keep` (the loaded versions of a model that reloads stay counted)."""
+    """Room for `name` (`need` more bytes once loaded, and `loading` more while it loads:
+    the file read, the copies the runtime makes of it) under `budget`, given what is
+    resident: the idle, unpinned models to unload, least recently used first, until it fits;
+    never `name` itself nor one in `keep` (the loaded versions of a model that reloads stay
+    counted)."""
     residents = list(residents)
     used = sum(r.bytes for r in residents)
-    if used + need.bytes <= budget:
+    total = need.bytes + loading
+    if used + total <= budget:
         return Room()
+    while_loading = f" and {_mib(loading)} more while it loads" if loading else ""
     head = (
-        f"model '{name}' needs {_mib(need.bytes)} ({need.how}); the memory budget is "
-        f"{_mib(budget)}, {_mib(used)} of it used"
+        f"model '{name}' needs {_mib(need.bytes)} ({need.how}){while_loading}; the memory "
+        f"budget is {_mib(budget)}, {_mib(used)} of it used"
     )
-    if need.bytes > budget:
+    if total > budget:
         return Room(refused=f"{head}: the model is larger than the whole budget")
     kept = set(keep) | {name}
     movable = sorted(
@@ -197,16 +206,16 @@ def make_room(
     evict: list[str] = []
     freed = 0
     for r in movable:
-        if used - freed + need.bytes <= budget:
+        if used - freed + total <= budget:
             break
         evict.append(r.name)
         freed += r.bytes
-    if used - freed + need.bytes <= budget:
+    if used - freed + total <= budget:
         return Room(evict=tuple(evict))
     busy = sum(r.bytes for r in residents if r.busy and not r.pinned and r.name not in kept)
     return Room(
         refused=f"{head} by {describe(residents)}; nothing more can be unloaded",
-        wait=used - freed - busy + need.bytes <= budget,
+        wait=used - freed - busy + total <= budget,
     )
 
 

@@ -55,6 +55,7 @@ from appliance.runtime.version_policy import select_versions
 
 log = logging.getLogger(__name__)
 
+LOADING_FACTOR = 1.0  # a load's transient memory, in times its files' size (bench.memory_budget)
 GRACE_S = 0.25  # a model asked for this recently counts as busy
 BUSY_RETRY_S = 0.05  # a load that only busy models stand in the way of asks again this often
 FAILED_RETRY_S = 5.0  # a model whose on-demand load failed is not tried again sooner
@@ -233,7 +234,10 @@ class Residency:
             parts = [self.book.estimate(name, v, size) for v, size in files.items()]
             need = Estimate(sum(p.bytes for p in parts), all(p.measured for p in parts))
             self.estimates[name] = need
-            await self._make_room(name, need, evict, record)
+            # While it loads, its files are read and copied: room for them too (LOADING_FACTOR
+            # times their size), so that the peak stays within the budget, not only the rest.
+            loading = int(sum(files.values()) * LOADING_FACTOR)
+            await self._make_room(name, need, loading, evict, record)
             ticket = Ticket(name, files, need)
             await asyncio.to_thread(trim_heap)
             ticket.before = await asyncio.to_thread(tree_bytes)
@@ -280,13 +284,16 @@ class Residency:
             if served is not None:
                 served.memory_bytes = cost
 
-    async def _make_room(self, name: str, need: Estimate, evict: bool, record: ModelRecord) -> None:
-        """Unload idle models (least recently used first) until `need` fits, waiting up to
-        --model-load-wait-ms while only busy ones stand in the way; OverBudget otherwise."""
+    async def _make_room(
+        self, name: str, need: Estimate, loading: int, evict: bool, record: ModelRecord
+    ) -> None:
+        """Unload idle models (least recently used first) until `need` (and `loading` more
+        while it loads) fits, waiting up to --model-load-wait-ms while only busy ones stand
+        in the way; OverBudget otherwise."""
         deadline = time.monotonic() + self.wait_s
         while True:
             residents = self.residents()
-            room = make_room(name, need, self.budget, residents)
+            room = make_room(name, need, self.budget, residents, loading=loading)
             if not room.refused and not room.evict:
                 return
             if room.evict and evict:
@@ -316,14 +323,13 @@ class Residency:
         cost = next((r.bytes for r in residents if r.name == name), 0)
         key = (name, kind)
         self.evictions[key] = self.evictions.get(key, 0) + 1
-        log.info(
-            "unloading model '%s' (%.1f MiB) %s; budget %.1f MiB, %.1f MiB used before",
-            name,
-            cost / 2**20,
-            why,
-            self.budget / 2**20,
-            sum(r.bytes for r in residents) / 2**20,
+        numbers = (
+            f" ({cost / 2**20:.1f} MiB; budget {self.budget / 2**20:.1f} MiB, "
+            f"{sum(r.bytes for r in residents) / 2**20:.1f} MiB used before)"
+            if self.budget
+            else ""
         )
+        log.info("unloading model '%s' %s%s", name, why, numbers)
         await runtime.unload(name, evicted=why)
         await asyncio.to_thread(_release_memory)
 

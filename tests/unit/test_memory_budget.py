@@ -123,3 +123,13 @@ def test_a_cost_is_shared_by_file_size_and_kept_across_restarts(tmp_path: Path) 
     again = CostBook(tmp_path)
     assert again.estimate("m", 1, 1000) == Estimate(2500, True)
     assert again.estimate("m", 1, 1001) == Estimate(1001, False)  # new content: its files
+
+
+def test_room_is_made_for_what_a_load_holds_while_it_loads() -> None:
+    residents = [_r("a", 40, 1.0), _r("b", 40, 2.0)]
+    assert make_room("d", Estimate(10 * MiB, True), 100 * MiB, residents).evict == ()
+    room = make_room("d", Estimate(10 * MiB, True), 100 * MiB, residents, loading=20 * MiB)
+    assert room.evict == ("a",)
+    assert "and 20.0 MiB more while it loads" in make_room(
+        "d", Estimate(60 * MiB, False), 100 * MiB, [], loading=60 * MiB
+    ).refused
