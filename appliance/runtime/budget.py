@@ -197,7 +197,8 @@ def make_room(
         f"budget is {_mib(budget)}, {_mib(used)} of it used"
     )
     if total > budget:
-        return Room(refused=f"{head}: the model is larger than the whole budget")
+        holds = " with what its load holds" if loading else ""
+        return Room(refused=f"{head}: the model{holds} is larger than the whole budget")
     kept = set(keep) | {name}
     movable = sorted(
         (r for r in residents if not r.pinned and not r.busy and r.name not in kept),

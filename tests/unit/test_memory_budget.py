@@ -130,6 +130,6 @@ def test_room_is_made_for_what_a_load_holds_while_it_loads() -> None:
     assert make_room("d", Estimate(10 * MiB, True), 100 * MiB, residents).evict == ()
     room = make_room("d", Estimate(10 * MiB, True), 100 * MiB, residents, loading=20 * MiB)
     assert room.evict == ("a",)
-    assert "and 20.0 MiB more while it loads" in make_room(
+    assert "and 60.0 MiB more while it loads" in make_room(
         "d", Estimate(60 * MiB, False), 100 * MiB, [], loading=60 * MiB
     ).refused
