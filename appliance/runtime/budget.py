@@ -123,6 +123,16 @@ class CostBook:
             return Estimate(known["bytes"], True)
         return Estimate(files, False)
 
+    def scale(self, name: str, freed: int, cost: int) -> None:
+        """An unload gave back only `freed` of the model's measured `cost` (the rest was
+        one-time runtime state the first load carried): its next loads are estimated at that
+        share, never below their files. In memory; written with the next `record`."""
+        if cost <= 0:
+            return
+        for key, known in self._costs.items():
+            if key.rpartition("/")[0] == name:
+                known["bytes"] = max(known["files"], known["bytes"] * max(0, freed) // cost)
+
     def record(self, name: str, version: int, files: int, cost: int) -> None:
         """Remember a measurement and write the file (blocking; a failed write is logged)."""
         self._costs[f"{name}/{version}"] = {"bytes": cost, "files": files}

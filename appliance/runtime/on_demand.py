@@ -55,7 +55,9 @@ from appliance.runtime.version_policy import select_versions
 
 log = logging.getLogger(__name__)
 
-LOADING_FACTOR = 1.0  # a load's transient memory, in times its files' size (bench.memory_budget)
+LOADING_FACTOR = 2.0  # a load's transient memory, in times its files' size (bench.memory_budget)
+KEPT = "(what unloaded models kept)"
+RETAINED_MIN = 4 << 20  # an unload that gives back this much less than its cost is noted
 GRACE_S = 0.25  # a model asked for this recently counts as busy
 BUSY_RETRY_S = 0.05  # a load that only busy models stand in the way of asks again this often
 FAILED_RETRY_S = 5.0  # a model whose on-demand load failed is not tried again sooner
@@ -144,6 +146,9 @@ class Residency:
         self._runtime: Loads | None = None
         self._idle = False  # the idle timer runs
         self._announced = False  # the budget's log line
+        # What unloaded models did not give back (a runtime's one-time start-up state, counted
+        # in the cost of the first model loaded with it): counted as used from then on.
+        self.retained = 0
 
     @property
     def active(self) -> bool:
@@ -155,7 +160,8 @@ class Residency:
     # ---- what is resident ---------------------------------------------------------------------
 
     def used(self) -> int:
-        return sum(r.bytes for r in self.residents()) + sum(self._reserved.values())
+        residents = sum(r.bytes for r in self.residents())
+        return residents + sum(self._reserved.values()) + self.retained
 
     def residents(self) -> list[Resident]:
         runtime = self._runtime
@@ -293,6 +299,8 @@ class Residency:
         deadline = time.monotonic() + self.wait_s
         while True:
             residents = self.residents()
+            if self.retained:  # never unloadable: counted as a pinned resident
+                residents.append(Resident(KEPT, self.retained, 0.0, pinned=True))
             room = make_room(name, need, self.budget, residents, loading=loading)
             if not room.refused and not room.evict:
                 return
@@ -330,8 +338,17 @@ class Residency:
             else ""
         )
         log.info("unloading model '%s' %s%s", name, why, numbers)
+        before = await asyncio.to_thread(tree_bytes)
         await runtime.unload(name, evicted=why)
         await asyncio.to_thread(_release_memory)
+        freed = before - await asyncio.to_thread(tree_bytes)
+        if self.budget and cost - freed > max(RETAINED_MIN, cost // 10):
+            self.retained += cost - freed
+            self.book.scale(name, freed, cost)
+            log.info(
+                "model '%s' gave back %.1f MiB of its %.1f MiB: %.1f MiB stays counted as used",
+                name, max(0, freed) / 2**20, cost / 2**20, self.retained / 2**20,
+            )
 
     # ---- the idle timer -----------------------------------------------------------------------
 

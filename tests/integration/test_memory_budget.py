@@ -104,7 +104,7 @@ def budget_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_on_demand_loads_under_the_budget(start_server: Any, budget_repo: Path) -> None:
-    proc = start_server(budget_repo, "--model-memory-budget=215M", "--model-load-on-demand")
+    proc = start_server(budget_repo, "--model-memory-budget=265M", "--model-load-on-demand")
     assert _states(proc) == {
         "keeper": "resident",
         "a": "not_loaded",
@@ -144,11 +144,11 @@ def test_on_demand_loads_under_the_budget(start_server: Any, budget_repo: Path) 
     by_name = {m["name"]: m for m in memory["models"]}
     assert "to make room for 'c'" in by_name["b"]["reason"]
     assert by_name["keeper"]["pinned"]
-    assert memory["used_bytes"] <= memory["budget_bytes"] == 215 << 20
+    assert memory["used_bytes"] <= memory["budget_bytes"] == 265 << 20
     assert by_name["a"]["bytes"] >= 50 << 20  # measured: at least its weights
     assert _metric(proc, "edge_model_unload_idle_or_budget_total", model="b", reason="budget")
     assert _metric(proc, "edge_model_memory_bytes", model="a", version="1") >= 50 << 20
-    assert _metric(proc, "edge_model_memory_budget_bytes") == 215 << 20
+    assert _metric(proc, "edge_model_memory_budget_bytes") == 265 << 20
     # b again: a is now the least recently used; keeper is older still, but pinned.
     time.sleep(0.3)
     assert _value(proc.http_url, "b") == 2.0
@@ -165,7 +165,7 @@ def test_on_demand_loads_under_the_budget(start_server: Any, budget_repo: Path) 
     assert "load refused" in message
     assert "larger than the whole budget" in message
     assert "160.0 MiB (estimated from its files)" in message
-    assert "215.0 MiB" in message
+    assert "265.0 MiB" in message
     assert refused.value.status() == "503"
     assert _states(proc)["b"] == "resident"
     assert _states(proc)["c"] == "resident"

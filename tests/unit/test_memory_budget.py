@@ -133,3 +133,12 @@ def test_room_is_made_for_what_a_load_holds_while_it_loads() -> None:
     assert "and 60.0 MiB more while it loads" in make_room(
         "d", Estimate(60 * MiB, False), 100 * MiB, [], loading=60 * MiB
     ).refused
+
+
+def test_what_an_unload_did_not_give_back_lowers_the_next_estimate(tmp_path: Path) -> None:
+    book = CostBook(tmp_path)
+    book.record("m", 1, 40 * MiB, 80 * MiB)  # the first load carried 40 MiB of one-time state
+    book.scale("m", 40 * MiB, 80 * MiB)
+    assert book.estimate("m", 1, 40 * MiB) == Estimate(40 * MiB, True)
+    book.scale("m", 0, 80 * MiB)
+    assert book.estimate("m", 1, 40 * MiB) == Estimate(40 * MiB, True)  # never below its files
