@@ -224,8 +224,11 @@ def make_room(
     if used - freed + total <= budget:
         return Room(evict=tuple(evict))
     busy = sum(r.bytes for r in residents if r.busy and not r.pinned and r.name not in kept)
+    short = (
+        " (it would not fit with every idle model unloaded)" if len(evict) == len(movable) else ""
+    )
     return Room(
-        refused=f"{head} by {describe(residents)}; nothing more can be unloaded",
+        refused=f"{head} by {describe(residents)}; nothing more can be unloaded{short}",
         wait=used - freed - busy + total <= budget,
     )
 

@@ -146,8 +146,9 @@ class Residency:
         self._runtime: Loads | None = None
         self._idle = False  # the idle timer runs
         self._announced = False  # the budget's log line
-        # What unloaded models did not give back (a runtime's one-time start-up state, counted
-        # in the cost of the first model loaded with it): counted as used from then on.
+        # The process tree before the first load under the budget, and what it held beyond
+        # the models' costs at the last look (runtime state, free heap): counted as used.
+        self._base: int | None = None
         self.retained = 0
 
     @property
@@ -236,6 +237,9 @@ class Residency:
                     "memory budget for models: %.1f MiB (%s)", self.budget / 2**20,
                     self.budget_source,
                 )
+            if self._base is None:
+                await asyncio.to_thread(_release_memory)
+                self._base = await asyncio.to_thread(tree_bytes)
             files = await asyncio.to_thread(self._version_files, path, plan)
             parts = [self.book.estimate(name, v, size) for v, size in files.items()]
             need = Estimate(sum(p.bytes for p in parts), all(p.measured for p in parts))
@@ -299,7 +303,12 @@ class Residency:
         deadline = time.monotonic() + self.wait_s
         while True:
             residents = self.residents()
-            if self.retained:  # never unloadable: counted as a pinned resident
+            # What the process tree holds above its base (the server before its first load)
+            # beyond the loaded models' costs: one-time runtime state, free heap the process
+            # keeps. Unloading does not free it, so it counts as a pinned resident.
+            held = await asyncio.to_thread(tree_bytes) - (self._base or 0)
+            self.retained = max(0, held - sum(r.bytes for r in residents))
+            if self.retained:
                 residents.append(Resident(KEPT, self.retained, 0.0, pinned=True))
             room = make_room(name, need, self.budget, residents, loading=loading)
             if not room.refused and not room.evict:
@@ -343,11 +352,11 @@ class Residency:
         await asyncio.to_thread(_release_memory)
         freed = before - await asyncio.to_thread(tree_bytes)
         if self.budget and cost - freed > max(RETAINED_MIN, cost // 10):
-            self.retained += cost - freed
-            self.book.scale(name, freed, cost)
+            self.book.scale(name, freed, cost)  # its next load: the share it gave back
             log.info(
-                "model '%s' gave back %.1f MiB of its %.1f MiB: %.1f MiB stays counted as used",
-                name, max(0, freed) / 2**20, cost / 2**20, self.retained / 2**20,
+                "model '%s' gave back %.1f MiB of its %.1f MiB (runtime state, or free heap "
+                "the process keeps)",
+                name, max(0, freed) / 2**20, cost / 2**20,
             )
 
     # ---- the idle timer -----------------------------------------------------------------------
