@@ -88,6 +88,17 @@ def _wait_for(predicate: Any, timeout_s: float = 20.0) -> None:
         time.sleep(0.1)
 
 
+def _follows_the_schema(proc: ServerProcess) -> None:
+    """status.json, memory included, as openapi.json documents it."""
+    validator = pytest.importorskip("openapi_schema_validator", reason="openapi-schema-validator")
+    from appliance.frontends.http.status_page import read_asset
+
+    components = json.loads(read_asset("openapi.json"))["components"]
+    schema = {**components["schemas"]["StatusReport"], "components": components}
+    with urllib.request.urlopen(f"http://{proc.http_url}/status.json", timeout=10) as answer:
+        validator.validate(json.loads(answer.read()), schema, cls=validator.OAS30Validator)
+
+
 def _log(proc: ServerProcess) -> str:
     return proc.log_path.read_text()
 
@@ -142,6 +153,7 @@ def test_on_demand_loads_under_the_budget(start_server: Any, budget_repo: Path) 
         "huge": "not_loaded",
     }
     by_name = {m["name"]: m for m in memory["models"]}
+    _follows_the_schema(proc)
     assert "to make room for 'c'" in by_name["b"]["reason"]
     assert by_name["keeper"]["pinned"]
     assert memory["used_bytes"] <= memory["budget_bytes"] == 265 << 20
