@@ -120,6 +120,9 @@ class MemorySettings:
     load_wait_ms: int = 30_000  # how long such a request waits for the load (or its timeout)
     idle_unload_secs: float = 0.0  # unload a model idle this long; 0: never
     resident: tuple[str, ...] = ()  # --model-resident: models never unloaded for the budget
+    # An update that does not fit beside the loaded versions: unload them first (a short
+    # unavailability) instead of refusing it.
+    swap_unavailable: bool = False
 
     @property
     def active(self) -> bool:

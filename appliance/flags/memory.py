@@ -42,6 +42,14 @@ def add_memory_flags(p: argparse.ArgumentParser) -> None:
         help="unload a model that served no request for this long (default 0: never)",
     )
     p.add_argument(
+        "--model-memory-swap-unavailable",
+        action="store_true",
+        help="an update (a new version, a reload) that does not fit in the budget beside the "
+        "loaded versions unloads them first, leaving the model unavailable while it loads; "
+        "without it such an update is refused and the loaded versions keep serving "
+        "(default: off)",
+    )
+    p.add_argument(
         "--model-resident",
         action="append",
         default=[],
@@ -71,4 +79,5 @@ def memory_settings(args: argparse.Namespace) -> MemorySettings:
         load_wait_ms=args.model_load_wait_ms,
         idle_unload_secs=args.model_idle_unload_secs,
         resident=tuple(args.model_resident),
+        swap_unavailable=args.model_memory_swap_unavailable,
     )

@@ -174,6 +174,29 @@ class ModelRuntime:
         the others. Under a memory budget the load first has room made for it (`evict`: by
         unloading idle models), or is refused (OverBudget); what serves keeps serving.
         """
+        try:
+            await self._load(name, override, source, pin, evict)
+        except OverBudget:
+            record = self.registry.find(name)
+            swap = self._settings.memory.swap_unavailable and source is None and override is None
+            if not (swap and record is not None and record.versions):
+                raise
+            log.warning(
+                "model '%s': its update does not fit in the memory budget beside the loaded "
+                "versions; unloading them first (--model-memory-swap-unavailable)",
+                name,
+            )
+            await self.unload(name, evicted="to load its update within the memory budget")
+            await self._load(name, override, source, pin, evict)
+
+    async def _load(
+        self,
+        name: str,
+        override: ModelConfig | None,
+        source: Path | None,
+        pin: int | Recorded | None,
+        evict: bool,
+    ) -> None:
         if self._stopping:
             raise ModelNotReady(SHUTTING_DOWN)
         if source is None and self.fetch is not None:

@@ -243,3 +243,31 @@ def test_idle_models_unload_but_never_one_in_use(start_server: Any, idle_repo: P
     # Its last use is its answer: an unload line now would be one from while it ran.
     assert "unloading model 'slow'" not in _log(proc)
     _wait_for(lambda: _states(proc)["slow"] == "evicted")
+
+
+@pytest.mark.parametrize("swap", [False, True], ids=["refused", "swapped"])
+def test_an_update_that_does_not_fit_beside_the_old_version(
+    start_server: Any, tmp_path: Path, swap: bool
+) -> None:
+    """An OTA update's new version is estimated before it loads beside the old one: refused
+    with the reason while the old one serves, or, with --model-memory-swap-unavailable, loaded
+    after the old one is unloaded."""
+    repo = tmp_path / "repo"
+    write_sized_model(repo, "m", 50, 1.0)
+    flags = ["--model-memory-budget=200M", "--model-control-mode=poll"]
+    flags.append("--repository-poll-secs=0.3")
+    proc = start_server(repo, *flags, *(["--model-memory-swap-unavailable"] if swap else []))
+    assert _value(proc.http_url, "m") == 1.0
+    write_sized_model(tmp_path / "staging", "m", 50, 2.0)
+    (tmp_path / "staging" / "m" / "1").rename(repo / "m" / "2")
+    if swap:
+        _wait_for(lambda: "version 2 is READY" in _log(proc), 30)
+        assert _value(proc.http_url, "m") == 2.0
+        assert "unloading them first" in _log(proc)
+        return
+    _wait_for(lambda: "load refused: model 'm'" in _log(proc), 30)
+    assert _value(proc.http_url, "m") == 1.0  # the old version keeps serving
+    client = httpclient.InferenceServerClient(proc.http_url)
+    index = client.get_model_repository_index()
+    reasons = " ".join(row.get("reason", "") for row in index if row["name"] == "m")
+    assert "the loaded versions keep serving: load refused" in reasons, index
