@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -135,6 +136,7 @@ def _run(
         proc.wait(60)
         log.close()
     text = (Path(state) / "server.log").read_text()
+    shutil.rmtree(state, ignore_errors=True)
     ms = lambda v: None if v is None else round(v * 1000, 1)  # noqa: E731
     return {
         "flags": flags,
