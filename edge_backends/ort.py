@@ -173,7 +173,11 @@ class OrtInstance(InstanceBase):
         }
 
     def close(self) -> None:
+        # `_run` (the binding's or the session's bound `run`) holds the session too: both go,
+        # so its memory (weights, arena) is given back at the close, not when the last
+        # reference to this instance goes (the memory budget measures an unload's return).
         del self._session
+        del self._run
 
 
 class OrtBackend(BackendBase):

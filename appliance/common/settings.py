@@ -115,6 +115,27 @@ class SchedulingSettings:
 
 
 @dataclass(frozen=True)
+class MemorySettings:
+    """Models on demand under a memory budget (docs/memory.md; appliance/runtime/on_demand.py)."""
+
+    budget_bytes: int = 0  # --model-memory-budget BYTES; 0 with no percent: no budget
+    budget_percent: float = 0.0  # --model-memory-budget N%: of memory.max, else MemAvailable
+    load_on_demand: bool = False  # a request for a known, unloaded model loads it
+    load_wait_ms: int = 30_000  # how long such a request waits for the load (or its timeout)
+    idle_unload_secs: float = 0.0  # unload a model idle this long; 0: never
+    resident: tuple[str, ...] = ()  # --model-resident: models never unloaded for the budget
+    # An update that does not fit beside the loaded versions: unload them first (a short
+    # unavailability) instead of refusing it.
+    swap_unavailable: bool = False
+
+    @property
+    def active(self) -> bool:
+        return bool(
+            self.budget_bytes or self.budget_percent or self.load_on_demand or self.idle_unload_secs
+        )
+
+
+@dataclass(frozen=True)
 class ServerSettings:
     model_repositories: tuple[Path, ...]
     http_address: str = "127.0.0.1"  # a device listens on loopback unless told otherwise
@@ -186,6 +207,7 @@ class ServerSettings:
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     http_connections: HttpConnectionLimits = field(default_factory=HttpConnectionLimits)
     scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)
+    memory: MemorySettings = field(default_factory=MemorySettings)
     require_manifest: bool = False
     manifest_public_key: Path | None = None  # manifests must carry an Ed25519 signature
     # TUF metadata mode for s3:// repositories: the trusted initial root.json

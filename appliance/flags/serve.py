@@ -25,6 +25,7 @@ from appliance.common.settings import (
     TlsSettings,
 )
 from appliance.flags.grpc_connection import add_grpc_connection_flags, grpc_connections
+from appliance.flags.memory import add_memory_flags, memory_settings
 from appliance.flags.values import (
     add_bool,
     integer,
@@ -507,6 +508,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     )
     add_grpc_connection_flags(p)
     _add_limit_flags(p)
+    add_memory_flags(p)
     add_bool(
         p,
         "--require-manifest",
@@ -899,6 +901,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             rate_limit_resources=parse_rate_limit_resources(args.rate_limit_resource),
             max_instances_per_model=args.max_instances_per_model,
         ),
+        memory=memory_settings(args),
         require_manifest=on(args.require_manifest, False),
         model_signature=args.model_signature,
         require_model_signature=on(args.require_model_signature, False),

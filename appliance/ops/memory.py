@@ -83,3 +83,102 @@ class HeapTrimmer:
             before = rss_bytes()
             if await asyncio.to_thread(trim) and log.isEnabledFor(logging.DEBUG):
                 log.debug("malloc_trim: RSS %.0f -> %.0f MiB", before / 2**20, rss_bytes() / 2**20)
+
+
+# ---- what the server and its model processes hold (the memory budget, runtime/budget.py) ----
+
+
+def _children(pid: int) -> list[int]:
+    """The pids of a process's children, from /proc (none where it cannot be read)."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as handle:
+                found += [int(word) for word in handle.read().split()]
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _process_bytes(pid: int) -> int:
+    """One process's proportional set size (PSS: its shared pages split among their users),
+    else its RSS; 0 for a process that is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def tree_bytes(pid: int | None = None) -> int:
+    """The memory of a process and all its descendants (the server and its Python models'
+    worker processes): the sum of their PSS (RSS where PSS cannot be read). Blocking: a few
+    milliseconds, for the reads of /proc."""
+    root = os.getpid() if pid is None else pid
+    seen: set[int] = set()
+    todo = [root]
+    total = 0
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        total += _process_bytes(current)
+        todo += _children(current)
+    return total
+
+
+def trim_heap() -> None:
+    """Give glibc's free heap memory back to the system now (nothing without glibc)."""
+    trim = _TRIM
+    if trim is not None:
+        trim()
+
+
+_TRIM = _malloc_trim()
+
+
+def available_bytes(meminfo: str = "/proc/meminfo") -> int | None:
+    """MemAvailable (what can be allocated without swapping), or None where unknown."""
+    try:
+        with open(meminfo, "rb") as handle:
+            for line in handle:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def cgroup_limit_bytes(
+    proc_root: str = "/proc/self", fs_root: str = "/sys/fs/cgroup"
+) -> int | None:
+    """The memory.max of this process's own cgroup (cgroup v2), or None when it sets none
+    ('max') or there is no cgroup v2."""
+    try:
+        with open(f"{proc_root}/cgroup", encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        hierarchy, _, path = line.partition("::")
+        if hierarchy != "0" or not path:
+            continue
+        try:
+            with open(f"{fs_root}{path.rstrip('/')}/memory.max", encoding="utf-8") as handle:
+                text = handle.read().strip()
+        except OSError:
+            return None
+        return None if text == "max" else int(text) if text.isdigit() else None
+    return None

@@ -32,6 +32,7 @@ from appliance.repository.rollout import ProbationRule
 from appliance.repository.rollout_policy import ShadowRule
 from appliance.runtime.history import RECORDED, LoadPlan, Recorded, UpdateHistory
 from appliance.runtime.loader import PreparedModel, prepare_model, tensor_rules
+from appliance.runtime.on_demand import NOT_LOADED, OverBudget, Residency
 from appliance.runtime.probation import RollbackGuard
 from appliance.runtime.registry import (
     LOADING,
@@ -125,6 +126,9 @@ class ModelRuntime:
         # What failed, the last good versions and pins, kept across restarts (memory only
         # without a state directory: check, tune).
         self.history = UpdateHistory(ledger or ModelLedger(None), self._spawn)
+        # The memory budget, loads on demand, the idle timer (runtime/on_demand.py).
+        self.residency = Residency(settings.memory, settings.state_dir, settings.config_name)
+        self.residency.attach(self)
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -135,12 +139,19 @@ class ModelRuntime:
         """Load every model in the repositories (or just `names`), a few at a time."""
         found = self.model_names()
         wanted = list(found) if names is None or "*" in names else names
+        if self.residency.on_demand:  # the others load on their first request
+            if names is None:
+                wanted = await asyncio.to_thread(self.residency.resident_names, found)
+            for name in sorted(set(found) - set(wanted)):
+                record = self.registry.add(name, found[name])
+                if not record.versions:
+                    record.state, record.reason, record.on_demand = UNAVAILABLE, NOT_LOADED, True
         gate = asyncio.Semaphore(self._settings.load_concurrency)
 
         async def one(name: str) -> None:
             async with gate:
                 try:
-                    await self.load(name)
+                    await self.load(name, evict=False)  # start-up unloads nothing
                 except ApplianceError:  # recorded and logged by load()
                     pass
                 except Exception as exc:  # a bug in one model's load stops no other model
@@ -160,6 +171,7 @@ class ModelRuntime:
         source: Path | None = None,
         pin: int | Recorded | None = RECORDED,
         retry_failed: bool = False,
+        evict: bool = True,
     ) -> None:
         """Load (or reload) a model; new versions serve before the old ones drain.
 
@@ -167,8 +179,33 @@ class ModelRuntime:
         whose content failed before (the ledger) are skipped (unless `retry_failed`: a
         client's load request tries those that failed to load again, as Triton does), the
         recorded pin (or `pin`) is applied, and a version no longer in the repository leaves
-        service whatever happens to the others.
+        service whatever happens to the others. Under a memory budget the load first has room
+        made for it (`evict`: by unloading idle models), or is refused (OverBudget); what
+        serves keeps serving.
         """
+        try:
+            await self._load(name, override, source, pin, evict)
+        except OverBudget:
+            record = self.registry.find(name)
+            swap = self._settings.memory.swap_unavailable and source is None and override is None
+            if not (swap and record is not None and record.versions):
+                raise
+            log.warning(
+                "model '%s': its update does not fit in the memory budget beside the loaded "
+                "versions; unloading them first (--model-memory-swap-unavailable)",
+                name,
+            )
+            await self.unload(name, evicted="to load its update within the memory budget")
+            await self._load(name, override, source, pin, evict)
+
+    async def _load(
+        self,
+        name: str,
+        override: ModelConfig | None,
+        source: Path | None,
+        pin: int | Recorded | None,
+        evict: bool,
+    ) -> None:
         if self._stopping:
             raise ModelNotReady(SHUTTING_DOWN)
         if source is None and self.fetch is not None:
@@ -190,12 +227,33 @@ class ModelRuntime:
             shadow = None
             if by_rollout and plan.pin is not None and plan.pin not in record.versions:
                 shadow = await self._shadow_for(name, path, plan.pin, bool(record.versions))
-            prepared = await self._prepare_versions(name, path, record, plan, override, source)
-            if prepared.ensemble is not None:
-                await self._prepare_ensemble(prepared)
-            if source is None:  # failures on disk before anyone can see them (the index)
-                await self.history.remember(name, path, prepared, plan)
-            await self._switch(name, path, record, prepared, plan, by_rollout, source, shadow)
+            residency = self.residency
+            residency.start(self._spawn)
+            ticket = None
+            try:
+                async with residency.admitted(name, path, plan, record, evict) as ticket:
+                    prepared = await self._prepare_versions(
+                        name, path, record, plan, override, source
+                    )
+                    await residency.measure(ticket, prepared)
+                if prepared.ensemble is not None:
+                    await self._prepare_ensemble(prepared)
+                if source is None:  # failures on disk before anyone can see them (the index)
+                    await self.history.remember(name, path, prepared, plan)
+                await self._switch(
+                    name, path, record, prepared, plan, by_rollout, source, shadow
+                )
+            except OverBudget as exc:
+                self._count_load(name, "failure")
+                if record.versions:  # an update that does not fit beside what serves
+                    record.notes = [f"the loaded versions keep serving: {exc.message}"]
+                else:
+                    record.state, record.reason = UNAVAILABLE, exc.message
+                raise
+            finally:
+                residency.serving(ticket, record)
+            record.on_demand = False
+            residency.operator_unloaded.discard(name)
 
     async def _prepare_versions(
         self,
@@ -610,12 +668,27 @@ class ModelRuntime:
             if self.registry.find(model) is not None:
                 await self.unload(model)
 
-    async def unload(self, name: str) -> None:
+    def is_loading(self, name: str) -> bool:
+        lock = self._locks.get(name)
+        return lock is not None and lock.locked()
+
+    async def unload(self, name: str, evicted: str = "") -> None:
+        """Unload a model: the operator's (or the poller's) unload, or with `evicted` (why)
+        the memory budget's or the idle timer's, after which a request loads it again under
+        --model-load-on-demand."""
         record = self.record(name)
         async with self._locks.setdefault(name, asyncio.Lock()):
             old = list(record.versions.values()) + self._guard.drop(name)
             record.versions, record.failed = {}, {}
             record.state, record.reason = UNAVAILABLE, "unloaded"
+            if evicted:
+                record.on_demand = self.residency.on_demand
+                record.reason = f"unloaded {evicted}" + (
+                    "; loads again on its next request" if record.on_demand else ""
+                )
+            else:
+                record.on_demand = False
+                self.residency.operator_unloaded.add(name)
             await self._retire(old)
             if record.owned_dir is not None:
                 await asyncio.to_thread(shutil.rmtree, record.owned_dir, True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -66,6 +67,10 @@ class ServedVersion:
     # A rollout's target on shadow probation beside this version (runtime/shadow.py): the
     # inference service mirrors a share of this version's successful requests to it.
     mirror: Mirror | None = None
+    # The memory budget's (runtime/on_demand.py): what loading it cost (bytes, measured; 0
+    # without a budget), and the monotonic ns of its last request (set as it is validated).
+    memory_bytes: int = 0
+    last_used_ns: int = field(default_factory=time.monotonic_ns)
 
     def __post_init__(self) -> None:
         self.max_batch_size = int(self.config.max_batch_size)
@@ -103,6 +108,9 @@ class ModelRecord:
     failed: dict[int, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # e.g. GPU instances running on CPU
     owned_dir: Path | None = None  # a folder the server made for it (file overrides)
+    # Unloaded by the memory budget or the idle timer (or never loaded under
+    # --model-load-on-demand): the next request loads it; not counted against readiness.
+    on_demand: bool = False
 
 
 class ModelRegistry:
@@ -172,4 +180,4 @@ class ModelRegistry:
         return [v for r in self._models.values() for _, v in sorted(r.versions.items())]
 
     def all_ready(self) -> bool:
-        return all(r.state == READY for r in self._models.values())
+        return all(r.state == READY or r.on_demand for r in self._models.values())

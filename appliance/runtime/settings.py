@@ -8,7 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from appliance.common.settings import DEFAULT_MAX_BATCH_SIZE, SchedulingSettings, ServerSettings
+from appliance.common.settings import (
+    DEFAULT_MAX_BATCH_SIZE,
+    MemorySettings,
+    SchedulingSettings,
+    ServerSettings,
+)
 from appliance.repository.manifest import ManifestPolicy
 from appliance.runtime.registry import ServedVersion
 
@@ -42,6 +47,10 @@ class RuntimeSettings:
     )
     # ... or whose median latency over the window exceeds this many times the replaced one's.
     rollback_latency_ratio: float = 0.0  # 0: off
+    # Models on demand under a memory budget (runtime/on_demand.py); the measured costs are
+    # kept in `state_dir` (None: in memory only).
+    memory: MemorySettings = field(default_factory=MemorySettings)
+    state_dir: Path | None = None
 
     @classmethod
     def from_server(
@@ -64,6 +73,8 @@ class RuntimeSettings:
             rollback_window=settings.rollback_window,
             cache_dir=settings.model_store_dir,
             rollback_latency_ratio=settings.rollback_latency_ratio,
+            memory=settings.memory,
+            state_dir=settings.model_store_dir,
             load_concurrency=settings.model_load_threads,
             load_retries=settings.model_load_retries,
             summary_quantiles=settings.summary_quantiles if settings.latency_summaries else (),

@@ -99,6 +99,10 @@ class SchedulerBase:
     def in_flight(self) -> int:
         return self.pending + sum(len(jobs) for jobs in self._running.values())
 
+    @property
+    def open_sequences(self) -> int:
+        return 0
+
     def _take_queued(self) -> list[Job]:
         """Remove and return every job still waiting."""
         raise NotImplementedError

@@ -52,6 +52,12 @@ class ModelScheduler(Protocol):
         """Requests accepted and not yet answered: waiting or executing."""
         ...
 
+    @property
+    def open_sequences(self) -> int:
+        """Sequences started and not ended (a sequence batcher's; 0 for the others): while
+        any is open the version must stay loaded (runtime/on_demand.py)."""
+        ...
+
     async def stop(self, timeout_s: float, reason: str) -> int:
         """Refuse new work, let in-flight requests finish within timeout_s, then fail the
         rest with `reason`; returns how many requests were failed."""

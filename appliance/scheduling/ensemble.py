@@ -468,6 +468,10 @@ class EnsembleScheduler:
     def in_flight(self) -> int:
         return self._active
 
+    @property
+    def open_sequences(self) -> int:
+        return 0
+
     def admit(self) -> None:
         """Each step's own model admits it; refused here only when closing."""
         if self._closing:

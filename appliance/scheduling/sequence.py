@@ -153,6 +153,10 @@ class SequenceScheduler(SchedulerBase):
     def pending(self) -> int:
         return sum(len(s.waiting) for s in self._sequences.values())
 
+    @property
+    def open_sequences(self) -> int:
+        return len(self._sequences)
+
     def _take_queued(self) -> list[Job]:
         jobs = [job for s in self._sequences.values() for job in s.waiting]
         for sequence in self._sequences.values():

@@ -7,7 +7,7 @@ import contextlib
 import functools
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from types import TracebackType
 from typing import Any, NamedTuple
 
@@ -80,11 +80,12 @@ class Admission:
 
 class Prepared(NamedTuple):
     """A validated request not run yet (`InferenceService.infer_here`): its version, the
-    request, its job and the monotonic ns its handling started."""
+    request, its job and the monotonic ns its handling started. No version and no job: its
+    model is to load on demand first (--model-load-on-demand), then the request is checked."""
 
-    served: ServedVersion
+    served: ServedVersion | None
     request: InferRequest
-    job: Job
+    job: Job | None
     start: int
 
 
@@ -108,6 +109,7 @@ class InferenceService:
         self._trace_lock = threading.Lock()
         self._mirrors: set[asyncio.Future[None]] = set()  # requests mirrored to a shadow
         runtime.run_step = self.run_step  # ensembles' steps are ordinary requests
+        self._on_demand = runtime.residency.on_demand  # read on every request
 
     def admit(self, model: str, version: str = "") -> Admission:
         """Admission before the request is read: raises QueueFull (or ServerUnavailable while
@@ -138,7 +140,16 @@ class InferenceService:
     async def _infer(
         self, request: InferRequest, limits: RequestLimits, admission: Admission | None = None
     ) -> InferResponse:
+        if self._on_demand and not self.runtime.is_ready(request.model_name, request.model_version):
+            await self._loaded(request.model_name, request.parameters)
         return await self.infer_prepared(self._prepare(request, limits, admission))
+
+    async def _loaded(self, model: str, parameters: Mapping[str, Any] | None) -> None:
+        """--model-load-on-demand: a model not loaded is loaded (and waited for, at most the
+        request's own timeout) before its request goes on; runtime/on_demand.py."""
+        timeout_us = (parameters or {}).get("timeout")
+        wait_s = timeout_us / 1e6 if isinstance(timeout_us, int) and timeout_us > 0 else None
+        await self.runtime.residency.ensure(model, wait_s)
 
     def _prepare(
         self,
@@ -151,12 +162,12 @@ class InferenceService:
         if not self.accepting:
             raise ServerUnavailable("server is shutting down; not accepting new requests")
         served = self.runtime.get(request.model_name, request.model_version)
+        served.last_used_ns = start = time.monotonic_ns()
         if served.decoupled:
             raise DecoupledOnUnary(
                 f"model '{served.name}' is decoupled (zero or more responses per request); "
                 "call it over a gRPC ModelStreamInfer stream"
             )
-        start = time.monotonic_ns()
         try:
             job = validate(served, request, limits, loop)
         except ApplianceError as exc:
@@ -176,7 +187,7 @@ class InferenceService:
         response: InferResponse,
     ) -> InferResponse:
         """A request's success: counted, and traced when sampled."""
-        end = time.monotonic_ns()
+        served.last_used_ns = end = time.monotonic_ns()  # idle from its answer on
         served.stats.record_success(end - start)
         if self.tracer.active:  # one attribute when nothing is traced: the common case
             with self._trace_lock:
@@ -202,8 +213,14 @@ class InferenceService:
         ensembles and decoupled models. `inline`: called on the loop's own thread, where only
         a model cheap enough to run inline is run (`DynamicScheduler.run_here`).
         """
+        if self._on_demand and not self.runtime.is_ready(request.model_name, request.model_version):
+            if admission is not None:
+                admission.release()
+            return Prepared(None, request, None, time.monotonic_ns())  # loads first, on the loop
         prepared = self._prepare(request, self.limits, admission, loop)
         served, _, job, start = prepared
+        if served is None or job is None:
+            return prepared
         if (
             (served.cache_enabled and self.cache is not None)
             or served.stats.watcher
@@ -228,6 +245,8 @@ class InferenceService:
         """The rest of `infer` for a request `_prepare` (or `infer_here`) validated: on the
         loop, queued for an instance (or answered from the response cache)."""
         served, request, job, start = prepared
+        if served is None or job is None:  # its model loads on demand first
+            return await self._infer(request, self.limits)
         try:
             if served.cache_enabled and self.cache is not None and not served.sequence:
                 outputs = await self._cached(served, job, start)
@@ -292,7 +311,10 @@ class InferenceService:
         """Responses as they come: any number for decoupled models, else exactly one."""
         if not self.accepting:
             raise ServerUnavailable("server is shutting down; not accepting new requests")
+        if self._on_demand and not self.runtime.is_ready(request.model_name, request.model_version):
+            await self._loaded(request.model_name, request.parameters)
         served = self.runtime.get(request.model_name, request.model_version)
+        served.last_used_ns = time.monotonic_ns()
         if not served.decoupled:
             yield await self.infer(request)
             return
@@ -377,6 +399,8 @@ class InferenceService:
         request's id and parameters, its inputs given or stripped a batch dimension of 1 where
         the step batches differently from the model that made them (ensemble.step_arrays).
         A decoupled step's responses go to `each`."""
+        if self._on_demand and not self.runtime.is_ready(step.model_name, step.model_version):
+            await self._loaded(step.model_name, request.parameters)  # a step loads on demand
         served = self.runtime.get(step.model_name, step.model_version)
         dims = {name: rule.dims for name, rule in served.inputs.items()}
         arrays, batch = step_arrays(inputs, dims, served.max_batch_size > 0)
@@ -400,6 +424,8 @@ class InferenceService:
     ) -> dict[str, Array]:
         """A request made inside the server (ensemble steps, BLS): arrays in, arrays out;
         `parameters` as a client's request carries them (sequence_id, priority, ...)."""
+        if self._on_demand and not self.runtime.is_ready(model, version):
+            await self._loaded(model, parameters)
         request = self._arrays_request(model, version, inputs, outputs, parameters, request_id)
         # The server's own tensors (ensemble steps, BLS): not a client's, so not limited.
         response = await self._infer(request, NO_LIMITS)
@@ -415,6 +441,8 @@ class InferenceService:
         request_id: str = "",
     ) -> AsyncIterator[dict[str, Array]]:
         """`infer_arrays` for a decoupled model (BLS): each response's outputs as it comes."""
+        if self._on_demand and not self.runtime.is_ready(model, version):
+            await self._loaded(model, parameters)
         request = self._arrays_request(model, version, inputs, outputs, parameters, request_id)
         async for response in self.infer_stream(request):
             yield {tensor.name: tensor.data for tensor in response.outputs}

@@ -319,6 +319,52 @@ class LifecycleCollector(Collector):
             )
 
 
+class MemoryCollector(Collector):
+    """The memory budget (runtime/on_demand.py): the budget, each loaded version's measured
+    cost, loads on demand, unloads (idle or to make room) and refused loads."""
+
+    def __init__(self, runtime: ModelRuntime) -> None:
+        self._residency = runtime.residency
+        self._runtime = runtime
+
+    def collect(self) -> Iterator[Metric]:
+        residency = self._residency
+        if residency.budget:
+            yield GaugeMetricFamily(
+                "edge_model_memory_budget_bytes",
+                "The memory the loaded models may take together (--model-memory-budget)",
+                value=residency.budget,
+            )
+            cost = GaugeMetricFamily(
+                "edge_model_memory_bytes",
+                "Memory a loaded model version took, measured at its load",
+                labels=_LABELS,
+            )
+            for served in self._runtime.ready_versions():
+                cost.add_metric([served.name, str(served.version)], served.memory_bytes)
+            yield cost
+        on_demand = CounterMetricFamily(
+            "edge_model_load_on_demand", "Loads a request started", labels=["model"]
+        )
+        for model, count in sorted(residency.loads_on_demand.items()):
+            on_demand.add_metric([model], count)
+        yield on_demand
+        evictions = CounterMetricFamily(
+            "edge_model_unload_idle_or_budget",
+            "Models unloaded for being idle or to make room under the budget",
+            labels=["model", "reason"],
+        )
+        for (model, reason), count in sorted(residency.evictions.items()):
+            evictions.add_metric([model, reason], count)
+        yield evictions
+        refused = CounterMetricFamily(
+            "edge_model_load_refused", "Loads the memory budget had no room for", labels=["model"]
+        )
+        for model, count in sorted(residency.refusals.items()):
+            refused.add_metric([model], count)
+        yield refused
+
+
 class SourceCollector(Collector):
     """Per remote repository: reachable, last good sync, bytes downloaded, API requests."""
 
@@ -459,6 +505,8 @@ def build_registry(
     registry.register(CustomMetricsCollector(versions))
     if runtime is not None:
         registry.register(LifecycleCollector(runtime, poller))
+        if runtime.residency.active:
+            registry.register(MemoryCollector(runtime))
     if remote is not None and remote.sources:
         registry.register(SourceCollector(remote))
     if cache is not None:

@@ -29,6 +29,7 @@ from appliance.ops.gpu import (
 )
 from appliance.repository.ledger import PROBATION, LedgerEntry, ModelLedger
 from appliance.repository.s3 import DownloadProgress
+from appliance.runtime.on_demand import NOT_LOADED, is_pinned
 from appliance.runtime.placement import where_instances_run
 from appliance.runtime.registry import ModelRecord
 from appliance.services.control import ControlService, shown_url
@@ -38,6 +39,8 @@ from appliance.services.status_results import (
     DownloadStatus,
     InstanceGroupStatus,
     InstanceStatus,
+    MemoryStatus,
+    ModelMemory,
     ModelStatus,
     ModelUpdateStatus,
     RecordedFailure,
@@ -215,6 +218,49 @@ class StatusService:
             models=self._models(since_s),
             updates=self._updates(),
             recent_problems=tuple(self.control.logs.problems.recent()),
+            memory=self._memory(),
+        )
+
+    def _memory(self) -> MemoryStatus | None:
+        """The memory budget's part: each model resident, loading, unloaded or never loaded."""
+        runtime = self.control.runtime
+        residency = runtime.residency
+        if not residency.active:
+            return None
+        residents = {r.name: r for r in residency.residents()}
+        now = time.monotonic()
+        models = []
+        for record in runtime.registry.records():
+            resident = residents.get(record.name)
+            estimate = residency.estimates.get(record.name)
+            state = (
+                "resident" if resident is not None
+                else "loading" if runtime.is_loading(record.name)
+                else "not_loaded" if record.reason == NOT_LOADED
+                else "evicted"
+            )
+            models.append(
+                ModelMemory(
+                    name=record.name,
+                    state=state,
+                    pinned=is_pinned(record.config, record.name, residency.flagged),
+                    bytes=resident.bytes if resident is not None else 0,
+                    estimate_bytes=estimate.bytes if estimate is not None else 0,
+                    estimate_measured=estimate.measured if estimate is not None else False,
+                    idle_s=round(now - resident.last_used, 1) if resident is not None else None,
+                    reason="" if resident is not None else record.reason,
+                )
+            )
+        return MemoryStatus(
+            budget_bytes=residency.budget,
+            budget_source=residency.budget_source,
+            used_bytes=residency.used(),
+            load_on_demand=residency.on_demand,
+            idle_unload_secs=residency.idle_s,
+            loads_on_demand=sum(residency.loads_on_demand.values()),
+            unloads=sum(residency.evictions.values()),
+            refusals=sum(residency.refusals.values()),
+            models=tuple(models),
         )
 
     def _server(self) -> ServerStatus:

@@ -182,6 +182,35 @@ class ServerStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelMemory:
+    """One model under the memory budget (docs/memory.md)."""
+
+    name: str
+    state: str  # resident | loading | evicted (unloaded idle or for room) | not_loaded
+    pinned: bool  # resident by its config or --model-resident
+    bytes: int  # what its loaded versions took, measured at their load; 0: not loaded
+    estimate_bytes: int  # its last load's estimate (0: none yet)
+    estimate_measured: bool  # the estimate is an earlier measurement, not its files' size
+    idle_s: float | None  # since its last request; None: not loaded
+    reason: str  # why it is not loaded ('' when it is)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryStatus:
+    """The memory budget, loads on demand and the idle timer; None without any of them."""
+
+    budget_bytes: int  # 0: no budget
+    budget_source: str  # bytes | memory.max | MemAvailable ('' without a budget)
+    used_bytes: int  # by the loaded models, as measured
+    load_on_demand: bool
+    idle_unload_secs: float  # 0: never
+    loads_on_demand: int
+    unloads: int  # idle, or to make room
+    refusals: int
+    models: tuple[ModelMemory, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class StatusReport:
     """What `GET /status.json` answers (docs: README, "Status page")."""
 
@@ -191,6 +220,7 @@ class StatusReport:
     models: tuple[ModelStatus, ...]
     updates: UpdatesStatus
     recent_problems: tuple[Problem, ...]  # oldest first
+    memory: MemoryStatus | None = None  # the memory budget's (docs/memory.md)
 
 
 # ---- what the status service reads, as protocols (the composition root hands them over) --------

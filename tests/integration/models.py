@@ -553,3 +553,32 @@ def _add_constant_model(value: int) -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = IR_VERSION
     return model
+
+
+def write_sized_model(root: Path, name: str, mib: float, value: float, extra: str = "") -> Path:
+    """A model of about `mib` MiB: OUTPUT0 = W[INDEX], W a constant FP32 vector of `value`s
+    (an input-dependent Gather keeps W in ONNX Runtime's memory; no constant folding drops it).
+    `extra`: more lines for its config.pbtxt (e.g. parameters, a sequence batcher)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    weight = numpy_helper.from_array(
+        np.full(max(1, int(mib * 2**20) // 4), value, dtype=np.float32), "W"
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["W", "INDEX"], ["OUTPUT0"])],
+        name,
+        [helper.make_tensor_value_info("INDEX", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, [1])],
+        initializer=[weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    folder = root / name
+    save(model, folder / "1" / "model.onnx")
+    (folder / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: 0\n'
+        'input [ { name: "INDEX", data_type: TYPE_INT64, dims: [ 1 ] } ]\n'
+        'output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] } ]\n' + extra
+    )
+    return folder

@@ -373,3 +373,37 @@ def test_a_download_in_progress_shows_its_progress(
         )
         assert _read(browser, "#sources .download") is None
         _no_console_errors(browser)
+
+
+def test_the_memory_budget_shows_its_bar_and_each_model(
+    browser: Any, start_server: Any, tmp_path: Path
+) -> None:
+    """docs/memory.md: the section appears with the budget's flags, the bar fills as a model
+    loads on demand, and each model shows resident / not loaded."""
+    from tests.integration.models import write_sized_model
+
+    repo = tmp_path / "repo"
+    resident = 'parameters { key: "resident" value: { string_value: "true" } }\n'
+    write_sized_model(repo, "keeper", 1, 1.0, resident)
+    write_sized_model(repo, "later", 8, 2.0)
+    proc = start_server(repo, "--model-memory-budget=200M", "--model-load-on-demand")
+    _open(browser, f"http://{proc.http_url}/status")
+    wait_for(lambda: _cells(browser, "memory", "later"), 20, "the memory table")
+    assert _cells(browser, "memory", "keeper")[1] == "resident (pinned)"
+    assert _cells(browser, "memory", "later")[1] == "not loaded"
+    assert "loads on its first request" in _cells(browser, "memory", "later")[5]
+    assert "of 200.0 MB (bytes)" in (_read(browser, "#memory-text") or "")
+    before = float(_read(browser, "#memory-used", "value") or 0)
+
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(proc.http_url)
+    index = httpclient.InferInput("INDEX", [1], "INT64")
+    index.set_data_from_numpy(np.array([0], dtype=np.int64))
+    assert float(client.infer("later", [index]).as_numpy("OUTPUT0")[0]) == 2.0
+    wait_for(lambda: _cells(browser, "memory", "later")[1] == "resident", 15, "later resident")
+    assert float(_read(browser, "#memory-used", "value") or 0) >= before + 8 * 2**20
+    assert "1 loads on demand" in (_read(browser, "#memory-text") or "")
+    _no_console_errors(browser)
+    client.close()

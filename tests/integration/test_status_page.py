@@ -39,8 +39,9 @@ def _model(doc: dict[str, Any], name: str) -> dict[str, Any]:
 def test_status_json_shows_the_server_device_and_models(status_server: ServerProcess) -> None:
     doc = status_json(status_server.http_url)
     assert set(doc) == {
-        "generated_s", "server", "device", "models", "updates", "recent_problems"
+        "generated_s", "server", "device", "models", "updates", "recent_problems", "memory"
     }
+    assert doc["memory"] is None  # no memory budget flags: docs/memory.md
     server = doc["server"]
     assert server["name"] == "edge-appliance"
     assert server["version"]

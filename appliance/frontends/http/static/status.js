@@ -253,6 +253,36 @@ function renderUpdates(data) {
   renderModelUpdates(u);
 }
 
+// The memory budget (docs/memory.md): the bar, and each model resident, loading, evicted or
+// not loaded yet; the section stays hidden on a server without the budget's flags.
+function renderMemory(data) {
+  const m = data.memory;
+  const section = document.getElementById("memory-section");
+  section.hidden = !m;
+  if (!m) return;
+  const bar = document.getElementById("memory-used");
+  bar.max = m.budget_bytes || 1;
+  bar.value = m.budget_bytes ? Math.min(m.used_bytes, m.budget_bytes) : 0;
+  document.getElementById("memory-text").textContent = (m.budget_bytes
+    ? `${bytes(m.used_bytes)} of ${bytes(m.budget_bytes)} (${m.budget_source})`
+    : `${bytes(m.used_bytes)}, no budget`) +
+    `; ${m.loads_on_demand} loads on demand, ${m.unloads} unloads, ${m.refusals} refused` +
+    (m.load_on_demand ? "" : "; loads on demand off") +
+    (m.idle_unload_secs ? `; unloaded after ${m.idle_unload_secs} s idle` : "");
+  document.querySelector("#memory tbody").replaceChildren(...m.models.map((x) => {
+    const tr = el("tr");
+    tr.dataset.model = x.name;
+    const state = x.state.replace("_", " ") + (x.pinned ? " (pinned)" : "");
+    const estimate = x.estimate_bytes
+      ? bytes(x.estimate_bytes) + (x.estimate_measured ? " (measured)" : " (files)") : "–";
+    tr.append(el("td", x.name), el("td", state, "memory-" + x.state),
+      el("td", x.bytes ? bytes(x.bytes) : "–", "num"), el("td", estimate, "num"),
+      el("td", x.idle_s === null ? "–" : duration(x.idle_s), "num"),
+      el("td", x.reason, "note"));
+    return tr;
+  }));
+}
+
 function renderProblems(data) {
   const body = document.querySelector("#problems tbody");
   const rows = data.recent_problems.slice().reverse().map((p) => {
@@ -310,6 +340,7 @@ async function refresh() {
     renderDevice(data);
     renderModels(data);
     renderUpdates(data);
+    renderMemory(data);
     renderProblems(data);
     for (const m of data.models) {
       const last = m.live.points[m.live.points.length - 1];
