@@ -184,7 +184,7 @@ class ModelRuntime:
         serves keeps serving.
         """
         try:
-            await self._load(name, override, source, pin, evict)
+            await self._load(name, override, source, pin, evict, retry_failed)
         except OverBudget:
             record = self.registry.find(name)
             swap = self._settings.memory.swap_unavailable and source is None and override is None
@@ -196,7 +196,7 @@ class ModelRuntime:
                 name,
             )
             await self.unload(name, evicted="to load its update within the memory budget")
-            await self._load(name, override, source, pin, evict)
+            await self._load(name, override, source, pin, evict, retry_failed)
 
     async def _load(
         self,
@@ -205,6 +205,7 @@ class ModelRuntime:
         source: Path | None,
         pin: int | Recorded | None,
         evict: bool,
+        retry_failed: bool = False,
     ) -> None:
         if self._stopping:
             raise ModelNotReady(SHUTTING_DOWN)
