@@ -85,6 +85,13 @@ class Tracer:
             if not values and not model:
                 raise InvalidInput(f"trace setting '{key}' cannot be cleared globally")
             checked[key] = self._checked(key, [str(v) for v in values]) if values else None
+        merged = {**self.settings(model), **{k: v for k, v in checked.items() if v is not None}}
+        levels = [level for level in merged["trace_level"] if level != "OFF"]
+        if levels and merged["trace_mode"] == "triton" and not merged["trace_file"]:
+            # tritonserver refuses a setting that would trace with nowhere to write (its words)
+            raise InvalidInput(
+                "Attempting to set invalid trace setting :trace file name is not given"
+            )
         target = self._models.setdefault(model, {}) if model else self._global
         for key, setting in checked.items():
             if setting is None:
@@ -108,7 +115,7 @@ class Tracer:
             try:
                 number = int(value)
             except ValueError:
-                raise InvalidInput(f"{key} must be an integer, got '{value}'") from None
+                raise InvalidInput(f"Unable to parse '{key}', got: {value}") from None
             if (key == "trace_rate" and number < 1) or (key == "trace_count" and number < -1):
                 raise InvalidInput(f"{key} is out of range: {number}")
         return value

@@ -168,7 +168,7 @@ def main(argv: Sequence[str]) -> int:
     for entry in index:
         config = configs.get(entry["name"], {})
         backend = config.get("backend") or config.get("platform") or "-"
-        reason = entry["reason"] or ""
+        reason = entry.get("reason") or ""  # READY entries have none
         advice = tensorflow.get(entry["name"])
         if advice is not None and entry["state"] != READY:
             backend = advice.platform

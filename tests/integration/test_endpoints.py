@@ -257,7 +257,7 @@ def test_repository_index(server: ServerProcess) -> None:
 
 def test_load_and_unload_refused_outside_explicit_mode(server: ServerProcess) -> None:
     client = httpclient.InferenceServerClient(server.http_url)
-    with pytest.raises(InferenceServerException, match="not allowed in model control mode 'none'"):
+    with pytest.raises(InferenceServerException, match="not allowed if polling is enabled"):
         client.unload_model("simple")
     assert client.is_model_ready("simple")
 

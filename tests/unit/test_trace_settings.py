@@ -28,7 +28,7 @@ def test_a_refused_update_changes_nothing() -> None:
     tracer = Tracer(trace_file="/var/log/trace.jsonl")
     with pytest.raises(Unsupported):
         tracer.update("", {"trace_level": ["TIMESTAMPS"], "trace_file": "/tmp/elsewhere"})
-    with pytest.raises(InvalidInput, match="trace_rate must be an integer"):
+    with pytest.raises(InvalidInput, match="Unable to parse 'trace_rate', got: "):
         tracer.update("simple", {"trace_level": ["TIMESTAMPS"], "trace_rate": "often"})
     assert tracer.settings()["trace_level"] == ["OFF"]
     assert tracer.settings("simple")["trace_level"] == ["OFF"]
@@ -41,3 +41,15 @@ def test_the_flags_file_is_reported_and_used() -> None:
     assert settings["trace_file"] == "/var/log/trace.jsonl"
     assert tracer.sample("simple") == 1
     assert tracer.sample("other") == 0  # the global level is still OFF
+
+
+def test_tracing_on_without_a_trace_file_is_refused_in_tritons_words() -> None:
+    """tritonserver refuses a setting that would trace with no file to write to (no
+    --trace-file at start); switching tracing off stays allowed."""
+    tracer = Tracer()
+    message = "^Attempting to set invalid trace setting :trace file name is not given$"
+    for model in ("", "simple"):
+        with pytest.raises(InvalidInput, match=message):
+            tracer.update(model, {"trace_level": ["TIMESTAMPS"]})
+    assert tracer.update("", {"trace_level": ["OFF"], "trace_rate": "5"})["trace_rate"] == "5"
+    assert tracer.settings("simple")["trace_level"] == ["OFF"]
