@@ -66,6 +66,10 @@ def error_response(status: int, message: str) -> web.Response:
     return web.Response(status=status, body=body, content_type=_JSON)
 
 
+_READY_NOT_BOOL = "Invalid value for 'ready': expected a boolean"
+_READY_NOT_SCALAR = re.compile(rb'\s*\{\s*"ready"\s*:\s*[\[{]')
+
+
 def _empty(status: int, content_type: str = "text/plain") -> web.Response:
     """An answer with no body, with the content type tritonserver gives it (text/plain on the
     health routes, application/json on the control routes)."""
@@ -558,10 +562,17 @@ class HttpFrontend:
         return json_response(convert.log_settings(self.control.log_settings(changes)))
 
     async def repository_index(self, request: web.Request) -> web.StreamResponse:
-        body = await self._json_body(request)
+        try:
+            body = await self._json_body(request)
+        except InvalidInput:
+            # Triton's current order of checks: a 'ready' that is an array or object is
+            # refused for its type before its depth is looked at (L0_http's deeply nested case)
+            if _READY_NOT_SCALAR.match(await request.read()):
+                raise InvalidInput(_READY_NOT_BOOL) from None
+            raise
         ready = body.get("ready", False)
-        if type(ready) is not bool:  # tritonserver's words (its 500: here 400, bad input)
-            raise InvalidInput("attempt to access JSON non-boolean as boolean")
+        if type(ready) is not bool:  # Triton's current words (2.51: a 500, other words)
+            raise InvalidInput(_READY_NOT_BOOL)
         rows = self.control.repository_index(ready)
         return json_response(convert.repository_index(rows))
 
