@@ -184,6 +184,11 @@ class BackendError(Exception):
             self.code = code if code in ERROR_CODES else "INTERNAL"
 
 
+class ResponseError(BackendError):
+    """A model's own error response for one request (a Python model's
+    `InferenceResponse(error=...)`): the client gets its message as it is, as from tritonserver."""
+
+
 class ModelLoadError(BackendError):
     """The model file cannot be loaded (missing, corrupt, unsupported)."""
 

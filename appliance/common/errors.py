@@ -41,10 +41,8 @@ class ModelNotFound(ApplianceError):
 
 
 class UnknownModel(ModelNotFound):
-    """A model name the server does not know: tritonserver answers INVALID_ARG (400) for it,
-    NOT_FOUND only for a known model's missing version."""
-
-    code = ErrorCode.INVALID_ARG
+    """A model name the server does not know: NOT_FOUND (404), as tritonserver answers it
+    (INVALID_ARG only with --model-namespacing, which this server does not implement)."""
 
 
 class ModelNotReady(ApplianceError):

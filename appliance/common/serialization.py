@@ -16,8 +16,9 @@ _LEN = struct.Struct("<I")
 __all__ = ["as_bytes_item", "decode_bytes", "encode_bytes"]
 
 
-def decode_bytes(raw: Any, count: int, where: str) -> Array:
-    """Length-prefixed BYTES elements -> object array of bytes."""
+def decode_bytes(raw: Any, count: int, where: str, input_name: str = "") -> Array:
+    """Length-prefixed BYTES elements -> object array of bytes. With `input_name` (a client's
+    input) an element that runs past the data is refused in tritonserver's words."""
     view = memoryview(raw).cast("B")
     offset, end = 0, len(view)
     # Allocated only as elements are found: a huge shape with little data costs nothing.
@@ -29,6 +30,11 @@ def decode_bytes(raw: Any, count: int, where: str) -> Array:
             )
         (length,) = _LEN.unpack_from(view, offset)
         offset += 4
+        if offset + length > end and input_name:
+            raise InvalidInput(
+                f"incomplete string data for inference input '{input_name}', expecting string "
+                f"of length {length} but only {end - offset} bytes available"
+            )
         if offset + length > end:
             raise InvalidInput(
                 f"{where}: BYTES element {i} claims {length} bytes but only {end - offset} remain"

@@ -70,14 +70,27 @@ def element_count(shape: tuple[int, ...], where: str, limits: RequestLimits | No
 
 
 def from_raw(
-    raw: Any, name: str, shape: tuple[int, ...], where: str, limits: RequestLimits | None = None
+    raw: Any,
+    name: str,
+    shape: tuple[int, ...],
+    where: str,
+    limits: RequestLimits | None = None,
+    names: tuple[str, str, str] | None = None,
 ) -> Array:
-    """Decode a tensor from its raw bytes (a view of `raw` where the dtype allows: no copy)."""
+    """Decode a tensor from its raw bytes (a view of `raw` where the dtype allows: no copy).
+    `names` (request id, model, input) words a byte size mismatch as tritonserver does."""
     dtype = datatype(name, where)
     count = element_count(shape, where, limits)
     if dtype.itemsize == 0:
-        return decode_bytes(raw, count, where).reshape(shape)
+        input_name = names[2] if names is not None else ""
+        return decode_bytes(raw, count, where, input_name).reshape(shape)
     expected = count * dtype.itemsize
+    if len(raw) != expected and names is not None:
+        request_id, model, input_name = names
+        raise InvalidInput(
+            f"[request id: {request_id or '<id_unknown>'}] input byte size mismatch for input "
+            f"'{input_name}' for model '{model}'. Expected {expected}, got {len(raw)}"
+        )
     if len(raw) != expected:
         raise InvalidInput(
             f"{where}: unexpected total byte size {len(raw)}, expecting {expected} "

@@ -95,6 +95,13 @@ class Tracer:
                 raise InvalidInput(f"unknown trace setting '{key}'; known: {', '.join(KEYS)}")
             values = [] if value is None else value if isinstance(value, list) else [value]
             checked[key] = self._checked(key, [str(v) for v in values]) if values else None
+        merged = {**self.settings(model), **{k: v for k, v in checked.items() if v is not None}}
+        levels = [level for level in merged["trace_level"] if level != "OFF"]
+        if levels and merged["trace_mode"] == "triton" and not merged["trace_file"]:
+            # tritonserver refuses a setting that would trace with nowhere to write (its words)
+            raise InvalidInput(
+                "Attempting to set invalid trace setting :trace file name is not given"
+            )
         target = self._models.setdefault(model, {}) if model else self._global
         for key, setting in checked.items():
             if setting is None and not model:
@@ -120,7 +127,7 @@ class Tracer:
             try:
                 number = int(value)
             except ValueError:
-                raise InvalidInput(f"{key} must be an integer, got '{value}'") from None
+                raise InvalidInput(f"Unable to parse '{key}', got: {value}") from None
             if (
                 (key == "trace_rate" and number < 1)
                 or (key == "trace_count" and number < -1)

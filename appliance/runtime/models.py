@@ -38,6 +38,7 @@ from appliance.runtime.registry import (
     LOADING,
     READY,
     UNAVAILABLE,
+    UNLOADED,
     ModelRecord,
     ModelRegistry,
     ServedVersion,
@@ -681,7 +682,7 @@ class ModelRuntime:
         async with self._locks.setdefault(name, asyncio.Lock()):
             old = list(record.versions.values()) + self._guard.drop(name)
             record.versions, record.failed = {}, {}
-            record.state, record.reason = UNAVAILABLE, "unloaded"
+            record.state, record.reason = UNAVAILABLE, UNLOADED
             if evicted:
                 record.on_demand = self.residency.on_demand
                 record.reason = f"unloaded {evicted}" + (
@@ -726,6 +727,7 @@ class ModelRuntime:
 
     def require_explicit(self, mode: str) -> None:
         if mode != "explicit":
-            raise Unsupported(
-                f"explicit model load / unload is not allowed in model control mode '{mode}'"
+            # tritonserver's words and code (UNAVAILABLE) in modes none and poll alike
+            raise ModelNotReady(
+                "explicit model load / unload is not allowed if polling is enabled"
             )

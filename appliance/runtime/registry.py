@@ -95,6 +95,9 @@ class ServedVersion:
         return all(instance.ready() for instance in self.instances)
 
 
+UNLOADED = "unloaded"  # the reason of a model a client (or the poller) unloaded
+
+
 @dataclass
 class ModelRecord:
     """One model as the runtime knows it: its served versions, state and why."""
@@ -125,13 +128,14 @@ class ModelRegistry:
         if record is None:
             raise UnknownModel(f"Request for unknown model: '{name}' is not found")
         if version:
-            try:
-                wanted = int(version)
-            except ValueError:
+            # ASCII digits only: int() reads other scripts' digits too (u0661 is 1), which
+            # tritonserver's routes do not take.
+            if not (version.isascii() and version.lstrip("-").isdigit()):
                 raise InvalidInput(
                     f"failed to get model version from specified version string '{version}', "
                     f"version should be an integral value > 0 (model '{name}')"
-                ) from None
+                )
+            wanted = int(version)
             if wanted < 0:
                 raise InvalidInput(
                     f"invalid model version specified '{version}', version should be an "
@@ -140,16 +144,22 @@ class ModelRegistry:
             served = record.versions.get(wanted)
             if served is None:
                 if wanted in record.failed:
+                    # tritonserver's words (a version it knows that is not READY)
                     raise ModelNotReady(
-                        f"model '{name}' version {wanted} is not ready: {record.failed[wanted]}"
+                        f"Request for unknown model: '{name}' version {wanted} is not at ready "
+                        "state"
                     )
                 raise ModelNotFound(
                     f"Request for unknown model: '{name}' version {wanted} is not found"
                 )
             return served
         if not record.versions:
-            reason = f": {record.reason}" if record.reason else ""
-            raise ModelNotReady(f"model '{name}' has no ready versions{reason}")
+            # tritonserver's words and code (NOT_FOUND) for a known model with no READY version;
+            # then, where its load failed, why (tritonserver says it only in its log)
+            why = f": {record.reason}" if record.reason not in ("", UNLOADED) else ""
+            raise ModelNotFound(
+                f"Request for unknown model: '{name}' has no available versions{why}"
+            )
         return record.versions[max(record.versions)]
 
     def is_ready(self, name: str, version: str = "") -> bool:

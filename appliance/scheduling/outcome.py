@@ -28,7 +28,7 @@ from appliance.common.errors import (
     Unsupported,
 )
 from appliance.common.types import Array
-from edge_backends.api import BackendError
+from edge_backends.api import BackendError, ResponseError
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,8 @@ def client_error(label: str, outcome: BaseException) -> ApplianceError:
     """The error a client sees for a backend's exception (`label`: "model 'm' version 1")."""
     if isinstance(outcome, ApplianceError):
         return outcome
+    if isinstance(outcome, ResponseError):  # the model's own words, as tritonserver sends them
+        return _BY_CODE.get(outcome.code, InferenceFailed)(str(outcome))
     if isinstance(outcome, BackendError):
         kind = _BY_CODE.get(outcome.code)
         if kind is not None:  # the backend says whose fault it is (e.g. a model's TritonError)

@@ -24,7 +24,6 @@ from appliance.common.errors import (
     ClientShmDisabled,
     ConfigError,
     InvalidInput,
-    ModelNotFound,
 )
 from appliance.common.protocol import model_config_pb2 as mc
 from appliance.ops import buildinfo
@@ -273,13 +272,22 @@ class ControlService:
     def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
         """One model version's, a model's ready versions', or every ready version's counters."""
         if name:
+            # tritonserver's checks and words (INVALID_ARG): a model without a READY version,
+            # then a version that is not one of its READY ones
+            record = self.runtime.registry.find(name)
+            served_versions = record.versions if record is not None else {}
+            if not served_versions:
+                raise InvalidInput(f"requested model '{name}' is not available")
+            chosen: list[ServedVersion] = [served_versions[v] for v in sorted(served_versions)]
             if version:
-                chosen: list[ServedVersion] = [self.runtime.get(name, version)]
-            else:
-                record = self.runtime.record(name)
-                chosen = [record.versions[v] for v in sorted(record.versions)]
-                if not chosen:
-                    raise ModelNotFound(f"model '{name}' has no ready versions to report")
+                digits = version.isascii() and version.isdigit()
+                if not digits:
+                    self.runtime.get(name, version)  # the version string's own refusal
+                if not digits or int(version) not in served_versions:
+                    raise InvalidInput(
+                        f"requested model version is not available for model '{name}'"
+                    )
+                chosen = [served_versions[int(version)]]
         else:
             chosen = self.runtime.ready_versions()
         return [model_statistics(served) for served in chosen]
@@ -290,8 +298,8 @@ class ControlService:
         self, model: str = "", changes: dict[str, Any] | None = None
     ) -> TraceSettings:
         """Read or update trace settings (global, or one model's overrides)."""
-        if model:
-            self.runtime.record(model)  # an unknown model is an error, as in Triton
+        if model and self.runtime.registry.find(model) is None:
+            raise InvalidInput(f"Request for unknown model : {model}")  # tritonserver's words
         settings = self.tracer.update(model, changes) if changes else self.tracer.settings(model)
         return TraceSettings(
             trace_file=settings["trace_file"],
@@ -403,8 +411,9 @@ class ControlService:
         source = None
         if files:
             if override is None:
-                raise ConfigError(
-                    f"model '{name}': file overrides need the 'config' parameter too (as in Triton)"
+                raise ConfigError(  # tritonserver's prefix, then the reason (its log's)
+                    f"failed to load '{name}', failed to poll from model repository: file "
+                    "overrides need the 'config' parameter too"
                 )
             source = await write_overrides(name, files)
         before = self.runtime.registry.find(name)

@@ -168,11 +168,9 @@ class InferenceService:
                 f"model '{served.name}' is decoupled (zero or more responses per request); "
                 "call it over a gRPC ModelStreamInfer stream"
             )
-        try:
-            job = validate(served, request, limits, loop)
-        except ApplianceError as exc:
-            served.stats.record_failure(_failure_reason(exc), time.monotonic_ns() - start)
-            raise
+        # A request its checks refuse is not counted as a failure: tritonserver refuses it
+        # before its scheduler, and its statistics and nv_inference_request_failure never see it
+        job = validate(served, request, limits, loop)
         if admission is not None:  # its job is about to be queued: no longer arriving
             job.arrival_ns = admission.arrival_ns
             admission.release()
@@ -537,12 +535,21 @@ class InferenceService:
                 tensors.append(Tensor(out_name, "BYTES", array.shape, array))
             else:
                 tensors.append(Tensor(out_name, rule.datatype, array.shape, array))
-        return InferResponse(
+        response = InferResponse(
             model_name=served.name,
             model_version=str(served.version),
             id=request.id,
             outputs=tensors,
         )
+        if served.ensemble is not None:
+            # tritonserver's ensemble responses carry the request's sequence parameters
+            params = request.parameters
+            response.parameters = {
+                "sequence_id": params.get("sequence_id", 0),
+                "sequence_start": bool(params.get("sequence_start", False)),
+                "sequence_end": bool(params.get("sequence_end", False)),
+            }
+        return response
 
 
 # A decoupled request's responses the model has made and its reader has not taken yet: past

@@ -106,7 +106,10 @@ def _write_override(name: str, root: Path, relative: str, content: Any) -> None:
         raise ConfigError(f"{where}: a path cannot contain a NUL character")
     path = (root / relative).resolve()
     if root.resolve() not in path.parents or not relative:
-        raise ConfigError(f"model '{name}': file override path {relative!r} is not allowed")
+        raise ConfigError(  # tritonserver's prefix, then the reason (its log's)
+            f"failed to load '{name}', failed to poll from model repository: file override "
+            f"path {relative!r} is not allowed"
+        )
     # A name the file system refuses (too long, a path both file and folder) is the client's
     # input: 400 / INVALID_ARGUMENT with the words of tritonserver's failed poll (which answers
     # 500 there; its own test says 400 is the right status). A full or read-only disk is ours.

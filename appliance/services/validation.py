@@ -29,6 +29,19 @@ def _names(names: list[str]) -> str:
     return "[" + ",".join(f"'{n}'" for n in names) + "]"
 
 
+def request_tag(request: InferRequest) -> str:
+    """tritonserver's prefix on the errors of a request's checks: `[request id: <id>] `."""
+    return f"[request id: {request.id or '<id_unknown>'}] "
+
+
+_BATCH_NOTE = (
+    "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension "
+    "to be prepended to each input shape. If you want to specify the full shape including the "
+    "batch dim in your input dims config, try setting max_batch_size to zero. See the model "
+    "configuration docs for more info on max_batch_size."
+)
+
+
 def validate(
     served: ServedVersion,
     request: InferRequest,
@@ -50,16 +63,13 @@ def validate(
     for tensor in request.inputs:
         rule = rules.get(tensor.name)
         if rule is None:
-            raise InvalidInput(
-                f"unexpected inference input '{tensor.name}' for model '{name}'; "
-                f"it has {sorted(rules)}"
-            )
+            raise InvalidInput(f"unexpected inference input '{tensor.name}' for model '{name}'")
         if tensor.name in arrays:
             raise InvalidInput(f"input '{tensor.name}' for model '{name}' is given twice")
         if tensor.datatype != rule.datatype:
             raise InvalidInput(
-                f"inference input '{tensor.name}' data-type is '{tensor.datatype}', but "
-                f"model '{name}' expects '{rule.datatype}'"
+                f"{request_tag(request)}inference input '{tensor.name}' data-type is "
+                f"'{tensor.datatype}', but model '{name}' expects '{rule.datatype}'"
             )
         shape = tensor.shape
         item_shape = shape
@@ -80,8 +90,9 @@ def validate(
         if item_shape != rule.dims and not _dims_match(rule.dims, item_shape):
             expected = (-1, *rule.dims) if batching else rule.dims
             raise InvalidInput(
-                f"unexpected shape for input '{tensor.name}' for model '{name}'. "
-                f"Expected {_fmt(expected)}, got {_fmt(shape)}"
+                f"{request_tag(request)}unexpected shape for input '{tensor.name}' for model "
+                f"'{name}'. Expected {_fmt(expected)}, got {_fmt(shape)}. "
+                + (_BATCH_NOTE if batching else "")
             )
         data = tensor.data
         if rule.model_dims is not None:
@@ -103,14 +114,15 @@ def validate(
                 else f"number of inputs between {required} and {len(rules)}"
             )
             raise InvalidInput(
-                f"expected {count} but got {len(arrays)} inputs for model '{name}'. Got "
+                f"{request_tag(request)}expected {count} but got {len(arrays)} inputs for "
+                f"model '{name}'. Got "
                 f"input(s) {_names(sorted(arrays))}, but missing required input(s) "
                 f"{_names(missing)}. Please provide all required input(s)."
             )
     if batching and not 0 < batch <= served.max_batch_size:
         raise InvalidInput(
-            f"inference request batch-size must be <= {served.max_batch_size} for "
-            f"'{name}', got {batch}"
+            f"{request_tag(request)}inference request batch-size must be <= "
+            f"{served.max_batch_size} for '{name}'"
             if batch > 0
             else f"inference request batch-size must be >= 1 for '{name}', got {batch}"
         )
@@ -142,8 +154,7 @@ def _output_names(served: ServedVersion, request: InferRequest) -> tuple[str, ..
     for out in request.outputs:
         if out.name not in served.outputs:
             raise InvalidInput(
-                f"unexpected inference output '{out.name}' for model '{served.name}'; "
-                f"it has {sorted(served.outputs)}"
+                f"unexpected inference output '{out.name}' for model '{served.name}'"
             )
         if out.name in names:
             raise InvalidInput(f"output '{out.name}' already exists in request")

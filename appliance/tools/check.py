@@ -176,8 +176,8 @@ def main(argv: Sequence[str]) -> int:
     except ApplianceError as exc:  # e.g. not a folder, a model name in two repositories
         print(f"edge-appliance check: {exc.message}", file=sys.stderr)  # noqa: T201
         return 1
-    serves = bool(index) and all(entry["state"] == READY for entry in index)
-    served = {entry["name"] for entry in index if entry["state"] == READY}
+    serves = bool(index) and all(entry.get("state", "") == READY for entry in index)
+    served = {entry["name"] for entry in index if entry.get("state", "") == READY}
     tensorflow = {
         name: advice
         for name, advice in conversions(repositories, config_name).items()
@@ -202,12 +202,13 @@ def main(argv: Sequence[str]) -> int:
     for entry in index:
         config = configs.get(entry["name"], {})
         backend = config.get("backend") or config.get("platform") or "-"
-        reason = entry["reason"] or ""
+        reason = entry.get("reason") or ""  # READY entries have none
         advice = tensorflow.get(entry["name"])
-        if advice is not None and entry["state"] != READY:
+        if advice is not None and entry.get("state", "") != READY:
             backend = advice.platform
             reason = f"a TensorFlow {advice.kind}, not run here: convert it to ONNX (below)"
-        rows.append([entry["name"], entry.get("version", "-"), entry["state"], backend, reason])
+        state = entry.get("state", "")
+        rows.append([entry["name"], entry.get("version", "-"), state, backend, reason])
     if len(rows) == 1:
         print("no models found in " + ", ".join(map(str, args.repositories)))  # noqa: T201
         return 1
@@ -220,7 +221,7 @@ def main(argv: Sequence[str]) -> int:
     if args.show_config:
         for name, config in sorted(configs.items()):
             print(f"\n# {name} (completed config)\n{json.dumps(config, indent=2)}")  # noqa: T201
-    failed = sum(1 for entry in index if entry["state"] != READY)
+    failed = sum(1 for entry in index if entry.get("state", "") != READY)
     print(  # noqa: T201
         f"\n{'OK' if serves else 'NOT OK'}: {len(index) - failed} of {len(index)} model "
         "versions would serve"

@@ -47,6 +47,7 @@ from edge_backends.api import (
     Outputs,
     Pending,
     RequestInfo,
+    ResponseError,
 )
 from edge_backends.python.custom_metrics import MetricError, MetricStore, answer
 from edge_backends.python.launch import CONTEXT
@@ -463,7 +464,7 @@ class PythonInstance(InstanceBase):
             assert isinstance(answer, dict)
             answer[name] = array
         for index, message, code in errors:
-            answers[index] = ExecutionError(message, code=code)
+            answers[index] = ResponseError(message, code=code)
         return answers
 
     def execute_decoupled(

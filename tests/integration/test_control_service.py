@@ -18,7 +18,6 @@ from appliance.common.errors import (
     InvalidInput,
     ModelNotFound,
     ModelNotReady,
-    Unsupported,
 )
 from appliance.common.settings import ServerSettings
 from appliance.common.types import InferRequest, Tensor
@@ -131,7 +130,7 @@ async def test_model_metadata_errors(services: Services) -> None:
         control.model_metadata("versioned", "7")
     with pytest.raises(InvalidInput, match="version string 'x'"):
         control.model_metadata("simple", "x")
-    with pytest.raises(ModelNotReady, match="model 'broken' has no ready versions: version 1"):
+    with pytest.raises(ModelNotFound, match="'broken' has no available versions: version 1"):
         control.model_metadata("broken")
 
 
@@ -171,9 +170,9 @@ async def test_statistics_count_what_ran(services: Services) -> None:
 
 async def test_statistics_errors(services: Services) -> None:
     control = services.control
-    with pytest.raises(ModelNotFound, match="'nope' is not found"):
+    with pytest.raises(InvalidInput, match="requested model 'nope' is not available"):
         control.statistics("nope")
-    with pytest.raises(ModelNotFound, match="model 'broken' has no ready versions to report"):
+    with pytest.raises(InvalidInput, match="requested model 'broken' is not available"):
         control.statistics("broken")
 
 
@@ -206,7 +205,7 @@ async def test_load_and_unload_show_in_the_index(services: Services) -> None:
 
 async def test_load_needs_explicit_mode(services: Services) -> None:
     polling = ControlService(services.runtime, ServerState(), "poll", False)
-    with pytest.raises(Unsupported, match="not allowed in model control mode 'poll'"):
+    with pytest.raises(ModelNotReady, match="not allowed if polling is enabled"):
         await polling.load_model("simple", {})
 
 
@@ -219,7 +218,7 @@ async def test_trace_settings(services: Services) -> None:
     assert control.trace_settings("simple") == changed
     assert control.trace_settings() == default  # a model's override stays its own
     assert control.trace_settings("simple", {"trace_rate": None}) == default
-    with pytest.raises(ModelNotFound, match="'nope' is not found"):
+    with pytest.raises(InvalidInput, match=r"^Request for unknown model : nope$"):
         control.trace_settings("nope")
     with pytest.raises(InvalidInput, match="unknown trace setting 'bogus'"):
         control.trace_settings("", {"bogus": "1"})

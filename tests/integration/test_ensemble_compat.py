@@ -265,8 +265,8 @@ def test_a_steps_error_says_in_ensemble(ens_server: ServerProcess, module: Any) 
     with pytest.raises(InferenceServerException) as err:
         ens_server.client(module).infer("ens_batch_first", [_fp32(module, "IN", x)])
     assert err.value.message().startswith(
-        "in ensemble 'ens_batch_first', unexpected shape for input 'INPUT0' for model "
-        "'id_nobatch'. Expected [4], got [2,4]"
+        "in ensemble 'ens_batch_first', [request id: <id_unknown>] unexpected shape for input "
+        "'INPUT0' for model 'id_nobatch'. Expected [4], got [2,4]"
     )
     assert err.value.status() == ("400" if module is httpclient else "StatusCode.INVALID_ARGUMENT")
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-from appliance.common.errors import InvalidInput, ModelNotFound, ModelNotReady, ServerUnavailable
+from appliance.common.errors import InvalidInput, ModelNotFound, ServerUnavailable
 from appliance.common.settings import ServerSettings
 from appliance.common.types import InferRequest, RequestedOutput, Tensor
 from appliance.runtime.models import ModelRuntime
@@ -125,7 +125,7 @@ async def test_after_stop_requests_are_refused_as_unavailable(tmp_path: Path) ->
     request = InferRequest("simple", inputs=[_ints("INPUT0", a), _ints("INPUT1", a)])
     job = validate(served, request, service.limits)
     assert await runtime.stop(1) == []  # nothing was in flight: nothing to report
-    with pytest.raises(ModelNotReady, match="'simple' has no ready versions"):
+    with pytest.raises(ModelNotFound, match="'simple' has no available versions"):
         await service.infer(request)
     with pytest.raises(ServerUnavailable, match="model 'simple' version 1 is unloading"):
         await served.scheduler.submit(job)  # a request that looked the version up before

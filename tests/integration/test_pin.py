@@ -135,7 +135,7 @@ def test_grpc_pins_with_the_load_request_parameter_and_bad_requests_are_refused(
         assert message in str(refused.value.details())
     assert dev.added() == 1.0
     client = grpcclient.InferenceServerClient(proc.grpc_url)
-    with pytest.raises(Exception, match="not allowed in model control mode 'poll'"):
+    with pytest.raises(Exception, match="not allowed if polling is enabled"):
         client.load_model("m")  # a plain load stays explicit-mode only
     stub.RepositoryModelLoad(
         service_pb2.RepositoryModelLoadRequest(

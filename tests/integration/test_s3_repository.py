@@ -226,7 +226,7 @@ def test_partial_or_wrong_upload_is_never_loaded_and_is_taken_once_complete(
 
     def v2_reason() -> str:
         rows = [e for e in _index(proc.http_url) if e.get("version") == "2"]
-        return str(rows[0]["reason"]) if rows else ""
+        return str(rows[0].get("reason", "")) if rows else ""
 
     _wait_for(lambda: "waiting for SHA256SUMS" in v2_reason())
     assert _added(proc.http_url) == 1.0
@@ -249,7 +249,7 @@ def test_corrupt_model_in_a_new_version_keeps_the_old_one_serving(
 
     def failed() -> bool:
         rows = {e.get("version"): e for e in _index(proc.http_url)}
-        return rows.get("2", {}).get("state") == "UNAVAILABLE" and bool(rows["2"]["reason"])
+        return rows.get("2", {}).get("state") == "UNAVAILABLE" and bool(rows["2"].get("reason"))
 
     _wait_for(failed)
     assert _added(proc.http_url) == 1.0
@@ -402,7 +402,7 @@ def test_signed_manifests_are_verified_before_anything_loads(
 
     def v2_reason() -> str:
         rows = [e for e in _index(proc.http_url) if e.get("version") == "2"]
-        return str(rows[0]["reason"]) if rows else ""
+        return str(rows[0].get("reason", "")) if rows else ""
 
     _wait_for(lambda: "does not verify" in v2_reason())
     assert _added(proc.http_url) == 1.0

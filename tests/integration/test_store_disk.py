@@ -107,7 +107,7 @@ def test_a_small_store_partition_takes_models_and_says_what_does_not_fit(
         def big() -> dict[str, Any]:
             return next((e for e in _index(proc.http_url) if e["name"] == "big"), {"reason": ""})
 
-        _wait_for(lambda: "not enough disk" in big()["reason"])  # strict: not ready, so wait
+        _wait_for(lambda: "not enough disk" in big().get("reason", ""))  # strict: not ready
         rows = {e["name"]: e for e in _index(proc.http_url)}
         reason = rows["big"]["reason"]
         assert rows["big"]["state"] == "UNAVAILABLE"

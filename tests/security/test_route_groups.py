@@ -38,7 +38,7 @@ ALL_GROUPS = ",".join(APIS) + ":admin-key=" + KEY
 
 # Routes in no group on purpose, each with the reason.
 UNRESTRICTED = {
-    # aiohttp's catch-all: answers 404 "no such endpoint" and does nothing else.
+    # aiohttp's catch-all: answers 404 "Not Found" or 405 "Method Not Allowed", nothing else.
     ("*", "/{tail}"): "answers 404 only",
 }
 # The metrics listener serves one read-only route on its own port (--metrics-address, a

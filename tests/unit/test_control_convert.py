@@ -165,9 +165,9 @@ def test_repository_index() -> None:
     ]
     doc = http_convert.repository_index(rows)
     assert orjson.dumps(doc) == (
-        b'[{"name":"broken","state":"UNAVAILABLE","reason":"cannot load","version":"1"},'
-        b'{"name":"never_loaded","state":"","reason":""},'
-        b'{"name":"simple","state":"READY","reason":"","version":"1"},'
+        b'[{"name":"broken","version":"1","state":"UNAVAILABLE","reason":"cannot load"},'
+        b'{"name":"never_loaded"},'  # a name alone, as tritonserver lists a model never loaded
+        b'{"name":"simple","version":"1","state":"READY"},'  # no empty reason, as tritonserver
         b'{"name":"unloaded","state":"UNAVAILABLE","reason":"unloaded"}]'
     )
     message = grpc_convert.repository_index(rows)

@@ -127,12 +127,13 @@ def test_refusals_on_the_raw_path_name_the_model_and_input() -> None:
         decode_request(both, registry)
     short = _request(inputs=[_tensor("a"), _tensor("b")], raw_input_contents=[b"\0" * 8])
     with pytest.raises(
-        InvalidInput, match="model 'm': 2 inputs not in shared memory but 1 raw_input_contents"
+        InvalidInput, match="unable to find data for input tensor 'b' for model 'm' in request"
     ):
         decode_request(short, registry)
     wrong_size = _request(inputs=[_tensor("a")], raw_input_contents=[b"\0" * 4])
     with pytest.raises(
-        InvalidInput, match="model 'm' input 'a': unexpected total byte size 4, expecting 8"
+        InvalidInput,
+        match=r"input byte size mismatch for input 'a' for model 'm'\. Expected 8, got 4",
     ):
         decode_request(wrong_size, registry)
 

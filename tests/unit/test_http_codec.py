@@ -232,7 +232,7 @@ def test_decode_errors(body: bytes, header_length: str | None, message: str) -> 
 @pytest.mark.parametrize(
     ("size", "payload", "message"),
     [
-        (8, b"\x00" * 8, "model 'm' input 'A': unexpected total byte size 8, expecting 12"),
+        (8, b"\x00" * 8, "input byte size mismatch for input 'A' for model 'm'. Expected 12"),
         (16, b"\x00" * 12, "binary_data_size 16 exceeds the 12 bytes of binary data left"),
         (-1, b"", "model 'm' input 'A': binary_data_size must be a non-negative integer"),
         (

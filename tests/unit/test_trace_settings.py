@@ -28,7 +28,7 @@ def test_a_refused_update_changes_nothing() -> None:
     tracer = Tracer(trace_file="/var/log/trace.jsonl")
     with pytest.raises(Unsupported):
         tracer.update("", {"trace_level": ["TIMESTAMPS"], "trace_file": "/tmp/elsewhere"})
-    with pytest.raises(InvalidInput, match="trace_rate must be an integer"):
+    with pytest.raises(InvalidInput, match="Unable to parse 'trace_rate', got: "):
         tracer.update("simple", {"trace_level": ["TIMESTAMPS"], "trace_rate": "often"})
     assert tracer.settings()["trace_level"] == ["OFF"]
     assert tracer.settings("simple")["trace_level"] == ["OFF"]
@@ -55,3 +55,15 @@ def test_a_cleared_global_setting_goes_back_to_its_start_up_value() -> None:
     # A model's override that is cleared follows the global settings again.
     tracer.update("simple", {"trace_rate": "3"})
     assert tracer.update("simple", {"trace_rate": None})["trace_rate"] == "7"
+
+
+def test_tracing_on_without_a_trace_file_is_refused_in_tritons_words() -> None:
+    """tritonserver refuses a setting that would trace with no file to write to (no
+    --trace-file at start); switching tracing off stays allowed."""
+    tracer = Tracer()
+    message = "^Attempting to set invalid trace setting :trace file name is not given$"
+    for model in ("", "simple"):
+        with pytest.raises(InvalidInput, match=message):
+            tracer.update(model, {"trace_level": ["TIMESTAMPS"]})
+    assert tracer.update("", {"trace_level": ["OFF"], "trace_rate": "5"})["trace_rate"] == "5"
+    assert tracer.settings("simple")["trace_level"] == ["OFF"]

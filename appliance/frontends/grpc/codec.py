@@ -56,10 +56,27 @@ def parameter_value(param: Any) -> Any:
 EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
 
 
+# The parameters tritonserver reads itself, with the kinds of value it takes (its words when
+# another kind is given: "invalid value type for 'sequence_start' parameter, expected ...").
+_RESERVED_KINDS = {
+    "sequence_id": ("int64_param", "string_param"),
+    "sequence_start": ("bool_param",),
+    "sequence_end": ("bool_param",),
+    "priority": ("int64_param", "uint64_param"),
+    "timeout": ("int64_param",),
+}
+
+
 def _request_parameters(parameters: Any) -> dict[str, Any]:
-    """The request's parameters for the model; tritonserver's refusals of `triton_` keys."""
+    """The request's parameters for the model; tritonserver's refusals of `triton_` keys and
+    of a reserved parameter given another kind of value."""
     values = {}
     for key, param in parameters.items():
+        kinds = _RESERVED_KINDS.get(key)
+        if kinds is not None and param.WhichOneof("parameter_choice") not in kinds:
+            raise InvalidInput(
+                f"invalid value type for '{key}' parameter, expected {' or '.join(kinds)}."
+            )
         if key.startswith("triton_"):
             if key != EMPTY_FINAL_RESPONSE:
                 raise InvalidInput(
@@ -143,6 +160,12 @@ def decode_request(
                     f"'{tensor.name}' for model '{model}'"
                 )
         in_band = len(tensors) if targets is None else targets.count(None)
+        if len(raw) < in_band:  # tritonserver's words, naming the first input left without
+            unfed = [t.name for i, t in enumerate(tensors) if targets is None or targets[i] is None]
+            raise InvalidInput(
+                f"unable to find data for input tensor '{unfed[len(raw)]}' for model "
+                f"'{model}' in request."
+            )
         if len(raw) != in_band:
             raise InvalidInput(
                 f"model '{model}': {in_band} inputs not in shared memory but {len(raw)} "
@@ -161,7 +184,9 @@ def decode_request(
             assert shm is not None
             data = read_input(shm, target, datatype_name, shape, where, limits)
         elif raw:
-            data = from_raw(raw[raw_index], datatype_name, shape, where, limits)
+            data = from_raw(
+                raw[raw_index], datatype_name, shape, where, limits, (msg.id, model, name)
+            )
             raw_index += 1
         else:
             data = _from_contents(tensor, shape, where, limits)
@@ -240,4 +265,14 @@ def encode_response(
             contents.append(data.tobytes())
         else:
             contents.append(bytes(to_raw(data, datatype_name)) if data.size else b"")
+    for key, value in response.parameters.items():
+        param = msg.parameters[key]
+        if type(value) is bool:
+            param.bool_param = value
+        elif type(value) is int:
+            param.int64_param = value
+        elif type(value) is float:
+            param.double_param = value
+        else:
+            param.string_param = str(value)
     return msg

@@ -258,8 +258,7 @@ class StreamRun:
             return self._error(request, _Cancelled("the request was cancelled"))
         except Exception as exc:
             return self._error(request, exc)
-        if _EMPTY_FINAL in request.parameters and request.parameters[_EMPTY_FINAL].bool_param:
-            result.parameters[_FINAL].bool_param = True  # its only response is the final one
+        result.parameters[_FINAL].bool_param = True  # its only response is the final one
         return message
 
     def _forward(self, decoded: InferRequest) -> None:
@@ -283,11 +282,9 @@ class StreamRun:
 
     def _error(self, request: Any, exc: BaseException) -> pb.ModelStreamInferResponse:
         _, message = self._status_of(exc)
+        # the error alone, as tritonserver sends it (an empty response beside it)
         return pb.ModelStreamInferResponse(
-            error_message=message,
-            infer_response=pb.ModelInferResponse(
-                model_name=request.model_name, model_version=request.model_version, id=request.id
-            ),
+            error_message=message, infer_response=pb.ModelInferResponse()
         )
 
     async def _finish(self, request: Any, prepared: Prepared) -> None:
@@ -303,8 +300,7 @@ class StreamRun:
             except Exception as exc:
                 await self._waiting.put(self._error(request, exc))
                 return
-            if _EMPTY_FINAL in request.parameters and request.parameters[_EMPTY_FINAL].bool_param:
-                result.parameters[_FINAL].bool_param = True
+            result.parameters[_FINAL].bool_param = True  # as tritonserver: on every response
             size = sum(tensor.data.nbytes for tensor in response.outputs)
             del response  # its arrays: the message holds their bytes
             await self._waiting.put(message, size)
@@ -320,7 +316,7 @@ class StreamRun:
         )
         try:
             with self._shm.request_scope():
-                decoupled = final_flag and self._inference.is_decoupled(
+                decoupled = self._inference.is_decoupled(
                     request.model_name, request.model_version
                 )
                 decoded = decode_request(request, self._shm, self._limits)
@@ -330,8 +326,9 @@ class StreamRun:
                 async for response in self._inference.infer_stream(decoded):
                     message = pb.ModelStreamInferResponse()
                     result = encode_response(response, targets, self._shm, message.infer_response)
-                    if final_flag:  # a non-decoupled model's only response is the final one
-                        result.parameters[_FINAL].bool_param = not decoupled
+                    # on every response, as tritonserver: a non-decoupled model's only
+                    # response is the final one; a decoupled model's final is the empty one
+                    result.parameters[_FINAL].bool_param = not decoupled
                     size = sum(tensor.data.nbytes for tensor in response.outputs)
                     del response
                     await self._waiting.put(message, size)

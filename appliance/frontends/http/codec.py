@@ -55,6 +55,43 @@ def _bad_shape(value: Any, where: str) -> InvalidInput:
     return InvalidInput(f"{where}: 'shape' must be a list of integers, got {value!r}")
 
 
+# The parameters tritonserver reads itself and the JSON it takes for each: another value is
+# refused in its words (its 500, "Unable to parse 'sequence_start': attempt to access JSON
+# non-boolean as boolean"; here 400: bad input).
+_RESERVED_JSON = {
+    "sequence_id": "string",  # or an unsigned integer
+    "sequence_start": "boolean",
+    "sequence_end": "boolean",
+    "binary_data_output": "boolean",
+    "priority": "unsigned-integer",
+    "timeout": "unsigned-integer",
+}
+
+
+def _is(value: Any, kind: str) -> bool:
+    if kind == "boolean":
+        return type(value) is bool
+    unsigned = type(value) is int and value >= 0
+    return unsigned or (kind == "string" and type(value) is str)
+
+
+def check_parameter_types(params: dict[str, Any]) -> None:
+    """tritonserver's refusals of request parameter values: a reserved one of the wrong JSON
+    type, and any other that is not an integer, a boolean or a string (null, objects, lists)."""
+    for key, value in params.items():
+        kind = _RESERVED_JSON.get(key)
+        if kind is not None:
+            if not _is(value, kind):
+                raise InvalidInput(
+                    f"Unable to parse '{key}': attempt to access JSON non-{kind} as {kind}"
+                )
+        elif value is None or isinstance(value, (dict, list)):
+            raise InvalidInput(
+                f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or "
+                "'string'."
+            )
+
+
 def _object(value: Any, where: str) -> dict[str, Any]:
     if value is None:
         return {}
@@ -200,7 +237,10 @@ def decode_request(
                     f"{where}: binary_data_size {size} exceeds the {binary_len - offset} bytes "
                     "of binary data left in the request body"
                 )
-            data = from_raw(binary[offset:end], dtype_name, shape, where, limits)
+            data = from_raw(
+                binary[offset:end], dtype_name, shape, where, limits,
+                (str(doc.get("id", "")), model, name),
+            )
             offset = end
             if planned is not None and data.dtype != np.object_:
                 planned.append(InputPlan(name, dtype_name, shape, data.dtype, data.size, size))
@@ -217,27 +257,30 @@ def decode_request(
             f"inference request for model '{model}' has {binary_len - offset} bytes of binary "
             "data that no input claims"
         )
+    request_id = doc.get("id", "")
+    if type(request_id) is not str:  # tritonserver's words (its 500: here 400, bad input)
+        raise InvalidInput("Unable to parse 'id': attempt to access JSON non-string as string")
     params = _object(doc.get("parameters"), "request parameters")
     if params:
+        check_parameter_types(params)
         for key in params:
             if key.startswith("triton_"):
                 raise InvalidInput(
                     "parameter keys starting with 'triton_' are reserved for Triton usage and "
                     "should not be specified."
                 )
-    request_id = doc.get("id", "")
     wire = HttpInferRequest(
         request=InferRequest(
             model_name=model,
             model_version=version,
-            id=request_id if type(request_id) is str else str(request_id),
+            id=request_id,
             inputs=inputs,
             parameters=params,
         ),
         binary_default=bool(params.get("binary_data_output", False)),
     )
     outputs_json = doc.get("outputs")
-    if outputs_json is not None:
+    if outputs_json is not None and outputs_json != []:  # an empty list: all, as tritonserver
         wire.request.outputs = _requested_outputs(
             outputs_json, model, wire.binary_outputs, shm is not None
         )

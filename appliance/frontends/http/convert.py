@@ -87,12 +87,17 @@ def statistics(rows: list[ModelStatistics]) -> dict[str, Any]:
 
 
 def repository_index(rows: list[IndexRow]) -> list[dict[str, Any]]:
-    """A model with no version to show has no "version" key."""
+    """A model with no version to show has no "version" key, an empty state (never loaded) no
+    "state" key, an empty reason (a READY entry's) no "reason" key, as tritonserver writes them."""
     index = []
     for row in rows:
-        entry: dict[str, Any] = {"name": row.name, "state": row.state, "reason": row.reason}
+        entry: dict[str, Any] = {"name": row.name}
         if row.version is not None:
             entry["version"] = str(row.version)
+        if row.state:  # a model never loaded: its name alone, as tritonserver lists it
+            entry["state"] = row.state
+        if row.reason:
+            entry["reason"] = row.reason
         index.append(entry)
     return index
 

@@ -52,7 +52,7 @@ Buffer = bytes | bytearray | memoryview
 Body = bytes | bytearray  # a request body as read
 
 # Percent-encoded or otherwise unusual paths go to aiohttp's router, which decodes them.
-_INFER_PATH = re.compile(rb"/v2/models/([^/?#%]+)(?:/versions/([^/?#%]+))?/infer")
+_INFER_PATH = re.compile(rb"/v2/models/([^/?#%]+)(?:/versions/([0-9]+))?/infer")
 # Request bodies from this size are read into one preallocated buffer (aiohttp's route in
 # frontends/http/server.py too), and answers from this size go out from the output arrays:
 # for big tensors each saved copy is a millisecond per 8 MB.

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import binascii
 import logging
+import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, cast
 
@@ -63,6 +64,27 @@ def error_response(status: int, message: str) -> web.Response:
     except TypeError:  # a message quoting a client's bytes that are not UTF-8 (found by fuzzing)
         body = orjson.dumps({"error": message.encode("utf-8", "backslashreplace").decode()})
     return web.Response(status=status, body=body, content_type=_JSON)
+
+
+_READY_NOT_BOOL = "Invalid value for 'ready': expected a boolean"
+_READY_NOT_SCALAR = re.compile(rb'\s*\{\s*"ready"\s*:\s*[\[{]')
+
+
+def _empty(status: int, content_type: str = "text/plain") -> web.Response:
+    """An answer with no body, with the content type tritonserver gives it (text/plain on the
+    health routes, application/json on the control routes)."""
+    return web.Response(status=status, content_type=content_type)
+
+
+def _path_pattern(path: str) -> re.Pattern[str]:
+    """A route's path as a regular expression ({name} and {name:regex} parts)."""
+    out = ""
+    for literal, variable in re.findall(r"([^{]*)(\{[^}]*\})?", path):
+        out += re.escape(literal)
+        if variable:
+            _, _, regex = variable[1:-1].partition(":")
+            out += f"(?:{regex or '[^/]+'})"
+    return re.compile(out)
 
 
 def json_response(value: Any, status: int = 200) -> web.Response:
@@ -243,6 +265,7 @@ class HttpFrontend:
         # --http-header-forward-pattern: None without it (the infer path never looks further).
         self.header_forward = header_forward
         self.route_groups: dict[tuple[str, str], tuple[str, ...]] = {}  # filled by build()
+        self._known_paths: list[re.Pattern[str]] = []  # filled by build(): 405 or 404
 
     def build(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
@@ -277,7 +300,9 @@ class HttpFrontend:
             ("POST", f"{cuda}/region/{{region}}/unregister", self.cuda_unregister, "shared-memory"),
             ("POST", f"{cuda}/unregister", self.cuda_unregister, "shared-memory"),
         ]
-        for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        # A version is ASCII digits, as tritonserver's routes take it: any other word (or another
+        # script's digits) is an unknown route.
+        for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version:[0-9]+}"):
             routes += [
                 ("GET", prefix, self.model_metadata, "metadata"),
                 ("GET", prefix + "/ready", self.model_ready, "health"),
@@ -295,8 +320,10 @@ class HttpFrontend:
         for method, path, handler, api in routes:
             guarded = _guard(handler, api, self.restrictions, self.origins, self.max_body_bytes)
             app.router.add_route(method, path, guarded)
-            self.route_groups[(method, path)] = (api,) if isinstance(api, str) else api
-        # 404s, in no group
+            canonical = re.sub(r"\{(\w+):[^}]*\}", r"{\1}", path)  # as aiohttp names it
+            self.route_groups[(method, canonical)] = (api,) if isinstance(api, str) else api
+        # 404s and 405s, in no group
+        self._known_paths = [_path_pattern(path) for _, path, _, _ in routes]
         app.router.add_route("*", "/{tail:.*}", _guard(self.not_found, origins=self.origins))
         return app
 
@@ -493,7 +520,7 @@ class HttpFrontend:
         return stream
 
     async def live(self, request: web.Request) -> web.StreamResponse:
-        return web.Response(status=200 if self.control.server_live() else 400)
+        return _empty(200 if self.control.server_live() else 400)
 
     async def ready(self, request: web.Request) -> web.StreamResponse:
         readiness = await self.control.asked_readiness()
@@ -502,7 +529,7 @@ class HttpFrontend:
             return json_response(convert.readiness(readiness), status)  # says why
         # An empty body, as tritonserver's: Triton's scripts compare `curl -s -w %{http_code}`
         # to exactly "200".
-        return web.Response(status=status)
+        return _empty(status)
 
     async def server_metadata(self, request: web.Request) -> web.StreamResponse:
         return json_response(convert.server_metadata(self.control.server_metadata()))
@@ -512,8 +539,9 @@ class HttpFrontend:
         return json_response(convert.model_metadata(result))
 
     async def model_ready(self, request: web.Request) -> web.StreamResponse:
-        ready = await self.control.model_ready_async(*self._model(request))
-        return web.Response(status=200 if ready else 400)
+        if await self.control.model_ready_async(*self._model(request)):
+            return _empty(200)
+        return error_response(400, "Model version not ready")  # tritonserver's body
 
     async def model_config(self, request: web.Request) -> web.StreamResponse:
         config = self.control.model_config(*self._model(request))
@@ -534,8 +562,18 @@ class HttpFrontend:
         return json_response(convert.log_settings(self.control.log_settings(changes)))
 
     async def repository_index(self, request: web.Request) -> web.StreamResponse:
-        body = await self._json_body(request)
-        rows = self.control.repository_index(bool(body.get("ready", False)))
+        try:
+            body = await self._json_body(request)
+        except InvalidInput:
+            # Triton's current order of checks: a 'ready' that is an array or object is
+            # refused for its type before its depth is looked at (L0_http's deeply nested case)
+            if _READY_NOT_SCALAR.match(await request.read()):
+                raise InvalidInput(_READY_NOT_BOOL) from None
+            raise
+        ready = body.get("ready", False)
+        if type(ready) is not bool:  # Triton's current words (2.51: a 500, other words)
+            raise InvalidInput(_READY_NOT_BOOL)
+        rows = self.control.repository_index(ready)
         return json_response(convert.repository_index(rows))
 
     async def load(self, request: web.Request) -> web.StreamResponse:
@@ -544,7 +582,7 @@ class HttpFrontend:
         if not isinstance(params, dict):
             raise InvalidInput("'parameters' must be a JSON object")
         await self.control.load_model(request.match_info["model"], params)
-        return web.Response(status=200)
+        return _empty(200, _JSON)
 
     async def unload(self, request: web.Request) -> web.StreamResponse:
         body = await self._json_body(request)
@@ -553,7 +591,7 @@ class HttpFrontend:
             bool(params.get("unload_dependents", False)) if isinstance(params, dict) else False
         )
         await self.control.unload_model(request.match_info["model"], dependents)
-        return web.Response(status=200)
+        return _empty(200, _JSON)
 
     # ---- system shared memory ----------------------------------------------------------------
 
@@ -565,6 +603,8 @@ class HttpFrontend:
         name = request.match_info["region"]
         body = await self._json_body(request)
         key = body.get("key")
+        if key is None:
+            raise InvalidInput("Shared memory register request has no 'key' field")
         if type(key) is not str:
             raise InvalidInput(f"shared memory region '{name}': 'key' must be a string")
         # Offset and size are JSON values of any type here: the registry checks and names them.
@@ -574,11 +614,11 @@ class HttpFrontend:
             )
         except TooManyRegions as exc:
             return error_response(REGION_CAP_STATUS, exc.message)
-        return web.Response()
+        return _empty(200, _JSON)
 
     async def shm_unregister(self, request: web.Request) -> web.StreamResponse:
         self.control.unregister_system_shared_memory(request.match_info.get("region", ""))
-        return web.Response()
+        return _empty(200, _JSON)
 
     async def cuda_status(self, request: web.Request) -> web.StreamResponse:
         regions = self.control.cuda_shared_memory_status(request.match_info.get("region", ""))
@@ -606,14 +646,17 @@ class HttpFrontend:
             )
         except TooManyRegions as exc:
             return error_response(REGION_CAP_STATUS, exc.message)
-        return web.Response()
+        return _empty(200, _JSON)
 
     async def cuda_unregister(self, request: web.Request) -> web.StreamResponse:
         self.control.unregister_cuda_shared_memory(request.match_info.get("region", ""))
-        return web.Response()
+        return _empty(200, _JSON)
 
     async def not_found(self, request: web.Request) -> web.StreamResponse:
-        return error_response(404, f"no such endpoint: {request.method} {request.path}")
+        """tritonserver's answers: a known path with another method is 405, any other 404."""
+        if any(pattern.fullmatch(request.path) for pattern in self._known_paths):
+            return error_response(405, "Method Not Allowed")
+        return error_response(404, "Not Found")
 
     @staticmethod
     async def _json_body(request: web.Request) -> dict[str, Any]:
