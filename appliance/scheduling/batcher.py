@@ -99,8 +99,6 @@ class DynamicScheduler(SchedulerBase):
         # only keep it in arrival order (no priorities, timeouts or per-level bounds), and it
         # would run alone there too (no batching).
         self._lane_waits = self._lane and not self._batching and self._queue.plain
-        # Whether every instance may run off its own thread (the common case: any idle one).
-        self._all_inline = all(w.inline_ok for w in workers)
         self._timer_at = 0  # monotonic ns the timer fires at
 
     @property
@@ -408,8 +406,8 @@ class DynamicScheduler(SchedulerBase):
         when the learned cost would run it inline on the loop anyway (`_runs_inline`).
 
         Taken only when the loop would run it at once and alone: nothing queued, not closing,
-        an idle instance that may run off its own thread (`InstanceWorker.inline_ok`: not a
-        model in another process), no rate limiter, no preserve_ordering, and the batching
+        an idle instance (on the loop itself, `inline`, only one whose `InstanceWorker.inline_ok`:
+        not a model in another process), no rate limiter, no preserve_ordering, and the batching
         policy runs a batch of this one request now (no max_queue_delay to wait). The job then
         runs as a batch of one, with the loop's bookkeeping: it counts as running (in_flight,
         admission, the drain at stop), its queue time (0), execution statistics and cost are
@@ -429,7 +427,9 @@ class DynamicScheduler(SchedulerBase):
             if self._closing or len(self._queue) or self._awaiting_resources:
                 return None
             worker = self._lane_worker()
-            if inline and (worker is None or not self._inline_within_budget(job.nbytes)):
+            if inline and (
+                worker is None or not worker.inline_ok or not self._inline_within_budget(job.nbytes)
+            ):
                 return None  # the loop never waits, nor runs what costs more than its budget
             job.enqueue_ns = now
             if worker is not None:
@@ -476,7 +476,7 @@ class DynamicScheduler(SchedulerBase):
         refuse it, when work queues on the loop meanwhile (it goes first), or at its overload
         deadline, where the loop's admission applies. A waiter counts as pending (admission,
         in_flight, the drain); a stop's deadline fails it (the error)."""
-        if not self._lane_waits or not any(w.inline_ok for w in self._workers):
+        if not self._lane_waits:
             return None
         if len(self._waiters) >= self._queue.cap:
             return None  # the loop refuses it: its queue's server-wide bound
@@ -522,11 +522,11 @@ class DynamicScheduler(SchedulerBase):
         return max(2 * int(self._costs.request_ns), 1_000_000)
 
     def _lane_worker(self) -> InstanceWorker | None:
-        """Under `_lock`: an idle instance the lane may run a job on, if any."""
+        """Under `_lock`: an idle instance the lane may run a job on, if any. Any instance
+        may: the lane is a front end's own thread, which a model in another process blocks
+        as it would block the instance's thread (the instances of one model are alike)."""
         idle = self._idle
-        if self._all_inline:
-            return idle[0] if idle else None
-        return next((w for w in idle if w.inline_ok), None)
+        return idle[0] if idle else None
 
     def _lane_done(self) -> None:
         """On the loop, after the lane handed an instance back: what queued meanwhile runs,

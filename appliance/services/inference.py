@@ -205,6 +205,8 @@ class InferenceService:
         served, _, job, start = prepared
         if (served.cache_enabled and self.cache is not None) or served.stats.watcher:
             return prepared
+        if not inline:  # a front end's thread-safe check; a long execution's cancel check asks it
+            job.active = active
         try:
             outcome = served.scheduler.run_here(job, inline)
             if outcome is None:

@@ -1,12 +1,13 @@
 """The process that hosts one instance of a Python model.
 
 It imports `model.py` with `triton_python_backend_utils` importable, calls `initialize(args)`,
-then serves `execute` messages from the server until told to finalize. Inputs arrive in the
-server's shared memory arena, outputs go back through this process's own arena; everything
-else (decoupled responses, BLS, metrics, model loading) travels over the pipe as messages
-(channel.py). `async def execute` runs on one asyncio loop per process, on its own thread, as
-in Triton: a coroutine of a model that is not decoupled is awaited before the next request;
-a decoupled model's coroutine runs in the background until its final response. A decoupled
+then its main thread serves `execute` messages from the server's link until told to finalize.
+Inputs arrive in the server's shared memory arena, outputs go back through this process's own
+arena; the main thread's BLS and metric calls during execute() go over the link, everything
+else (decoupled responses, other threads' calls, model loading) over the pipe (channel.py).
+`async def execute` runs on one asyncio loop per process, on its own thread, as in Triton: a
+coroutine of a model that is not decoupled is awaited before the next request; a decoupled
+model's coroutine runs in the background until its final response. A decoupled
 request is handed back to the server once execute() returns ("returned"); its responses,
 final flag or failure follow tagged with it, from whichever thread sends them.
 """
@@ -30,7 +31,7 @@ import numpy as np
 from edge_backends.api import ERROR_CODES, RequestInfo
 from edge_backends.python import pb_logging
 from edge_backends.python import triton_python_backend_utils as pb_utils
-from edge_backends.python.channel import Channel
+from edge_backends.python.channel import Channel, Link
 from edge_backends.python.model_config import ModelConfig
 from edge_backends.python.shm import Arena, Reader
 
@@ -291,7 +292,7 @@ class Runner:
         except BaseException:
             stream.drop()
             raise
-        self._channel.send("returned", tag)
+        self._channel.finish("returned", tag)
 
     def _background_done(self, done: Future[Any], stream: _Stream) -> None:
         """A decoupled model's coroutine ended: a failure, or a value, fails its request."""
@@ -314,10 +315,16 @@ class Runner:
 
 
 def main(
-    connection: Connection, model_file: str, args: dict[str, str], name: str, cancelled: Any
+    connection: Connection,
+    link_end: Connection,
+    model_file: str,
+    args: dict[str, str],
+    name: str,
+    cancelled: Any,
 ) -> None:
     """Entry point of the worker process."""
-    channel = Channel(connection)
+    link = Link(link_end)
+    channel = Channel(connection, link)
     pb_logging.forward_to(channel)  # the server logs them, in its own format
     pb_utils._install(channel, str(Path(model_file).parent))
     try:
@@ -334,12 +341,15 @@ def main(
     reader = Reader()
     try:
         while True:
-            message = channel.commands.get()
-            if message is None:
+            try:
+                message = link.recv()
+            except (EOFError, OSError):
                 return  # the server is gone (killed or restarted): nothing to answer
             if message[0] == "finalize":
                 break
-            _, in_arena, metas, outputs, tag, infos = message
+            _, in_arena, metas, outputs, tag, fields = message
+            infos = [RequestInfo(*each) for each in fields]
+            channel.link_owner = threading.get_ident()
             try:
                 inputs = reader.read(in_arena, metas, copy=False)
                 if tag is not None:  # decoupled
@@ -355,13 +365,13 @@ def main(
                     else:
                         merged.update({f"{index}:{k}": v for k, v in answer.items()})
                 out_metas = arena.write(merged)
-                channel.send("result", arena.name, out_metas, errors)
+                channel.finish("result", arena.name, out_metas, errors)
             except Reported as exc:
-                channel.send("failed", str(exc), exc.code)
+                channel.finish("failed", str(exc), exc.code)
             except BaseException as exc:  # user code: report, keep serving
                 detail = traceback.format_exc(limit=3)
                 logging.getLogger("python_model").error("execute failed: %s", detail)
-                channel.send("failed", f"{type(exc).__name__}: {exc}")
+                channel.finish("failed", f"{type(exc).__name__}: {exc}")
         runner.stop()
         if hasattr(model, "finalize"):
             model.finalize()
