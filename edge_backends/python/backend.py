@@ -55,7 +55,7 @@ from edge_backends.api import (
 from edge_backends.python.channel import Link
 from edge_backends.python.custom_metrics import MetricError, MetricStore, answer
 from edge_backends.python.launch import CONTEXT
-from edge_backends.python.shm import Arena, Reader
+from edge_backends.python.shm import Arena, Reader, pack, unpack
 
 log = logging.getLogger(__name__)
 # The models' own lines, forwarded from their processes (pb_logging.py).
@@ -286,7 +286,7 @@ class PythonInstance(InstanceBase):
         emit, pending = entry
         with contextlib.suppress(InvalidStateError):  # cancelled meanwhile
             if kind == "stream_response":
-                emit(payload[0])
+                emit(unpack(payload[0]))
             elif kind == "stream_done":
                 pending.set_result(None)
             else:
@@ -330,7 +330,7 @@ class PythonInstance(InstanceBase):
             if host is None:
                 raise ExecutionError("this server offers models no BLS or model loading")
             if operation == "infer":
-                result: Any = host.infer(_host_request(arguments))
+                result: Any = pack(dict(host.infer(_host_request(arguments))))
             elif operation == "infer_stream":
                 credits = _Credits(STREAM_WINDOW)
                 with self._credits_lock:
@@ -504,7 +504,7 @@ class PythonInstance(InstanceBase):
             elif operation == "infer":
                 if self._spec.host is None:
                     raise ExecutionError("this server offers models no BLS or model loading")
-                result = self._spec.host.infer(_host_request(arguments))
+                result = pack(dict(self._spec.host.infer(_host_request(arguments))))
             else:
                 raise ExecutionError(f"unknown call '{operation}'")
         except Exception as exc:  # any failure is the model's to handle, as in Triton
@@ -627,7 +627,7 @@ def _host_request(arguments: Sequence[Any]) -> HostRequest:
     model, version, inputs, outputs, request_id, parameters = arguments
     return HostRequest(
         model_name=model,
-        inputs=inputs,
+        inputs=unpack(inputs),
         output_names=outputs,
         model_version=version,
         request_id=request_id,

@@ -33,7 +33,7 @@ from edge_backends.python import pb_logging
 from edge_backends.python import triton_python_backend_utils as pb_utils
 from edge_backends.python.channel import Channel, Link
 from edge_backends.python.model_config import ModelConfig
-from edge_backends.python.shm import Arena, Reader
+from edge_backends.python.shm import Arena, Reader, pack
 
 if TYPE_CHECKING:
     import asyncio  # imported on a coroutine's first use: 6 MiB a synchronous model skips
@@ -141,6 +141,9 @@ class Runner:
         self._cancelled = cancelled
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flags: dict[int, _Flag] = {}  # decoupled requests going on, by tag
+        # Wakes execute() waiting for the final flags of responses sent from other threads
+        # (one for the runner: a request's own would cost an Event each).
+        self._answered = threading.Condition()
 
     def loop(self) -> asyncio.AbstractEventLoop:
         """The process's asyncio loop for coroutine models, started on first use."""
@@ -185,7 +188,8 @@ class Runner:
             timeout=info.timeout_us,
         )
         # A client's parameters as they came (doubles too), as python_backend's JSON text.
-        request._parameters = json.dumps(dict(info.parameters), default=str)
+        parameters = info.parameters
+        request._parameters = json.dumps(dict(parameters), default=str) if parameters else "{}"
         request._cancel_flag = cancel_flag
         request._sender = pb_utils.InferenceResponseSender(deliver, request.is_cancelled)
         return request
@@ -202,7 +206,7 @@ class Runner:
         infos = infos or [RequestInfo(output_names=tuple(outputs))]
         parts = _split(inputs, infos)
         sent: list[list[pb_utils.InferenceResponse]] = [[] for _ in infos]
-        finished = [threading.Event() for _ in infos]
+        finished = [False] * len(infos)  # set under self._answered (a sender on any thread)
 
         def deliver_to(index: int) -> Any:
             def deliver(response: pb_utils.InferenceResponse | None, final: bool) -> None:
@@ -213,7 +217,9 @@ class Runner:
                         )
                     sent[index].append(response)
                 if final:
-                    finished[index].set()
+                    with self._answered:
+                        finished[index] = True
+                        self._answered.notify_all()
 
             return deliver
 
@@ -225,8 +231,10 @@ class Runner:
         if isinstance(result, Coroutine):
             result = self._run(result).result()
         if result is None:  # answered through the response sender (Triton 24.06 and later)
-            for index, event in enumerate(finished):
-                if not event.wait(FINAL_RESPONSE_TIMEOUT_S) or not sent[index]:
+            with self._answered:
+                self._answered.wait_for(lambda: all(finished), FINAL_RESPONSE_TIMEOUT_S)
+            for index, done in enumerate(finished):
+                if not done or not sent[index]:
                     raise pb_utils.TritonModelException(
                         "execute() returned None but sent no response with "
                         "TRITONSERVER_RESPONSE_COMPLETE_FINAL through the response sender"
@@ -277,7 +285,7 @@ class Runner:
                     failure = Reported(error)
                     stream.fail(str(failure), failure.code)
                     return
-                self._channel.send("stream_response", tag, _outputs(response))
+                self._channel.send("stream_response", tag, pack(_outputs(response)))
             if final:
                 stream.done()
 
