@@ -12,13 +12,15 @@ tagged with the request and go straight to it, so concurrent requests interleave
 The request path is a link of its own (channel.py's `Link`, a socket pair): the instance
 thread writes the execute message and reads the answer itself, answering on the way, inline,
 the BLS `infer` and metric calls the model's execute() makes from its main thread. No reader
-thread sits between the two, and request infos travel as plain tuples. Everything else comes
-over the pipe, where one reader thread per process takes every message (channel.py lists
-them): a decoupled request's responses go straight to it; metric calls are answered at once,
-in order, so a response is never seen before the metric updates its model made ahead of it;
-other BLS and model-loading calls run on a small thread pool of the instance, several at once
-(a model's `asyncio.gather` of `async_exec` calls), each answered by its call id through the
-server's `InferenceHost`.
+thread sits between the two, and request infos travel as plain tuples. While it answers such
+a call the thread watches nothing else: the model's process dying, or `execute_timeout_s`, is
+seen once the call returns (a BLS call is bounded by the callee's own timeouts).
+Everything else comes over the pipe, where one reader thread per process takes every
+message (channel.py lists them): a decoupled request's responses go straight to it; metric
+calls are answered at once, in order, so a response is never seen before the metric updates
+its model made ahead of it; other BLS and model-loading calls run on a small thread pool of
+the instance, several at once (a model's `asyncio.gather` of `async_exec` calls), each
+answered by its call id through the server's `InferenceHost`.
 """
 
 from __future__ import annotations
