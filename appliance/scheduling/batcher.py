@@ -24,7 +24,7 @@ from itertools import islice
 from appliance.common.errors import QueueFull, ServerUnavailable
 from appliance.common.types import Array
 from appliance.scheduling.base import LaneWaiter, SchedulerBase
-from appliance.scheduling.costs import ExecutionCosts
+from appliance.scheduling.costs import WARMUP_EXECUTIONS, ExecutionCosts
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
 from appliance.scheduling.outcome import client_error, log_unexpected
 from appliance.scheduling.policy import (
@@ -40,6 +40,9 @@ from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.stats import ModelStats
 
 log = logging.getLogger(__name__)
+# The longest learned execution (per request, wall) of a model in another process that the
+# thread lane runs on a front end's thread (`DynamicScheduler._brief`).
+LANE_OUT_OF_PROCESS_NS = 50_000_000
 
 
 class QueueTimeout(ServerUnavailable):
@@ -99,6 +102,8 @@ class DynamicScheduler(SchedulerBase):
         # only keep it in arrival order (no priorities, timeouts or per-level bounds), and it
         # would run alone there too (no batching).
         self._lane_waits = self._lane and not self._batching and self._queue.plain
+        # Whether every instance may run on the loop (not a model in another process).
+        self._all_inline = all(w.inline_ok for w in workers)
         self._timer_at = 0  # monotonic ns the timer fires at
 
     @property
@@ -418,6 +423,8 @@ class DynamicScheduler(SchedulerBase):
         """
         if not self._lane:
             return None
+        if not self._all_inline and (inline or not self._brief()):
+            return None  # a model in another process: see `_brief`
         if self._batching:
             alone = [(job.batch_size, job.shape_key)]
             if next_batch(alone, 0, self._policy).run != 1:
@@ -427,9 +434,7 @@ class DynamicScheduler(SchedulerBase):
             if self._closing or len(self._queue) or self._awaiting_resources:
                 return None
             worker = self._lane_worker()
-            if inline and (
-                worker is None or not worker.inline_ok or not self._inline_within_budget(job.nbytes)
-            ):
+            if inline and (worker is None or not self._inline_within_budget(job.nbytes)):
                 return None  # the loop never waits, nor runs what costs more than its budget
             job.enqueue_ns = now
             if worker is not None:
@@ -520,6 +525,14 @@ class DynamicScheduler(SchedulerBase):
     def _lane_patience_ns(self) -> int:
         """Two executions (at least 1 ms): a waiter passed for that long gets the next one."""
         return max(2 * int(self._costs.request_ns), 1_000_000)
+
+    def _brief(self) -> bool:
+        """Whether a model in another process may run in the lane: never on the loop, and on
+        a front end's thread once its executions are known to be short (a caller that goes
+        away leaves its thread, and its call's slot, waiting for the execution to end; on the
+        loop's path both go at once)."""
+        costs = self._costs
+        return costs.measured >= WARMUP_EXECUTIONS and costs.request_ns <= LANE_OUT_OF_PROCESS_NS
 
     def _lane_worker(self) -> InstanceWorker | None:
         """Under `_lock`: an idle instance the lane may run a job on, if any. Any instance
