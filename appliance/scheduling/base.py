@@ -182,7 +182,7 @@ class SchedulerBase:
         `_lane_patience_ns` gets it outright, already running its job, so none starves. When
         work is queued on the loop (it goes first) every waiter is sent to the loop."""
         waiters = self._waiters
-        if waiters and worker.inline_ok and not self.pending_queue:
+        if waiters and not self.pending_queue:
             waiter = waiters.popleft()
             if time.monotonic_ns() - waiter.since_ns >= self._lane_patience_ns():
                 waiter.worker = worker

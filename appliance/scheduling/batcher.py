@@ -24,7 +24,7 @@ from itertools import islice
 from appliance.common.errors import QueueFull, ServerUnavailable
 from appliance.common.types import Array
 from appliance.scheduling.base import LaneWaiter, SchedulerBase
-from appliance.scheduling.costs import ExecutionCosts
+from appliance.scheduling.costs import WARMUP_EXECUTIONS, ExecutionCosts
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
 from appliance.scheduling.outcome import client_error, log_unexpected
 from appliance.scheduling.policy import (
@@ -40,6 +40,9 @@ from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.stats import ModelStats
 
 log = logging.getLogger(__name__)
+# The longest learned execution (per request, wall) of a model in another process that the
+# thread lane runs on a front end's thread (`DynamicScheduler._brief`).
+LANE_OUT_OF_PROCESS_NS = 50_000_000
 
 
 class QueueTimeout(ServerUnavailable):
@@ -99,7 +102,7 @@ class DynamicScheduler(SchedulerBase):
         # only keep it in arrival order (no priorities, timeouts or per-level bounds), and it
         # would run alone there too (no batching).
         self._lane_waits = self._lane and not self._batching and self._queue.plain
-        # Whether every instance may run off its own thread (the common case: any idle one).
+        # Whether every instance may run on the loop (not a model in another process).
         self._all_inline = all(w.inline_ok for w in workers)
         self._timer_at = 0  # monotonic ns the timer fires at
 
@@ -408,8 +411,8 @@ class DynamicScheduler(SchedulerBase):
         when the learned cost would run it inline on the loop anyway (`_runs_inline`).
 
         Taken only when the loop would run it at once and alone: nothing queued, not closing,
-        an idle instance that may run off its own thread (`InstanceWorker.inline_ok`: not a
-        model in another process), no rate limiter, no preserve_ordering, and the batching
+        an idle instance (on the loop itself, `inline`, only one whose `InstanceWorker.inline_ok`:
+        not a model in another process), no rate limiter, no preserve_ordering, and the batching
         policy runs a batch of this one request now (no max_queue_delay to wait). The job then
         runs as a batch of one, with the loop's bookkeeping: it counts as running (in_flight,
         admission, the drain at stop), its queue time (0), execution statistics and cost are
@@ -420,6 +423,8 @@ class DynamicScheduler(SchedulerBase):
         """
         if not self._lane:
             return None
+        if not self._all_inline and (inline or not self._brief()):
+            return None  # a model in another process: see `_brief`
         if self._batching:
             alone = [(job.batch_size, job.shape_key)]
             if next_batch(alone, 0, self._policy).run != 1:
@@ -476,7 +481,7 @@ class DynamicScheduler(SchedulerBase):
         refuse it, when work queues on the loop meanwhile (it goes first), or at its overload
         deadline, where the loop's admission applies. A waiter counts as pending (admission,
         in_flight, the drain); a stop's deadline fails it (the error)."""
-        if not self._lane_waits or not any(w.inline_ok for w in self._workers):
+        if not self._lane_waits:
             return None
         if len(self._waiters) >= self._queue.cap:
             return None  # the loop refuses it: its queue's server-wide bound
@@ -521,12 +526,20 @@ class DynamicScheduler(SchedulerBase):
         """Two executions (at least 1 ms): a waiter passed for that long gets the next one."""
         return max(2 * int(self._costs.request_ns), 1_000_000)
 
+    def _brief(self) -> bool:
+        """Whether a model in another process may run in the lane: never on the loop, and on
+        a front end's thread once its executions are known to be short (a caller that goes
+        away leaves its thread, and its call's slot, waiting for the execution to end; on the
+        loop's path both go at once)."""
+        costs = self._costs
+        return costs.measured >= WARMUP_EXECUTIONS and costs.request_ns <= LANE_OUT_OF_PROCESS_NS
+
     def _lane_worker(self) -> InstanceWorker | None:
-        """Under `_lock`: an idle instance the lane may run a job on, if any."""
+        """Under `_lock`: an idle instance the lane may run a job on, if any. Any instance
+        may: the lane is a front end's own thread, which a model in another process blocks
+        as it would block the instance's thread (the instances of one model are alike)."""
         idle = self._idle
-        if self._all_inline:
-            return idle[0] if idle else None
-        return next((w for w in idle if w.inline_ok), None)
+        return idle[0] if idle else None
 
     def _lane_done(self) -> None:
         """On the loop, after the lane handed an instance back: what queued meanwhile runs,

@@ -69,6 +69,9 @@ class Job:
     emit: Callable[[dict[str, Array]], None] | None = None
     # A decoupled request its model goes on answering after the instance was handed back.
     completion: Pending | None = None
+    # Run in the thread lane: whether its client is still there (the loop's future is not
+    # cancelled when it goes); None on the loop's path.
+    active: Callable[[], bool] | None = None
 
 
 # Request parameters that are fields of RequestInfo (or the front ends'), not the model's own.
@@ -270,7 +273,9 @@ class InstanceWorker:
     def _callers_gone(self) -> bool:
         """The instance's cancel check: has every caller of the batch in hand gone away?"""
         jobs = self._running
-        return bool(jobs) and all(j.future.done() for j in jobs)
+        return bool(jobs) and all(
+            j.future.done() or (j.active is not None and not j.active()) for j in jobs
+        )
 
     def _serve(self) -> None:
         assert self._loop is not None

@@ -225,6 +225,8 @@ class InferenceService:
             or served.mirror is not None  # mirrored on the loop (infer_prepared)
         ):
             return prepared
+        if not inline:  # a front end's thread-safe check; a long execution's cancel check asks it
+            job.active = active
         try:
             outcome = served.scheduler.run_here(job, inline)
             if outcome is None:

@@ -9,12 +9,18 @@ back into the batch's outputs. A decoupled request hands the instance back as so
 model's `execute()` returns (Triton's rule): its responses, final flag or failure arrive
 tagged with the request and go straight to it, so concurrent requests interleave.
 
-One reader thread per process takes every message from it (channel.py lists them): an
-execution's results and responses go to the instance thread waiting in `_exchange`; metric
+The request path is a link of its own (channel.py's `Link`, a socket pair): the instance
+thread writes the execute message and reads the answer itself, answering on the way, inline,
+the BLS `infer` and metric calls the model's execute() makes from its main thread. No reader
+thread sits between the two, and request infos travel as plain tuples. While it answers such
+a call the thread watches nothing else: the model's process dying, or `execute_timeout_s`, is
+seen once the call returns (a BLS call is bounded by the callee's own timeouts).
+Everything else comes over the pipe, where one reader thread per process takes every
+message (channel.py lists them): a decoupled request's responses go straight to it; metric
 calls are answered at once, in order, so a response is never seen before the metric updates
-its model made ahead of it; BLS and model-loading calls run on a small thread pool of the
-instance, several at once (a model's `asyncio.gather` of `async_exec` calls), each answered
-by its call id through the server's `InferenceHost`.
+its model made ahead of it; other BLS and model-loading calls run on a small thread pool of
+the instance, several at once (a model's `asyncio.gather` of `async_exec` calls), each
+answered by its call id through the server's `InferenceHost`.
 """
 
 from __future__ import annotations
@@ -49,9 +55,10 @@ from edge_backends.api import (
     RequestInfo,
     ResponseError,
 )
+from edge_backends.python.channel import Link
 from edge_backends.python.custom_metrics import MetricError, MetricStore, answer
 from edge_backends.python.launch import CONTEXT
-from edge_backends.python.shm import Arena, Reader
+from edge_backends.python.shm import Arena, Reader, pack, unpack
 
 log = logging.getLogger(__name__)
 # The models' own lines, forwarded from their processes (pb_logging.py).
@@ -167,6 +174,7 @@ class PythonInstance(InstanceBase):
         self._reader = Reader()
         self._process: Any = None
         self._connection: Any = None
+        self._link: Link | None = None
         self._start()
 
     def _args(self) -> dict[str, str]:
@@ -185,10 +193,12 @@ class PythonInstance(InstanceBase):
         from edge_backends.python import worker
 
         parent, child = _CONTEXT.Pipe()
+        link_parent, link_child = _CONTEXT.Pipe()
         process = _CONTEXT.Process(
             target=worker.main,
             args=(
                 child,
+                link_child,
                 str(self._spec.model_path),
                 self._args(),
                 self._spec.model_name,
@@ -199,13 +209,15 @@ class PythonInstance(InstanceBase):
         )
         with self._process_lock:
             if self._interrupted:
-                parent.close()
-                child.close()
+                for end in (parent, child, link_parent, link_child):
+                    end.close()
                 raise ModelLoadError(f"Python model '{self._spec.model_name}' was stopped")
             self._process = process
             process.start()
         child.close()
+        link_child.close()
         self._connection = parent
+        self._link = Link(link_parent)
         inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._inbox = inbox
         threading.Thread(
@@ -298,7 +310,7 @@ class PythonInstance(InstanceBase):
         emit, pending = entry
         with contextlib.suppress(InvalidStateError):  # cancelled meanwhile
             if kind == "stream_response":
-                emit(payload[0])
+                emit(unpack(payload[0]))
             elif kind == "stream_done":
                 pending.set_result(None)
             else:
@@ -342,7 +354,7 @@ class PythonInstance(InstanceBase):
             if host is None:
                 raise ExecutionError("this server offers models no BLS or model loading")
             if operation == "infer":
-                result: Any = host.infer(_host_request(arguments))
+                result: Any = pack(dict(host.infer(_host_request(arguments))))
             elif operation == "infer_stream":
                 credits = _Credits(STREAM_WINDOW)
                 with self._credits_lock:
@@ -511,14 +523,19 @@ class PythonInstance(InstanceBase):
         metas = self._arena.write(dict(inputs))
         self._cancelled.value = 0
         started = time.monotonic()
-        inbox = self._inbox
+        link = self._link
         told = False
+        fields = [
+            (r.request_id, r.correlation_id, r.flags, r.parameters, r.timeout_us,
+             r.output_names, r.batch_size)
+            for r in requests
+        ]  # fmt: skip
         try:
-            self._send("execute", self._arena.name, metas, list(output_names), tag, requests)
+            if link is None:
+                raise EOFError
+            link.send("execute", self._arena.name, metas, list(output_names), tag, fields)
             while True:
-                try:
-                    kind, *payload = inbox.get(timeout=CANCEL_POLL_S)
-                except queue.Empty:
+                if not link.poll(CANCEL_POLL_S):
                     if self._cancel_check is not None and self._cancel_check():
                         if tag is None:
                             self._cancelled.value = 1  # the model sees request.is_cancelled()
@@ -532,8 +549,10 @@ class PythonInstance(InstanceBase):
                             f"({self._timeout_s:g} s); its process was restarted"
                         ) from None
                     continue
-                if kind == "eof":
-                    raise EOFError
+                kind, *payload = link.recv()
+                if kind == "call":  # from the model's execute(), on its main thread
+                    self._answer_inline(link, *payload)
+                    continue
                 return kind, payload
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
             if self._interrupted:
@@ -550,6 +569,23 @@ class PythonInstance(InstanceBase):
                 f"the Python model's process exited while executing (exit code {code}); "
                 "it was restarted"
             ) from None
+
+    def _answer_inline(self, link: Link, call_id: int, operation: str, *arguments: Any) -> None:
+        """A BLS `infer` or metric call of the execution in hand, on the instance thread."""
+        try:
+            if operation.startswith("metric_"):
+                with self._held_lock:
+                    result = answer(self._metrics, self._held, operation, arguments)
+            elif operation == "infer":
+                if self._spec.host is None:
+                    raise ExecutionError("this server offers models no BLS or model loading")
+                result = pack(dict(self._spec.host.infer(_host_request(arguments))))
+            else:
+                raise ExecutionError(f"unknown call '{operation}'")
+        except Exception as exc:  # any failure is the model's to handle, as in Triton
+            link.send("reply", call_id, False, str(exc) or type(exc).__name__)
+            return
+        link.send("reply", call_id, True, result)
 
     def _restart(self) -> None:
         self._kill()
@@ -575,6 +611,8 @@ class PythonInstance(InstanceBase):
             self._process.join(5)
         if self._connection is not None:
             self._connection.close()
+        if self._link is not None:
+            self._link.close()
 
     def set_cancel_check(self, check: CancelCheck) -> None:
         self._cancel_check = check
@@ -591,8 +629,8 @@ class PythonInstance(InstanceBase):
 
     def close(self) -> None:
         try:
-            if self._process is not None and self._process.is_alive():
-                self._send("finalize")
+            if self._process is not None and self._process.is_alive() and self._link:
+                self._link.send("finalize")
                 self._process.join(10)
         except (OSError, EOFError):
             pass
@@ -664,7 +702,7 @@ def _host_request(arguments: Sequence[Any]) -> HostRequest:
     model, version, inputs, outputs, request_id, parameters = arguments
     return HostRequest(
         model_name=model,
-        inputs=inputs,
+        inputs=unpack(inputs),
         output_names=outputs,
         model_version=version,
         request_id=request_id,

@@ -1,29 +1,42 @@
-"""The model process's end of its pipe to the server, safe for any number of threads.
+"""The model process's ends of its pipe and its link to the server.
 
-A model sends from several threads at once: its execute thread (results), response-sender
-threads (decoupled responses), asyncio's executor threads (`async_exec`), and any thread that
-updates a custom metric. Every send holds one lock, so messages never interleave. Calls (BLS,
-metrics, model loading) carry an id; one reader thread takes every message from the server and
-hands each reply to the caller waiting for that id, and everything else (execute, finalize)
-to the process's main loop through `commands`.
+A model sends from several threads at once: its execute thread, response-sender threads
+(decoupled responses), asyncio's executor threads (`async_exec`), and any thread that updates
+a custom metric. Every send on the pipe holds one lock, so messages never interleave. Calls
+(BLS, metrics, model loading) carry an id; one reader thread takes every message the server
+sends on the pipe and hands each reply to the caller waiting for that id, and a cancel to
+`on_cancel`.
 
-Messages, model process -> server: ("ready", None) | ("error", text) after initialize;
-("result", arena, metas, errors) | ("failed", text[, code]) for an execution (each request's
-outputs named "<index>:<name>", `errors` the (index, text, code) of requests whose response
-is an error), or for a decoupled request `tag`: ("returned", tag) once execute() returned,
-then ("stream_response", tag, outputs)... and ("stream_done", tag) | ("stream_failed", tag,
-text, code) whenever they come; ("call", id, operation, arguments). Server -> model process:
-("execute", arena, metas, outputs, tag or None, request infos) | ("finalize",) |
-("cancel", tag); ("reply", id, ok, payload) ends call `id`; ("item", id, outputs) is one
-response of a streamed call; ("is_ready", id) asks the model's is_ready(), answered
-("readiness", id, ready, error text or None) from a thread of its own.
+The request path has a link of its own (`Link`, a socket pair with no reader thread on
+either side): the server's instance thread writes ("execute", arena, metas, outputs, tag or
+None, request infos as tuples) or ("finalize",) and reads the answer itself; the model
+process's main thread reads it and answers ("result", arena, metas, errors) | ("failed",
+text[, code]) (each request's outputs named "<index>:<name>", `errors` the (index, text,
+code) of requests whose response is an error), or for a decoupled request ("returned", tag)
+once execute() returned. While its execute() runs, the main thread's BLS `infer` and metric
+calls go over the link too, ("call", id, operation, arguments) answered ("reply", id, ok,
+payload) by the instance thread that waits for the result: two thread wake-ups a request
+and none more a call, where the pipe with a reader thread each side took four.
+
+The pipe (`Channel`) carries the rest, from any thread: ("ready", None) | ("error", text)
+after initialize; a decoupled request's ("stream_response", tag, outputs)... and
+("stream_done", tag) | ("stream_failed", tag, text, code) whenever they come; calls from
+other threads (async_exec, response-sender threads) and every other call; ("log", level,
+text). Server -> model process: ("cancel", tag); ("reply", id, ok, payload) ends call `id`;
+("item", id, outputs) is one response of a streamed call; ("is_ready", id) asks the
+model's is_ready(), answered ("readiness", id, ready, error text or None) from a thread of
+its own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import pickle
 import queue
+import select
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
@@ -33,6 +46,62 @@ GONE = "the server closed its connection to this model process"
 # A BLS stream's responses taken between two grants of more to the server (a half of
 # backend.STREAM_WINDOW: the server never waits on a model that keeps reading).
 CREDIT_BATCH = 16
+
+
+# The calls the main thread makes over the link while its execute() runs (the instance thread
+# answers them inline); any other goes over the pipe to the server's call pool.
+LINK_CALLS = ("infer", "metric_op", "metric_family", "metric_new")
+_HEADER = struct.Struct("<I")
+_CHUNK = 1 << 16
+
+
+class Link:
+    """Pickled messages, each after its length, over one end of a socket pair; read by one
+    thread at a time (the caller, no reader thread), written under a lock."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection  # holds the descriptor open
+        self._fd = connection.fileno()
+        self._buffer = bytearray()
+        self._lock = threading.Lock()
+        self._poller = select.poll()
+        self._poller.register(self._fd, select.POLLIN)
+
+    def send(self, *message: Any) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        view = memoryview(_HEADER.pack(len(data)) + data)
+        with self._lock:
+            while view:
+                view = view[os.write(self._fd, view) :]
+
+    def poll(self, timeout_s: float) -> bool:
+        """Whether a message (or the other side's end) is there to read within `timeout_s`."""
+        return len(self._buffer) > 0 or bool(self._poller.poll(timeout_s * 1000))
+
+    def recv(self) -> Any:
+        """The next message; EOFError once the other side is gone."""
+        buffer = self._buffer
+        while True:
+            if len(buffer) >= 4:
+                (size,) = _HEADER.unpack_from(buffer)
+                end = 4 + size
+                if len(buffer) >= end:
+                    message = pickle.loads(bytes(buffer[4:end]))
+                    del buffer[:end]
+                    return message
+            else:
+                end = 4 + _CHUNK
+            chunk = os.read(self._fd, max(_CHUNK, end - len(buffer)))
+            if not chunk:
+                raise EOFError
+            if not buffer and len(chunk) >= 4:  # the usual case: one whole message
+                (size,) = _HEADER.unpack_from(chunk)
+                if len(chunk) == 4 + size:
+                    return pickle.loads(memoryview(chunk)[4:])
+            buffer += chunk
+
+    def close(self) -> None:
+        self._connection.close()
 
 
 class CallFailed(Exception):
@@ -80,16 +149,17 @@ class Stream:
 class Channel:
     """Sends under one lock; a reader thread routes the server's replies by call id."""
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: Connection, link: Link | None = None) -> None:
         self._connection = connection
+        self.link = link
+        # The thread whose execute() is in hand while the server waits on the link (its
+        # calls in LINK_CALLS go there); None between requests.
+        self.link_owner: int | None = None
         self._send_lock = threading.Lock()
         self._calls: dict[int, queue.SimpleQueue[Any]] = {}
         self._calls_lock = threading.Lock()
         self._closed = False
         self.ids = itertools.count(1)
-        # What the main loop serves: ("execute", ...), ("finalize",); None once the server
-        # is gone.
-        self.commands: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         # ("cancel", tag): a decoupled request's client went away; told at once, even while
         # the main loop is in another execute().
         self.on_cancel: Callable[[int], None] = lambda tag: None
@@ -102,13 +172,31 @@ class Channel:
         with self._send_lock:
             self._connection.send(message)
 
+    def finish(self, *message: Any) -> None:
+        """An execution's answer, over the link: the server takes the next request after it."""
+        self.link_owner = None
+        assert self.link is not None
+        self.link.send(*message)
+
     def call(self, operation: str, *arguments: Any) -> Any:
         """Send a call and wait for its reply: the payload, or CallFailed."""
-        call_id, replies = self._open(operation, arguments)
-        try:
-            _, (ok, payload) = replies.get()
-        finally:
-            self.forget(call_id)
+        link = self.link
+        if (
+            link is not None
+            and self.link_owner == threading.get_ident()
+            and operation in LINK_CALLS
+        ):
+            try:
+                link.send("call", next(self.ids), operation, *arguments)
+                _, _, ok, payload = link.recv()
+            except (EOFError, OSError):
+                raise CallFailed(GONE) from None
+        else:
+            call_id, replies = self._open(operation, arguments)
+            try:
+                _, (ok, payload) = replies.get()
+            finally:
+                self.forget(call_id)
         if not ok:
             raise CallFailed(str(payload))
         return payload
@@ -150,8 +238,6 @@ class Channel:
                         replies = self._calls.get(message[1])
                     if replies is not None:  # else: a call its caller stopped waiting for
                         replies.put((kind, message[2:]))
-                else:
-                    self.commands.put(message)
         except (EOFError, OSError):
             pass
         finally:
@@ -160,7 +246,6 @@ class Channel:
                 waiting = list(self._calls.values())
             for replies in waiting:
                 replies.put(("reply", (False, GONE)))
-            self.commands.put(None)
 
 
 _current: Channel | None = None  # this model process's channel, once connected

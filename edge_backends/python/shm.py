@@ -133,3 +133,29 @@ class Reader:
         if self._shm is not None:
             self._shm.close()
             self._shm = None
+
+
+# Small tensors in messages (decoupled responses, BLS calls and their answers) travel as
+# (dtype str, shape, bytes): pickling a numpy array costs about 9 us each way, these 1.
+Packed = dict[str, Any]
+
+
+def pack(arrays: dict[str, np.ndarray]) -> Packed:
+    """`arrays` for a message; object (BYTES) arrays stay arrays."""
+    return {
+        name: array
+        if array.dtype == np.object_
+        else (array.dtype.str, array.shape, np.ascontiguousarray(array).tobytes())
+        for name, array in arrays.items()
+    }
+
+
+def unpack(packed: Packed) -> dict[str, np.ndarray]:
+    """The arrays of `pack`, each writable and its own."""
+    out = {}
+    for name, value in packed.items():
+        if isinstance(value, tuple):
+            dtype, shape, data = value
+            value = np.frombuffer(bytearray(data), dtype=np.dtype(dtype)).reshape(shape)
+        out[name] = value
+    return out

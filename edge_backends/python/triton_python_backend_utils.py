@@ -50,6 +50,7 @@ from edge_backends.python.model_config import (
 from edge_backends.python.pb_errors import TritonError, TritonModelException, call, server
 from edge_backends.python.pb_logging import Logger, LogLevel
 from edge_backends.python.pb_metrics import Metric, MetricFamily, MetricKind
+from edge_backends.python.shm import pack, unpack
 
 if TYPE_CHECKING:
     import asyncio  # imported where used: 6 MiB a model process of a synchronous model skips
@@ -381,7 +382,7 @@ class InferenceRequest:
         if decoupled:
             return ResponseIterator(channel.stream("infer_stream", *call))
         try:
-            outputs = channel.call("infer", *call)
+            outputs = unpack(channel.call("infer", *call))
         except CallFailed as exc:
             return InferenceResponse(error=TritonError(str(exc)))
         return InferenceResponse(output_tensors=[Tensor(n, a) for n, a in outputs.items()])
@@ -404,7 +405,7 @@ class InferenceRequest:
         if self._timeout:
             parameters["timeout"] = self._timeout
         version = "" if self._model_version < 0 else str(self._model_version)
-        inputs = {t.name(): np.asarray(t.as_numpy()) for t in self._inputs}
+        inputs = pack({t.name(): np.asarray(t.as_numpy()) for t in self._inputs})
         return (
             self._model_name,
             version,

@@ -1,12 +1,13 @@
 """The process that hosts one instance of a Python model.
 
 It imports `model.py` with `triton_python_backend_utils` importable, calls `initialize(args)`,
-then serves `execute` messages from the server until told to finalize. Inputs arrive in the
-server's shared memory arena, outputs go back through this process's own arena; everything
-else (decoupled responses, BLS, metrics, model loading) travels over the pipe as messages
-(channel.py). `async def execute` runs on one asyncio loop per process, on its own thread, as
-in Triton: a coroutine of a model that is not decoupled is awaited before the next request;
-a decoupled model's coroutine runs in the background until its final response. A decoupled
+then its main thread serves `execute` messages from the server's link until told to finalize.
+Inputs arrive in the server's shared memory arena, outputs go back through this process's own
+arena; the main thread's BLS and metric calls during execute() go over the link, everything
+else (decoupled responses, other threads' calls, model loading) over the pipe (channel.py).
+`async def execute` runs on one asyncio loop per process, on its own thread, as in Triton: a
+coroutine of a model that is not decoupled is awaited before the next request; a decoupled
+model's coroutine runs in the background until its final response. A decoupled
 request is handed back to the server once execute() returns ("returned"); its responses,
 final flag or failure follow tagged with it, from whichever thread sends them.
 """
@@ -30,9 +31,9 @@ import numpy as np
 from edge_backends.api import ERROR_CODES, RequestInfo
 from edge_backends.python import pb_logging
 from edge_backends.python import triton_python_backend_utils as pb_utils
-from edge_backends.python.channel import Channel
+from edge_backends.python.channel import Channel, Link
 from edge_backends.python.model_config import ModelConfig
-from edge_backends.python.shm import Arena, Reader
+from edge_backends.python.shm import Arena, Reader, pack
 
 if TYPE_CHECKING:
     import asyncio  # imported on a coroutine's first use: 6 MiB a synchronous model skips
@@ -149,6 +150,9 @@ class Runner:
         self._cancelled = cancelled
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flags: dict[int, _Flag] = {}  # decoupled requests going on, by tag
+        # Wakes execute() waiting for the final flags of responses sent from other threads
+        # (one for the runner: a request's own would cost an Event each).
+        self._answered = threading.Condition()
 
     def loop(self) -> asyncio.AbstractEventLoop:
         """The process's asyncio loop for coroutine models, started on first use."""
@@ -193,7 +197,8 @@ class Runner:
             timeout=info.timeout_us,
         )
         # A client's parameters as they came (doubles too), as python_backend's JSON text.
-        request._parameters = json.dumps(dict(info.parameters), default=str)
+        parameters = info.parameters
+        request._parameters = json.dumps(dict(parameters), default=str) if parameters else "{}"
         request._cancel_flag = cancel_flag
         request._sender = pb_utils.InferenceResponseSender(deliver, request.is_cancelled)
         return request
@@ -210,7 +215,7 @@ class Runner:
         infos = infos or [RequestInfo(output_names=tuple(outputs))]
         parts = _split(inputs, infos)
         sent: list[list[pb_utils.InferenceResponse]] = [[] for _ in infos]
-        finished = [threading.Event() for _ in infos]
+        finished = [False] * len(infos)  # set under self._answered (a sender on any thread)
 
         def deliver_to(index: int) -> Any:
             def deliver(response: pb_utils.InferenceResponse | None, final: bool) -> None:
@@ -221,7 +226,9 @@ class Runner:
                         )
                     sent[index].append(response)
                 if final:
-                    finished[index].set()
+                    with self._answered:
+                        finished[index] = True
+                        self._answered.notify_all()
 
             return deliver
 
@@ -233,8 +240,10 @@ class Runner:
         if isinstance(result, Coroutine):
             result = self._run(result).result()
         if result is None:  # answered through the response sender (Triton 24.06 and later)
-            for index, event in enumerate(finished):
-                if not event.wait(FINAL_RESPONSE_TIMEOUT_S) or not sent[index]:
+            with self._answered:
+                self._answered.wait_for(lambda: all(finished), FINAL_RESPONSE_TIMEOUT_S)
+            for index, done in enumerate(finished):
+                if not done or not sent[index]:
                     raise pb_utils.TritonModelException(
                         "execute() returned None but sent no response with "
                         "TRITONSERVER_RESPONSE_COMPLETE_FINAL through the response sender"
@@ -285,7 +294,7 @@ class Runner:
                     failure = Reported(error)
                     stream.fail(str(failure), failure.code)
                     return
-                self._channel.send("stream_response", tag, _outputs(response))
+                self._channel.send("stream_response", tag, pack(_outputs(response)))
             if final:
                 stream.done()
 
@@ -300,7 +309,7 @@ class Runner:
         except BaseException:
             stream.drop()
             raise
-        self._channel.send("returned", tag)
+        self._channel.finish("returned", tag)
 
     def _background_done(self, done: Future[Any], stream: _Stream) -> None:
         """A decoupled model's coroutine ended: a failure, or a value, fails its request."""
@@ -343,10 +352,16 @@ class Runner:
 
 
 def main(
-    connection: Connection, model_file: str, args: dict[str, str], name: str, cancelled: Any
+    connection: Connection,
+    link_end: Connection,
+    model_file: str,
+    args: dict[str, str],
+    name: str,
+    cancelled: Any,
 ) -> None:
     """Entry point of the worker process."""
-    channel = Channel(connection)
+    link = Link(link_end)
+    channel = Channel(connection, link)
     pb_logging.forward_to(channel)  # the server logs them, in its own format
     pb_utils._install(channel, str(Path(model_file).parent))
     try:
@@ -365,12 +380,15 @@ def main(
     reader = Reader()
     try:
         while True:
-            message = channel.commands.get()
-            if message is None:
+            try:
+                message = link.recv()
+            except (EOFError, OSError):
                 return  # the server is gone (killed or restarted): nothing to answer
             if message[0] == "finalize":
                 break
-            _, in_arena, metas, outputs, tag, infos = message
+            _, in_arena, metas, outputs, tag, fields = message
+            infos = [RequestInfo(*each) for each in fields]
+            channel.link_owner = threading.get_ident()
             try:
                 inputs = reader.read(in_arena, metas, copy=False)
                 if tag is not None:  # decoupled
@@ -386,13 +404,13 @@ def main(
                     else:
                         merged.update({f"{index}:{k}": v for k, v in answer.items()})
                 out_metas = arena.write(merged)
-                channel.send("result", arena.name, out_metas, errors)
+                channel.finish("result", arena.name, out_metas, errors)
             except Reported as exc:
-                channel.send("failed", str(exc), exc.code)
+                channel.finish("failed", str(exc), exc.code)
             except BaseException as exc:  # user code: report, keep serving
                 detail = traceback.format_exc(limit=3)
                 logging.getLogger("python_model").error("execute failed: %s", detail)
-                channel.send("failed", f"{type(exc).__name__}: {exc}")
+                channel.finish("failed", f"{type(exc).__name__}: {exc}")
         runner.stop()
         if hasattr(model, "finalize"):
             model.finalize()

@@ -13,6 +13,7 @@ from typing import Any
 
 from appliance.common.errors import InferenceFailed, InvalidInput, ServerUnavailable
 from appliance.scheduling.batcher import DynamicScheduler
+from appliance.scheduling.costs import WARMUP_EXECUTIONS
 from appliance.scheduling.instances import Job
 from appliance.scheduling.policy import BatchPolicy
 from appliance.scheduling.rate_limiter import RateLimiter
@@ -81,7 +82,6 @@ async def test_a_busy_instance_or_waiting_work_leaves_the_request_to_the_loop() 
 async def test_what_the_loop_must_order_or_wait_for_is_not_taken() -> None:
     loop = asyncio.get_running_loop()
     not_taken = [
-        make(Doubler(runs_inline=False))[0],  # a model in another process
         make(Doubler(), BatchPolicy(8, dynamic=True, max_queue_delay_ns=10**9))[0],
         make(Doubler(), preserve_ordering=True)[0],
         make(Doubler(), rate_limiter=RateLimiter(enabled=True))[0],
@@ -231,6 +231,22 @@ async def test_a_stop_at_its_deadline_fails_the_lane_waiters() -> None:
     model.gate.set()
     assert isinstance(await first, ServerUnavailable)
     assert stats.cancelled == 2
+
+
+async def test_a_model_in_another_process_runs_in_the_lane_but_never_on_the_loop() -> None:
+    """A front end's thread may block on a Python model's process as the instance thread
+    would (two thread hand-offs fewer a request), once its executions are known to be short
+    (a cancelled caller's thread waits for the execution); the loop itself never runs it."""
+    loop = asyncio.get_running_loop()
+    scheduler, stats = make(Doubler(runs_inline=False))
+    assert await here(scheduler, job(1.0, loop=loop)) is None  # its cost not learned yet
+    for _ in range(WARMUP_EXECUTIONS):
+        await scheduler.submit(job(1.0, loop=loop))
+    assert (await here(scheduler, job(1.0, loop=loop)))["y"].tolist() == [[2.0, 2.0]]
+    assert stats.execution_count == WARMUP_EXECUTIONS + 1
+    assert scheduler.run_here(job(2.0), inline=True) is None  # on the loop: not taken
+    assert scheduler.pending == 0
+    await scheduler.stop(1, "test")
 
 
 async def test_the_loop_itself_never_waits_in_the_lane() -> None:

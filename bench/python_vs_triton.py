@@ -1,0 +1,326 @@
+"""Python models: edge-appliance against tritonserver's own Python backend, same model.py files.
+
+    python -m bench.python_vs_triton [--trees .[,/tmp/old]] [--no-triton] [--rounds 2]
+        [--seconds 5] [--points add_sub:http:1,add_sub:grpc:1,...] [--output FILE.md]
+
+The repository (written here, our own model.py files): `add_sub` (INPUT0 + INPUT1 and
+INPUT0 - INPUT1, FP32 [4], as python_backend's example does); `bls`, which computes the same by
+calling add_sub through `pb_utils.InferenceRequest(...).exec()`; `repeat`, decoupled, answering
+each request with 100 responses (gRPC streaming). A point is MODEL:PROTOCOL:CONCURRENCY, the
+protocol http, grpc or grpc-stream (perf_analyzer --streaming).
+
+Each server (every tree's `appliance serve`, and tritonserver 2.51 through
+../shared/tools/tritonserver.sh, skipped with the reason where it cannot run) is started pinned
+to core 0, its model processes inheriting the pin; perf_analyzer drives it from core 1. A
+point's CPU is the utime + stime of the server's whole process tree (the server and its model
+processes, from /proc) over the run, divided by the inferences the server itself counted
+(the model's statistics, success count); its throughput is perf_analyzer's. Rounds alternate
+which server goes first; the table gives medians over rounds and the ratio of Triton's CPU to
+each tree's (above 1: cheaper than Triton). The machine may be shared: read the ratios of one
+run, not the absolutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.common import free_port, process_tree
+from bench.cpu import process_cpu_s
+from bench.cpu_per_request import Target, start_tree
+from bench.perf import DEFAULT_TOOL
+
+TRITON = "tritonserver"
+RESPONSES = 100
+DEFAULT_POINTS = (
+    "add_sub:http:1,add_sub:grpc:1,add_sub:http:8,add_sub:grpc:8,"
+    "bls:grpc:1,bls:grpc:8,repeat:grpc-stream:1"
+)
+READY_S = 180.0
+
+ADD_SUB_PY = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("OUTPUT0", (a + b).astype(np.float32)),
+                pb_utils.Tensor("OUTPUT1", (a - b).astype(np.float32)),
+            ]))
+        return responses
+"""
+
+BLS_PY = """\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(
+                model_name="add_sub",
+                requested_output_names=["OUTPUT0", "OUTPUT1"],
+                inputs=[pb_utils.get_input_tensor_by_name(request, "INPUT0"),
+                        pb_utils.get_input_tensor_by_name(request, "INPUT1")],
+            )
+            answer = call.exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.get_output_tensor_by_name(answer, "OUTPUT0"),
+                pb_utils.get_output_tensor_by_name(answer, "OUTPUT1"),
+            ]))
+        return responses
+"""
+
+REPEAT_PY = f"""\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            for _ in range({RESPONSES}):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", data)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+TWO_IN = """\
+input [
+  {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 4 ] }},
+  {{ name: "INPUT1", data_type: TYPE_FP32, dims: [ 4 ] }}
+]
+output [
+  {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 4 ] }},
+  {{ name: "OUTPUT1", data_type: TYPE_FP32, dims: [ 4 ] }}
+]
+"""
+CONFIG = """\
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+{tensors}
+instance_group [ {{ count: 1, kind: KIND_CPU }} ]
+{extra}"""
+REPEAT_TENSORS = """\
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]
+"""
+MODELS = {
+    "add_sub": (ADD_SUB_PY, TWO_IN.format(), ""),
+    "bls": (BLS_PY, TWO_IN.format(), ""),
+    "repeat": (REPEAT_PY, REPEAT_TENSORS, "model_transaction_policy { decoupled: true }\n"),
+}
+
+
+def build(root: Path) -> Path:
+    for name, (code, tensors, extra) in MODELS.items():
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.py").write_text(code)
+        (root / name / "config.pbtxt").write_text(
+            CONFIG.format(name=name, tensors=tensors, extra=extra)
+        )
+    return root
+
+
+def tree_cpu_s(pid: int) -> float:
+    """utime + stime of pid and every live descendant."""
+    return sum(process_cpu_s(p) for p in process_tree(pid))
+
+
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return bytes(response.read())
+
+
+def served(http: str, model: str) -> int:
+    """The inferences the server counted for `model` (its statistics, success count)."""
+    stats = json.loads(_get(f"http://{http}/v2/models/{model}/stats"))
+    return int(stats["model_stats"][0]["inference_stats"]["success"]["count"])
+
+
+def start_triton(tool: Path, repository: Path, log: Path) -> Target | str:
+    """tritonserver (`tool`: the shared tritonserver.sh) on core 0, ready; or why it cannot run."""
+    if not tool.exists():
+        return f"{tool} does not exist"
+    setup = subprocess.run([str(tool), "setup"], capture_output=True, text=True, check=False)
+    if setup.returncode != 0:
+        return f"tritonserver.sh setup failed: {setup.stderr.strip()[-300:]}"
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    command = [
+        "taskset", "-c", "0", str(tool), "run", str(repository),
+        str(http), str(grpc), str(metrics), "--log-verbose", "0",
+    ]  # fmt: skip
+    with log.open("ab") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    target = Target.__new__(Target)
+    target.name, target.http, target.grpc, target.proc = (
+        TRITON,
+        f"127.0.0.1:{http}",
+        f"127.0.0.1:{grpc}",
+        proc,
+    )
+    deadline = time.monotonic() + READY_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return f"tritonserver exited {proc.returncode} (log: {log})"
+        try:
+            _get(f"http://{target.http}/v2/health/ready")
+            return target
+        except OSError:
+            time.sleep(0.3)
+    target.stop()
+    return f"tritonserver not ready within {READY_S:.0f} s"
+
+
+def perf_run(
+    tool: Path, model: str, url: str, protocol: str, concurrency: int, seconds: float
+) -> float:
+    """perf_analyzer from core 1; its throughput (0 if it failed)."""
+    command = [
+        "taskset", "-c", "1", str(tool), "-m", model, "-u", url,
+        "-i", protocol.removesuffix("-stream"),
+        *(["--streaming"] if protocol == "grpc-stream" else []),
+        "--concurrency-range", f"{concurrency}:{concurrency}",
+        "--measurement-interval", str(round(seconds * 1000 / 3)),
+        "--stability-percentage", "1000", "--max-trials", "3",
+        "--warmup-request-count", str(2 * concurrency),
+    ]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True, check=False)
+    found = re.search(r"Throughput: ([\d.]+) infer/sec", out.stdout)
+    if not found:
+        print(f"perf_analyzer failed on {model} {protocol}: {out.stdout[-400:]}{out.stderr[-400:]}")
+        return 0.0
+    return float(found.group(1))
+
+
+Point = tuple[str, str, int]
+Results = dict[tuple[str, Point], list[tuple[float, float]]]  # -> (us per inference, infer/s)
+
+
+def measure(tool: Path, target: Target, point: Point, seconds: float) -> tuple[float, float]:
+    model, protocol, concurrency = point
+    url = target.http if protocol == "http" else target.grpc
+    perf_run(tool, model, url, protocol, concurrency, 1.0)  # warm-up
+    count0, cpu0 = served(target.http, model), tree_cpu_s(target.proc.pid)
+    rate = perf_run(tool, model, url, protocol, concurrency, seconds)
+    cpu1, count1 = tree_cpu_s(target.proc.pid), served(target.http, model)
+    done = count1 - count0
+    return ((cpu1 - cpu0) / done * 1e6 if done else float("nan")), rate
+
+
+def table(names: Sequence[str], points: Sequence[Point], results: Results) -> list[str]:
+    trees = [n for n in names if n != TRITON]
+    head = "| point | " + " | ".join(f"{n}: CPU us/inference, infer/s" for n in names)
+    ratios = [f"Triton's CPU / {n}'s" for n in trees] if TRITON in names else []
+    lines = [
+        head + "".join(f" | {r}" for r in ratios) + " |",
+        "|---|" + "--:|" * (len(names) + len(ratios)),
+    ]
+    for point in points:
+        cells, us = [], {}
+        for name in names:
+            values = results.get((name, point), [])
+            if not values:
+                cells.append("")
+                continue
+            us[name] = statistics.median(v[0] for v in values)
+            rate = statistics.median(v[1] for v in values)
+            each = "/".join(f"{v[0]:.0f}" for v in values)
+            cells.append(f"{us[name]:,.0f} ({each}), {rate:,.0f}/s")
+        for tree in trees if ratios else ():
+            both = TRITON in us and tree in us
+            cells.append(f"{us[TRITON] / us[tree]:.2f}" if both else "")
+        model, protocol, concurrency = point
+        lines.append(f"| {model} {protocol} c={concurrency} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.python_vs_triton",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--trees", default=".", help="comma-separated checkouts to serve")
+    parser.add_argument("--no-triton", action="store_true")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--points", default=DEFAULT_POINTS)
+    parser.add_argument("--perf-analyzer", type=Path, default=DEFAULT_TOOL)
+    parser.add_argument(
+        "--tritonserver", type=Path, help="tritonserver.sh (default: beside perf_analyzer's)"
+    )
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args(argv)
+    points: list[Point] = []
+    for text in args.points.split(","):
+        model, protocol, concurrency = text.split(":")
+        points.append((model, protocol, int(concurrency)))
+    trees = [str(Path(t).resolve()) for t in args.trees.split(",") if t]
+    names = trees + ([] if args.no_triton else [TRITON])
+    triton_tool = args.tritonserver or args.perf_analyzer.parent / "tritonserver.sh"
+    notes: list[str] = []
+    results: Results = {}
+    started_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    with tempfile.TemporaryDirectory(prefix="bench-pyvt-") as work:
+        repository = build(Path(work) / "models")
+        for round_index in range(args.rounds):
+            for name in names if round_index % 2 == 0 else names[::-1]:
+                if name == TRITON:
+                    started = start_triton(triton_tool, repository, Path(work) / "triton.log")
+                    if isinstance(started, str):
+                        if not notes:
+                            notes.append(f"tritonserver skipped: {started}")
+                            print(notes[-1], flush=True)
+                        continue
+                    target = started
+                else:
+                    target = start_tree(Path(name), repository)
+                try:
+                    for point in points:
+                        us, rate = measure(args.perf_analyzer, target, point, args.seconds)
+                        results.setdefault((name, point), []).append((us, rate))
+                        print(
+                            f"round {round_index} {name} {':'.join(map(str, point))}: "
+                            f"{us:.0f} us/inference, {rate:.0f}/s",
+                            flush=True,
+                        )
+                finally:
+                    target.stop()
+    lines = [
+        f"python_vs_triton, from {started_at}, {args.rounds} rounds of {args.seconds:g} s "
+        f"points, {os.cpu_count()} CPUs; medians (each round's figure in brackets)",
+        "",
+        *table(names, points, results),
+        *(["", *notes] if notes else []),
+    ]
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    if args.output:
+        args.output.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
