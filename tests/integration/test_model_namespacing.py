@@ -253,3 +253,22 @@ def test_steps_resolve_again_when_a_copy_comes_and_goes(tmp_path: Path) -> None:
         )
         with pytest.raises(InferenceServerException, match=AMBIGUOUS):
             _infer(client, "composing_model")
+
+
+def test_the_embedding_options_model_namespacing(tmp_path: Path) -> None:
+    """tritonserver.Options(model_namespacing=True), in process, as Triton's Python API."""
+    from appliance import tritonserver
+
+    options = tritonserver.Options(
+        model_repository=[str(repo) for repo in repositories(tmp_path)],
+        model_namespacing=True,
+        server_args=["--model-store-dir", str(tmp_path / "store")],
+    )
+    server = tritonserver.Server(options).start(wait_until_ready=True)
+    try:
+        responses = list(server.model("simple_subadd").infer(inputs={"INPUT0": A, "INPUT1": B}))
+        outputs = responses[0].outputs
+        np.testing.assert_allclose(np.asarray(outputs["OUTPUT0"]), SUBADD[0])
+        np.testing.assert_allclose(np.asarray(outputs["OUTPUT1"]), SUBADD[1])
+    finally:
+        server.stop()
