@@ -163,7 +163,8 @@ class ModelRegistry:
 
     def get(self, name: str, version: str = "") -> ServedVersion:
         """The version to run a request on; raises ModelNotFound / ModelNotReady."""
-        record = self._lookup(name)
+        copies = self._copies  # the hot path: one dict lookup unless a name is shared
+        record = self._lookup(name) if copies and name in copies else self._models.get(name)
         if record is None:
             raise UnknownModel(f"Request for unknown model: '{name}' is not found")
         if version:
