@@ -14,7 +14,7 @@ from appliance.common.errors import (
     UnknownModel,
 )
 from appliance.common.model_config import ModelConfig
-from appliance.repository.local import plain_name
+from appliance.repository.local import NAMESPACE_SEPARATOR, plain_name
 from appliance.runtime.loader import TensorRule
 from appliance.scheduling.contract import ModelScheduler
 from appliance.scheduling.ensemble import EnsemblePlan
@@ -128,7 +128,7 @@ class ModelRegistry:
         """The record of a key, or of a plain name that stands for one copy only; a name that
         stands for several is refused, as tritonserver refuses it."""
         if not self._copies or name not in self._copies:
-            return self._models.get(name)
+            return self._models.get(name) or self._exact(name)
         candidates = self._candidates(name)
         if len(candidates) > 1:
             raise InvalidInput(
@@ -145,6 +145,17 @@ class ModelRegistry:
         live = [r for r in records if r.versions or r.state != UNAVAILABLE]
         return live or [r for r in records if r.name != name] or records
 
+    def _exact(self, name: str) -> ModelRecord | None:
+        """The record of `NAME\\`: the model keyed by the plain name itself, even while other
+        copies of the name make the plain name ambiguous (what resolve_in answers for it)."""
+        if not name.endswith(NAMESPACE_SEPARATOR):
+            return None
+        return self._models.get(name[: -len(NAMESPACE_SEPARATOR)])
+
+    def _exact_key(self, record: ModelRecord) -> str:
+        shared = record.name in self._copies
+        return record.name + NAMESPACE_SEPARATOR if shared else record.name
+
     def resolve_in(self, name: str, namespace: str) -> str:
         """The key of the model an ensemble step of `namespace` (its repository) calls by
         `name`: the copy in that repository first, else the one copy there is, as tritonserver
@@ -154,8 +165,8 @@ class ModelRegistry:
         candidates = self._candidates(name)
         for record in candidates:
             if record.path is not None and str(record.path.parent) == namespace:
-                return record.name
-        return candidates[0].name if len(candidates) == 1 else self.record(name).name
+                return self._exact_key(record)
+        return self._exact_key(candidates[0] if len(candidates) == 1 else self.record(name))
 
     def copies(self, name: str) -> list[str]:
         """The keys of the copies a plain name stands for (with --model-namespacing)."""
@@ -165,6 +176,8 @@ class ModelRegistry:
         """The version to run a request on; raises ModelNotFound / ModelNotReady."""
         copies = self._copies  # the hot path: one dict lookup unless a name is shared
         record = self._lookup(name) if copies and name in copies else self._models.get(name)
+        if record is None and copies:
+            record = self._exact(name)
         if record is None:
             raise UnknownModel(f"Request for unknown model: '{name}' is not found")
         if version:

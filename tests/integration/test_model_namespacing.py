@@ -272,3 +272,26 @@ def test_the_embedding_options_model_namespacing(tmp_path: Path) -> None:
         np.testing.assert_allclose(np.asarray(outputs["OUTPUT1"]), SUBADD[1])
     finally:
         server.stop()
+
+
+def test_explicit_loads_follow_a_copy_that_comes_and_goes(tmp_path: Path) -> None:
+    """test_dynamic_resolution in EXPLICIT mode: loads made with one copy away call the other;
+    once it is back, a load of the ensemble loads its own copy again, and the other ensemble
+    keeps the copy of its own repository, although the name is ambiguous again."""
+    repos: list[Path | str] = list(repositories(tmp_path))
+    own = tmp_path / "addsub_repo" / "composing_model"
+    away = tmp_path / "composing_model"
+    flags = ("--model-namespacing=true", "--model-control-mode=explicit")
+    with ServerProcess(repos, *flags, log_path=tmp_path / "server.log") as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        own.rename(away)
+        for model in ("simple_addsub", "simple_subadd"):
+            client.load_model(model)
+        for model in ("simple_subadd", "simple_addsub", "composing_model"):
+            assert _answers(client, model, SUBADD), model
+        away.rename(own)
+        client.load_model("simple_addsub")
+        assert _answers(client, "simple_addsub", ADDSUB)
+        assert _answers(client, "simple_subadd", SUBADD)
+        with pytest.raises(InferenceServerException, match=AMBIGUOUS):
+            _infer(client, "composing_model")
