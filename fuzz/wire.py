@@ -45,11 +45,21 @@ class _Registry:
     def find(self, name: str) -> None:
         return None
 
+    def find_key(self, key: str) -> None:
+        return None
+
+    def copies(self, name: str) -> list[str]:
+        return []
+
 
 class Runtime:
     """The runtime below the control service: loads always succeed, nothing is read."""
 
     registry = _Registry()
+    namespacing = False
+
+    def copies_on_disk(self, name: str) -> list[str]:
+        return []
 
     def require_explicit(self, mode: str) -> None:
         pass

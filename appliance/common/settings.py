@@ -179,6 +179,7 @@ class ServerSettings:
     model_config_name: str = ""  # --model-config-name: configs/<name>.pbtxt where it exists
     model_load_threads: int = 2  # --model-load-thread-count (tritonserver's default is 4)
     model_load_retries: int = 0  # --model-load-retry-count: a failed version's load retried
+    model_namespacing: bool = False  # --model-namespacing: a name may be in two repositories
     # --backend-config [BACKEND,]default-max-batch-size=N: auto-complete's max_batch_size for
     # a model that can batch (0: auto-completed models do not batch), for every backend and
     # (backend, N) where one backend was given its own.

@@ -58,6 +58,7 @@ class Options:
     strict_readiness: bool = True
     exit_timeout: int = 30
     model_load_thread_count: int = 4
+    model_namespacing: bool = False
     log_file: str | None = None
     log_info: bool = False
     log_warn: bool = False
@@ -124,6 +125,7 @@ class Options:
             f"--strict-readiness={_bool(self.strict_readiness)}",
             "--exit-timeout-secs", str(self.exit_timeout),
             "--model-load-thread-count", str(self.model_load_thread_count),
+            f"--model-namespacing={_bool(self.model_namespacing)}",
             f"--log-info={_bool(self.log_info)}",
             f"--log-warning={_bool(self.log_warn)}",
             f"--log-error={_bool(self.log_error)}",

@@ -61,7 +61,6 @@ IGNORED_FLAGS = (
     "vertex-ai-port",
     "vertex-ai-thread-count",
     "vertex-ai-default-model",
-    "model-namespacing",
     "enable-peer-access",
     "pinned-memory-pool-byte-size",
     "cuda-memory-pool-byte-size",
@@ -81,7 +80,6 @@ IGNORED_FLAGS = (
 _IGNORED_BOOL = (
     "allow-sagemaker",
     "allow-vertex-ai",
-    "model-namespacing",
     "enable-peer-access",
 )
 _IGNORED_INT = (
@@ -406,6 +404,13 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="a model version whose load fails is tried again up to N more times before it "
         f"counts as failed, as tritonserver's (default {_D.model_load_retries})",
+    )
+    add_bool(
+        p,
+        "--model-namespacing",
+        "a model name may be in more than one repository: each copy is its own model, an "
+        "ensemble calls its own repository's first, a request by a shared name is refused "
+        "(default false: a name in two repositories stops the start)",
     )
     p.add_argument(
         "--model-config-name",
@@ -860,6 +865,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         model_config_name=_config_name(args.model_config_name),
         model_load_threads=args.model_load_thread_count,
         model_load_retries=args.model_load_retry_count,
+        model_namespacing=on(args.model_namespacing, False),
         default_max_batch_size=batch_defaults.pop("", _D.default_max_batch_size),
         backend_max_batch_sizes=tuple(sorted(batch_defaults.items())),
         server_id=args.id,

@@ -66,12 +66,33 @@ def escapes(path: Path, root: Path) -> bool:
     return not path.resolve().is_relative_to(root.resolve())
 
 
-def list_models(repositories: list[Path]) -> dict[str, Path]:
-    """Model name -> folder over every repository; a name found twice is an error.
+# Between a model's name and its repository's index in the key of a model whose name more than
+# one repository holds (--model-namespacing): a character no model name may have (a load
+# request's name is refused with it) and every file system keeps in a file name (the ledger).
+NAMESPACE_SEPARATOR = "\\"
+
+
+def namespaced_key(name: str, repository_index: int) -> str:
+    """The runtime's key of the copy of `name` in the `repository_index`-th repository."""
+    return f"{name}{NAMESPACE_SEPARATOR}{repository_index}"
+
+
+def plain_name(key: str) -> str:
+    """The model name a runtime key stands for (the key itself for a name only one holds)."""
+    name, separator, index = key.rpartition(NAMESPACE_SEPARATOR)
+    return name if separator and index.isdigit() else key
+
+
+def list_models(repositories: list[Path], namespacing: bool = False) -> dict[str, Path]:
+    """Model key -> folder over every repository. The key is the model's name; a name found in
+    two repositories is an error, unless `namespacing` (tritonserver's --model-namespacing):
+    then each copy's key is `namespaced_key(name, index of its repository)`.
 
     A model folder that is a symlink to somewhere outside its repository is skipped: the
     repository is the boundary of what this server loads (and runs, for Python models).
     """
+    if namespacing:
+        return _namespaced(repositories)
     models: dict[str, Path] = {}
     for repo in repositories:
         if not repo.is_dir():
@@ -96,6 +117,23 @@ def list_models(repositories: list[Path]) -> dict[str, Path]:
                     f"'{entry}'"
                 )
             models[entry.name] = entry
+    return models
+
+
+def _namespaced(repositories: list[Path]) -> dict[str, Path]:
+    copies: dict[str, list[tuple[int, Path]]] = {}
+    for index, repo in enumerate(repositories):
+        for name, path in list_models([repo]).items():
+            if NAMESPACE_SEPARATOR in name:
+                _warn_once(f"model folder '{path}' skipped: '\\' in its name (--model-namespacing)")
+                continue
+            copies.setdefault(name, []).append((index, path))
+    models: dict[str, Path] = {}
+    for name, found in copies.items():
+        if len(found) == 1:
+            models[name] = found[0][1]
+        else:
+            models.update((namespaced_key(name, index), path) for index, path in found)
     return models
 
 

@@ -27,7 +27,7 @@ from appliance.common.errors import (
 )
 from appliance.common.model_config import ENSEMBLE, ConfigBounds, ModelConfig, read_config
 from appliance.repository.ledger import ModelLedger, record_pin
-from appliance.repository.local import list_models, list_versions
+from appliance.repository.local import list_models, list_versions, plain_name
 from appliance.repository.rollout import ProbationRule
 from appliance.repository.rollout_policy import ShadowRule
 from appliance.runtime.history import RECORDED, LoadPlan, Recorded, UpdateHistory
@@ -46,7 +46,13 @@ from appliance.runtime.registry import (
 from appliance.runtime.settings import RuntimeSettings, release_version
 from appliance.runtime.shadow import ShadowTrial, ShadowTrials, fits_beside, mem_available_bytes
 from appliance.runtime.specs import build_scheduler, with_decoupled_steps
-from appliance.scheduling.ensemble import EnsembleStep, StepEmit, StepRequest, StepTensor
+from appliance.scheduling.ensemble import (
+    EnsemblePlan,
+    EnsembleStep,
+    StepEmit,
+    StepRequest,
+    StepTensor,
+)
 from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.stats import LatencyHistogram, LatencySummaries, ModelStats
 from edge_backends.api import InferenceHost
@@ -86,7 +92,7 @@ class ModelRuntime:
 
     def __init__(self, settings: RuntimeSettings, ledger: ModelLedger | None = None) -> None:
         self._settings = settings
-        self.registry = ModelRegistry()
+        self.registry = ModelRegistry(settings.namespacing)
         # The hot-path lookups, bound once.
         self.get = self.registry.get
         self.is_ready = self.registry.is_ready
@@ -134,7 +140,25 @@ class ModelRuntime:
     # ---- lifecycle ---------------------------------------------------------------------------
 
     def model_names(self) -> dict[str, Path]:
-        return list_models(list(self._settings.repositories))
+        return list_models(list(self._settings.repositories), self._settings.namespacing)
+
+    def step_model(self, step: EnsembleStep) -> str:
+        """The key of the model an ensemble step calls (with --model-namespacing: its own
+        repository's copy of a shared name first)."""
+        if not step.namespace:
+            return step.model_name
+        return self.registry.resolve_in(step.model_name, step.namespace)
+
+    @property
+    def namespacing(self) -> bool:
+        return self._settings.namespacing
+
+    def copies_on_disk(self, name: str) -> list[str]:
+        """The keys of the copies of a name that more than one repository holds (with
+        --model-namespacing; [] otherwise)."""
+        if not self._settings.namespacing:
+            return []
+        return sorted(key for key in self.model_names() if key != name and plain_name(key) == name)
 
     async def load_all(self, names: list[str] | None = None) -> None:
         """Load every model in the repositories (or just `names`), a few at a time."""
@@ -239,7 +263,7 @@ class ModelRuntime:
                     )
                     await residency.measure(ticket, prepared)
                 if prepared.ensemble is not None:
-                    await self._prepare_ensemble(prepared)
+                    await self._prepare_ensemble(prepared, name, path)
                 if source is None:  # failures on disk before anyone can see them (the index)
                     await self.history.remember(name, path, prepared, plan)
                 await self._switch(
@@ -298,12 +322,17 @@ class ModelRuntime:
             await self._retire(gone)
             raise
 
-    async def _prepare_ensemble(self, prepared: PreparedModel) -> None:
-        """An ensemble's steps checked and loaded first; a decoupled step makes it stream."""
+    async def _prepare_ensemble(self, prepared: PreparedModel, key: str, path: Path) -> None:
+        """An ensemble's steps checked and loaded first; a decoupled step makes it stream.
+        With --model-namespacing a step calls the copy in the ensemble's own repository of a
+        model that more than one repository holds, as tritonserver resolves it."""
         assert prepared.ensemble is not None
-        self._check_steps(prepared)
-        for step_model in prepared.ensemble.models:  # load what the ensemble calls
-            step_record = self.registry.find(step_model)
+        calls = set(prepared.ensemble.models)
+        if self._settings.namespacing:
+            prepared.ensemble, calls = self._own_steps(prepared.ensemble, path.parent)
+        self._check_steps(prepared, key)
+        for step_model in sorted(calls):  # load what the ensemble calls
+            step_record = self.registry.find_key(step_model)
             if step_record is None or not step_record.versions:
                 await self.load(step_model)
         try:
@@ -311,7 +340,19 @@ class ModelRuntime:
                 prepared.ensemble, prepared.config, self._step_is_decoupled
             )
         except ConfigError as exc:
-            self._refuse_ensemble(prepared, exc.message)
+            self._refuse_ensemble(key, exc.message)
+
+    def _own_steps(self, plan: EnsemblePlan, repository: Path) -> tuple[EnsemblePlan, set[str]]:
+        """The plan with each step resolving its model in `repository` first (at each request:
+        a copy may come or go), and the keys of the models it calls now."""
+        found = self.model_names()
+        calls = set()
+        for step in plan.steps:
+            copies = [k for k in found if k != step.model_name and plain_name(k) == step.model_name]
+            own = [k for k in copies if found[k].parent == repository]
+            calls.add(own[0] if own else copies[0] if len(copies) == 1 else step.model_name)
+        steps = tuple(dataclasses.replace(s, namespace=str(repository)) for s in plan.steps)
+        return dataclasses.replace(plan, steps=steps), calls
 
     async def _switch(
         self,
@@ -331,6 +372,9 @@ class ModelRuntime:
         gone = self._leave(record, plan.present)
         old = dict(record.versions)
         new = self._serve(prepared)
+        if self._settings.namespacing and plain_name(name) != name:
+            for served in new.values():
+                served.key = name
         if shadow is not None and self._shadowed(name, record, old, new, shadow):
             self._count_load(name, "success")
             await self._retire(gone)
@@ -628,24 +672,34 @@ class ModelRuntime:
 
     def _step_is_decoupled(self, step: EnsembleStep) -> bool:
         try:
-            return self.registry.get(step.model_name, step.model_version).decoupled
+            return self.registry.get(self.step_model(step), step.model_version).decoupled
         except ApplianceError:  # not ready: the step's requests will say so
             return False
 
-    def _check_steps(self, prepared: PreparedModel) -> None:
-        """An ensemble loads only when every model it calls is in a repository."""
+    def _check_steps(self, prepared: PreparedModel, key: str) -> None:
+        """An ensemble loads only when every model it calls is in a repository (with
+        --model-namespacing: in its own, or in just one other)."""
         assert prepared.ensemble is not None
         found = self.model_names()
+        repository = Path(prepared.ensemble.steps[0].namespace) if prepared.ensemble.steps else None
         for step in prepared.ensemble.steps:
             if step.model_name not in found:
+                copies = [k for k in found if plain_name(k) == step.model_name]
+                if any(found[k].parent == repository for k in copies):
+                    continue  # the copy in the ensemble's own repository
+                where = (
+                    f"which {len(copies)} other repositories hold (ambiguous)"
+                    if copies
+                    else "which is not in the model repository"
+                )
                 self._refuse_ensemble(
-                    prepared,
+                    key,
                     f"ensemble '{prepared.name}' step {step.index} calls model "
-                    f"'{step.model_name}', which is not in the model repository",
+                    f"'{step.model_name}', {where}",
                 )
 
-    def _refuse_ensemble(self, prepared: PreparedModel, message: str) -> NoReturn:
-        record = self.registry.record(prepared.name)
+    def _refuse_ensemble(self, key: str, message: str) -> NoReturn:
+        record = self.registry.record(key)
         if not record.versions:
             record.state, record.reason = UNAVAILABLE, message
         log.error("%s", message)

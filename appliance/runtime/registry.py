@@ -15,6 +15,7 @@ from appliance.common.errors import (
     UnknownModel,
 )
 from appliance.common.model_config import ModelConfig
+from appliance.repository.local import NAMESPACE_SEPARATOR, plain_name
 from appliance.runtime.loader import TensorRule
 from appliance.scheduling.contract import ModelScheduler
 from appliance.scheduling.ensemble import EnsemblePlan
@@ -71,6 +72,14 @@ class ServedVersion:
     # without a budget), and the monotonic ns of its last request (set as it is validated).
     memory_bytes: int = 0
     last_used_ns: int = field(default_factory=time.monotonic_ns)
+    # With --model-namespacing, the registry key of a copy of a name that more than one
+    # repository holds (repository/local.py's namespaced_key); "" otherwise.
+    key: str = ""
+
+    @property
+    def metric_name(self) -> str:
+        """The `model` label of its metrics: a shared name's copies each have their own."""
+        return self.key or self.name
 
     def __post_init__(self) -> None:
         self.max_batch_size = int(self.config.max_batch_size)
@@ -117,14 +126,69 @@ class ModelRecord:
 
 
 class ModelRegistry:
-    """Model records by name; `get` is the one lookup every request makes."""
+    """Model records by key (the model's name; with `namespacing`, a name that more than one
+    repository holds has a key per copy: repository/local.py's namespaced_key); `get` is the
+    one lookup every request makes."""
 
-    def __init__(self) -> None:
+    def __init__(self, namespacing: bool = False) -> None:
         self._models: dict[str, ModelRecord] = {}
+        self._namespacing = namespacing
+        self._copies: dict[str, list[str]] = {}  # a shared name -> its copies' keys
+
+    def _lookup(self, name: str) -> ModelRecord | None:
+        """The record of a key, or of a plain name that stands for one copy only; a name that
+        stands for several is refused, as tritonserver refuses it."""
+        if not self._copies or name not in self._copies:
+            return self._models.get(name) or self._exact(name)
+        candidates = self._candidates(name)
+        if len(candidates) > 1:
+            raise InvalidInput(
+                f"There are {len(candidates)} identifiers of model '{name}' in global map, "
+                "model namespace must be provided to resolve ambiguity."
+            )
+        return candidates[0] if candidates else None
+
+    def _candidates(self, name: str) -> list[ModelRecord]:
+        """The records a shared name stands for now: those loaded or loading (a copy that left
+        its repository, or was unloaded, no longer counts), else every one it ever had."""
+        keys = [name, *self._copies[name]] if name in self._models else self._copies[name]
+        records = [self._models[key] for key in keys]
+        live = [r for r in records if r.versions or r.state != UNAVAILABLE]
+        return live or [r for r in records if r.name != name] or records
+
+    def _exact(self, name: str) -> ModelRecord | None:
+        """The record of `NAME\\`: the model keyed by the plain name itself, even while other
+        copies of the name make the plain name ambiguous (what resolve_in answers for it)."""
+        if not name.endswith(NAMESPACE_SEPARATOR):
+            return None
+        return self._models.get(name[: -len(NAMESPACE_SEPARATOR)])
+
+    def _exact_key(self, record: ModelRecord) -> str:
+        shared = record.name in self._copies
+        return record.name + NAMESPACE_SEPARATOR if shared else record.name
+
+    def resolve_in(self, name: str, namespace: str) -> str:
+        """The key of the model an ensemble step of `namespace` (its repository) calls by
+        `name`: the copy in that repository first, else the one copy there is, as tritonserver
+        resolves a step; several and none of them there: refused as ambiguous."""
+        if name not in self._copies:
+            return name
+        candidates = self._candidates(name)
+        for record in candidates:
+            if record.path is not None and str(record.path.parent) == namespace:
+                return self._exact_key(record)
+        return self._exact_key(candidates[0] if len(candidates) == 1 else self.record(name))
+
+    def copies(self, name: str) -> list[str]:
+        """The keys of the copies a plain name stands for (with --model-namespacing)."""
+        return list(self._copies.get(name, ()))
 
     def get(self, name: str, version: str = "") -> ServedVersion:
         """The version to run a request on; raises ModelNotFound / ModelNotReady."""
-        record = self._models.get(name)
+        copies = self._copies  # the hot path: one dict lookup unless a name is shared
+        record = self._lookup(name) if copies and name in copies else self._models.get(name)
+        if record is None and copies:
+            record = self._exact(name)
         if record is None:
             raise UnknownModel(f"Request for unknown model: '{name}' is not found")
         if version:
@@ -171,17 +235,27 @@ class ModelRegistry:
         return served.instances_ready()
 
     def record(self, name: str) -> ModelRecord:
-        record = self._models.get(name)
+        record = self._lookup(name)
         if record is None:
             raise UnknownModel(f"Request for unknown model: '{name}' is not found")
         return record
 
     def find(self, name: str) -> ModelRecord | None:
-        return self._models.get(name)
+        return self._lookup(name)
+
+    def find_key(self, key: str) -> ModelRecord | None:
+        """The record of a key only (never of a shared name's copy)."""
+        return self._models.get(key)
 
     def add(self, name: str, path: Path) -> ModelRecord:
         """The model's record, made (UNAVAILABLE, nothing served) if it has none yet."""
-        return self._models.setdefault(name, ModelRecord(name=name, path=path))
+        record = self._models.get(name)
+        if record is None:
+            record = self._models[name] = ModelRecord(name=name, path=path)
+            plain = plain_name(name)
+            if self._namespacing and plain != name:
+                self._copies.setdefault(plain, []).append(name)
+        return record
 
     def records(self) -> list[ModelRecord]:
         return [self._models[name] for name in sorted(self._models)]

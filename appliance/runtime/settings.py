@@ -36,6 +36,9 @@ class RuntimeSettings:
     cache_dir: Path | None  # derived files of models (engines, conversions) go under it
     load_concurrency: int = 2
     load_retries: int = 0  # a version whose instances failed to load is tried this often again
+    # --model-namespacing: a model is (repository, name); a name in two repositories loads
+    # twice, and an ensemble's steps are its own repository's models first.
+    namespacing: bool = False
     # --metrics-config summary_latencies=true: the summaries' (quantile, error); () off.
     summary_quantiles: tuple[tuple[float, float], ...] = ()
     # --model-config-name: each model's config is configs/<name>.pbtxt where that exists.
@@ -77,6 +80,7 @@ class RuntimeSettings:
             state_dir=settings.model_store_dir,
             load_concurrency=settings.model_load_threads,
             load_retries=settings.model_load_retries,
+            namespacing=settings.model_namespacing,
             summary_quantiles=settings.summary_quantiles if settings.latency_summaries else (),
             default_max_batch_sizes={
                 "": settings.default_max_batch_size,

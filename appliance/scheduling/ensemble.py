@@ -60,6 +60,9 @@ class EnsembleStep:
     model_version: str  # "" = the latest ready version
     inputs: dict[str, str]  # step model input -> ensemble tensor
     outputs: dict[str, str]  # step model output -> ensemble tensor
+    # --model-namespacing: the ensemble's repository, whose copy of a name that more than one
+    # repository holds the step calls ("": the model of that name).
+    namespace: str = ""
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ with one converter of its own, so both protocols say the same thing.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import logging
 import shutil
@@ -30,7 +31,7 @@ from appliance.ops import buildinfo
 from appliance.ops.buildinfo import JETSON_RELEASE
 from appliance.ops.logs import LogSettings, LogState
 from appliance.ops.trace import Tracer
-from appliance.repository.local import check_model_name
+from appliance.repository.local import check_model_name, plain_name
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.registry import READY, ServedVersion
 from appliance.services.load_requests import check_loaded, pin_parameters, write_overrides
@@ -381,7 +382,15 @@ class ControlService:
             except ApplianceError:
                 on_disk = ()
         records = self.runtime.registry.records()
-        return index_rows(records, self.runtime.pending(), on_disk, ready_only)
+        rows = index_rows(records, self.runtime.pending(), on_disk, ready_only)
+        if not self.runtime.namespacing:
+            return rows
+        # Each copy of a name that more than one repository holds is listed under the name,
+        # as tritonserver lists them (the index has no namespace field).
+        return sorted(
+            (dataclasses.replace(row, name=plain_name(row.name)) for row in rows),
+            key=lambda row: (row.name, -1 if row.version is None else row.version),
+        )
 
     async def load_model(self, name: str, parameters: dict[str, Any]) -> None:
         """Load (or reload) a model; fails with the reason when no version came into service
@@ -393,6 +402,12 @@ class ControlService:
             return
         self.runtime.require_explicit(self.control_mode)
         check_model_name(name)
+        # --model-namespacing: a load by a name that more than one repository holds loads
+        # each copy, as tritonserver does.
+        for key in self.runtime.copies_on_disk(name) or [name]:
+            await self._load_one(key, parameters)
+
+    async def _load_one(self, name: str, parameters: dict[str, Any]) -> None:
         override = None
         config_json = parameters.get("config")
         if config_json:
@@ -436,6 +451,11 @@ class ControlService:
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self.runtime.require_explicit(self.control_mode)
+        copies = self.runtime.registry.copies(name)
+        if copies and self.runtime.registry.find_key(name) is None:
+            for key in copies:  # --model-namespacing: each copy of a shared name, as Triton
+                await self.unload_model(key, unload_dependents)
+            return
         if self.runtime.registry.find(name) is None:
             return  # Triton answers an unload of a model it never loaded with success
         if unload_dependents:

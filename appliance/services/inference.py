@@ -401,10 +401,11 @@ class InferenceService:
         A decoupled step's responses go to `each`."""
         if self._on_demand and not self.runtime.is_ready(step.model_name, step.model_version):
             await self._loaded(step.model_name, request.parameters)  # a step loads on demand
-        served = self.runtime.get(step.model_name, step.model_version)
+        model = self.runtime.step_model(step) if step.namespace else step.model_name
+        served = self.runtime.get(model, step.model_version)
         dims = {name: rule.dims for name, rule in served.inputs.items()}
         arrays, batch = step_arrays(inputs, dims, served.max_batch_size > 0)
-        call = (step.model_name, step.model_version, arrays, list(step.outputs))
+        call = (model, step.model_version, arrays, list(step.outputs))
         parameters, request_id = dict(request.parameters), request.request_id
         if each is not None:
             async for made in self.stream_arrays(*call, parameters, request_id):

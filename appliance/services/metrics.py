@@ -103,7 +103,7 @@ def _summaries(versions: Iterable[ServedVersion]) -> Iterator[Metric]:
         summaries = served.stats.summaries
         if summaries is None:
             continue
-        labels = {"model": served.name, "version": str(served.version)}
+        labels = {"model": served.metric_name, "version": str(served.version)}
         wanted = [q for q, _ in summaries.quantiles]
         with served.stats.lock:
             for name in SUMMARY_NAMES:
@@ -152,7 +152,7 @@ class InferenceCollector(Collector):
             for name, text, attribute in _DURATIONS
         ]
         for served in self._versions():
-            labels = [served.name, str(served.version)]
+            labels = [served.metric_name, str(served.version)]
             stats = served.stats
             success.add_metric(labels, stats.success.count)
             for reason in _FAILURE_REASONS:
@@ -176,7 +176,9 @@ class InferenceCollector(Collector):
                 ):
                     cumulative += in_bucket
                     buckets.append((str(bound) if bound != float("inf") else "+Inf", cumulative))
-                histogram.add_metric([served.name, str(served.version)], buckets, latency.sum_ms)
+                histogram.add_metric(
+                    [served.metric_name, str(served.version)], buckets, latency.sum_ms
+                )
         if histogram.samples:
             yield histogram
         yield from _summaries(self._versions())
@@ -198,7 +200,7 @@ class InferenceCollector(Collector):
                 counts[kind] = counts.get(kind, 0) + group.count
             for kind, total in sorted(counts.items()):
                 placed.add_metric(
-                    [served.name, str(served.version), kind, served.config.backend], total
+                    [served.metric_name, str(served.version), kind, served.config.backend], total
                 )
         return placed
 
@@ -290,7 +292,7 @@ class CacheCollector(Collector):
         )
         for served in self._versions():
             if served.cache_enabled:
-                labels = [served.name, str(served.version)]
+                labels = [served.metric_name, str(served.version)]
                 hits.add_metric(labels, served.stats.cache_hit.count)
                 misses.add_metric(labels, served.stats.cache_miss.count)
         yield hits

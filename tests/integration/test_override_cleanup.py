@@ -87,7 +87,7 @@ async def test_a_request_cancelled_while_the_runtime_loads_leaves_none(
 ) -> None:
     loading = asyncio.Event()
 
-    async def load_forever(*args: Any) -> None:
+    async def load_forever(*args: Any, **kwargs: Any) -> None:
         loading.set()
         await asyncio.Event().wait()
 
