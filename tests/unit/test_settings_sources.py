@@ -21,8 +21,10 @@ def _serve_settings(*flags: str) -> ServerSettings:
 
 
 def _comparable(settings: RuntimeSettings) -> RuntimeSettings:
-    """Without what differs by design: how many models load at once, where engines go."""
-    return dataclasses.replace(settings, load_concurrency=0, cache_dir=None)
+    """Without what differs by design: how many models load at once, where engines go, and
+    the state folder (serve keeps the memory budget's measured costs there; check and tune
+    keep nothing)."""
+    return dataclasses.replace(settings, load_concurrency=0, cache_dir=None, state_dir=None)
 
 
 def test_serve_flags_default_to_the_settings_dataclasses() -> None:
