@@ -527,7 +527,7 @@ class PythonInstance(InstanceBase):
         told = False
         fields = [
             (r.request_id, r.correlation_id, r.flags, r.parameters, r.timeout_us,
-             r.output_names, r.batch_size)
+             r.output_names, r.batch_size, r.ragged_shapes)
             for r in requests
         ]  # fmt: skip
         try:

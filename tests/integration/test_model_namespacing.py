@@ -161,7 +161,7 @@ def test_the_index_lists_each_copy(server: ServerProcess) -> None:
         ]
     )
     assert {row["state"] for row in index} == {"READY"}
-    assert all(set(row) == {"name", "version", "state", "reason"} for row in index)
+    assert all(set(row) == {"name", "version", "state"} for row in index)  # READY: no reason
 
 
 def test_statistics_and_metrics_of_each_copy(server: ServerProcess) -> None:
