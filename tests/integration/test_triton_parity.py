@@ -4,6 +4,8 @@ without the reference: each assertion is what tritonserver 2.51 answers to the s
 
 from __future__ import annotations
 
+import json
+import socket
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -313,3 +315,42 @@ def test_load_and_unload_outside_explicit_mode_are_unavailable(tmp_path: Path) -
                 service_pb2.RepositoryModelLoadRequest(model_name="identity_int32")
             )
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def _expecting(server: ServerProcess, path: str, length: int) -> tuple[socket.socket, bytes]:
+    """A request head with Expect: 100-continue and no body yet; what the server answers."""
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\nExpect: 100-continue\r\n\r\n"
+    )
+    sock.sendall(head.encode())
+    return sock, sock.recv(65536)
+
+
+def _rest(sock: socket.socket, first: bytes) -> bytes:
+    """`first` and what follows until the connection closes."""
+    answer = first
+    while data := sock.recv(65536):
+        answer += data
+    return answer
+
+
+def test_expect_100_continue_is_answered(served: ServerProcess) -> None:
+    """Expect: 100-continue is answered before the body, on the infer route (the fast path)
+    as on any other: 100 Continue and then the answer; a body over the limit refused with
+    413 at once, before it is sent (the infer route gave no answer at all)."""
+    body = json.dumps(_add_sub()).encode()
+    for path in ("/v2/models/add_sub/infer", "/v2/repository/index"):
+        sock, first = _expecting(served, path, len(body))
+        with sock:
+            assert first.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), (path, first)
+            sock.sendall(body)
+            answer = first[len(b"HTTP/1.1 100 Continue\r\n\r\n") :] or sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), (path, answer)
+    sock, first = _expecting(served, "/v2/models/add_sub/infer", 1 << 40)
+    with sock:
+        answer = _rest(sock, first)
+    assert answer.startswith(b"HTTP/1.1 413 Request Entity Too Large\r\n"), answer
+    assert b"request JSON size exceeds the maximum allowed input size" in answer
+    assert b"Connection: close" in answer

@@ -115,6 +115,7 @@ class _Message:
         "body",
         "chunked",
         "complete",
+        "expects",
         "fields",
         "filled",
         "headers",
@@ -137,6 +138,7 @@ class _Message:
         self.pending_bytes = 0
         self.chunked = False
         self.complete = False
+        self.expects = False  # Expect: 100-continue, not yet answered
         self.keep_alive = True
         self.model = ""
         self.version = ""
@@ -191,7 +193,8 @@ class InferConnection(asyncio.BufferedProtocol):
         self._raw_relay = False  # after an upgrade: every byte goes to aiohttp
         self._relay_answered = False  # aiohttp wrote the active relayed request's answer
         self._flow = FlowControl()
-        self._fatal: tuple[int, str] | None = None  # a request that cannot be parsed
+        # A request that cannot be parsed, or a refusal answered before its body is sent.
+        self._fatal: tuple[int, str] | Reply | None = None
         self._closing = False  # answer what is in progress, then close
         self._closed = asyncio.Event()
         now = loop.time()
@@ -387,9 +390,21 @@ class InferConnection(asyncio.BufferedProtocol):
             if length >= STREAMED_BYTES:
                 message.body = bytearray(length)
         expects = headers.get("expect", "").lower() == "100-continue"
-        if expects and message.reply is None and message is self._messages[0]:
+        message.expects = expects and (length > 0 or message.chunked)  # a body to come
+        if message.expects and message is self._messages[0]:
+            self._expected(message)
+
+    def _expected(self, message: _Message) -> None:
+        """Answer `message`'s Expect: 100-continue (it is the next to be answered): 100 when
+        its body is wanted; a refusal decided from its head (413 for a body over the limit)
+        at once instead, closing the connection (the client may or may not send the body)."""
+        message.expects = False
+        if message.reply is None:
             assert self._transport is not None
             self._transport.write(_CONTINUE)
+            return
+        if not message.complete:
+            self._fail(message.reply.status, "", message.reply)
 
     def on_body(self, body: bytes) -> None:
         message = self._current
@@ -447,9 +462,8 @@ class InferConnection(asyncio.BufferedProtocol):
                 return  # resume_writing pumps again
             if not self._messages:
                 if self._fatal is not None:
-                    status, text = self._fatal
-                    self._fatal = None
-                    reply = self._route.error(status, text)
+                    fatal, self._fatal = self._fatal, None
+                    reply = fatal if isinstance(fatal, Reply) else self._route.error(*fatal)
                     self._write_reply(reply, keep_alive=False, headers={})
                     self._close()
                 else:
@@ -467,6 +481,9 @@ class InferConnection(asyncio.BufferedProtocol):
                 self._activate_relay(message)
                 return
             if not message.complete:
+                if message.expects:  # pipelined behind the one just answered
+                    self._expected(message)
+                    continue
                 return  # the data that completes it pumps again
             self._messages.popleft()
             self._active = message
@@ -550,13 +567,14 @@ class InferConnection(asyncio.BufferedProtocol):
         self._messages = deque([active] if active is not None and active.relay else [])
         self._current = None
 
-    def _fail(self, status: int, text: str) -> None:
-        """A request that breaks the connection's limits: answered once the ones before it
-        are, then the connection closes; nothing more of it is read."""
+    def _fail(self, status: int, text: str, reply: Reply | None = None) -> None:
+        """A request that breaks the connection's limits (or `reply`, a refusal answered
+        without its body): answered once the ones before it are, then the connection closes;
+        nothing more of it is read."""
         if self._current is not None and self._current in self._messages:
             self._messages.remove(self._current)
         self._current = None
-        self._fatal = (status, text)
+        self._fatal = reply if reply is not None else (status, text)
         self.hold("fatal")
 
     # ---- relaying to aiohttp -----------------------------------------------------------------
