@@ -445,24 +445,10 @@ class OciSource:
 
     def _remove_gone(self, models: dict[str, ModelEntry], only: set[str] | None) -> set[str]:
         """Delete from the store what the index no longer lists (after a good index)."""
-        changed: set[str] = set()
-        if not self.store.root.is_dir():
-            return changed
-        for folder in sorted(self.store.root.iterdir()):
-            name = folder.name
-            if not folder.is_dir() or (only is not None and name not in only):
-                continue
-            if name not in models:
-                log.info("model '%s' left %s; removing it from the store", name, self.url)
-                self.store.remove_model(name)
-                changed.add(name)
-                continue
-            for entry in folder.iterdir():
-                version = version_number(entry.name)
-                if version is not None and version not in models[name].versions and entry.is_dir():
-                    self.store.remove_version(name, version)
-                    self._synced.pop((name, version), None)
-                    changed.add(name)
+        listed = {name: entry.versions.keys() for name, entry in models.items()}
+        changed, removed = self.store.remove_unlisted(listed, only, self.url)
+        for key in removed:
+            self._synced.pop(key, None)
         for key in list(self.pending):
             if key[0] not in models or key[1] not in models[key[0]].versions:
                 del self.pending[key]

@@ -1018,25 +1018,12 @@ class S3Source:
 
     def _remove_gone(self, remote: dict[str, RemoteModel], only: set[str] | None) -> set[str]:
         """Delete from the store what the bucket no longer has (after a good listing)."""
-        changed: set[str] = set()
-        if not self.store.root.is_dir():
-            return changed
-        for folder in sorted(self.store.root.iterdir()):
-            name = folder.name
-            if not folder.is_dir() or (only is not None and name not in only):
-                continue
-            if name not in remote:
-                log.info("model '%s' left %s; removing it from the store", name, self.url)
-                self.store.remove_model(name)
-                changed.add(name)
-                continue
-            listed = remote[name].versions.keys() | remote[name].bad_versions.keys()
-            for entry in folder.iterdir():
-                version = version_number(entry.name)
-                if version is not None and version not in listed and entry.is_dir():
-                    self.store.remove_version(name, version)
-                    self._last_listing.pop((name, version), None)
-                    changed.add(name)
+        listed = {
+            name: held.versions.keys() | held.bad_versions.keys() for name, held in remote.items()
+        }
+        changed, removed = self.store.remove_unlisted(listed, only, self.url)
+        for key in removed:
+            self._last_listing.pop(key, None)
         for model, version in list(self.pending):
             held = remote.get(model)
             if held is None or (version not in held.versions and version not in held.bad_versions):

@@ -18,13 +18,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+from appliance.repository.local import version_number
 from appliance.repository.manifest import (
     MANIFEST,
     SYNC_RECORD,
@@ -32,6 +34,8 @@ from appliance.repository.manifest import (
     parse_manifest,
     sha256_of,
 )
+
+log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 # The free space downloads leave by default: the smaller of these, so that a small store
@@ -304,6 +308,33 @@ class ModelStore:
     def remove_model(self, model: str) -> None:
         self._remove(self.root / model)
         shutil.rmtree(self.staging / model, ignore_errors=True)
+
+    def remove_unlisted(
+        self, listed: Mapping[str, Collection[int]], only: set[str] | None, source: str
+    ) -> tuple[set[str], list[tuple[str, int]]]:
+        """Delete the models and version folders that `listed` (model -> versions, read from a
+        good listing of `source`) no longer has; `only` limits it to those models. Returns the
+        models changed and the (model, version) pairs removed."""
+        changed: set[str] = set()
+        removed: list[tuple[str, int]] = []
+        if not self.root.is_dir():
+            return changed, removed
+        for folder in sorted(self.root.iterdir()):
+            name = folder.name
+            if not folder.is_dir() or (only is not None and name not in only):
+                continue
+            if name not in listed:
+                log.info("model '%s' left %s; removing it from the store", name, source)
+                self.remove_model(name)
+                changed.add(name)
+                continue
+            for entry in folder.iterdir():
+                version = version_number(entry.name)
+                if version is not None and version not in listed[name] and entry.is_dir():
+                    self.remove_version(name, version)
+                    removed.append((name, version))
+                    changed.add(name)
+        return changed, removed
 
     def remove_model_file(self, model: str, relpath: str) -> None:
         (self.root / model / relpath).unlink(missing_ok=True)

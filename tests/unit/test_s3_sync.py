@@ -112,6 +112,23 @@ def test_publish_moves_a_whole_version_and_records_what_it_holds(tmp_path: Path)
     assert list((tmp_path / "trash").iterdir()) == []
 
 
+def test_what_a_good_listing_no_longer_has_leaves_the_store(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path, "src", reserve_bytes=0)
+    store.open()
+    for model, version in (("kept", 1), ("kept", 2), ("gone", 1), ("other", 3)):
+        store.version_dir(model, version).mkdir(parents=True)
+    (store.root / "kept" / "config.pbtxt").write_text("")  # not a version folder: stays
+    changed, removed = store.remove_unlisted(
+        {"kept": {1}, "other": set()}, {"kept", "gone"}, "s3://b"
+    )
+    assert changed == {"kept", "gone"}
+    assert removed == [("kept", 2)]
+    assert sorted(p.name for p in (store.root / "kept").iterdir()) == ["1", "config.pbtxt"]
+    assert not (store.root / "gone").exists()
+    assert store.version_dir("other", 3).is_dir()  # outside `only`: untouched
+    assert list((tmp_path / "trash").iterdir()) == []
+
+
 def test_disk_reserve_is_checked_before_a_download(tmp_path: Path) -> None:
     store = ModelStore(tmp_path, "src", reserve_bytes=1 << 60)
     store.open()
