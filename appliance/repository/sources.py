@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -60,25 +61,18 @@ class RemoteSources:
         timeout_s: float = 10.0,
         tuf_root: bytes | None = None,  # --model-repository-tuf-root: TUF metadata mode
     ) -> None:
+        s3_kind: Callable[..., S3Source] = S3Source
         extra: dict[str, bytes] = {}
-        tuf_kind: Callable[..., S3Source] = S3Source
         if tuf_root is not None:
             from appliance.repository.tuf_source import TufSource
 
-            tuf_kind, extra = TufSource, {"trusted_root": tuf_root}
-        self.sources: list[S3Source | OciSource] = [
-            tuf_kind(
-                url,
-                state_dir,
-                reserve_bytes,
-                manifest,
-                rate_bytes_s=rate_bytes_s,
-                ledger=ledger,
-                timeout_s=timeout_s,
-                **extra,
-            )
-            if url.startswith("s3://")
-            else OciSource(
+            s3_kind, extra = TufSource, {"trusted_root": tuf_root}
+
+        def source_for(url: str) -> S3Source | OciSource:
+            kind: Callable[..., S3Source | OciSource] = OciSource
+            if url.startswith("s3://"):
+                kind = functools.partial(s3_kind, **extra)
+            return kind(
                 url,
                 state_dir,
                 reserve_bytes,
@@ -87,8 +81,8 @@ class RemoteSources:
                 ledger=ledger,
                 timeout_s=timeout_s,
             )
-            for url in locations
-        ]
+
+        self.sources: list[S3Source | OciSource] = [source_for(url) for url in locations]
         self.agents: list[FleetAgent] = []  # fleet rollouts, one per source (enable_fleet)
 
     @property
