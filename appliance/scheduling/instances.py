@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from appliance.common.host_policy import HostPolicy
 from appliance.common.types import Array
+from appliance.ops import affinity
 from appliance.scheduling.ragged import BatchShaping, gather, scatter
 from edge_backends.api import BackendError, InputRejected, ModelInstance, Pending, RequestInfo
 
@@ -185,13 +187,16 @@ class InstanceWorker:
         resources: dict[str, int] | None = None,
         priority: int = 0,
         shaping: BatchShaping | None = None,
+        host_policy: HostPolicy | None = None,
     ) -> None:
         self.name = name
+        self.host_policy = host_policy  # the thread's cores and memory node (--host-policy)
         self._shaping = shaping or BatchShaping()  # ragged inputs and batch inputs
         self.resources = resources or {}  # rate_limiter resources held while a batch runs
         self.priority = priority
-        # Instances that wait on another process must never run on the event loop.
-        self.inline_ok = instance.runs_inline
+        # Instances that wait on another process must never run on the event loop, nor those
+        # bound to cores or a memory node (the loop's thread is not).
+        self.inline_ok = instance.runs_inline and host_policy is None
         self._wants_requests = instance.wants_requests  # else the batch's tensors only
         self._instance = instance
         self._running: Sequence[Job] = ()  # the batch in hand, for the cancel check
@@ -280,6 +285,10 @@ class InstanceWorker:
     def _serve(self) -> None:
         assert self._loop is not None
         try:
+            try:
+                affinity.apply(self.host_policy)
+            except OSError as exc:  # the load applied it already: not expected to fail here
+                log.error("instance %s: %s", self.name, exc)
             while True:
                 item = self._inbox.get()
                 if item is None:

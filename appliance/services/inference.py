@@ -98,9 +98,13 @@ class InferenceService:
         cache: ResponseCache | None = None,
         tracer: Tracer | None = None,
         limits: RequestLimits | None = None,
+        max_waiting_responses: int = 0,
     ) -> None:
         self.runtime = runtime
         self.cache = cache
+        # A decoupled request's responses not yet taken by its reader, at most (0: the
+        # default, DECOUPLED_MAX_RESPONSES; --grpc-max-response-pool-size).
+        self.max_waiting_responses = max_waiting_responses or DECOUPLED_MAX_RESPONSES
         self.tracer = tracer or Tracer()
         # Front ends pass these to their decoders too, to refuse before allocating.
         self.limits = limits or RequestLimits()
@@ -321,7 +325,7 @@ class InferenceService:
         start = time.monotonic_ns()
         loop = asyncio.get_running_loop()
         responses: asyncio.Queue[tuple[dict[str, Array], int]] = asyncio.Queue()
-        room = _ResponseRoom(threading.get_ident())
+        room = _ResponseRoom(threading.get_ident(), self.max_waiting_responses)
         job = validate(served, request, self.limits)
 
         def emit(outputs: dict[str, Array]) -> None:  # called from the instance's thread
@@ -558,7 +562,8 @@ class InferenceService:
 # A decoupled request's responses the model has made and its reader has not taken yet: past
 # either bound, the model's next response waits in its sender until the reader takes one (the
 # reader: a ModelStreamInfer stream, held back in turn by its client's reading). Triton's
-# --grpc-max-response-pool-size holds a model back the same way. One response is let through
+# --grpc-max-response-pool-size holds a model back the same way, and sets the count here
+# (Triton's default is no bound; a device's memory needs one). One response is let through
 # whatever its size, so a response larger than the byte bound still goes out.
 DECOUPLED_MAX_RESPONSES = 16
 DECOUPLED_MAX_BYTES = 32 << 20
@@ -593,13 +598,15 @@ class _ResponseRoom:
         "_cond",
         "_count",
         "_loop_thread",
+        "_max_count",
         "_taken_at",
         "on_stall",
         "stalled",
     )
 
-    def __init__(self, loop_thread: int) -> None:
+    def __init__(self, loop_thread: int, max_count: int = DECOUPLED_MAX_RESPONSES) -> None:
         self._cond = threading.Condition(threading.Lock())
+        self._max_count = max_count
         self._count = 0
         self._bytes = 0
         self._closed = False
@@ -636,7 +643,7 @@ class _ResponseRoom:
     def _full(self, size: int) -> bool:
         if not self._count:
             return False
-        return self._count >= DECOUPLED_MAX_RESPONSES or self._bytes + size > DECOUPLED_MAX_BYTES
+        return self._count >= self._max_count or self._bytes + size > DECOUPLED_MAX_BYTES
 
     def taken(self, size: int) -> None:
         with self._cond:
