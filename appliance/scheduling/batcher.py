@@ -453,7 +453,8 @@ class DynamicScheduler(SchedulerBase):
         with self._lock:
             del self._running[worker]
             self._give_back_worker(worker)
-            self._learn_cost(result)
+            if result.cpu_ns >= 0:  # the runs whose CPU time was read (instances.py: all
+                self._learn_cost(result)  # at first, then one in 8): the lane's hot path
             wake = bool(len(self._queue)) or self._drained is not None
         if not result.batch_size:  # as `_instance_done` does
             log_unexpected(self._label, result.outcomes)
