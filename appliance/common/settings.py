@@ -12,6 +12,8 @@ MiB = 1024 * 1024
 # Triton's auto-complete max_batch_size for a model whose first dimension is dynamic, and the
 # one source of it: the runtime passes it (or --backend-config's) to every backend.
 DEFAULT_MAX_BATCH_SIZE = 4
+# Triton's max_sequence_idle_microseconds where a config gives none (its served config says so).
+SEQUENCE_IDLE_DEFAULT_US = 1_000_000
 
 
 # Triton's default latency summary quantiles, (quantile, allowed error) each.

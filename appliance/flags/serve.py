@@ -793,6 +793,16 @@ def _check_extras(
             raise SystemExit(f"edge-appliance: {problem}")
 
 
+def _repositories(given: list[str]) -> tuple[tuple[Path, ...], tuple[str, ...]]:
+    """The local and remote repositories, each once: tritonserver keeps its repositories in a
+    set, so a path given twice is one repository (here also two spellings of one folder),
+    where two would hold every model twice."""
+    local: dict[str, Path] = {}
+    for path in (p for p in given if not is_remote(p)):
+        local.setdefault(os.path.realpath(path), Path(path))
+    return tuple(local.values()), tuple(dict.fromkeys(r for r in given if is_remote(r)))
+
+
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     if not args.model_repository:
         raise SystemExit("edge-appliance: --model-repository is required")
@@ -806,7 +816,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     trace, ignored_trace = parse_trace_config(args.trace_config, args.trace_level)
     batch_defaults, ignored_backend = parse_backend_config(args.backend_config)
     ignored += ignored_trace + ignored_backend
-    remote = tuple(r for r in args.model_repository if is_remote(r))
+    local, remote = _repositories(args.model_repository)
     if not args.repository_timeout_secs > 0:
         raise SystemExit("edge-appliance: --repository-timeout-secs must be above 0")
     ratio = args.model_rollback_latency_ratio
@@ -828,7 +838,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     if args.model_signature and (problem := extras.missing("model_signing", "--model-signature")):
         raise SystemExit(f"edge-appliance: {problem}")
     return ServerSettings(
-        model_repositories=tuple(Path(p) for p in args.model_repository if not is_remote(p)),
+        model_repositories=local,
         remote_repositories=remote,
         model_store_dir=args.model_store_dir or default_store_dir(),
         model_store_reserve_bytes=(

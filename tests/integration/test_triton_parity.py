@@ -354,3 +354,67 @@ def test_expect_100_continue_is_answered(served: ServerProcess) -> None:
     assert answer.startswith(b"HTTP/1.1 413 Request Entity Too Large\r\n"), answer
     assert b"request JSON size exceeds the maximum allowed input size" in answer
     assert b"Connection: close" in answer
+
+
+_PINNED = {
+    "priority": "PRIORITY_DEFAULT",
+    "input_pinned_memory": {"enable": True},
+    "output_pinned_memory": {"enable": True},
+    "gather_kernel_buffer_threshold": 0,
+    "eager_batching": False,
+}
+
+
+def test_the_served_config_has_tritons_normalised_defaults(served: ServerProcess) -> None:
+    """Triton's core normalises every config (NormalizeModelConfig, NormalizeInstanceGroup):
+    pinned-memory options, `preferred_batch_size: [max_batch_size]`, the sequence batcher's
+    idle time, a default instance group named as the model; none of it on an ensemble. HTTP
+    writes every field in the .proto's order, gRPC the fields that are set."""
+    config = _http(served, "GET", "/v2/models/add_sub/config")["body"]
+    assert list(config) == [
+        "name", "platform", "backend", "runtime", "version_policy", "max_batch_size", "input",
+        "output", "batch_input", "batch_output", "optimization", "dynamic_batching",
+        "instance_group", "default_model_filename", "cc_model_filenames", "metric_tags",
+        "parameters", "model_warmup",
+    ]  # fmt: skip
+    assert config["optimization"] == _PINNED
+    assert config["dynamic_batching"]["preferred_batch_size"] == [8]
+    grpc_config = _stub(served).ModelConfig(service_pb2.ModelConfigRequest(name="add_sub")).config
+    assert list(grpc_config.dynamic_batching.preferred_batch_size) == [8]
+    assert grpc_config.optimization.input_pinned_memory.enable
+    ensemble = _http(served, "GET", "/v2/models/pipeline/config")["body"]
+    assert ensemble["instance_group"] == []
+    assert "optimization" not in ensemble
+    # A config without instance groups or the sequence batcher's settings (loaded as an
+    # override of identity_int32's, then put back).
+    override = {
+        "backend": "python",
+        "max_batch_size": 2,
+        "input": [{"name": "IN", "data_type": "TYPE_INT32", "dims": [-1]}],
+        "output": [{"name": "OUT", "data_type": "TYPE_INT32", "dims": [-1]}],
+        "sequence_batching": {"oldest": {}},
+    }
+    path = "/v2/repository/models/identity_int32/load"
+    body = {"parameters": {"config": json.dumps(override)}}
+    try:
+        assert _http(served, "POST", path, body)["status"] == 200
+        config = _http(served, "GET", "/v2/models/identity_int32/config")["body"]
+        assert config["sequence_batching"]["max_sequence_idle_microseconds"] == 1000000
+        assert config["sequence_batching"]["oldest"]["preferred_batch_size"] == [2]
+        assert [(g["name"], g["kind"], g["count"]) for g in config["instance_group"]] == [
+            ("identity_int32", "KIND_CPU", 1)
+        ]
+        assert config["optimization"] == _PINNED
+    finally:
+        assert _http(served, "POST", path)["status"] == 200
+
+
+def test_a_repository_given_twice_is_one_repository(tmp_path: Path) -> None:
+    """tritonserver keeps its repositories in a set: the same path twice serves its models
+    once (here also another spelling of the same folder); it refused to start, 'model is in
+    two repositories'."""
+    repository = repo.build(tmp_path / "models", ("identity_int32",))
+    given: list[Path | str] = [repository, repository, f"{repository}/"]
+    with ServerProcess(given, log_path=tmp_path / "server.log") as proc:
+        index = _http(proc, "POST", "/v2/repository/index", {})["body"]
+        assert index == [{"name": "identity_int32", "version": "1", "state": "READY"}]
