@@ -739,6 +739,17 @@ def control_mode_cases(mode: str) -> list[Case]:
     ]
 
 
+def repeated_repository_cases() -> list[Case]:
+    """What a server given the same repository twice serves: its models, once each."""
+    return [
+        Case("twice: http index", Http("POST", "/v2/repository/index", {})),
+        Case("twice: grpc RepositoryIndex", Grpc("RepositoryIndex")),
+        Case(
+            "twice: http GET identity_int32 ready", Http("GET", "/v2/models/identity_int32/ready")
+        ),
+    ]
+
+
 def metrics() -> Iterator[Case]:
     from tests.differential.harness import Metrics
 
