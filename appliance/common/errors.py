@@ -96,3 +96,15 @@ class ConfigError(ApplianceError):
     """A config.pbtxt or model folder is invalid; the message names the file and field."""
 
     code = ErrorCode.INVALID_ARG
+
+
+class NoVersionAvailable(ConfigError):
+    """A model's version policy matches none of its version folders, in tritonserver's words
+    (core's ModelLifeCycle::AsyncLoad); a load request answers them after its prefix."""
+
+    def __init__(self, model: str, detail: str = "") -> None:
+        self.model = model
+        super().__init__(
+            "at least one version must be available under the version policy of model "
+            f"'{model}'{detail}"
+        )

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from google.protobuf import json_format
 
-from appliance.common.errors import ApplianceError, ConfigError
+from appliance.common.errors import ApplianceError, ConfigError, NoVersionAvailable
 from appliance.common.host_policy import HostPolicy, policy_name
 from appliance.common.model_config import (
     CONFIG_FILENAME,
@@ -226,10 +226,14 @@ def prepare_model(
         model_dir, config, available, versions, pin is not None
     )
     if not versions:
-        raise ConfigError(
-            f"model '{name}': no version folder matches the version policy "
-            f"(found {available or 'no numbered folders'} in '{model_dir}')"
-            + "".join(f"; version {v} {why}" for v, why in sorted(damaged.items()))
+        log.warning(  # the client gets tritonserver's words; the operator also what was found
+            "model '%s': its version policy matches none of the version folders (found %s in '%s')",
+            name,
+            available or "no numbered folders",
+            model_dir,
+        )
+        raise NoVersionAvailable(
+            name, "".join(f"; version {v} {why}" for v, why in sorted(damaged.items()))
         )
     # The newest version that can be read describes the model; unreadable ones fail alone.
     unreadable: dict[int, str] = {}

@@ -25,6 +25,7 @@ from appliance.common.errors import (
     ClientShmDisabled,
     ConfigError,
     InvalidInput,
+    NoVersionAvailable,
 )
 from appliance.common.protocol import model_config_pb2 as mc
 from appliance.ops import buildinfo
@@ -435,8 +436,11 @@ class ControlService:
         served_before = dict(before.versions) if before else {}
         failed_before = dict(before.failed) if before else {}
         try:
-            # As in Triton, a load request tries again the versions that failed to load.
-            await self.runtime.load(name, override, source, retry_failed=True)
+            try:
+                # As in Triton, a load request tries again the versions that failed to load.
+                await self.runtime.load(name, override, source, retry_failed=True)
+            except NoVersionAvailable as exc:  # tritonserver's prefix and its closing newline
+                raise ConfigError(f"load failed for model '{exc.model}': {exc.message}\n") from exc
             check_loaded(self.runtime.record(name), served_before, failed_before)
         except BaseException:
             if source is not None:

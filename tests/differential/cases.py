@@ -3,6 +3,7 @@ statistics after known traffic, model control, sequences)."""
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Iterator
 from typing import Any
@@ -664,6 +665,19 @@ def model_control() -> Iterator[Case]:
         _load("identity_int32", {"parameters": {"file:1/model.py": b64(b"x")}}),
     )
     yield Case("http load identity_int32 not json", _load("identity_int32", b"nope"))
+    no_version = {
+        "backend": "python",
+        "input": [{"name": "IN", "data_type": "TYPE_INT32", "dims": [-1]}],
+        "output": [{"name": "OUT", "data_type": "TYPE_INT32", "dims": [-1]}],
+        "version_policy": {"specific": {"versions": [5]}},  # the folder holds version 1
+    }
+    yield Case(
+        "http load identity_int32 policy matches no version",
+        _load("identity_int32", {"parameters": {"config": json.dumps(no_version)}}),
+    )
+    yield Case(
+        "http GET identity_int32 after a failed load", Http("GET", "/v2/models/identity_int32")
+    )
     yield Case(
         "http unload unknown_model", Http("POST", "/v2/repository/models/unknown_model/unload")
     )
@@ -722,6 +736,17 @@ def control_mode_cases(mode: str) -> list[Case]:
             Grpc("RepositoryModelUnload", ({"model_name": "identity_int32"},)),
         ),
         Case(f"{mode}: grpc RepositoryIndex", Grpc("RepositoryIndex")),
+    ]
+
+
+def repeated_repository_cases() -> list[Case]:
+    """What a server given the same repository twice serves: its models, once each."""
+    return [
+        Case("twice: http index", Http("POST", "/v2/repository/index", {})),
+        Case("twice: grpc RepositoryIndex", Grpc("RepositoryIndex")),
+        Case(
+            "twice: http GET identity_int32 ready", Http("GET", "/v2/models/identity_int32/ready")
+        ),
     ]
 
 

@@ -418,3 +418,33 @@ def test_a_repository_given_twice_is_one_repository(tmp_path: Path) -> None:
     with ServerProcess(given, log_path=tmp_path / "server.log") as proc:
         index = _http(proc, "POST", "/v2/repository/index", {})["body"]
         assert index == [{"name": "identity_int32", "version": "1", "state": "READY"}]
+
+
+def test_a_version_policy_that_matches_no_folder(served: ServerProcess) -> None:
+    """tritonserver's words (core's ModelLifeCycle::AsyncLoad) after its load prefix, with its
+    closing newline; the version loaded before keeps serving."""
+    override = {
+        "backend": "python",
+        "input": [{"name": "IN", "data_type": "TYPE_INT32", "dims": [-1]}],
+        "output": [{"name": "OUT", "data_type": "TYPE_INT32", "dims": [-1]}],
+        "version_policy": {"specific": {"versions": [5]}},  # the folder holds version 1
+    }
+    words = (
+        "load failed for model 'identity_int32': at least one version must be available "
+        "under the version policy of model 'identity_int32'\n"
+    )
+    path = "/v2/repository/models/identity_int32/load"
+    body = {"parameters": {"config": json.dumps(override)}}
+    assert _http(served, "POST", path, body) == {"status": 400, "body": {"error": words}}
+    with pytest.raises(grpc.RpcError) as info:
+        _stub(served).RepositoryModelLoad(
+            service_pb2.RepositoryModelLoadRequest(
+                model_name="identity_int32",
+                parameters={"config": service_pb2.ModelRepositoryParameter(
+                    string_param=json.dumps(override)
+                )},
+            )
+        )  # fmt: skip
+    assert (info.value.code(), info.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, words)
+    assert _http(served, "GET", "/v2/models/identity_int32/ready")["status"] == 200
+    assert "matches none of the version folders (found [1] in " in served.log()
