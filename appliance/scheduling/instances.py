@@ -24,7 +24,15 @@ from appliance.common.host_policy import HostPolicy
 from appliance.common.types import Array
 from appliance.ops import affinity
 from appliance.scheduling.ragged import BatchShaping, gather, scatter
-from edge_backends.api import BackendError, InputRejected, ModelInstance, Pending, RequestInfo
+from edge_backends.api import (
+    BackendError,
+    ExecuteRaised,
+    InputRejected,
+    ModelInstance,
+    Pending,
+    RequestInfo,
+    ResponseError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +121,16 @@ class BatchResult:
     output_ns: int = 0
     cpu_ns: int = 0  # this thread's CPU time for the batch: wall time lies under GIL contention
     started_ns: int = 0
-    batch_size: int = 0
+    batch_size: int = 0  # 0: not executed (or failed)
+    # A Python model's execute() that raised (ExecuteRaised): its size, counted as an
+    # execution as tritonserver's Python backend counts it; batch_size stays 0.
+    raised_size: int = 0
     done: bool = field(default=False)
+
+    @property
+    def executed_size(self) -> int:
+        """The size of the execution the statistics count (0: none)."""
+        return self.batch_size or self.raised_size
 
     def stamp(self) -> None:
         """Give each job the batch's compute timestamps."""
@@ -124,6 +140,20 @@ class BatchResult:
         times = (t0, t1, t2, t2 + self.output_ns)
         for job in self.jobs:
             job.compute_ns = times
+
+
+def counted(result: BatchResult) -> tuple[int, list[int]]:
+    """What tritonserver counts of an execution's requests that succeeded: their batch sizes
+    (summed) and each one's time in the queue. A model's error response (a Python model's
+    InferenceResponse(error=...)) is a success there, as Triton's Python backend reports it
+    (the client still gets the error); a request that failed otherwise is not counted here."""
+    inferences, queues = 0, []
+    for job, outcome in zip(result.jobs, result.outcomes, strict=True):
+        if isinstance(outcome, BaseException) and not isinstance(outcome, ResponseError):
+            continue
+        inferences += job.batch_size
+        queues.append(max(0, job.dispatch_ns - job.enqueue_ns))
+    return inferences, queues
 
 
 def _gather_inputs(
@@ -327,6 +357,7 @@ class InstanceWorker:
             return self._run_one(job, jobs, timed)
         result = BatchResult(jobs=jobs)
         cpu0 = time.thread_time_ns() if timed else 0
+        t0 = t1 = t2 = 0
         try:
             t0 = time.monotonic_ns()
             inputs = _gather_inputs(jobs, self._batching, self._shaping, self._wants_requests)
@@ -355,7 +386,7 @@ class InstanceWorker:
                     outputs = self._instance.execute(inputs, names)
             finally:
                 self._running = ()
-            t2 = time.monotonic_ns()
+                t2 = time.monotonic_ns()
             total = sum(j.batch_size for j in jobs)
             if answers is None:
                 answers = list(
@@ -381,6 +412,10 @@ class InstanceWorker:
             result.output_ns = sum(s.output_ns for s in ok)
         except Exception as exc:  # the whole batch failed: every request reports it
             result.outcomes = [exc] * len(jobs)
+            if isinstance(exc, ExecuteRaised) and t2:  # still an execution, with its times
+                result.started_ns, result.input_ns = t0, t1 - t0
+                result.infer_ns, result.output_ns = t2 - t1, time.monotonic_ns() - t2
+                result.raised_size = sum(j.batch_size for j in jobs)
         return result
 
     def _ragged_of(self, jobs: list[Job]) -> frozenset[str]:
@@ -402,6 +437,11 @@ class InstanceWorker:
             outputs = self._instance.execute(job.inputs, names)
         except Exception as exc:  # InputRejected included: the request's own error
             result.outcomes = [exc]
+            if isinstance(exc, ExecuteRaised):  # still an execution (see BatchResult)
+                t2 = time.monotonic_ns()
+                result.started_ns, result.input_ns, result.infer_ns = t0, t1 - t0, t2 - t1
+                result.output_ns = time.monotonic_ns() - t2
+                result.raised_size = job.batch_size
             return result
         finally:
             self._running = ()

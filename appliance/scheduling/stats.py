@@ -148,7 +148,9 @@ class ModelStats:
     ensemble: bool = False  # an ensemble's: failures are counted as tritonserver counts them
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def record_success(self, ns: int) -> None:
+    def record_success(self, ns: int, model_failed: bool = False) -> None:
+        """A request's success; `model_failed`: the model's own error response (a success
+        in tritonserver's statistics), which the rollback watcher still hears as a failure."""
         with self.lock:
             self.success.add(ns)
             self.recent_ns[self.success.count & _RECENT_MASK] = ns
@@ -157,14 +159,7 @@ class ModelStats:
             if self.summaries is not None:
                 self.summaries.observe("request", ns)
         if self.watcher is not None:
-            self.watcher(False)
-
-    def record_queue(self, ns: int) -> None:
-        """One request's wait in the queue (0 for one the thread lane ran at once)."""
-        with self.lock:
-            self.queue.add(ns)
-            if self.summaries is not None:
-                self.summaries.observe("queue", ns)
+            self.watcher(model_failed)
 
     def recent_latencies_ns(self, last: int = RECENT_LATENCIES) -> list[int]:
         """The latencies (ns) of the last `last` successful requests, newest first: as many
@@ -196,22 +191,26 @@ class ModelStats:
     def record_execution(
         self,
         batch_size: int,
-        requests: int,
+        inferences: int,
         input_ns: int,
         infer_ns: int,
         output_ns: int,
-        queue_ns: int = -1,
+        queues_ns: Sequence[int] = (),
     ) -> None:
-        """One backend execution of `requests` requests totalling `batch_size` items; with
-        `queue_ns` (>= 0), also its one request's time in the queue."""
+        """One backend execution totalling `batch_size` items, counted as tritonserver counts
+        it: the execution and its batch_stats whatever its requests' outcomes, and per request
+        that succeeded (one time in the queue each in `queues_ns`) its queue time and compute
+        durations; `inferences`: those requests' batch sizes, summed (inference_count). A
+        failed request counts only its failure (`record_failure`): no queue, no compute."""
+        requests = len(queues_ns)
         # Every execution passes here: the Durations are updated in place, not through `add`.
         with self.lock:
-            if queue_ns >= 0:
+            if requests:
                 queue = self.queue
-                queue.count += 1
-                queue.ns += queue_ns
+                queue.count += requests
+                queue.ns += sum(queues_ns)
             self.execution_count += 1
-            self.inference_count += batch_size
+            self.inference_count += inferences
             # Triton counts compute durations once per request in the model totals ...
             d = self.compute_input
             d.count += requests
@@ -237,7 +236,7 @@ class ModelStats:
             d.ns += output_ns
             summaries = self.summaries
             if summaries is not None:
-                if queue_ns >= 0:
+                for queue_ns in queues_ns:
                     summaries.observe("queue", queue_ns)
                 summaries.observe("compute_input", input_ns, requests)
                 summaries.observe("compute_infer", infer_ns, requests)

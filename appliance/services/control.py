@@ -290,8 +290,8 @@ class ControlService:
                         f"requested model version is not available for model '{name}'"
                     )
                 chosen = [served_versions[int(version)]]
-        else:
-            chosen = self.runtime.ready_versions()
+        else:  # by name, then version, as tritonserver lists them (its models' ordered map)
+            chosen = sorted(self.runtime.ready_versions(), key=lambda s: (s.name, s.version))
         return [model_statistics(served) for served in chosen]
 
     # ---- trace -----------------------------------------------------------------------------

@@ -230,6 +230,24 @@ class CpuCollector(Collector):
             )
 
 
+class PinnedMemoryCollector(Collector):
+    """Triton's pinned memory pool gauges, which it exposes whenever metrics are on. This
+    server keeps no pool of pinned (page-locked, CUDA host) memory: both are 0, as a CPU-only
+    tritonserver reports them."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "nv_pinned_memory_pool_total_bytes",
+            "Pinned memory pool total memory size, in bytes",
+            value=0,
+        )
+        yield GaugeMetricFamily(
+            "nv_pinned_memory_pool_used_bytes",
+            "Pinned memory pool used memory size, in bytes",
+            value=0,
+        )
+
+
 def _cpu_times() -> tuple[int, int] | None:
     """(busy, total) jiffies from /proc/stat."""
     try:
@@ -505,6 +523,7 @@ def build_registry(
     registry = CollectorRegistry(auto_describe=False)
     registry.register(InferenceCollector(versions))
     registry.register(CustomMetricsCollector(versions))
+    registry.register(PinnedMemoryCollector())
     if runtime is not None:
         registry.register(LifecycleCollector(runtime, poller))
         if runtime.residency.active:
