@@ -347,18 +347,19 @@ def _sent_before_reading(server: ServerProcess, count: int, size: int) -> int:
 
 
 def test_grpc_max_response_pool_size_holds_a_decoupled_model_back_sooner(tmp_path: Path) -> None:
-    """Responses of 1 MiB to a client that reads nothing for 2 s: the model gets as far ahead as
-    the request's own bound (the flag; 16 by default), plus the stream's (32 MiB waiting for
-    the client) and HTTP/2's buffers, the same for both; every response arrives either way."""
+    """Responses of 256 KiB to a client that reads nothing for 2 s: the model gets as far
+    ahead as the request's own bound (the flag: 2, then 50), plus the stream's (64 responses
+    waiting for the client) and HTTP/2's buffers, the same for both; every response arrives
+    either way."""
     root = tmp_path / "models"
     (root / "stamped" / "1").mkdir(parents=True)
     (root / "stamped" / "1" / "model.py").write_text(STAMPED)
     (root / "stamped" / "config.pbtxt").write_text(STAMPED_CONFIG)
     sent = {}
-    for flags in ((), ("--grpc-max-response-pool-size=2",)):
-        with ServerProcess(root, *flags, log_path=tmp_path / "server.log") as server:
-            sent[flags] = _sent_before_reading(server, 100, 1 << 20)
-            assert "--grpc-max-response-pool-size" not in server.log()
-    default, small = sent[()], sent[("--grpc-max-response-pool-size=2",)]
-    assert small < default < 100, sent
-    assert default - small >= 16 - 2 - 3, sent  # the two bounds' difference, give or take
+    for pool in (2, 50):
+        flag = f"--grpc-max-response-pool-size={pool}"
+        with ServerProcess(root, flag, log_path=tmp_path / "server.log") as server:
+            sent[pool] = _sent_before_reading(server, 300, 256 << 10)
+            assert "--grpc-max-response-pool-size" not in server.log()  # not ignored
+    assert sent[2] < sent[50] < 300, sent
+    assert sent[50] - sent[2] >= 48 - 15, sent  # the bounds' difference, give or take
