@@ -381,6 +381,10 @@ class ModelRuntime:
             self._count_load(name, "success")
             await self._retire(gone)
             return
+        for version, served in new.items():  # a reload: the nv_* counters go on
+            replaced = old.get(version)
+            if replaced is not None:
+                served.stats.carry(replaced.stats)
         superseded = self.shadows.drop(name)  # another switch of the model ends its trial
         if superseded is not None:
             label = superseded.shadow.label
@@ -434,6 +438,10 @@ class ModelRuntime:
         if source is None and newest is not None and self._guard.on_probation(name) != newest:
             await self.history.remember_good(name, path, newest)  # not on probation
         await self._retire(retire)
+        for version, served in new.items():  # the versions they replaced are gone
+            replaced = old.get(version)
+            if replaced is not None and any(gone is replaced for gone in retire):
+                served.stats.fold()
         for folder in unused:  # after the versions that used it have drained
             await asyncio.to_thread(shutil.rmtree, folder, True)
 

@@ -115,6 +115,46 @@ RECENT_LATENCIES = 512  # a power of two
 _RECENT_MASK = RECENT_LATENCIES - 1
 
 
+# The Durations the nv_* counters read, by ModelStats attribute (services/metrics.py).
+METRIC_DURATIONS = ("success", "queue", "compute_input", "compute_infer", "compute_output")
+
+
+@dataclass(slots=True)
+class MetricTotals:
+    """What the nv_* counters read of a version's statistics. A reload carries them on
+    (`ModelStats.carry`): tritonserver's metric reporter of a model version is shared by the
+    version that replaces it (metric_model_reporter.cc reuses a live reporter of the same
+    labels), so its counters go on across a reload while the statistics extension's counts
+    start again. After an unload a later load starts from 0, as there."""
+
+    success: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+    inference_count: int = 0
+    execution_count: int = 0
+    ns: dict[str, int] = field(default_factory=dict)  # by METRIC_DURATIONS name
+    cache_hits: int = 0
+    cache_misses: int = 0
+    latency_counts: list[int] = field(default_factory=list)  # the histogram's, if kept
+    latency_sum_ms: float = 0.0
+
+    def add(self, other: MetricTotals) -> None:
+        self.success += other.success
+        for reason, count in other.failures.items():
+            self.failures[reason] = self.failures.get(reason, 0) + count
+        self.inference_count += other.inference_count
+        self.execution_count += other.execution_count
+        for name, ns in other.ns.items():
+            self.ns[name] = self.ns.get(name, 0) + ns
+        self.cache_hits += other.cache_hits
+        self.cache_misses += other.cache_misses
+        if other.latency_counts:
+            if not self.latency_counts:
+                self.latency_counts = [0] * len(other.latency_counts)
+            for i, count in enumerate(other.latency_counts):
+                self.latency_counts[i] += count
+        self.latency_sum_ms += other.latency_sum_ms
+
+
 @dataclass(slots=True)
 class ModelStats:
     """Counters updated on the event loop, and by the dynamic scheduler's thread lane
@@ -147,6 +187,41 @@ class ModelStats:
     watcher: Callable[[bool], None] | None = None
     ensemble: bool = False  # an ensemble's: failures are counted as tritonserver counts them
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    # The metric counters of the version a reload replaced (`carry`): while it drains, its
+    # statistics themselves; once it is gone, their totals (`fold`).
+    previous: ModelStats | None = field(default=None, repr=False, compare=False)
+    carried: MetricTotals | None = field(default=None, repr=False, compare=False)
+
+    def carry(self, previous: ModelStats) -> None:
+        """This version replaces one of the same number (a reload): the nv_* counters go on
+        from its, as tritonserver's do (see MetricTotals)."""
+        self.previous = previous
+
+    def fold(self) -> None:
+        """The replaced version is gone: keep its totals, not its statistics."""
+        previous, self.previous = self.previous, None
+        if previous is not None:
+            self.carried = previous.metric_totals()
+
+    def metric_totals(self) -> MetricTotals:
+        """What the nv_* counters show: this version's counts and those carried to it."""
+        with self.lock:
+            totals = MetricTotals(
+                success=self.success.count,
+                failures=dict(self.failures),
+                inference_count=self.inference_count,
+                execution_count=self.execution_count,
+                ns={name: getattr(self, name).ns for name in METRIC_DURATIONS},
+                cache_hits=self.cache_hit.count,
+                cache_misses=self.cache_miss.count,
+                latency_counts=list(self.latency.counts) if self.latency is not None else [],
+                latency_sum_ms=self.latency.sum_ms if self.latency is not None else 0.0,
+            )
+        if self.carried is not None:
+            totals.add(self.carried)
+        if self.previous is not None:
+            totals.add(self.previous.metric_totals())
+        return totals
 
     def record_success(self, ns: int, model_failed: bool = False) -> None:
         """A request's success; `model_failed`: the model's own error response (a success

@@ -692,3 +692,31 @@ def test_unloading_an_unknown_model_succeeds(counting: ServerProcess) -> None:
     }
     unload = service_pb2.RepositoryModelUnloadRequest(model_name="no_such_model")
     assert _stub(counting).RepositoryModelUnload(unload, timeout=30) is not None
+
+
+def test_nv_counters_go_on_across_a_reload(tmp_path: Path) -> None:
+    """A reload of a loaded version (an explicit load again): tritonserver's metric reporter
+    of the version is shared by the version that replaces it, so the nv_* counters go on
+    while the statistics extension's counts start again (2.51, measured side by side); after
+    an unload a later load starts the counters from 0."""
+    repository = repo.build(tmp_path / "models", ("identity_int32",))
+    with ServerProcess(
+        repository, "--model-control-mode=explicit", "--load-model=*", log_path=tmp_path / "log"
+    ) as server:
+        one = {"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]}
+        for _ in range(3):
+            assert _http(server, "POST", "/v2/models/identity_int32/infer", one)["status"] == 200
+        load = "/v2/repository/models/identity_int32/load"
+        assert _http(server, "POST", load, {})["status"] == 200
+        assert _counts(server, "identity_int32")["success"] == (0, False)
+        assert _http(server, "POST", "/v2/models/identity_int32/infer", one)["status"] == 200
+        assert _counts(server, "identity_int32")["success"] == (1, True)
+        assert _series(server, "nv_inference_request_success", "identity_int32") == 4
+        assert _series(server, "nv_inference_exec_count", "identity_int32") == 4
+        assert _series(server, "nv_inference_compute_infer_duration_us", "identity_int32") > 0
+        assert _http(server, "POST", load, {})["status"] == 200  # again: carried twice
+        assert _series(server, "nv_inference_count", "identity_int32") == 4
+        unload = "/v2/repository/models/identity_int32/unload"
+        assert _http(server, "POST", unload, {})["status"] == 200
+        assert _http(server, "POST", load, {})["status"] == 200
+        assert _series(server, "nv_inference_request_success", "identity_int32") == 0
