@@ -232,7 +232,7 @@ class InferenceService:
         raises CancelledError. Not taken for the response cache, probation, sequences,
         ensembles and decoupled models. `inline`: called on the loop's own thread, where only
         a model cheap enough to run inline is run (`DynamicScheduler.run_here`). `learn`: a
-        plain request answered here becomes a signature of its version's plain lane
+        plain request that passed its checks becomes a signature of its version's plain lane
         (`infer_plain`), up to PLAIN_SIGNATURES of them.
         """
         if self._on_demand and not self.runtime.is_ready(request.model_name, request.model_version):
@@ -243,6 +243,8 @@ class InferenceService:
         served, _, job, start = prepared
         if served is None or job is None:
             return prepared
+        if learn and len(served.plain) < PLAIN_SIGNATURES and PlainLane.learnable(served, request):
+            served.plain = (*served.plain, PlainLane(served, request, job))  # validated
         if not self._lane_open(served):
             return prepared
         if not inline:  # a front end's thread-safe check; a long execution's cancel check asks it
@@ -255,8 +257,6 @@ class InferenceService:
         except ApplianceError as exc:
             _count_failure(served, exc, start)
             raise
-        if learn and len(served.plain) < PLAIN_SIGNATURES and PlainLane.learnable(served, request):
-            served.plain = (*served.plain, PlainLane(served, request, job))
         return self._answered(served, request, job, start, response)
 
     def infer_plain(

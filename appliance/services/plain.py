@@ -22,6 +22,7 @@ import numpy as np
 from appliance.common.types import Array, InferRequest, InferResponse, Tensor
 from appliance.runtime.registry import ServedVersion
 from appliance.scheduling.instances import Job
+from edge_backends.datatypes import from_numpy
 
 
 class PlainLane:
@@ -75,13 +76,19 @@ class PlainLane:
     def learnable(served: ServedVersion, request: InferRequest) -> bool:
         """Whether a request the general path validated may become the version's signature:
         no parameters, every output, numeric numpy inputs as their datatype says."""
-        if request.parameters or request.outputs is not None or served.ensemble is not None:
+        if request.parameters or request.outputs is not None:
+            return False
+        if served.ensemble is not None or served.sequence or served.decoupled:
             return False
         for tensor in request.inputs:
             data = tensor.data
             if type(data) is not np.ndarray or data.dtype.kind not in "biuf":
                 return False
             if tuple(data.shape) != tuple(tensor.shape):
+                return False
+            # A later request's datatype is its dtype's (embed/tensor.py's input_array): the
+            # signature's must be too (a list made BF16's storage dtype is not UINT16's).
+            if from_numpy(data.dtype).triton != tensor.datatype:
                 return False
         return True
 
