@@ -263,11 +263,11 @@ class ResponseIterator:
     def __init__(
         self,
         model: Model,
-        responses: Generator[InferenceResponse, None, None],
+        responses: Iterator[InferenceResponse],
         raise_on_error: bool,
     ) -> None:
         self._model = model
-        self._responses = responses
+        self._responses = responses  # a generator (cancel closes it), or responses made
         self._raise_on_error = raise_on_error
 
     def __iter__(self) -> ResponseIterator:
@@ -280,7 +280,8 @@ class ResponseIterator:
         return response
 
     def cancel(self) -> None:
-        self._responses.close()
+        if isinstance(self._responses, Generator):  # else all made already: nothing to stop
+            self._responses.close()
 
 
 class AsyncResponseIterator:
@@ -390,18 +391,12 @@ def _error_response(model: Model, core: InferRequest, exc: BaseException) -> Inf
     return InferenceResponse(model, core.id or None, error=triton_error(exc), final=True)
 
 
-def _eager(
-    made: list[InferenceResponse], request: InferenceRequest
-) -> Generator[InferenceResponse, None, None]:
+def _eager(made: list[InferenceResponse], request: InferenceRequest) -> Iterator[InferenceResponse]:
     """Responses already made: put in the request's response queue now, if it has one."""
     if request.response_queue is not None:  # now, not when the iterator is read
         for response in made:
             request.response_queue.put_nowait(response)
-    return _each(made)
-
-
-def _each(made: list[InferenceResponse]) -> Generator[InferenceResponse, None, None]:
-    yield from made
+    return iter(made)  # nothing to cancel: no generator to make and close
 
 
 def _queued(
