@@ -445,9 +445,10 @@ class DynamicScheduler(SchedulerBase):
             if inline and (worker is None or not self._inline_within_budget(job.nbytes)):
                 return None  # the loop never waits, nor runs what costs more than its budget
             job.enqueue_ns = now
+            jobs = [job]
             if worker is not None:
                 idle.popleft()
-                self._running[worker] = [job]
+                self._running[worker] = jobs
             else:
                 waited = self._wait_in_lane(job, now)
                 if not isinstance(waited, InstanceWorker):
@@ -456,7 +457,7 @@ class DynamicScheduler(SchedulerBase):
                 now = time.monotonic_ns()  # its wait counts as queue time
             job.dispatch_ns = now
         worker.busy_since_ns = now
-        result = worker.run([job])  # never raises
+        result = worker.run(jobs)  # never raises
         worker.busy_since_ns = 0
         with self._lock:
             del self._running[worker]
