@@ -121,6 +121,10 @@ class ModelRuntime:
         # the trials of targets on shadow probation (shadow.py).
         self.shadow_rule: Callable[[str, int], ShadowRule | None] = lambda n, v: None
         self.shadows = ShadowTrials(self._shadow_done)
+        # Models loaded only because an ensemble calls them (never by a load of their own):
+        # the ones an unload with unload_dependents takes along, as tritonserver's
+        # dependency graph does (a node not `explicitly_load_`).
+        self._implicit: set[str] = set()
         self._guard = RollbackGuard(
             self.registry,
             settings.rollback_error_rate,
@@ -198,6 +202,7 @@ class ModelRuntime:
         pin: int | Recorded | None = RECORDED,
         retry_failed: bool = False,
         evict: bool = True,
+        explicit: bool = True,
     ) -> None:
         """Load (or reload) a model; new versions serve before the old ones drain.
 
@@ -207,8 +212,13 @@ class ModelRuntime:
         recorded pin (or `pin`) is applied, and a version no longer in the repository leaves
         service whatever happens to the others. Under a memory budget the load first has room
         made for it (`evict`: by unloading idle models), or is refused (OverBudget); what
-        serves keeps serving.
+        serves keeps serving. `explicit` false: loaded because an ensemble calls it (see
+        `unload_with_dependents`).
         """
+        if explicit:
+            self._implicit.discard(name)
+        else:
+            self._implicit.add(name)
         try:
             await self._load(name, override, source, pin, evict, retry_failed)
         except OverBudget:
@@ -336,7 +346,7 @@ class ModelRuntime:
         for step_model in sorted(calls):  # load what the ensemble calls
             step_record = self.registry.find_key(step_model)
             if step_record is None or not step_record.versions:
-                await self.load(step_model)
+                await self.load(step_model, explicit=False)
         try:
             prepared.ensemble = with_decoupled_steps(
                 prepared.ensemble, prepared.config, self._step_is_decoupled
@@ -721,7 +731,9 @@ class ModelRuntime:
         raise ConfigError(message)
 
     async def unload_with_dependents(self, name: str) -> None:
-        """Unload an ensemble and the models it calls that no other loaded ensemble calls."""
+        """Unload an ensemble and the models it calls that were loaded only for an ensemble
+        (not by a load of their own) and that no other loaded ensemble calls; an ensemble so
+        unloaded takes its own along (tritonserver's cascading removal)."""
         record = self.record(name)
         calls: set[str] = set()
         for served in record.versions.values():
@@ -736,8 +748,9 @@ class ModelRuntime:
             for m in v.ensemble.models
         }
         for model in sorted(calls - still_used):
-            if self.registry.find(model) is not None:
-                await self.unload(model)
+            if model in self._implicit and self.registry.find(model) is not None:
+                self._implicit.discard(model)
+                await self.unload_with_dependents(model)
 
     def is_loading(self, name: str) -> bool:
         lock = self._locks.get(name)

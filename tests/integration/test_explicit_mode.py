@@ -81,6 +81,30 @@ def test_ensemble_loads_its_models_and_unloads_them_with_it(
         assert not client.is_model_ready(model), model
 
 
+@pytest.mark.parametrize("module", [httpclient, grpcclient])
+def test_unload_dependents_keeps_a_step_the_client_loaded_itself(  # type: ignore[no-untyped-def]
+    start_server, model_repository: Path, tmp_path: Path, module
+) -> None:
+    """As tritonserver's dependency graph: an unload with unload_dependents takes along only
+    the steps loaded for the ensemble, not one the client had loaded with a load of its own
+    (before or after the ensemble's)."""
+    repo = _repo(tmp_path, model_repository, "ensemble_parallel", "versioned_all", "add_sub_fp32")
+    proc = start_server(repo, "--model-control-mode=explicit")
+    client = module.InferenceServerClient(proc.http_url if module is httpclient else proc.grpc_url)
+    client.load_model("versioned_all")  # the client's own, before the ensemble
+    client.load_model("ensemble_parallel")  # loads add_sub_fp32 for itself
+    assert client.is_model_ready("add_sub_fp32")
+    client.unload_model("ensemble_parallel", unload_dependents=True)
+    assert not client.is_model_ready("ensemble_parallel")
+    assert client.is_model_ready("versioned_all")
+    assert not client.is_model_ready("add_sub_fp32")
+    client.load_model("ensemble_parallel")  # add_sub_fp32 for the ensemble again ...
+    client.load_model("add_sub_fp32")  # ... then the client's own as well
+    client.unload_model("ensemble_parallel", unload_dependents=True)
+    assert client.is_model_ready("add_sub_fp32")
+    assert client.is_model_ready("versioned_all")
+
+
 def test_file_override_model_serves_the_written_file(
     start_server, model_repository, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
