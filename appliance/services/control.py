@@ -375,15 +375,21 @@ class ControlService:
     # ---- repository --------------------------------------------------------------------------
 
     def repository_index(self, ready_only: bool = False) -> list[IndexRow]:
-        """Triton's repository index: a row per model version (per model when none loaded)."""
-        on_disk: Iterable[str] = ()
-        if not ready_only:  # models on disk that were never loaded are listed too, as in Triton
-            try:
-                on_disk = self.runtime.model_names()
-            except ApplianceError:
-                on_disk = ()
-        records = self.runtime.registry.records()
-        rows = index_rows(records, self.runtime.pending(), on_disk, ready_only)
+        """Triton's repository index: a row per model version (per model when none loaded).
+        As Triton's, it lists the model folders of the repositories: a model loaded only from
+        a load request's file overrides (no folder of its own) is not listed, nor one whose
+        folder is gone; versions still to be fetched from a remote source are."""
+        records = list(self.runtime.registry.records())
+        pending = self.runtime.pending()
+        try:
+            on_disk: Iterable[str] = self.runtime.model_names()
+        except ApplianceError:  # the repository cannot be read: list what is loaded
+            on_disk = ()
+        else:
+            listed = set(on_disk) | {model for model, _ in pending}
+            records = [record for record in records if record.name in listed]
+        # models on disk that were never loaded are listed too, as in Triton
+        rows = index_rows(records, pending, on_disk, ready_only)
         if not self.runtime.namespacing:
             return rows
         # Each copy of a name that more than one repository holds is listed under the name,

@@ -162,6 +162,11 @@ _SOURCES = {
 MODELS = tuple(_CONFIGS)
 
 
+def source(name: str) -> str:
+    """The model.py of one of the models."""
+    return _SOURCES[name].lstrip()
+
+
 def build(root: Path, names: tuple[str, ...] = MODELS) -> Path:
     """Write the models `names` under `root` (version 1 each) and return `root`."""
     for name in names:

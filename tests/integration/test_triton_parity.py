@@ -720,3 +720,28 @@ def test_nv_counters_go_on_across_a_reload(tmp_path: Path) -> None:
         assert _http(server, "POST", unload, {})["status"] == 200
         assert _http(server, "POST", load, {})["status"] == 200
         assert _series(server, "nv_inference_request_success", "identity_int32") == 0
+
+
+def test_a_model_loaded_only_from_overrides_is_not_in_the_index(served: ServerProcess) -> None:
+    """tritonserver's index lists the repository's model folders: a model a load request made
+    from file overrides alone serves, but is listed neither while loaded nor after."""
+    config = {
+        "name": "from_overrides",
+        "backend": "python",
+        "max_batch_size": 0,
+        "input": [{"name": "IN", "data_type": "TYPE_INT32", "dims": [-1]}],
+        "output": [{"name": "OUT", "data_type": "TYPE_INT32", "dims": [-1]}],
+    }
+    files = {"file:1/model.py": b64(repo.source("identity_int32").encode())}
+    body = {"parameters": {"config": json.dumps(config), **files}}
+    path = "/v2/repository/models/from_overrides"
+    assert _http(served, "POST", f"{path}/load", body)["status"] == 200
+    try:
+        assert _http(served, "GET", "/v2/models/from_overrides/ready")["status"] == 200
+        names = [row["name"] for row in _http(served, "POST", "/v2/repository/index", {})["body"]]
+        assert "from_overrides" not in names
+        assert "add_sub" in names
+    finally:
+        assert _http(served, "POST", f"{path}/unload")["status"] == 200
+    names = [row["name"] for row in _http(served, "POST", "/v2/repository/index", {})["body"]]
+    assert "from_overrides" not in names
