@@ -232,3 +232,22 @@ def test_non_utf8_bytes_output_as_json_is_refused(unready: ServerProcess) -> Non
     assert result.as_numpy("OUTPUT0").tolist() == [b"\xff"]
     text = client.infer("identity_str", [_str_input(httpclient, "é".encode())], outputs=[out])
     assert text.get_response()["outputs"][0]["data"] == ["é"]
+
+
+# ---- log settings: the log file is not a network client's to choose -------------------------
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=("http", "grpc"))
+def test_log_file_over_the_network_is_refused_in_tritons_words(
+    server: ServerProcess, module: Any
+) -> None:
+    """L0_logging's logging_endpoint_test matches tritonserver's words (501 / UNIMPLEMENTED)."""
+    client = server.client(module)
+    try:
+        with pytest.raises(InferenceServerException) as info:
+            client.update_log_settings({"log_file": "log_file.log", "log_info": True})
+        assert str(info.value.status()) in ("501", "StatusCode.UNIMPLEMENTED")
+        assert "log file location can not be updated through network protocol" in str(info.value)
+        assert client.get_log_settings(**({"as_json": True} if module is grpcclient else {}))
+    finally:
+        client.close()
