@@ -251,3 +251,32 @@ def test_log_file_over_the_network_is_refused_in_tritons_words(
         assert client.get_log_settings(**({"as_json": True} if module is grpcclient else {}))
     finally:
         client.close()
+
+
+# ---- restricted APIs: tritonserver's words per protocol -------------------------------------
+
+
+def test_restricted_apis_are_refused_in_tritons_words(tmp_path: Any) -> None:
+    """L0_grpc's RestrictedProtocolTest matches gRPC's "This protocol is restricted" (HTTP's
+    words name the API)."""
+    models = tmp_path / "models"
+    (models / "identity_str" / "1").mkdir(parents=True)
+    (models / "identity_str" / "config.pbtxt").write_text(IDENTITY_BYTES)
+    flags = ("--grpc-restricted-protocol=health:infer-key=v1", "--http-restricted-api=metadata:k=v")
+    with ServerProcess(models, *flags, log_path=tmp_path / "server.log") as proc:
+        grpc_client = proc.client(grpcclient)
+        http_client = proc.client(httpclient)
+        try:
+            with pytest.raises(InferenceServerException) as info:
+                grpc_client.is_server_live()
+            assert (
+                "This protocol is restricted, expecting header 'triton-grpc-protocol-infer-key'"
+            ) in str(info.value)
+            assert grpc_client.is_server_live(headers={"triton-grpc-protocol-infer-key": "v1"})
+            with pytest.raises(InferenceServerException) as info:
+                http_client.get_server_metadata()
+            assert "This API is restricted, expecting header 'k'" in str(info.value)
+            assert http_client.get_server_metadata(headers={"k": "v"})["name"]
+        finally:
+            grpc_client.close()
+            http_client.close()
