@@ -328,7 +328,11 @@ class SharedMemoryRegistry:
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         if not name:
-            raise InvalidInput("a CUDA shared memory region needs a name")
+            # tritonserver's words (its CUDA IPC open of such a request fails), then why
+            raise InvalidInput(
+                "failed to register shared memory region: invalid args (a CUDA shared memory "
+                "region needs a name)"
+            )
         with self._lock:
             self._check_room(name)
         region = self._cuda.open(name, raw_handle, device_id, byte_size)

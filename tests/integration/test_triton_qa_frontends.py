@@ -280,3 +280,15 @@ def test_restricted_apis_are_refused_in_tritons_words(tmp_path: Any) -> None:
         finally:
             grpc_client.close()
             http_client.close()
+
+
+def test_a_nameless_cuda_region_is_refused_in_tritons_words(server: ServerProcess) -> None:
+    """L0_grpc's aio test registers a CUDA region with no name, handle or size."""
+    client = server.client(grpcclient)
+    try:
+        with pytest.raises(InferenceServerException) as info:
+            client.register_cuda_shared_memory("", b"", 0, 0)
+        assert str(info.value.status()) == "StatusCode.INVALID_ARGUMENT"
+        assert "failed to register shared memory region: invalid args" in str(info.value)
+    finally:
+        client.close()
