@@ -106,7 +106,9 @@ class Restrictions:
         if isinstance(sent, str):
             sent = sent.encode("utf-8", "surrogateescape")
         if sent is None or not hmac.compare_digest(sent, rule.value.encode()):
+            # tritonserver's words: gRPC's name the protocol, HTTP's the API
+            kind = "protocol" if self._prefix == GRPC_HEADER_PREFIX else "API"
             raise PermissionDenied(
-                f"This API is restricted, expecting header '{header}' with the configured "
+                f"This {kind} is restricted, expecting header '{header}' with the configured "
                 f"value ({api} API)"
             )

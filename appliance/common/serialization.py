@@ -16,10 +16,15 @@ _LEN = struct.Struct("<I")
 __all__ = ["as_bytes_item", "decode_bytes", "encode_bytes"]
 
 
-def decode_bytes(raw: Any, count: int, where: str, input_name: str = "") -> Array:
-    """Length-prefixed BYTES elements -> object array of bytes. With `input_name` (a client's
-    input) an element that runs past the data is refused in tritonserver's words."""
+def decode_bytes(
+    raw: Any, count: int, where: str, names: tuple[str, str, str] | None = None
+) -> Array:
+    """Length-prefixed BYTES elements -> object array of bytes. With `names` (request id,
+    model, input: a client's input) the element count is checked as tritonserver does, in
+    its words and its order (`_decode_client_bytes`)."""
     view = memoryview(raw).cast("B")
+    if names is not None:
+        return _decode_client_bytes(view, count, names)
     offset, end = 0, len(view)
     # Allocated only as elements are found: a huge shape with little data costs nothing.
     items: list[bytes] = []
@@ -30,11 +35,6 @@ def decode_bytes(raw: Any, count: int, where: str, input_name: str = "") -> Arra
             )
         (length,) = _LEN.unpack_from(view, offset)
         offset += 4
-        if offset + length > end and input_name:
-            raise IncompleteBytes(
-                f"incomplete string data for inference input '{input_name}', expecting string "
-                f"of length {length} but only {end - offset} bytes available"
-            )
         if offset + length > end:
             raise InvalidInput(
                 f"{where}: BYTES element {i} claims {length} bytes but only {end - offset} remain"
@@ -43,7 +43,50 @@ def decode_bytes(raw: Any, count: int, where: str, input_name: str = "") -> Arra
         offset += length
     if offset != end:
         raise InvalidInput(f"{where}: {end - offset} bytes left over after {count} BYTES elements")
-    out = np.empty(count, dtype=np.object_)
+    return _object_array(items)
+
+
+def _decode_client_bytes(view: memoryview, count: int, names: tuple[str, str, str]) -> Array:
+    """A client's BYTES input, read to the end of its data as tritonserver's request
+    validation reads it: a length prefix cut short, one element more than the shape holds,
+    an element running past the data, or fewer elements than the shape holds, each refused
+    in tritonserver's words (the first two with its `[request id: ...]` prefix)."""
+    request_id, model, input_name = names
+    prefix = f"[request id: {request_id or '<id_unknown>'}] "
+    offset, end = 0, len(view)
+    items: list[bytes] = []
+    while offset < end:
+        if end - offset < 4:
+            raise InvalidInput(
+                f"{prefix}incomplete string length indicator for inference input "
+                f"'{input_name}' for model '{model}', expecting 4 bytes but only "
+                f"{end - offset} bytes available. Please make sure the string length indicator "
+                "is in one buffer."
+            )
+        if len(items) == count:
+            raise InvalidInput(
+                f"{prefix}unexpected number of string elements {count + 1} for inference "
+                f"input '{input_name}' for model '{model}', expecting {count}"
+            )
+        (length,) = _LEN.unpack_from(view, offset)
+        offset += 4
+        if offset + length > end:  # found by the backend in tritonserver: counted as its
+            raise IncompleteBytes(
+                f"incomplete string data for inference input '{input_name}', expecting string "
+                f"of length {length} but only {end - offset} bytes available"
+            )
+        items.append(bytes(view[offset : offset + length]))
+        offset += length
+    if len(items) != count:
+        raise InvalidInput(
+            f"{prefix}expected {count} string elements for inference input '{input_name}' "
+            f"for model '{model}', got {len(items)}"
+        )
+    return _object_array(items)
+
+
+def _object_array(items: list[bytes]) -> Array:
+    out = np.empty(len(items), dtype=np.object_)
     out[:] = items
     return out
 

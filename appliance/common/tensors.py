@@ -82,8 +82,7 @@ def from_raw(
     dtype = datatype(name, where)
     count = element_count(shape, where, limits)
     if dtype.itemsize == 0:
-        input_name = names[2] if names is not None else ""
-        return decode_bytes(raw, count, where, input_name).reshape(shape)
+        return decode_bytes(raw, count, where, names).reshape(shape)
     expected = count * dtype.itemsize
     if len(raw) != expected and names is not None:
         request_id, model, input_name = names

@@ -133,8 +133,8 @@ def checked_changes(current: LogState, changes: Mapping[str, Any]) -> LogState:
             )
         elif key == "log_file" and value != current.log_file:
             # As tritonserver: a network client must not choose files for the server to write.
-            raise Unsupported(
-                "log setting 'log_file' cannot be changed at run time; "
+            raise Unsupported(  # tritonserver's words first
+                "log file location can not be updated through network protocol: "
                 "start the server with --log-file"
             )
         updates[key] = value

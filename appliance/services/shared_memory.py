@@ -328,7 +328,11 @@ class SharedMemoryRegistry:
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         if not name:
-            raise InvalidInput("a CUDA shared memory region needs a name")
+            # tritonserver's words (its CUDA IPC open of such a request fails), then why
+            raise InvalidInput(
+                "failed to register shared memory region: invalid args (a CUDA shared memory "
+                "region needs a name)"
+            )
         with self._lock:
             self._check_room(name)
         region = self._cuda.open(name, raw_handle, device_id, byte_size)
@@ -499,17 +503,25 @@ def read_input(
     shape: tuple[int, ...],
     where: str,
     limits: RequestLimits | None = None,
+    names: tuple[str, str, str] | None = None,
 ) -> Array:
     """An input tensor copied out of a registered region (a CUDA region: to the host). Sizes
-    are checked before anything is read."""
+    are checked before anything is read. `names` (request id, model, input) words a size
+    that does not fit the shape as tritonserver does."""
     dtype = datatype(datatype_name, where)
     count = element_count(shape, where)
     if limits is not None:
         limits.check_elements(count, shape, where)
     if dtype.itemsize == 0:
         window = registry.read(target.region, target.offset, target.byte_size, where)
-        return decode_bytes(window.data, count, where).reshape(shape)
+        return decode_bytes(window.data, count, where, names).reshape(shape)
     expected = count * dtype.itemsize
+    if target.byte_size != expected and names is not None:
+        request_id, model, input_name = names
+        raise InvalidInput(
+            f"[request id: {request_id or '<id_unknown>'}] input byte size mismatch for input "
+            f"'{input_name}' for model '{model}'. Expected {expected}, got {target.byte_size}"
+        )
     if target.byte_size != expected:
         raise InvalidInput(
             f"{where}: shared_memory_byte_size {target.byte_size} does not match the "

@@ -417,12 +417,14 @@ def _raw_cases() -> dict[str, RawCase]:
         (
             "bytes_truncated_prefix",
             struct.pack("<I", 1) + b"a" + b"\x01\x00",
-            "BYTES data ends after 1 of 2 elements (truncated length prefix)",
+            "incomplete string length indicator for inference input 'INPUT0' for model "
+            "'identity_bytes', expecting 4 bytes but only 2 bytes available",
         ),
         (
             "bytes_left_over",
             struct.pack("<I", 1) + b"a" + struct.pack("<I", 1) + b"bXYZ",
-            "3 bytes left over after 2 BYTES elements",
+            "incomplete string length indicator for inference input 'INPUT0' for model "
+            "'identity_bytes', expecting 4 bytes but only 3 bytes available",
         ),
     ):
         body, headers = bytes_body(payload)
@@ -761,12 +763,14 @@ GRPC_CASES = {
     "bytes_truncated_prefix": (
         grpc_request("identity_bytes", "BYTES", [1, 2], raw=struct.pack("<I", 1) + b"a\x01"),
         "StatusCode.INVALID_ARGUMENT",
-        "BYTES data ends after 1 of 2 elements (truncated length prefix)",
+        "incomplete string length indicator for inference input 'INPUT0' for model "
+        "'identity_bytes', expecting 4 bytes but only 1 bytes available",
     ),
     "bytes_left_over": (
         grpc_request("identity_bytes", "BYTES", [1, 1], raw=struct.pack("<I", 1) + b"ab"),
         "StatusCode.INVALID_ARGUMENT",
-        "1 bytes left over after 1 BYTES elements",
+        "incomplete string length indicator for inference input 'INPUT0' for model "
+        "'identity_bytes', expecting 4 bytes but only 1 bytes available",
     ),
     "unknown_datatype": (
         grpc_request("identity_int8", "FLOAT", [1, 2], raw=b"12"),

@@ -119,7 +119,11 @@ def test_log_settings_over_http_and_grpc_change_the_log(
         ({"log_verbose_level": "1"}, "400", "'log_verbose_level' must be an integer >= 0"),
         ({"log_format": "xml"}, "400", "must be one of default, ISO8601, json; got 'xml'"),
         ({"log_colour": True}, "400", "unknown log setting 'log_colour'"),
-        ({"log_file": "/etc/passwd"}, "501", "'log_file' cannot be changed at run time"),
+        (
+            {"log_file": "/etc/passwd"},
+            "501",
+            "log file location can not be updated through network protocol",
+        ),
     ],
 )
 def test_bad_log_settings_over_http(

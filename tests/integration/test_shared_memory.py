@@ -144,7 +144,11 @@ def test_bad_windows_get_precise_errors(
             client.infer("simple", inputs, outputs=outputs)
         inputs, outputs = _io(module, inp, out)
         inputs[0].set_shared_memory(inp, BYTES - 4, offset=0)  # one element short
-        with pytest.raises(InferenceServerException, match="does not match the 64 bytes"):
+        with pytest.raises(
+            InferenceServerException,
+            match=r"input byte size mismatch for input 'INPUT0' for model 'simple'\. Expected 64, "
+            r"got 60",
+        ):
             client.infer("simple", inputs, outputs=outputs)
         inputs, outputs = _io(module, inp, out)
         outputs[0].set_shared_memory(out, 8, offset=0)  # too small for the output

@@ -232,3 +232,63 @@ def test_non_utf8_bytes_output_as_json_is_refused(unready: ServerProcess) -> Non
     assert result.as_numpy("OUTPUT0").tolist() == [b"\xff"]
     text = client.infer("identity_str", [_str_input(httpclient, "é".encode())], outputs=[out])
     assert text.get_response()["outputs"][0]["data"] == ["é"]
+
+
+# ---- log settings: the log file is not a network client's to choose -------------------------
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=("http", "grpc"))
+def test_log_file_over_the_network_is_refused_in_tritons_words(
+    server: ServerProcess, module: Any
+) -> None:
+    """L0_logging's logging_endpoint_test matches tritonserver's words (501 / UNIMPLEMENTED)."""
+    client = server.client(module)
+    try:
+        with pytest.raises(InferenceServerException) as info:
+            client.update_log_settings({"log_file": "log_file.log", "log_info": True})
+        assert str(info.value.status()) in ("501", "StatusCode.UNIMPLEMENTED")
+        assert "log file location can not be updated through network protocol" in str(info.value)
+        assert client.get_log_settings(**({"as_json": True} if module is grpcclient else {}))
+    finally:
+        client.close()
+
+
+# ---- restricted APIs: tritonserver's words per protocol -------------------------------------
+
+
+def test_restricted_apis_are_refused_in_tritons_words(tmp_path: Any) -> None:
+    """L0_grpc's RestrictedProtocolTest matches gRPC's "This protocol is restricted" (HTTP's
+    words name the API)."""
+    models = tmp_path / "models"
+    (models / "identity_str" / "1").mkdir(parents=True)
+    (models / "identity_str" / "config.pbtxt").write_text(IDENTITY_BYTES)
+    flags = ("--grpc-restricted-protocol=health:infer-key=v1", "--http-restricted-api=metadata:k=v")
+    with ServerProcess(models, *flags, log_path=tmp_path / "server.log") as proc:
+        grpc_client = proc.client(grpcclient)
+        http_client = proc.client(httpclient)
+        try:
+            with pytest.raises(InferenceServerException) as info:
+                grpc_client.is_server_live()
+            assert (
+                "This protocol is restricted, expecting header 'triton-grpc-protocol-infer-key'"
+            ) in str(info.value)
+            assert grpc_client.is_server_live(headers={"triton-grpc-protocol-infer-key": "v1"})
+            with pytest.raises(InferenceServerException) as info:
+                http_client.get_server_metadata()
+            assert "This API is restricted, expecting header 'k'" in str(info.value)
+            assert http_client.get_server_metadata(headers={"k": "v"})["name"]
+        finally:
+            grpc_client.close()
+            http_client.close()
+
+
+def test_a_nameless_cuda_region_is_refused_in_tritons_words(server: ServerProcess) -> None:
+    """L0_grpc's aio test registers a CUDA region with no name, handle or size."""
+    client = server.client(grpcclient)
+    try:
+        with pytest.raises(InferenceServerException) as info:
+            client.register_cuda_shared_memory("", b"", 0, 0)
+        assert str(info.value.status()) == "StatusCode.INVALID_ARGUMENT"
+        assert "failed to register shared memory region: invalid args" in str(info.value)
+    finally:
+        client.close()

@@ -21,6 +21,12 @@ from appliance.common.tensors import (
 )
 
 WHERE = "model 'm' input 'X'"
+
+
+def _one(item: bytes) -> bytes:
+    return struct.pack("<I", len(item)) + item
+
+
 NUMERIC = {
     "BOOL": np.bool_,
     "UINT8": np.uint8,
@@ -127,6 +133,50 @@ def test_decode_bytes_errors(raw: bytes, count: int, message: str) -> None:
     with pytest.raises(InvalidInput) as info:
         decode_bytes(raw, count, WHERE)
     assert info.value.message == f"{WHERE}: {message}"
+
+
+CLIENT = ("r1", "m", "X")  # a client's input: request id, model, input
+
+
+@pytest.mark.parametrize(
+    ("raw", "count", "message"),
+    [
+        (b"", 1, "expected 1 string elements for inference input 'X' for model 'm', got 0"),
+        (
+            _one(b"a") + b"\x01\x00",
+            2,
+            "incomplete string length indicator for inference input 'X' for model 'm', "
+            "expecting 4 bytes but only 2 bytes available. Please make sure the string length "
+            "indicator is in one buffer.",
+        ),
+        (
+            _one(b"a") * 3,
+            2,
+            "unexpected number of string elements 3 for inference input 'X' for model 'm', "
+            "expecting 2",
+        ),
+        (
+            _one(b"a") * 14,
+            16,
+            "expected 16 string elements for inference input 'X' for model 'm', got 14",
+        ),
+    ],
+    ids=["empty", "short-prefix", "one-past", "short-of-shape"],
+)
+def test_decode_client_bytes_in_tritons_words(raw: bytes, count: int, message: str) -> None:
+    with pytest.raises(InvalidInput) as info:
+        decode_bytes(raw, count, WHERE, CLIENT)
+    assert info.value.message == f"[request id: r1] {message}"
+
+
+def test_decode_client_bytes_element_past_the_data() -> None:
+    with pytest.raises(InvalidInput) as info:
+        decode_bytes(struct.pack("<I", 9) + b"ab", 1, WHERE, CLIENT)
+    assert info.value.message == (
+        "incomplete string data for inference input 'X', expecting string of length 9 but only "
+        "2 bytes available"
+    )
+    assert decode_bytes(_one(b"ab") + _one(b""), 2, WHERE, CLIENT).tolist() == [b"ab", b""]
 
 
 # ---- raw numeric -----------------------------------------------------------------------------

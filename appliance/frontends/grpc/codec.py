@@ -182,7 +182,9 @@ def decode_request(
         target = None if targets is None else targets[index]
         if target is not None:
             assert shm is not None
-            data = read_input(shm, target, datatype_name, shape, where, limits)
+            data = read_input(
+                shm, target, datatype_name, shape, where, limits, (msg.id, model, name)
+            )
         elif raw:
             data = from_raw(
                 raw[raw_index], datatype_name, shape, where, limits, (msg.id, model, name)

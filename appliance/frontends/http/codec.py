@@ -226,7 +226,10 @@ def decode_request(
                 target = shm_target(params, where)
         if target is not None:
             assert shm is not None
-            data = read_input(shm, target, dtype_name, shape, where, limits)
+            data = read_input(
+                shm, target, dtype_name, shape, where, limits,
+                (str(doc.get("id", "")), model, name),
+            )
             planned = None
         elif size is not None:
             if type(size) is not int or size < 0:
