@@ -9,12 +9,18 @@ back into the batch's outputs. A decoupled request hands the instance back as so
 model's `execute()` returns (Triton's rule): its responses, final flag or failure arrive
 tagged with the request and go straight to it, so concurrent requests interleave.
 
-The request path is a link of its own (channel.py's `Link`, a socket pair): the instance
-thread writes the execute message and reads the answer itself, answering on the way, inline,
-the BLS `infer` and metric calls the model's execute() makes from its main thread. No reader
-thread sits between the two, and request infos travel as plain tuples. While it answers such
-a call the thread watches nothing else: the model's process dying, or `execute_timeout_s`, is
-seen once the call returns (a BLS call is bounded by the callee's own timeouts).
+The request path is a link of its own (channel.py's `Link`, pipes). An execution the event
+loop starts (`start_requests`: the scheduler dispatching on the loop) is written there by the
+loop, and the model process answers on a pipe of the loop's own, whose reader stays
+registered: no instance thread, no hand-off; the model's metric calls are answered on the
+loop, its BLS `infer` calls on the instance's call threads (they block on the server), and a
+timer every CANCEL_POLL_S looks at cancellation and `execute_timeout_s`. A thread that runs
+the request itself (`execute_requests`: a gRPC thread in the scheduler's lane, the
+instance's thread for decoupled requests) writes the execute message and reads the answer
+itself, answering on the way, inline, the BLS `infer` and metric calls the model's execute()
+makes from its main thread; while it answers such a call it watches nothing else: the
+model's process dying, or `execute_timeout_s`, is seen once the call returns (a BLS call is
+bounded by the callee's own timeouts). Request infos travel as plain tuples.
 Everything else comes over the pipe, where one reader thread per process takes every
 message (channel.py lists them): a decoupled request's responses go straight to it; metric
 calls are answered at once, in order, so a response is never seen before the metric updates

@@ -7,16 +7,18 @@ a custom metric. Every send on the pipe holds one lock, so messages never interl
 sends on the pipe and hands each reply to the caller waiting for that id, and a cancel to
 `on_cancel`.
 
-The request path has a link of its own (`Link`, a socket pair with no reader thread on
-either side): the server's instance thread writes ("execute", arena, metas, outputs, tag or
-None, request infos as tuples) or ("finalize",) and reads the answer itself; the model
-process's main thread reads it and answers ("result", arena, metas, errors) | ("failed",
-text[, code]) (each request's outputs named "<index>:<name>", `errors` the (index, text,
-code) of requests whose response is an error), or for a decoupled request ("returned", tag)
-once execute() returned. While its execute() runs, the main thread's BLS `infer` and metric
-calls go over the link too, ("call", id, operation, arguments) answered ("reply", id, ok,
-payload) by the instance thread that waits for the result: two thread wake-ups a request
-and none more a call, where the pipe with a reader thread each side took four.
+The request path has a link of its own (`Link`: a pipe in, two pipes out, no reader thread
+on either side): the server writes ("execute", arena, metas, outputs, tag or None, request
+infos as tuples, on_loop) or ("finalize",); the model process's main thread reads it and
+answers ("result", arena, metas, errors) | ("failed", text[, code]) (each request's outputs
+named "<index>:<name>", `errors` the (index, text, code) of requests whose response is an
+error), or for a decoupled request ("returned", tag) once execute() returned. It answers on
+the pipe the request named: `on_loop`, the one the server's event loop watches (the loop
+started the execution), else the one the server's thread that sent it reads itself. While
+its execute() runs, the main thread's BLS `infer` and metric calls go over the link too,
+("call", id, operation, arguments) answered ("reply", id, ok, payload) on the pipe in: no
+thread hand-off on either side, where the pipe with a reader thread each side took four
+wake-ups a request.
 
 The pipe (`Channel`) carries the rest, from any thread: ("ready", None) | ("error", text)
 after initialize; a decoupled request's ("stream_response", tag, outputs)... and
