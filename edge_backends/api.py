@@ -203,6 +203,12 @@ class ExecutionError(BackendError):
     """The model failed while running a batch."""
 
 
+class ExecuteRaised(ExecutionError):
+    """A Python model's execute() ran and raised. tritonserver's Python backend reports the
+    execution's batch statistics whatever execute() did, so the server counts it as an
+    execution (each request a failure); other backends' failed executions are not counted."""
+
+
 class InputRejected(BackendError):
     code = "INVALID_ARG"
 

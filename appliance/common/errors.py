@@ -24,6 +24,12 @@ class ApplianceError(Exception):
     """Base of every error the core raises on purpose; the message is shown to the client."""
 
     code: ClassVar[ErrorCode] = ErrorCode.INTERNAL
+    # How tritonserver's statistics count the request this error fails (services/inference.py):
+    # a model's own error response (a Python model's InferenceResponse(error=...)) is a
+    # success there; a request its scheduler refused before queueing it (tritonserver's
+    # Enqueue returned the error: a sequence request without START) is not counted at all.
+    model_response: bool = False
+    uncounted: ClassVar[bool] = False
 
     @property
     def message(self) -> str:
@@ -34,6 +40,12 @@ class InvalidInput(ApplianceError):
     """The request is malformed or does not match the model's inputs."""
 
     code = ErrorCode.INVALID_ARG
+
+
+class IncompleteBytes(InvalidInput):
+    """A BYTES element whose length prefix runs past the data. tritonserver's backend finds
+    it as it reads the request, so its statistics count the request a BACKEND failure; here
+    the decoder finds it, and the request's admission counts it so (services/inference.py)."""
 
 
 class ModelNotFound(ApplianceError):
@@ -96,3 +108,15 @@ class ConfigError(ApplianceError):
     """A config.pbtxt or model folder is invalid; the message names the file and field."""
 
     code = ErrorCode.INVALID_ARG
+
+
+class NoVersionAvailable(ConfigError):
+    """A model's version policy matches none of its version folders, in tritonserver's words
+    (core's ModelLifeCycle::AsyncLoad); a load request answers them after its prefix."""
+
+    def __init__(self, model: str, detail: str = "") -> None:
+        self.model = model
+        super().__init__(
+            "at least one version must be available under the version policy of model "
+            f"'{model}'{detail}"
+        )

@@ -19,7 +19,8 @@ _INT64_TYPES = {
 
 def message_to_dict(message: Message) -> dict[str, Any]:
     """A protobuf message as Triton writes it in JSON: field names as in the .proto, every
-    field present, and 64-bit integers as numbers (protobuf's own JSON makes them strings)."""
+    field present, in the .proto's order, and 64-bit integers as numbers (protobuf's own JSON
+    makes them strings)."""
     try:
         raw = json_format.MessageToDict(
             message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
@@ -28,7 +29,7 @@ def message_to_dict(message: Message) -> dict[str, Any]:
         raw = json_format.MessageToDict(
             message, preserving_proto_field_name=True, including_default_value_fields=True
         )
-    _fix_int64(message, raw)
+    _as_triton_writes(message, raw)
     return raw  # type: ignore[no-any-return]  # MessageToDict returns dict[str, Any]
 
 
@@ -38,7 +39,12 @@ def _repeated(field: FieldDescriptor) -> bool:
     return bool(flag) if flag is not None else field.label == FieldDescriptor.LABEL_REPEATED
 
 
-def _fix_int64(message: Message, raw: dict[str, Any]) -> None:
+def _as_triton_writes(message: Message, raw: dict[str, Any]) -> None:
+    # Python's JSON puts the fields that are set first; C++'s (Triton's) writes the .proto's
+    # order, which readers of the served config see.
+    ordered = {f.name: raw[f.name] for f in message.DESCRIPTOR.fields if f.name in raw}
+    raw.clear()
+    raw.update(ordered)
     for field in message.DESCRIPTOR.fields:
         if field.name not in raw:
             continue
@@ -47,15 +53,15 @@ def _fix_int64(message: Message, raw: dict[str, Any]) -> None:
             value_field = field.message_type.fields_by_name["value"]
             for key, item in value.items():
                 if value_field.message_type is not None:
-                    _fix_int64(item, raw[field.name][str(key)])
+                    _as_triton_writes(item, raw[field.name][str(key)])
                 elif value_field.type in _INT64_TYPES:
                     raw[field.name][str(key)] = int(item)
         elif field.message_type is not None:
             if _repeated(field):
                 for item, item_raw in zip(value, raw[field.name], strict=True):
-                    _fix_int64(item, item_raw)
+                    _as_triton_writes(item, item_raw)
             else:
-                _fix_int64(value, raw[field.name])
+                _as_triton_writes(value, raw[field.name])
         elif field.type in _INT64_TYPES:
             if _repeated(field):
                 raw[field.name] = [int(v) for v in value]

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from appliance.common.errors import InvalidInput
+from appliance.common.errors import IncompleteBytes, InvalidInput
 from appliance.common.types import Array
 
 _LEN = struct.Struct("<I")
@@ -31,7 +31,7 @@ def decode_bytes(raw: Any, count: int, where: str, input_name: str = "") -> Arra
         (length,) = _LEN.unpack_from(view, offset)
         offset += 4
         if offset + length > end and input_name:
-            raise InvalidInput(
+            raise IncompleteBytes(
                 f"incomplete string data for inference input '{input_name}', expecting string "
                 f"of length {length} but only {end - offset} bytes available"
             )

@@ -5,12 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from appliance.common.host_policy import HostPolicy
 from appliance.common.limits import RequestLimits
 
 MiB = 1024 * 1024
 # Triton's auto-complete max_batch_size for a model whose first dimension is dynamic, and the
 # one source of it: the runtime passes it (or --backend-config's) to every backend.
 DEFAULT_MAX_BATCH_SIZE = 4
+# Triton's max_sequence_idle_microseconds where a config gives none (its served config says so).
+SEQUENCE_IDLE_DEFAULT_US = 1_000_000
 
 
 # Triton's default latency summary quantiles, (quantile, allowed error) each.
@@ -180,6 +183,8 @@ class ServerSettings:
     model_load_threads: int = 2  # --model-load-thread-count (tritonserver's default is 4)
     model_load_retries: int = 0  # --model-load-retry-count: a failed version's load retried
     model_namespacing: bool = False  # --model-namespacing: a name may be in two repositories
+    # --host-policy: the cores and NUMA node of the instances under each policy name.
+    host_policies: tuple[HostPolicy, ...] = ()
     # --backend-config [BACKEND,]default-max-batch-size=N: auto-complete's max_batch_size for
     # a model that can batch (0: auto-completed models do not batch), for every backend and
     # (backend, N) where one backend was given its own.
@@ -204,6 +209,9 @@ class ServerSettings:
     # gRPC calls in flight, all connections together (a stream is one call while open); more
     # are answered UNAVAILABLE at once. Health calls are never refused. 0: no limit.
     grpc_max_concurrent_rpcs: int = 64
+    # --grpc-max-response-pool-size: a decoupled request's responses waiting for its reader
+    # before the model is held back (0: services/inference.py's DECOUPLED_MAX_RESPONSES).
+    max_waiting_responses: int = 0
     grpc_connections: GrpcConnectionSettings = field(default_factory=GrpcConnectionSettings)
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     http_connections: HttpConnectionLimits = field(default_factory=HttpConnectionLimits)

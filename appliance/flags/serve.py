@@ -16,6 +16,7 @@ from typing import Any
 from appliance.common import extras
 from appliance.common.access import parse_groups
 from appliance.common.header_forward import compile_pattern
+from appliance.common.host_policy import HostPolicy, HostPolicyError, parse_host_policies
 from appliance.common.limits import RequestLimits
 from appliance.common.model_config import check_config_name
 from appliance.common.settings import (
@@ -38,7 +39,7 @@ from appliance.flags.values import (
     parse_rate_limit_resources,
     parse_trace_config,
 )
-from appliance.ops import logs
+from appliance.ops import affinity, logs
 from appliance.repository.model_signature import parse_policy
 from appliance.repository.rollout import (
     RolloutError,
@@ -52,7 +53,6 @@ from appliance.repository.sources import check_location, is_remote
 IGNORED_FLAGS = (
     "http-thread-count",
     "grpc-infer-allocation-pool-size",
-    "grpc-max-response-pool-size",
     "allow-sagemaker",
     "sagemaker-port",
     "sagemaker-safe-port-range",
@@ -67,7 +67,6 @@ IGNORED_FLAGS = (
     "cuda-virtual-address-size",
     "min-supported-compute-capability",
     "buffer-manager-thread-count",
-    "host-policy",
     "model-load-gpu-limit",
     "backend-directory",
     "repoagent-directory",
@@ -85,7 +84,6 @@ _IGNORED_BOOL = (
 _IGNORED_INT = (
     "http-thread-count",
     "grpc-infer-allocation-pool-size",
-    "grpc-max-response-pool-size",
     "grpc-infer-thread-count",
     "sagemaker-port",
     "sagemaker-thread-count",
@@ -405,6 +403,16 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="a model version whose load fails is tried again up to N more times before it "
         f"counts as failed, as tritonserver's (default {_D.model_load_retries})",
     )
+    p.add_argument(
+        "--host-policy",
+        action="append",
+        default=[],
+        metavar="NAME,SETTING=VALUE",
+        help="tritonserver's host policy, one setting each (repeatable): cpu-cores=FIRST-LAST[,..] "
+        "binds the threads (and Python model processes) of the instances under policy NAME to "
+        "those cores, numa-node=N their memory to that NUMA node; an instance group names its "
+        "policy with host_policy, else it is 'cpu' (KIND_CPU), 'gpu_<device>' or 'model'",
+    )
     add_bool(
         p,
         "--model-namespacing",
@@ -510,6 +518,15 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
         help="gRPC calls in flight, all connections together (a stream counts as one while "
         "open); more are answered UNAVAILABLE at once; health calls are never refused "
         f"(default {_D.grpc_max_concurrent_rpcs}; 0: no limit)",
+    )
+    p.add_argument(
+        "--grpc-max-response-pool-size",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="a decoupled request's responses waiting for its client, at most; then the model "
+        "waits in send() until the client reads one (default 16, with 32 MiB; tritonserver's "
+        "default is no bound)",
     )
     add_grpc_connection_flags(p)
     _add_limit_flags(p)
@@ -744,6 +761,14 @@ def _fleet(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _host_policies(values: list[str]) -> tuple[HostPolicy, ...]:
+    """--host-policy's policies, checked against this machine (its cores, its NUMA nodes)."""
+    try:
+        return tuple(affinity.check(policy) for policy in parse_host_policies(values))
+    except HostPolicyError as exc:
+        raise SystemExit(f"edge-appliance: {exc}") from None
+
+
 def _config_name(value: str | None) -> str:
     if value is None:
         return ""
@@ -768,6 +793,16 @@ def _check_extras(
             raise SystemExit(f"edge-appliance: {problem}")
 
 
+def _repositories(given: list[str]) -> tuple[tuple[Path, ...], tuple[str, ...]]:
+    """The local and remote repositories, each once: tritonserver keeps its repositories in a
+    set, so a path given twice is one repository (here also two spellings of one folder),
+    where two would hold every model twice."""
+    local: dict[str, Path] = {}
+    for path in (p for p in given if not is_remote(p)):
+        local.setdefault(os.path.realpath(path), Path(path))
+    return tuple(local.values()), tuple(dict.fromkeys(r for r in given if is_remote(r)))
+
+
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     if not args.model_repository:
         raise SystemExit("edge-appliance: --model-repository is required")
@@ -781,7 +816,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     trace, ignored_trace = parse_trace_config(args.trace_config, args.trace_level)
     batch_defaults, ignored_backend = parse_backend_config(args.backend_config)
     ignored += ignored_trace + ignored_backend
-    remote = tuple(r for r in args.model_repository if is_remote(r))
+    local, remote = _repositories(args.model_repository)
     if not args.repository_timeout_secs > 0:
         raise SystemExit("edge-appliance: --repository-timeout-secs must be above 0")
     ratio = args.model_rollback_latency_ratio
@@ -803,7 +838,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     if args.model_signature and (problem := extras.missing("model_signing", "--model-signature")):
         raise SystemExit(f"edge-appliance: {problem}")
     return ServerSettings(
-        model_repositories=tuple(Path(p) for p in args.model_repository if not is_remote(p)),
+        model_repositories=local,
         remote_repositories=remote,
         model_store_dir=args.model_store_dir or default_store_dir(),
         model_store_reserve_bytes=(
@@ -866,6 +901,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         model_load_threads=args.model_load_thread_count,
         model_load_retries=args.model_load_retry_count,
         model_namespacing=on(args.model_namespacing, False),
+        host_policies=_host_policies(args.host_policy),
         default_max_batch_size=batch_defaults.pop("", _D.default_max_batch_size),
         backend_max_batch_sizes=tuple(sorted(batch_defaults.items())),
         server_id=args.id,
@@ -884,6 +920,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         max_request_bytes=args.max_request_bytes,
         grpc_max_message_bytes=args.grpc_max_message_bytes,
         grpc_max_concurrent_rpcs=max(0, args.grpc_max_concurrent_rpcs),
+        max_waiting_responses=args.grpc_max_response_pool_size or 0,
         grpc_connections=grpc_connections(args),
         request_limits=RequestLimits(args.max_tensor_elements, args.max_request_tensor_bytes),
         http_connections=HttpConnectionLimits(

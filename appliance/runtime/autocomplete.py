@@ -12,7 +12,7 @@ from pathlib import Path
 from appliance.common.errors import ConfigError
 from appliance.common.model_config import CONFIG_FILENAME, ModelConfig, config_type_of
 from appliance.common.protocol import model_config_pb2 as mc
-from appliance.common.settings import DEFAULT_MAX_BATCH_SIZE
+from appliance.common.settings import DEFAULT_MAX_BATCH_SIZE, SEQUENCE_IDLE_DEFAULT_US
 from appliance.common.tf_advice import tensorflow_advice
 from edge_backends.api import ModelSignature, TensorSpec
 from edge_backends.registry import (
@@ -114,14 +114,38 @@ def complete_config(
 
 
 def complete_scheduling(config: ModelConfig) -> None:
-    """Defaults that do not need the model file: instance groups and version policy."""
+    """Defaults that do not need the model file, as Triton's core normalises a config
+    (`NormalizeModelConfig`, `NormalizeInstanceGroup`): the version policy, the batchers'
+    preferred sizes and idle time, the pinned-memory options and the instance groups. Each is
+    what the schedulers assume when the field is unset (specs.py, policy.py), so the served
+    config says what runs; an ensemble gets neither instance groups nor `optimization`."""
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    batching = config.max_batch_size > 0
+    dynamic = config.dynamic_batching
+    if config.HasField("dynamic_batching") and not dynamic.preferred_batch_size and batching:
+        dynamic.preferred_batch_size.append(config.max_batch_size)
+    if config.HasField("sequence_batching"):
+        sequence = config.sequence_batching
+        if not sequence.max_sequence_idle_microseconds:
+            sequence.max_sequence_idle_microseconds = SEQUENCE_IDLE_DEFAULT_US
+        oldest = sequence.oldest
+        if sequence.HasField("oldest") and not oldest.preferred_batch_size and batching:
+            oldest.preferred_batch_size.append(config.max_batch_size)
+    if config.HasField("ensemble_scheduling"):
+        return
+    optimization = config.optimization
+    if not optimization.HasField("input_pinned_memory"):
+        optimization.input_pinned_memory.enable = True
+    if not optimization.HasField("output_pinned_memory"):
+        optimization.output_pinned_memory.enable = True
     if not config.instance_group:
-        config.instance_group.add()
+        config.instance_group.add().name = config.name  # Triton's default group: the model's name
     for i, group in enumerate(config.instance_group):
         if not group.name:
             group.name = f"{config.name}_{i}"
         if group.count < 1:
+            # Triton's count is 2 for ONNX Runtime and TensorFlow on CPU; here 1, as before
+            # (ONNX Runtime's intra-op threads are split by the instance count: ort.py).
             group.count = 1
         # KIND_AUTO is resolved when the model loads (runtime/placement.py).
-    if not config.HasField("version_policy"):
-        config.version_policy.latest.num_versions = 1

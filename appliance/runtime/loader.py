@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 from google.protobuf import json_format
 
-from appliance.common.errors import ApplianceError, ConfigError
+from appliance.common.errors import ApplianceError, ConfigError, NoVersionAvailable
+from appliance.common.host_policy import HostPolicy, policy_name
 from appliance.common.model_config import (
     CONFIG_FILENAME,
     DEFAULT_BOUNDS,
@@ -28,6 +29,7 @@ from appliance.common.model_config import (
 from appliance.common.protocol import model_config_pb2 as mc
 from appliance.common.protojson import message_to_dict
 from appliance.common.settings import DEFAULT_MAX_BATCH_SIZE
+from appliance.ops import affinity
 from appliance.repository.ledger import LOAD, VERIFICATION, WARM_UP
 from appliance.repository.local import escapes, list_versions
 from appliance.repository.manifest import (
@@ -167,6 +169,7 @@ def prepare_model(
     default_max_batch: Mapping[str, int] | None = None,
     loading: Callable[[int], None] | None = None,
     load_retries: int = 0,
+    host_policies: Mapping[str, HostPolicy] | None = None,
 ) -> PreparedModel:
     """Read, complete and validate the config, then load the instances of each chosen version
     (a version whose instances fail to load is tried `load_retries` more times, as
@@ -178,8 +181,9 @@ def prepare_model(
     is `configs/<config_name>.pbtxt` where that exists); `default_max_batch`: the
     max_batch_size auto-complete gives a model that can batch, by backend ('': the others;
     default DEFAULT_MAX_BATCH_SIZE); `loading(version)`: told before a version's model file
-    is opened (the ledger's durable "loading" marker; the caller clears it). Blocking: run it
-    in a thread.
+    is opened (the ledger's durable "loading" marker; the caller clears it); `host_policies`:
+    --host-policy's, by name (an instance is created and runs under its group's). Blocking:
+    run it in a thread.
     A config error raises; a version that fails to load is recorded in `failed` so the other
     versions still serve.
     """
@@ -222,10 +226,14 @@ def prepare_model(
         model_dir, config, available, versions, pin is not None
     )
     if not versions:
-        raise ConfigError(
-            f"model '{name}': no version folder matches the version policy "
-            f"(found {available or 'no numbered folders'} in '{model_dir}')"
-            + "".join(f"; version {v} {why}" for v, why in sorted(damaged.items()))
+        log.warning(  # the client gets tritonserver's words; the operator also what was found
+            "model '%s': its version policy matches none of the version folders (found %s in '%s')",
+            name,
+            available or "no numbered folders",
+            model_dir,
+        )
+        raise NoVersionAvailable(
+            name, "".join(f"; version {v} {why}" for v, why in sorted(damaged.items()))
         )
     # The newest version that can be read describes the model; unreadable ones fail alone.
     unreadable: dict[int, str] = {}
@@ -328,6 +336,7 @@ def prepare_model(
                     signature if version == described_version and not attempt else None,
                     bounds,
                     source,
+                    host_policies or {},
                 )
             except (BackendError, ApplianceError) as exc:
                 left = load_retries - attempt
@@ -435,6 +444,7 @@ def _load_instances(
     signature: ModelSignature | None = None,
     bounds: ConfigBounds = DEFAULT_BOUNDS,
     source: Path | None = None,
+    host_policies: Mapping[str, HostPolicy] | None = None,
 ) -> list[InstanceWorker]:
     """Create every instance of every group, placed on GPU or CPU (placement.py) from the kind
     each group `requested`; what runs elsewhere than asked is noted in `notes`, and `on_gpu`
@@ -482,6 +492,9 @@ def _load_instances(
             slots = [(gpu, i) for gpu in devices[index] for i in range(group.count)]
             for number, (gpu, _) in enumerate(slots):
                 instance_name = f"{group.name}_{number}"
+                policy = (host_policies or {}).get(
+                    policy_name(group.host_policy, kinds[index], gpu)
+                )
                 spec = InstanceSpec(
                     model_name=config.name,
                     model_version=version,
@@ -498,7 +511,15 @@ def _load_instances(
                     gpu_accelerators=accelerators if kind == "KIND_GPU" else (),
                     cache_dir=version_cache,
                 )
-                instance = backend.create_instance(spec)
+                try:
+                    # what the instance starts (runtime threads, a model's process) inherits it
+                    with affinity.bound(policy):
+                        instance = backend.create_instance(spec)
+                except affinity.NotApplied as exc:
+                    raise ConfigError(
+                        f"model '{config.name}' instance '{instance_name}': "
+                        f"{policy.describe() if policy else ''}: {exc.strerror}"
+                    ) from exc
                 instances.append(instance)
                 actual = instance.placement or Placement(kind)
                 if on_gpu is not None and actual.kind == "KIND_GPU":  # not one that fell back
@@ -515,6 +536,7 @@ def _load_instances(
                         resources=resources,
                         priority=int(group.rate_limiter.priority),
                         shaping=shaping,
+                        host_policy=policy,
                     )
                 )
         try:

@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import logging
 import shutil
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -25,6 +25,7 @@ from appliance.common.errors import (
     ModelNotReady,
     Unsupported,
 )
+from appliance.common.host_policy import HostPolicy
 from appliance.common.model_config import ENSEMBLE, ConfigBounds, ModelConfig, read_config
 from appliance.repository.ledger import ModelLedger, record_pin
 from appliance.repository.local import list_models, list_versions, plain_name
@@ -299,6 +300,7 @@ class ModelRuntime:
                 self._prepare,
                 marker,
                 self._settings.load_retries,
+                self._settings.host_policies,
                 path,
                 self._settings.strict_model_config,
                 override,
@@ -379,6 +381,10 @@ class ModelRuntime:
             self._count_load(name, "success")
             await self._retire(gone)
             return
+        for version, served in new.items():  # a reload: the nv_* counters go on
+            replaced = old.get(version)
+            if replaced is not None:
+                served.stats.carry(replaced.stats)
         superseded = self.shadows.drop(name)  # another switch of the model ends its trial
         if superseded is not None:
             label = superseded.shadow.label
@@ -432,18 +438,27 @@ class ModelRuntime:
         if source is None and newest is not None and self._guard.on_probation(name) != newest:
             await self.history.remember_good(name, path, newest)  # not on probation
         await self._retire(retire)
+        for version, served in new.items():  # the versions they replaced are gone
+            replaced = old.get(version)
+            if replaced is not None and any(gone is replaced for gone in retire):
+                served.stats.fold()
         for folder in unused:  # after the versions that used it have drained
             await asyncio.to_thread(shutil.rmtree, folder, True)
 
     @staticmethod
     def _prepare(
-        marker: Callable[[int | None], None] | None, retries: int, *args: Any
+        marker: Callable[[int | None], None] | None,
+        retries: int,
+        policies: Mapping[str, HostPolicy],
+        *args: Any,
     ) -> PreparedModel:
         """prepare_model with the ledger's "loading version N" marker set around each
         version's load and cleared when it ends, however it ends (blocking); `retries`:
-        --model-load-retry-count."""
+        --model-load-retry-count; `policies`: --host-policy's."""
         try:
-            return functools.partial(prepare_model, loading=marker, load_retries=retries)(*args)
+            return functools.partial(
+                prepare_model, loading=marker, load_retries=retries, host_policies=policies
+            )(*args)
         finally:
             if marker is not None:
                 marker(None)

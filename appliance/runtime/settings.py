@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from appliance.common.host_policy import HostPolicy
 from appliance.common.settings import (
     DEFAULT_MAX_BATCH_SIZE,
     MemorySettings,
@@ -39,6 +40,8 @@ class RuntimeSettings:
     # --model-namespacing: a model is (repository, name); a name in two repositories loads
     # twice, and an ensemble's steps are its own repository's models first.
     namespacing: bool = False
+    # --host-policy's policies by name (appliance/common/host_policy.py).
+    host_policies: Mapping[str, HostPolicy] = field(default_factory=dict)
     # --metrics-config summary_latencies=true: the summaries' (quantile, error); () off.
     summary_quantiles: tuple[tuple[float, float], ...] = ()
     # --model-config-name: each model's config is configs/<name>.pbtxt where that exists.
@@ -81,6 +84,7 @@ class RuntimeSettings:
             load_concurrency=settings.model_load_threads,
             load_retries=settings.model_load_retries,
             namespacing=settings.model_namespacing,
+            host_policies={policy.name: policy for policy in settings.host_policies},
             summary_quantiles=settings.summary_quantiles if settings.latency_summaries else (),
             default_max_batch_sizes={
                 "": settings.default_max_batch_size,

@@ -15,7 +15,7 @@ import numpy as np
 from appliance.common.errors import ConfigError
 from appliance.common.model_config import ModelConfig, datatype_of
 from appliance.common.protocol import model_config_pb2 as mc
-from appliance.common.settings import SchedulingSettings
+from appliance.common.settings import SEQUENCE_IDLE_DEFAULT_US, SchedulingSettings
 from appliance.scheduling.batcher import DynamicScheduler
 from appliance.scheduling.contract import ModelScheduler
 from appliance.scheduling.ensemble import (
@@ -145,7 +145,7 @@ def batch_shaping(config: ModelConfig) -> BatchShaping:
 
 def sequence_spec(config: ModelConfig, max_waiting: int) -> SequenceSpec:
     batching = config.sequence_batching
-    idle_us = int(batching.max_sequence_idle_microseconds) or 1_000_000
+    idle_us = int(batching.max_sequence_idle_microseconds) or SEQUENCE_IDLE_DEFAULT_US
     # Triton's slots per instance: max(1, max_batch_size), or the oldest strategy's
     # max_candidate_sequences when it is set.
     slots = max(1, int(config.max_batch_size))

@@ -25,7 +25,7 @@ from appliance.common.errors import QueueFull, ServerUnavailable
 from appliance.common.types import Array
 from appliance.scheduling.base import LaneWaiter, SchedulerBase
 from appliance.scheduling.costs import WARMUP_EXECUTIONS, ExecutionCosts
-from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
+from appliance.scheduling.instances import BatchResult, InstanceWorker, Job, counted
 from appliance.scheduling.outcome import client_error, log_unexpected
 from appliance.scheduling.policy import (
     BatchPolicy,
@@ -295,7 +295,6 @@ class DynamicScheduler(SchedulerBase):
             queue.take(live)
             for job in live:
                 job.dispatch_ns = now
-                self._stats.record_queue(now - job.enqueue_ns)
             if self._preserve_ordering:
                 self._ordered.append(BatchResult(jobs=live))
             if worker.inline_ok and self._runs_inline(live):
@@ -380,27 +379,17 @@ class DynamicScheduler(SchedulerBase):
             else:
                 future.set_result(outcome)
 
-    def _record(self, result: BatchResult, queue_ns: int = -1) -> None:
-        """An execution's statistics, and its requests' compute timestamps; `queue_ns`: the
-        time its one request waited (the thread lane's; the loop records it at dispatch)."""
-        if result.batch_size:
+    def _record(self, result: BatchResult) -> None:
+        """An execution's statistics (as tritonserver counts them: `counted`), and its
+        requests' compute timestamps."""
+        size = result.executed_size
+        if size:
             result.stamp()
-            outcomes = result.outcomes
-            if len(outcomes) == 1:  # a batch of one (every request the thread lane runs)
-                succeeded = 0 if isinstance(outcomes[0], BaseException) else 1
-            else:
-                succeeded = sum(1 for o in outcomes if not isinstance(o, BaseException))
+            inferences, queues = counted(result)
             self._stats.record_execution(
-                result.batch_size,
-                succeeded,
-                result.input_ns,
-                result.infer_ns,
-                result.output_ns,
-                queue_ns,
+                size, inferences, result.input_ns, result.infer_ns, result.output_ns, queues
             )
             self._stats.last_inference_ms = time.time_ns() // 1_000_000
-        elif queue_ns >= 0:
-            self._stats.record_queue(queue_ns)
 
     # ---- the thread lane ---------------------------------------------------------------------
 
@@ -453,11 +442,12 @@ class DynamicScheduler(SchedulerBase):
         with self._lock:
             del self._running[worker]
             self._give_back_worker(worker)
-            self._learn_cost(result)
+            if result.cpu_ns >= 0:  # the runs whose CPU time was read (instances.py: all
+                self._learn_cost(result)  # at first, then one in 8): the lane's hot path
             wake = bool(len(self._queue)) or self._drained is not None
         if not result.batch_size:  # as `_instance_done` does
             log_unexpected(self._label, result.outcomes)
-        self._record(result, now - job.enqueue_ns)
+        self._record(result)
         if wake:
             assert self._loop is not None
             with contextlib.suppress(RuntimeError):  # the loop closed at exit

@@ -109,6 +109,9 @@ class StepRequest:
 
     parameters: Mapping[str, Any]
     request_id: str = ""
+    # The compute durations (input, infer, output ns) of its steps' requests that succeeded,
+    # summed as the steps finish: the ensemble's own, as tritonserver counts them.
+    compute_ns: list[int] = field(default_factory=lambda: [0, 0, 0])
 
 
 # A decoupled step's responses, each as a step's outputs by model output name; the step takes
@@ -440,6 +443,7 @@ def prefixed(name: str, exc: ApplianceError) -> ApplianceError:
     step error may fail several requests of a batch."""
     error = copy.copy(exc)
     error.args = (f"in ensemble '{name}', {exc.message}", *exc.args[1:])
+    error.model_response = False  # the ensemble's request failed, whatever its step answered
     return error
 
 
@@ -488,6 +492,7 @@ class EnsembleScheduler:
         return None
 
     async def submit(self, job: Job) -> dict[str, Array]:
+        queued = time.monotonic_ns()
         self.admit()
         self._active += 1
         self._idle.clear()
@@ -495,13 +500,14 @@ class EnsembleScheduler:
         batch = job.batch_size if plan.batching else 0
         inputs = {name: StepTensor(array, batch) for name, array in job.inputs.items()}
         emit = job.emit
+        step_request = StepRequest(job.parameters or {}, job.request_id)
         start = time.monotonic_ns()
         try:
             made = await run_ensemble(
                 plan,
                 inputs,
                 self._run_step,
-                StepRequest(job.parameters or {}, job.request_id),
+                step_request,
                 job.output_names,
                 None if emit is None else lambda made: emit(self._shaped(made)),
                 self._slots,
@@ -516,8 +522,13 @@ class EnsembleScheduler:
                 self._idle.set()
         if self._stats is not None:
             # One execution per successful request, as Triton's ensemble scheduler counts
-            # it; compute times stay 0 (each step's model records its own).
-            self._stats.record_execution(max(1, job.batch_size), 1, 0, 0, 0)
+            # it: its compute durations are its steps' summed, its queue time the wait
+            # before its first step was started (tritonserver's: from its enqueue to its run).
+            size = max(1, job.batch_size)
+            input_ns, infer_ns, output_ns = step_request.compute_ns
+            self._stats.record_execution(
+                size, size, input_ns, infer_ns, output_ns, (start - queued,)
+            )
             self._stats.last_inference_ms = time.time_ns() // 1_000_000
         return self._shaped(made)
 

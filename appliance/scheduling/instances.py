@@ -20,9 +20,19 @@ from typing import Any
 
 import numpy as np
 
+from appliance.common.host_policy import HostPolicy
 from appliance.common.types import Array
+from appliance.ops import affinity
 from appliance.scheduling.ragged import BatchShaping, gather, scatter
-from edge_backends.api import BackendError, InputRejected, ModelInstance, Pending, RequestInfo
+from edge_backends.api import (
+    BackendError,
+    ExecuteRaised,
+    InputRejected,
+    ModelInstance,
+    Pending,
+    RequestInfo,
+    ResponseError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +121,16 @@ class BatchResult:
     output_ns: int = 0
     cpu_ns: int = 0  # this thread's CPU time for the batch: wall time lies under GIL contention
     started_ns: int = 0
-    batch_size: int = 0
+    batch_size: int = 0  # 0: not executed (or failed)
+    # A Python model's execute() that raised (ExecuteRaised): its size, counted as an
+    # execution as tritonserver's Python backend counts it; batch_size stays 0.
+    raised_size: int = 0
     done: bool = field(default=False)
+
+    @property
+    def executed_size(self) -> int:
+        """The size of the execution the statistics count (0: none)."""
+        return self.batch_size or self.raised_size
 
     def stamp(self) -> None:
         """Give each job the batch's compute timestamps."""
@@ -122,6 +140,20 @@ class BatchResult:
         times = (t0, t1, t2, t2 + self.output_ns)
         for job in self.jobs:
             job.compute_ns = times
+
+
+def counted(result: BatchResult) -> tuple[int, list[int]]:
+    """What tritonserver counts of an execution's requests that succeeded: their batch sizes
+    (summed) and each one's time in the queue. A model's error response (a Python model's
+    InferenceResponse(error=...)) is a success there, as Triton's Python backend reports it
+    (the client still gets the error); a request that failed otherwise is not counted here."""
+    inferences, queues = 0, []
+    for job, outcome in zip(result.jobs, result.outcomes, strict=True):
+        if isinstance(outcome, BaseException) and not isinstance(outcome, ResponseError):
+            continue
+        inferences += job.batch_size
+        queues.append(max(0, job.dispatch_ns - job.enqueue_ns))
+    return inferences, queues
 
 
 def _gather_inputs(
@@ -185,13 +217,16 @@ class InstanceWorker:
         resources: dict[str, int] | None = None,
         priority: int = 0,
         shaping: BatchShaping | None = None,
+        host_policy: HostPolicy | None = None,
     ) -> None:
         self.name = name
+        self.host_policy = host_policy  # the thread's cores and memory node (--host-policy)
         self._shaping = shaping or BatchShaping()  # ragged inputs and batch inputs
         self.resources = resources or {}  # rate_limiter resources held while a batch runs
         self.priority = priority
-        # Instances that wait on another process must never run on the event loop.
-        self.inline_ok = instance.runs_inline
+        # Instances that wait on another process must never run on the event loop, nor those
+        # bound to cores or a memory node (the loop's thread is not).
+        self.inline_ok = instance.runs_inline and host_policy is None
         self._wants_requests = instance.wants_requests  # else the batch's tensors only
         self._instance = instance
         self._running: Sequence[Job] = ()  # the batch in hand, for the cancel check
@@ -348,6 +383,10 @@ class InstanceWorker:
     def _serve(self) -> None:
         assert self._loop is not None
         try:
+            try:
+                affinity.apply(self.host_policy)
+            except OSError as exc:  # the load applied it already: not expected to fail here
+                log.error("instance %s: %s", self.name, exc)
             while True:
                 item = self._inbox.get()
                 if item is None:
@@ -386,6 +425,7 @@ class InstanceWorker:
             return self._run_one(job, jobs, timed)
         result = BatchResult(jobs=jobs)
         cpu0 = time.thread_time_ns() if timed else 0
+        t0 = t1 = t2 = 0
         try:
             t0 = time.monotonic_ns()
             inputs = _gather_inputs(jobs, self._batching, self._shaping, self._wants_requests)
@@ -414,7 +454,7 @@ class InstanceWorker:
                     outputs = self._instance.execute(inputs, names)
             finally:
                 self._running = ()
-            t2 = time.monotonic_ns()
+                t2 = time.monotonic_ns()
             total = sum(j.batch_size for j in jobs)
             if answers is None:
                 answers = list(
@@ -440,6 +480,10 @@ class InstanceWorker:
             result.output_ns = sum(s.output_ns for s in ok)
         except Exception as exc:  # the whole batch failed: every request reports it
             result.outcomes = [exc] * len(jobs)
+            if isinstance(exc, ExecuteRaised) and t2:  # still an execution, with its times
+                result.started_ns, result.input_ns = t0, t1 - t0
+                result.infer_ns, result.output_ns = t2 - t1, time.monotonic_ns() - t2
+                result.raised_size = sum(j.batch_size for j in jobs)
         return result
 
     def _ragged_of(self, jobs: list[Job]) -> frozenset[str]:
@@ -461,6 +505,11 @@ class InstanceWorker:
             outputs = self._instance.execute(job.inputs, names)
         except Exception as exc:  # InputRejected included: the request's own error
             result.outcomes = [exc]
+            if isinstance(exc, ExecuteRaised):  # still an execution (see BatchResult)
+                t2 = time.monotonic_ns()
+                result.started_ns, result.input_ns, result.infer_ns = t0, t1 - t0, t2 - t1
+                result.output_ns = time.monotonic_ns() - t2
+                result.raised_size = job.batch_size
             return result
         finally:
             self._running = ()

@@ -48,7 +48,9 @@ def client_error(label: str, outcome: BaseException) -> ApplianceError:
     if isinstance(outcome, ApplianceError):
         return outcome
     if isinstance(outcome, ResponseError):  # the model's own words, as tritonserver sends them
-        return _BY_CODE.get(outcome.code, InferenceFailed)(str(outcome))
+        error = _BY_CODE.get(outcome.code, InferenceFailed)(str(outcome))
+        error.model_response = True  # a success in the statistics, as in tritonserver
+        return error
     if isinstance(outcome, BackendError):
         kind = _BY_CODE.get(outcome.code)
         if kind is not None:  # the backend says whose fault it is (e.g. a model's TritonError)

@@ -43,7 +43,7 @@ from appliance.common.errors import (
 )
 from appliance.common.types import Array
 from appliance.scheduling.base import SchedulerBase
-from appliance.scheduling.instances import BatchResult, InstanceWorker, Job
+from appliance.scheduling.instances import BatchResult, InstanceWorker, Job, counted
 from appliance.scheduling.policy import BatchPolicy, next_batch
 from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.stats import ModelStats
@@ -53,7 +53,14 @@ log = logging.getLogger(__name__)
 SequenceId = int | str
 
 
-class SequenceError(InvalidInput):
+class SequenceRefusal(InvalidInput):
+    """A sequence request refused before it is queued: not in the statistics, as
+    tritonserver's sequence batcher returns these from Enqueue (counted nowhere)."""
+
+    uncounted = True
+
+
+class SequenceError(SequenceRefusal):
     """A request that does not fit its sequence (unknown, timed out, no START)."""
 
 
@@ -166,7 +173,7 @@ class SequenceScheduler(SchedulerBase):
     def _check(self, job: Job) -> None:
         """Triton's checks of a sequence request, with its texts."""
         if job.batch_size > 1:
-            raise InvalidInput(
+            raise SequenceRefusal(
                 f"inference request to model '{self._model}' must specify batch-size 1 due "
                 "to requirements of sequence batcher"
             )
@@ -174,7 +181,7 @@ class SequenceScheduler(SchedulerBase):
         if corrid is not None:
             is_string = isinstance(job.sequence_id, str)
             if is_string != (corrid.dtype.kind == "O"):
-                raise InvalidInput(
+                raise SequenceRefusal(
                     f"sequence batching control '{corrid.name}' data-type is "
                     f"'{'BYTES' if is_string else 'UINT64'}', but model '{self._model}' "
                     f"expects '{corrid.datatype}'"
@@ -323,7 +330,6 @@ class SequenceScheduler(SchedulerBase):
                 job = sequence.waiting.popleft()
                 sequence.running = True
                 job.dispatch_ns = now
-                self._stats.record_queue(now - job.enqueue_ns)
                 self._add_controls_and_state(job, sequence)
                 jobs.append(job)
             self._run(worker, jobs)
@@ -409,14 +415,12 @@ class SequenceScheduler(SchedulerBase):
 
     def _on_batch_done(self, worker: InstanceWorker, result: BatchResult) -> None:
         self._instance_done(worker, result)
-        if result.batch_size:
+        size = result.executed_size
+        if size:
             result.stamp()
+            inferences, queues = counted(result)
             self._stats.record_execution(
-                result.batch_size,
-                len(result.jobs),
-                result.input_ns,
-                result.infer_ns,
-                result.output_ns,
+                size, inferences, result.input_ns, result.infer_ns, result.output_ns, queues
             )
             self._stats.last_inference_ms = time.time_ns() // 1_000_000
         now = time.monotonic_ns()

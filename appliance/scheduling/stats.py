@@ -115,6 +115,46 @@ RECENT_LATENCIES = 512  # a power of two
 _RECENT_MASK = RECENT_LATENCIES - 1
 
 
+# The Durations the nv_* counters read, by ModelStats attribute (services/metrics.py).
+METRIC_DURATIONS = ("success", "queue", "compute_input", "compute_infer", "compute_output")
+
+
+@dataclass(slots=True)
+class MetricTotals:
+    """What the nv_* counters read of a version's statistics. A reload carries them on
+    (`ModelStats.carry`): tritonserver's metric reporter of a model version is shared by the
+    version that replaces it (metric_model_reporter.cc reuses a live reporter of the same
+    labels), so its counters go on across a reload while the statistics extension's counts
+    start again. After an unload a later load starts from 0, as there."""
+
+    success: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+    inference_count: int = 0
+    execution_count: int = 0
+    ns: dict[str, int] = field(default_factory=dict)  # by METRIC_DURATIONS name
+    cache_hits: int = 0
+    cache_misses: int = 0
+    latency_counts: list[int] = field(default_factory=list)  # the histogram's, if kept
+    latency_sum_ms: float = 0.0
+
+    def add(self, other: MetricTotals) -> None:
+        self.success += other.success
+        for reason, count in other.failures.items():
+            self.failures[reason] = self.failures.get(reason, 0) + count
+        self.inference_count += other.inference_count
+        self.execution_count += other.execution_count
+        for name, ns in other.ns.items():
+            self.ns[name] = self.ns.get(name, 0) + ns
+        self.cache_hits += other.cache_hits
+        self.cache_misses += other.cache_misses
+        if other.latency_counts:
+            if not self.latency_counts:
+                self.latency_counts = [0] * len(other.latency_counts)
+            for i, count in enumerate(other.latency_counts):
+                self.latency_counts[i] += count
+        self.latency_sum_ms += other.latency_sum_ms
+
+
 @dataclass(slots=True)
 class ModelStats:
     """Counters updated on the event loop, and by the dynamic scheduler's thread lane
@@ -147,8 +187,45 @@ class ModelStats:
     watcher: Callable[[bool], None] | None = None
     ensemble: bool = False  # an ensemble's: failures are counted as tritonserver counts them
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    # The metric counters of the version a reload replaced (`carry`): while it drains, its
+    # statistics themselves; once it is gone, their totals (`fold`).
+    previous: ModelStats | None = field(default=None, repr=False, compare=False)
+    carried: MetricTotals | None = field(default=None, repr=False, compare=False)
 
-    def record_success(self, ns: int) -> None:
+    def carry(self, previous: ModelStats) -> None:
+        """This version replaces one of the same number (a reload): the nv_* counters go on
+        from its, as tritonserver's do (see MetricTotals)."""
+        self.previous = previous
+
+    def fold(self) -> None:
+        """The replaced version is gone: keep its totals, not its statistics."""
+        previous, self.previous = self.previous, None
+        if previous is not None:
+            self.carried = previous.metric_totals()
+
+    def metric_totals(self) -> MetricTotals:
+        """What the nv_* counters show: this version's counts and those carried to it."""
+        with self.lock:
+            totals = MetricTotals(
+                success=self.success.count,
+                failures=dict(self.failures),
+                inference_count=self.inference_count,
+                execution_count=self.execution_count,
+                ns={name: getattr(self, name).ns for name in METRIC_DURATIONS},
+                cache_hits=self.cache_hit.count,
+                cache_misses=self.cache_miss.count,
+                latency_counts=list(self.latency.counts) if self.latency is not None else [],
+                latency_sum_ms=self.latency.sum_ms if self.latency is not None else 0.0,
+            )
+        if self.carried is not None:
+            totals.add(self.carried)
+        if self.previous is not None:
+            totals.add(self.previous.metric_totals())
+        return totals
+
+    def record_success(self, ns: int, model_failed: bool = False) -> None:
+        """A request's success; `model_failed`: the model's own error response (a success
+        in tritonserver's statistics), which the rollback watcher still hears as a failure."""
         with self.lock:
             self.success.add(ns)
             self.recent_ns[self.success.count & _RECENT_MASK] = ns
@@ -157,14 +234,7 @@ class ModelStats:
             if self.summaries is not None:
                 self.summaries.observe("request", ns)
         if self.watcher is not None:
-            self.watcher(False)
-
-    def record_queue(self, ns: int) -> None:
-        """One request's wait in the queue (0 for one the thread lane ran at once)."""
-        with self.lock:
-            self.queue.add(ns)
-            if self.summaries is not None:
-                self.summaries.observe("queue", ns)
+            self.watcher(model_failed)
 
     def recent_latencies_ns(self, last: int = RECENT_LATENCIES) -> list[int]:
         """The latencies (ns) of the last `last` successful requests, newest first: as many
@@ -196,22 +266,26 @@ class ModelStats:
     def record_execution(
         self,
         batch_size: int,
-        requests: int,
+        inferences: int,
         input_ns: int,
         infer_ns: int,
         output_ns: int,
-        queue_ns: int = -1,
+        queues_ns: Sequence[int] = (),
     ) -> None:
-        """One backend execution of `requests` requests totalling `batch_size` items; with
-        `queue_ns` (>= 0), also its one request's time in the queue."""
+        """One backend execution totalling `batch_size` items, counted as tritonserver counts
+        it: the execution and its batch_stats whatever its requests' outcomes, and per request
+        that succeeded (one time in the queue each in `queues_ns`) its queue time and compute
+        durations; `inferences`: those requests' batch sizes, summed (inference_count). A
+        failed request counts only its failure (`record_failure`): no queue, no compute."""
+        requests = len(queues_ns)
         # Every execution passes here: the Durations are updated in place, not through `add`.
         with self.lock:
-            if queue_ns >= 0:
+            if requests:
                 queue = self.queue
-                queue.count += 1
-                queue.ns += queue_ns
+                queue.count += requests
+                queue.ns += sum(queues_ns)
             self.execution_count += 1
-            self.inference_count += batch_size
+            self.inference_count += inferences
             # Triton counts compute durations once per request in the model totals ...
             d = self.compute_input
             d.count += requests
@@ -237,7 +311,7 @@ class ModelStats:
             d.ns += output_ns
             summaries = self.summaries
             if summaries is not None:
-                if queue_ns >= 0:
+                for queue_ns in queues_ns:
                     summaries.observe("queue", queue_ns)
                 summaries.observe("compute_input", input_ns, requests)
                 summaries.observe("compute_infer", infer_ns, requests)

@@ -163,7 +163,11 @@ class Appliance:
             settings.trace_log_frequency,
         )
         self.inference = InferenceService(
-            self.runtime, self.cache, self.tracer, settings.request_limits
+            self.runtime,
+            self.cache,
+            self.tracer,
+            settings.request_limits,
+            settings.max_waiting_responses,
         )
         self.control = ControlService(
             self.runtime,

@@ -25,6 +25,7 @@ from appliance.common.errors import (
     ClientShmDisabled,
     ConfigError,
     InvalidInput,
+    NoVersionAvailable,
 )
 from appliance.common.protocol import model_config_pb2 as mc
 from appliance.ops import buildinfo
@@ -289,8 +290,8 @@ class ControlService:
                         f"requested model version is not available for model '{name}'"
                     )
                 chosen = [served_versions[int(version)]]
-        else:
-            chosen = self.runtime.ready_versions()
+        else:  # by name, then version, as tritonserver lists them (its models' ordered map)
+            chosen = sorted(self.runtime.ready_versions(), key=lambda s: (s.name, s.version))
         return [model_statistics(served) for served in chosen]
 
     # ---- trace -----------------------------------------------------------------------------
@@ -435,8 +436,11 @@ class ControlService:
         served_before = dict(before.versions) if before else {}
         failed_before = dict(before.failed) if before else {}
         try:
-            # As in Triton, a load request tries again the versions that failed to load.
-            await self.runtime.load(name, override, source, retry_failed=True)
+            try:
+                # As in Triton, a load request tries again the versions that failed to load.
+                await self.runtime.load(name, override, source, retry_failed=True)
+            except NoVersionAvailable as exc:  # tritonserver's prefix and its closing newline
+                raise ConfigError(f"load failed for model '{exc.model}': {exc.message}\n") from exc
             check_loaded(self.runtime.record(name), served_before, failed_before)
         except BaseException:
             if source is not None:

@@ -17,6 +17,7 @@ from appliance.common.errors import (
     ApplianceError,
     DecoupledOnUnary,
     ErrorCode,
+    IncompleteBytes,
     InferenceFailed,
     InvalidInput,
     QueueFull,
@@ -38,6 +39,7 @@ from appliance.scheduling.ensemble import (
 )
 from appliance.scheduling.instances import Job
 from appliance.scheduling.outcome import client_error
+from appliance.scheduling.stats import ModelStats
 from appliance.services.cache import ResponseCache, cache_key
 from appliance.services.host import BlockingHost, ModelControl
 from appliance.services.validation import validate
@@ -55,10 +57,13 @@ class Admission:
     a context manager around reading, decoding and `infer`; releasing twice is harmless.
     """
 
-    __slots__ = ("_scheduler", "arrival_ns")
+    __slots__ = ("_scheduler", "_stats", "arrival_ns")
 
-    def __init__(self, scheduler: ModelScheduler | None, arrival_ns: int) -> None:
+    def __init__(
+        self, scheduler: ModelScheduler | None, arrival_ns: int, stats: ModelStats | None = None
+    ) -> None:
         self._scheduler = scheduler
+        self._stats = stats
         self.arrival_ns = arrival_ns
 
     def release(self) -> None:
@@ -76,6 +81,9 @@ class Admission:
         traceback: TracebackType | None,
     ) -> None:
         self.release()
+        stats, self._stats = self._stats, None
+        if stats is not None and isinstance(exc, IncompleteBytes):  # as tritonserver counts it
+            stats.record_failure("BACKEND", time.monotonic_ns() - self.arrival_ns)
 
 
 class Prepared(NamedTuple):
@@ -98,9 +106,13 @@ class InferenceService:
         cache: ResponseCache | None = None,
         tracer: Tracer | None = None,
         limits: RequestLimits | None = None,
+        max_waiting_responses: int = 0,
     ) -> None:
         self.runtime = runtime
         self.cache = cache
+        # A decoupled request's responses not yet taken by its reader, at most (0: the
+        # default, DECOUPLED_MAX_RESPONSES; --grpc-max-response-pool-size).
+        self.max_waiting_responses = max_waiting_responses or DECOUPLED_MAX_RESPONSES
         self.tracer = tracer or Tracer()
         # Front ends pass these to their decoders too, to refuse before allocating.
         self.limits = limits or RequestLimits()
@@ -124,11 +136,11 @@ class InferenceService:
         if not self.accepting:
             raise ServerUnavailable("server is shutting down; not accepting new requests")
         try:
-            scheduler = self.runtime.get(model, version).scheduler
+            served = self.runtime.get(model, version)
         except ApplianceError:
             return Admission(None, arrival_ns)
-        scheduler.admit()
-        return Admission(scheduler, arrival_ns)
+        served.scheduler.admit()
+        return Admission(served.scheduler, arrival_ns, served.stats)
 
     async def infer(
         self, request: InferRequest, admission: Admission | None = None
@@ -138,11 +150,15 @@ class InferenceService:
         return await self._infer(request, self.limits, admission)
 
     async def _infer(
-        self, request: InferRequest, limits: RequestLimits, admission: Admission | None = None
+        self,
+        request: InferRequest,
+        limits: RequestLimits,
+        admission: Admission | None = None,
+        compute_ns: list[int] | None = None,
     ) -> InferResponse:
         if self._on_demand and not self.runtime.is_ready(request.model_name, request.model_version):
             await self._loaded(request.model_name, request.parameters)
-        return await self.infer_prepared(self._prepare(request, limits, admission))
+        return await self.infer_prepared(self._prepare(request, limits, admission), compute_ns)
 
     async def _loaded(self, model: str, parameters: Mapping[str, Any] | None) -> None:
         """--model-load-on-demand: a model not loaded is loaded (and waited for, at most the
@@ -237,16 +253,19 @@ class InferenceService:
                 raise asyncio.CancelledError()
             response = self._response(served, request, outcome)
         except (ApplianceError, asyncio.CancelledError) as exc:
-            served.stats.record_failure(_failure_reason(exc), time.monotonic_ns() - start)
+            _count_failure(served, exc, start)
             raise
         return self._answered(served, request, job, start, response)
 
-    async def infer_prepared(self, prepared: Prepared) -> InferResponse:
+    async def infer_prepared(
+        self, prepared: Prepared, compute_ns: list[int] | None = None
+    ) -> InferResponse:
         """The rest of `infer` for a request `_prepare` (or `infer_here`) validated: on the
-        loop, queued for an instance (or answered from the response cache)."""
+        loop, queued for an instance (or answered from the response cache). `compute_ns`:
+        see `infer_arrays`."""
         served, request, job, start = prepared
         if served is None or job is None:  # its model loads on demand first
-            return await self._infer(request, self.limits)
+            return await self._infer(request, self.limits, compute_ns=compute_ns)
         try:
             if served.cache_enabled and self.cache is not None and not served.sequence:
                 outputs = await self._cached(served, job, start)
@@ -254,10 +273,15 @@ class InferenceService:
                 outputs = await served.scheduler.submit(job)
             response = self._response(served, request, outputs)
         except (ApplianceError, asyncio.CancelledError) as exc:
-            served.stats.record_failure(_failure_reason(exc), time.monotonic_ns() - start)
+            _count_failure(served, exc, start)
             raise
         if served.mirror is not None:
             self._mirror(served.mirror, job, outputs, start)
+        if compute_ns is not None and job.compute_ns:
+            c0, c1, c2, c3 = job.compute_ns
+            compute_ns[0] += c1 - c0
+            compute_ns[1] += c2 - c1
+            compute_ns[2] += c3 - c2
         return self._answered(served, request, job, start, response)
 
     def _mirror(self, trial: Mirror, job: Job, outputs: dict[str, Array], start: int) -> None:
@@ -321,7 +345,7 @@ class InferenceService:
         start = time.monotonic_ns()
         loop = asyncio.get_running_loop()
         responses: asyncio.Queue[tuple[dict[str, Array], int]] = asyncio.Queue()
-        room = _ResponseRoom(threading.get_ident())
+        room = _ResponseRoom(threading.get_ident(), self.max_waiting_responses)
         job = validate(served, request, self.limits)
 
         def emit(outputs: dict[str, Array]) -> None:  # called from the instance's thread
@@ -355,7 +379,7 @@ class InferenceService:
                 yield self._response(served, request, outputs)
             await execution  # raises the model's error, if any
         except ApplianceError as exc:
-            served.stats.record_failure(_failure_reason(exc), time.monotonic_ns() - start)
+            _count_failure(served, exc, start)
             raise
         finally:
             room.close()  # a model held back in emit goes on (its responses are dropped)
@@ -411,7 +435,7 @@ class InferenceService:
             async for made in self.stream_arrays(*call, parameters, request_id):
                 await each({name: StepTensor(array, batch) for name, array in made.items()})
             return {}
-        outputs = await self.infer_arrays(*call, parameters, request_id)
+        outputs = await self.infer_arrays(*call, parameters, request_id, request.compute_ns)
         return {name: StepTensor(array, batch) for name, array in outputs.items()}
 
     async def infer_arrays(
@@ -422,14 +446,16 @@ class InferenceService:
         outputs: list[str],
         parameters: dict[str, Any] | None = None,
         request_id: str = "",
+        compute_ns: list[int] | None = None,
     ) -> dict[str, Array]:
         """A request made inside the server (ensemble steps, BLS): arrays in, arrays out;
-        `parameters` as a client's request carries them (sequence_id, priority, ...)."""
+        `parameters` as a client's request carries them (sequence_id, priority, ...). An
+        ensemble step's `compute_ns` (input, infer, output) gets its compute durations added."""
         if self._on_demand and not self.runtime.is_ready(model, version):
             await self._loaded(model, parameters)
         request = self._arrays_request(model, version, inputs, outputs, parameters, request_id)
         # The server's own tensors (ensemble steps, BLS): not a client's, so not limited.
-        response = await self._infer(request, NO_LIMITS)
+        response = await self._infer(request, NO_LIMITS, compute_ns=compute_ns)
         return {tensor.name: tensor.data for tensor in response.outputs}
 
     async def stream_arrays(
@@ -558,7 +584,8 @@ class InferenceService:
 # A decoupled request's responses the model has made and its reader has not taken yet: past
 # either bound, the model's next response waits in its sender until the reader takes one (the
 # reader: a ModelStreamInfer stream, held back in turn by its client's reading). Triton's
-# --grpc-max-response-pool-size holds a model back the same way. One response is let through
+# --grpc-max-response-pool-size holds a model back the same way, and sets the count here
+# (Triton's default is no bound; a device's memory needs one). One response is let through
 # whatever its size, so a response larger than the byte bound still goes out.
 DECOUPLED_MAX_RESPONSES = 16
 DECOUPLED_MAX_BYTES = 32 << 20
@@ -593,13 +620,15 @@ class _ResponseRoom:
         "_cond",
         "_count",
         "_loop_thread",
+        "_max_count",
         "_taken_at",
         "on_stall",
         "stalled",
     )
 
-    def __init__(self, loop_thread: int) -> None:
+    def __init__(self, loop_thread: int, max_count: int = DECOUPLED_MAX_RESPONSES) -> None:
         self._cond = threading.Condition(threading.Lock())
+        self._max_count = max_count
         self._count = 0
         self._bytes = 0
         self._closed = False
@@ -636,7 +665,7 @@ class _ResponseRoom:
     def _full(self, size: int) -> bool:
         if not self._count:
             return False
-        return self._count >= DECOUPLED_MAX_RESPONSES or self._bytes + size > DECOUPLED_MAX_BYTES
+        return self._count >= self._max_count or self._bytes + size > DECOUPLED_MAX_BYTES
 
     def taken(self, size: int) -> None:
         with self._cond:
@@ -668,6 +697,21 @@ def _cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Future[None]) ->
     """Cancel `task` from another thread (nothing when the loop is closed)."""
     with contextlib.suppress(RuntimeError):
         loop.call_soon_threadsafe(task.cancel)
+
+
+def _count_failure(
+    served: ServedVersion, exc: ApplianceError | asyncio.CancelledError, start: int
+) -> None:
+    """A request that failed, in the statistics as tritonserver counts it: a model's own error
+    response as a success, a sequence request refused before its queue not at all, any other
+    failure with its reason."""
+    ns = time.monotonic_ns() - start
+    if isinstance(exc, asyncio.CancelledError):
+        served.stats.record_failure("CANCELED", ns)
+    elif exc.model_response:
+        served.stats.record_success(ns, model_failed=isinstance(exc, InferenceFailed))
+    elif not exc.uncounted:
+        served.stats.record_failure(_failure_reason(exc), ns)
 
 
 def _failure_reason(exc: ApplianceError | asyncio.CancelledError) -> str:

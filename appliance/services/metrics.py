@@ -151,34 +151,30 @@ class InferenceCollector(Collector):
             (CounterMetricFamily(name, text, labels=_LABELS), attribute)
             for name, text, attribute in _DURATIONS
         ]
-        for served in self._versions():
-            labels = [served.metric_name, str(served.version)]
-            stats = served.stats
-            success.add_metric(labels, stats.success.count)
-            for reason in _FAILURE_REASONS:
-                failure.add_metric([*labels, reason], stats.failures.get(reason, 0))
-            count.add_metric(labels, stats.inference_count)
-            executions.add_metric(labels, stats.execution_count)
-            pending.add_metric(labels, served.scheduler.pending)
-            for family, attribute in durations:
-                family.add_metric(labels, getattr(stats, attribute).ns // 1000)
         histogram = HistogramMetricFamily(
             "nv_inference_first_response_histogram_ms",
             "Duration from request to first response in milliseconds",
             labels=_LABELS,
         )
         for served in self._versions():
-            latency = served.stats.latency
-            if latency is not None:
+            labels = [served.metric_name, str(served.version)]
+            totals = served.stats.metric_totals()  # carried across a reload, as Triton's
+            success.add_metric(labels, totals.success)
+            for reason in _FAILURE_REASONS:
+                failure.add_metric([*labels, reason], totals.failures.get(reason, 0))
+            count.add_metric(labels, totals.inference_count)
+            executions.add_metric(labels, totals.execution_count)
+            pending.add_metric(labels, served.scheduler.pending)
+            for family, attribute in durations:
+                family.add_metric(labels, totals.ns[attribute] // 1000)
+            if served.stats.latency is not None:
                 cumulative, buckets = 0, []
                 for bound, in_bucket in zip(
-                    (*LATENCY_BUCKETS_MS, float("inf")), latency.counts, strict=True
+                    (*LATENCY_BUCKETS_MS, float("inf")), totals.latency_counts, strict=True
                 ):
                     cumulative += in_bucket
                     buckets.append((str(bound) if bound != float("inf") else "+Inf", cumulative))
-                histogram.add_metric(
-                    [served.metric_name, str(served.version)], buckets, latency.sum_ms
-                )
+                histogram.add_metric(labels, buckets, totals.latency_sum_ms)
         if histogram.samples:
             yield histogram
         yield from _summaries(self._versions())
@@ -228,6 +224,24 @@ class CpuCollector(Collector):
             yield GaugeMetricFamily(
                 "nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", value=used
             )
+
+
+class PinnedMemoryCollector(Collector):
+    """Triton's pinned memory pool gauges, which it exposes whenever metrics are on. This
+    server keeps no pool of pinned (page-locked, CUDA host) memory: both are 0, as a CPU-only
+    tritonserver reports them."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "nv_pinned_memory_pool_total_bytes",
+            "Pinned memory pool total memory size, in bytes",
+            value=0,
+        )
+        yield GaugeMetricFamily(
+            "nv_pinned_memory_pool_used_bytes",
+            "Pinned memory pool used memory size, in bytes",
+            value=0,
+        )
 
 
 def _cpu_times() -> tuple[int, int] | None:
@@ -293,8 +307,9 @@ class CacheCollector(Collector):
         for served in self._versions():
             if served.cache_enabled:
                 labels = [served.metric_name, str(served.version)]
-                hits.add_metric(labels, served.stats.cache_hit.count)
-                misses.add_metric(labels, served.stats.cache_miss.count)
+                totals = served.stats.metric_totals()
+                hits.add_metric(labels, totals.cache_hits)
+                misses.add_metric(labels, totals.cache_misses)
         yield hits
         yield misses
 
@@ -505,6 +520,7 @@ def build_registry(
     registry = CollectorRegistry(auto_describe=False)
     registry.register(InferenceCollector(versions))
     registry.register(CustomMetricsCollector(versions))
+    registry.register(PinnedMemoryCollector())
     if runtime is not None:
         registry.register(LifecycleCollector(runtime, poller))
         if runtime.residency.active:

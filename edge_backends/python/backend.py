@@ -51,6 +51,7 @@ from edge_backends.api import (
     CustomMetricFamily,
     Done,
     Emit,
+    ExecuteRaised,
     ExecutionError,
     HostRequest,
     InstanceBase,
@@ -894,7 +895,7 @@ def _host_request(arguments: Sequence[Any]) -> HostRequest:
     )
 
 
-def _failure(payload: list[Any]) -> ExecutionError:
+def _failure(payload: list[Any]) -> ExecuteRaised:
     """The model's failure: its message, and its TritonError code when it gave one."""
     code = str(payload[1]) if len(payload) > 1 else None
-    return ExecutionError(str(payload[0]), code=code)
+    return ExecuteRaised(str(payload[0]), code=code)

@@ -3,6 +3,7 @@ statistics after known traffic, model control, sequences)."""
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Iterator
 from typing import Any
@@ -101,10 +102,6 @@ def http_inference() -> Iterator[Case]:
     yield Case(
         "http infer add_sub unknown output",
         _infer("add_sub", _add_sub_json(id="r2", outputs=[{"name": "NOPE"}])),
-    )
-    yield Case(
-        "http infer add_sub duplicate output",
-        _infer("add_sub", _add_sub_json(outputs=[{"name": "OUTPUT0"}, {"name": "OUTPUT0"}])),
     )
     body = _add_sub_json()
     body["inputs"][0]["shape"] = [1, 5]
@@ -262,13 +259,6 @@ def http_inference() -> Iterator[Case]:
                     {"name": "IN", "shape": [3], "datatype": "INT32", "data": [[1], [2], [3]]}
                 ]
             },
-        ),
-    )
-    yield Case(
-        "http infer identity_int32 data out of range",
-        _infer(
-            "identity_int32",
-            {"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [2**40]}]},
         ),
     )
     yield Case(
@@ -664,6 +654,19 @@ def model_control() -> Iterator[Case]:
         _load("identity_int32", {"parameters": {"file:1/model.py": b64(b"x")}}),
     )
     yield Case("http load identity_int32 not json", _load("identity_int32", b"nope"))
+    no_version = {
+        "backend": "python",
+        "input": [{"name": "IN", "data_type": "TYPE_INT32", "dims": [-1]}],
+        "output": [{"name": "OUT", "data_type": "TYPE_INT32", "dims": [-1]}],
+        "version_policy": {"specific": {"versions": [5]}},  # the folder holds version 1
+    }
+    yield Case(
+        "http load identity_int32 policy matches no version",
+        _load("identity_int32", {"parameters": {"config": json.dumps(no_version)}}),
+    )
+    yield Case(
+        "http GET identity_int32 after a failed load", Http("GET", "/v2/models/identity_int32")
+    )
     yield Case(
         "http unload unknown_model", Http("POST", "/v2/repository/models/unknown_model/unload")
     )
@@ -685,6 +688,22 @@ def statistics_after_traffic() -> Iterator[Case]:
     yield Case("http stats all after traffic", Http("GET", "/v2/models/stats"))
 
 
+def run_by_one_server_only() -> Iterator[Case]:
+    """Requests that one server runs and the other refuses, by a declared difference: sent
+    after the statistics and metrics, so that those compare the counts of the same traffic."""
+    yield Case(
+        "http infer add_sub duplicate output",
+        _infer("add_sub", _add_sub_json(outputs=[{"name": "OUTPUT0"}, {"name": "OUTPUT0"}])),
+    )
+    yield Case(
+        "http infer identity_int32 data out of range",
+        _infer(
+            "identity_int32",
+            {"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [2**40]}]},
+        ),
+    )
+
+
 def corpus() -> list[Case]:
     cases = [
         *health(),
@@ -696,6 +715,7 @@ def corpus() -> list[Case]:
         *trace_and_log(),
         *statistics_after_traffic(),
         *metrics(),
+        *run_by_one_server_only(),
         *model_control(),
     ]
     ids = [case.id for case in cases]
@@ -722,6 +742,17 @@ def control_mode_cases(mode: str) -> list[Case]:
             Grpc("RepositoryModelUnload", ({"model_name": "identity_int32"},)),
         ),
         Case(f"{mode}: grpc RepositoryIndex", Grpc("RepositoryIndex")),
+    ]
+
+
+def repeated_repository_cases() -> list[Case]:
+    """What a server given the same repository twice serves: its models, once each."""
+    return [
+        Case("twice: http index", Http("POST", "/v2/repository/index", {})),
+        Case("twice: grpc RepositoryIndex", Grpc("RepositoryIndex")),
+        Case(
+            "twice: http GET identity_int32 ready", Http("GET", "/v2/models/identity_int32/ready")
+        ),
     ]
 
 

@@ -160,8 +160,24 @@ def test_model_control_in_each_mode(logs: Path, mode: str) -> None:
     _judge(result, logs, f"mode-{mode}")
 
 
+@needs_reference
+def test_a_repository_given_twice(logs: Path) -> None:
+    """tritonserver keeps its repositories in a set: the same path twice is one repository."""
+    repository = repo.build(logs / "models-twice", ("identity_int32",))
+    folder = logs / "twice"
+    folder.mkdir()
+    reference, mine = _start_pair(repository, folder, (f"--model-repository={repository}",))
+    try:
+        result = _compare(cases.repeated_repository_cases(), *_targets(reference, mine))
+    finally:
+        reference.stop()
+        mine.stop()
+    _judge(result, logs, "twice")
+
+
 def test_every_declared_difference_names_a_case() -> None:
     corpus_ids = {case.id for case in cases.corpus()}
+    corpus_ids |= {case.id for case in cases.repeated_repository_cases()}
     for mode in ("none", "poll"):
         corpus_ids |= {case.id for case in cases.control_mode_cases(mode)}
     stale = [

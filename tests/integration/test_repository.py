@@ -59,7 +59,12 @@ def test_auto_complete_without_config(server: ServerProcess) -> None:
     assert config["platform"] == "onnxruntime_onnx"
     assert config["backend"] == "onnxruntime"
     assert config["max_batch_size"] == 4  # Triton's default for batchable models
-    assert "dynamic_batching" in config
+    # Triton's normalised defaults: the preferred size, one CPU group named as the model
+    assert config["dynamic_batching"]["preferred_batch_size"] == [4]
+    assert [(g["name"], g["kind"], g["count"]) for g in config["instance_group"]] == [
+        ("auto_fp32", "KIND_CPU", 1)
+    ]
+    assert config["optimization"]["input_pinned_memory"] == {"enable": True}
     assert config["input"][0]["dims"] == [4]
     nobatch = client.get_model_config("auto_nobatch")
     assert nobatch["max_batch_size"] == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -354,3 +355,368 @@ def test_expect_100_continue_is_answered(served: ServerProcess) -> None:
     assert answer.startswith(b"HTTP/1.1 413 Request Entity Too Large\r\n"), answer
     assert b"request JSON size exceeds the maximum allowed input size" in answer
     assert b"Connection: close" in answer
+
+
+_PINNED = {
+    "priority": "PRIORITY_DEFAULT",
+    "input_pinned_memory": {"enable": True},
+    "output_pinned_memory": {"enable": True},
+    "gather_kernel_buffer_threshold": 0,
+    "eager_batching": False,
+}
+
+
+def test_the_served_config_has_tritons_normalised_defaults(served: ServerProcess) -> None:
+    """Triton's core normalises every config (NormalizeModelConfig, NormalizeInstanceGroup):
+    pinned-memory options, `preferred_batch_size: [max_batch_size]`, the sequence batcher's
+    idle time, a default instance group named as the model; none of it on an ensemble. HTTP
+    writes every field in the .proto's order, gRPC the fields that are set."""
+    config = _http(served, "GET", "/v2/models/add_sub/config")["body"]
+    assert list(config) == [
+        "name", "platform", "backend", "runtime", "version_policy", "max_batch_size", "input",
+        "output", "batch_input", "batch_output", "optimization", "dynamic_batching",
+        "instance_group", "default_model_filename", "cc_model_filenames", "metric_tags",
+        "parameters", "model_warmup",
+    ]  # fmt: skip
+    assert config["optimization"] == _PINNED
+    assert config["dynamic_batching"]["preferred_batch_size"] == [8]
+    grpc_config = _stub(served).ModelConfig(service_pb2.ModelConfigRequest(name="add_sub")).config
+    assert list(grpc_config.dynamic_batching.preferred_batch_size) == [8]
+    assert grpc_config.optimization.input_pinned_memory.enable
+    ensemble = _http(served, "GET", "/v2/models/pipeline/config")["body"]
+    assert ensemble["instance_group"] == []
+    assert "optimization" not in ensemble
+    # A config without instance groups or the sequence batcher's settings (loaded as an
+    # override of identity_int32's, then put back).
+    override = {
+        "backend": "python",
+        "max_batch_size": 2,
+        "input": [{"name": "IN", "data_type": "TYPE_INT32", "dims": [-1]}],
+        "output": [{"name": "OUT", "data_type": "TYPE_INT32", "dims": [-1]}],
+        "sequence_batching": {"oldest": {}},
+    }
+    path = "/v2/repository/models/identity_int32/load"
+    body = {"parameters": {"config": json.dumps(override)}}
+    try:
+        assert _http(served, "POST", path, body)["status"] == 200
+        config = _http(served, "GET", "/v2/models/identity_int32/config")["body"]
+        assert config["sequence_batching"]["max_sequence_idle_microseconds"] == 1000000
+        assert config["sequence_batching"]["oldest"]["preferred_batch_size"] == [2]
+        assert [(g["name"], g["kind"], g["count"]) for g in config["instance_group"]] == [
+            ("identity_int32", "KIND_CPU", 1)
+        ]
+        assert config["optimization"] == _PINNED
+    finally:
+        assert _http(served, "POST", path)["status"] == 200
+
+
+def test_a_repository_given_twice_is_one_repository(tmp_path: Path) -> None:
+    """tritonserver keeps its repositories in a set: the same path twice serves its models
+    once (here also another spelling of the same folder); it refused to start, 'model is in
+    two repositories'."""
+    repository = repo.build(tmp_path / "models", ("identity_int32",))
+    given: list[Path | str] = [repository, repository, f"{repository}/"]
+    with ServerProcess(given, log_path=tmp_path / "server.log") as proc:
+        index = _http(proc, "POST", "/v2/repository/index", {})["body"]
+        assert index == [{"name": "identity_int32", "version": "1", "state": "READY"}]
+
+
+def test_a_version_policy_that_matches_no_folder(served: ServerProcess) -> None:
+    """tritonserver's words (core's ModelLifeCycle::AsyncLoad) after its load prefix, with its
+    closing newline; the version loaded before keeps serving."""
+    override = {
+        "backend": "python",
+        "input": [{"name": "IN", "data_type": "TYPE_INT32", "dims": [-1]}],
+        "output": [{"name": "OUT", "data_type": "TYPE_INT32", "dims": [-1]}],
+        "version_policy": {"specific": {"versions": [5]}},  # the folder holds version 1
+    }
+    words = (
+        "load failed for model 'identity_int32': at least one version must be available "
+        "under the version policy of model 'identity_int32'\n"
+    )
+    path = "/v2/repository/models/identity_int32/load"
+    body = {"parameters": {"config": json.dumps(override)}}
+    assert _http(served, "POST", path, body) == {"status": 400, "body": {"error": words}}
+    with pytest.raises(grpc.RpcError) as info:
+        _stub(served).RepositoryModelLoad(
+            service_pb2.RepositoryModelLoadRequest(
+                model_name="identity_int32",
+                parameters={"config": service_pb2.ModelRepositoryParameter(
+                    string_param=json.dumps(override)
+                )},
+            )
+        )  # fmt: skip
+    assert (info.value.code(), info.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, words)
+    assert _http(served, "GET", "/v2/models/identity_int32/ready")["status"] == 200
+    assert "matches none of the version folders (found [1] in " in served.log()
+# ---- statistics and metrics counted as tritonserver counts them ------------------------------
+
+
+@pytest.fixture(scope="module")
+def counting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server of its own, so that each model's counts below are of the test's traffic."""
+    root = tmp_path_factory.mktemp("counting")
+    repository = repo.build(
+        root / "models", ("add_sub", "identity_bytes", "accumulate", "raises", "pipeline")
+    )
+    proc = ServerProcess(
+        repository, "--model-control-mode=explicit", "--load-model=*", log_path=root / "server.log"
+    )
+    with proc:
+        yield proc
+
+
+def _counts(server: ServerProcess, model: str) -> dict[str, Any]:
+    """A model's statistics (normalised: a duration is "N" or 0), durations as non-zero."""
+    answer = _http(server, "GET", f"/v2/models/{model}/stats")
+    (stats,) = answer["body"]["model_stats"]
+    inference = stats["inference_stats"]
+    return {
+        "inference_count": stats["inference_count"],
+        "execution_count": stats["execution_count"],
+        "last_inference": stats["last_inference"] != 0,
+        **{
+            name: (inference[name]["count"], inference[name]["ns"] != 0)
+            for name in ("success", "fail", "queue", "compute_input", "compute_infer")
+        },
+        "batch_stats": [
+            (b["batch_size"], b["compute_infer"]["count"], b["compute_infer"]["ns"] != 0)
+            for b in stats["batch_stats"]
+        ],
+    }
+
+
+def _metrics(server: ServerProcess) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as answer:
+        return str(answer.read().decode())
+
+
+def _series(server: ServerProcess, family: str, model: str, reason: str = "") -> float:
+    labels = f'model="{model}",' + (f'reason="{reason}",' if reason else "") + 'version="1"'
+    prefix = f"{family}{{{labels}}} "
+    for line in _metrics(server).splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix) :])
+    raise AssertionError(f"no series {prefix}")
+
+
+def _grpc_infer(server: ServerProcess, body: dict[str, Any]) -> grpc.StatusCode:
+    request = json_format.ParseDict(body, service_pb2.ModelInferRequest())
+    try:
+        _stub(server).ModelInfer(request, timeout=30)
+    except grpc.RpcError as exc:
+        return exc.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
+
+
+def test_a_models_error_response_counts_as_a_success(counting: ServerProcess) -> None:
+    """tritonserver's Python backend reports a request whose response is an error
+    (pb_utils.InferenceResponse(error=...)) as a success: the client gets the error, the
+    statistics and nv_inference_* count an inference. An ensemble whose step answered so
+    failed (OTHER, counted twice as tritonserver counts it), its step's model succeeded."""
+    body = _add_sub()
+    body["inputs"][0]["data"] = [-999.0, 0.0, 0.0, 0.0]
+    assert _http(counting, "POST", "/v2/models/add_sub/infer", body)["status"] == 500
+    refused = _grpc_add_sub()
+    refused.raw_input_contents[0] = struct.pack("<4f", -999.0, 0, 0, 0)
+    with pytest.raises(grpc.RpcError) as failed:
+        _stub(counting).ModelInfer(refused, timeout=30)
+    assert failed.value.code() == grpc.StatusCode.INTERNAL
+    assert _counts(counting, "add_sub") == {
+        "inference_count": 2,
+        "execution_count": 2,
+        "last_inference": True,
+        "success": (2, True),
+        "fail": (0, False),
+        "queue": (2, True),
+        "compute_input": (2, True),
+        "compute_infer": (2, True),
+        "batch_stats": [(1, 2, True)],
+    }
+    assert _series(counting, "nv_inference_request_success", "add_sub") == 2
+    assert _series(counting, "nv_inference_request_failure", "add_sub", "BACKEND") == 0
+    assert _series(counting, "nv_inference_count", "add_sub") == 2
+    # An ensemble: its queue time and its steps' compute durations, as tritonserver counts.
+    pipeline = {
+        "inputs": [
+            {"name": "A", "shape": [1, 4], "datatype": "FP32", "data": _F4},
+            {"name": "B", "shape": [1, 4], "datatype": "FP32", "data": _F4},
+        ]
+    }
+    assert _http(counting, "POST", "/v2/models/pipeline/infer", pipeline)["status"] == 200
+    pipeline["inputs"][0]["data"] = [-999.0, 0.0, 0.0, 0.0]
+    assert _http(counting, "POST", "/v2/models/pipeline/infer", pipeline) == {
+        "status": 500,
+        "body": {"error": "in ensemble 'pipeline', add_sub refuses -999"},
+    }
+    assert _counts(counting, "pipeline") == {
+        "inference_count": 1,
+        "execution_count": 1,
+        "last_inference": True,
+        "success": (1, True),
+        "fail": (2, True),
+        "queue": (1, True),
+        "compute_input": (1, True),
+        "compute_infer": (1, True),
+        "batch_stats": [(1, 1, True)],
+    }
+    assert _series(counting, "nv_inference_request_failure", "pipeline", "OTHER") == 2
+    assert _counts(counting, "add_sub")["success"] == (4, True)  # its step succeeded twice
+
+
+def test_an_execute_that_raised_counts_as_an_execution(counting: ServerProcess) -> None:
+    """execute() raised: an execution with its batch statistics (tritonserver's Python
+    backend reports them whatever execute() did), each request a BACKEND failure with no
+    queue or compute time and no inference."""
+    one = {"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]}
+    assert _http(counting, "POST", "/v2/models/raises/infer", one)["status"] == 500
+    grpc_one = {
+        "model_name": "raises",
+        "inputs": [{"name": "IN", "datatype": "INT32", "shape": [1]}],
+        "raw_input_contents": [b64(struct.pack("<i", 1))],
+    }
+    assert _grpc_infer(counting, grpc_one) == grpc.StatusCode.INTERNAL
+    assert _counts(counting, "raises") == {
+        "inference_count": 0,
+        "execution_count": 2,
+        "last_inference": True,
+        "success": (0, False),
+        "fail": (2, True),
+        "queue": (0, False),
+        "compute_input": (0, False),
+        "compute_infer": (0, False),
+        "batch_stats": [(1, 2, True)],
+    }
+    assert _series(counting, "nv_inference_exec_count", "raises") == 2
+    assert _series(counting, "nv_inference_request_failure", "raises", "BACKEND") == 2
+    assert _series(counting, "nv_inference_count", "raises") == 0
+
+
+def test_sequence_refusals_are_not_counted(counting: ServerProcess) -> None:
+    """A sequence request without START, or after its sequence ended: tritonserver's sequence
+    batcher refuses it before its queue (Enqueue's error), counted nowhere."""
+
+    def step(sequence: int, **flags: bool) -> dict[str, Any]:
+        return {
+            "inputs": [{"name": "IN", "shape": [1, 1], "datatype": "INT32", "data": [1]}],
+            "parameters": {"sequence_id": sequence, **flags},
+        }
+
+    no_start = _http(counting, "POST", "/v2/models/accumulate/infer", step(5))
+    assert no_start["status"] == 400
+    assert "must specify the START flag" in no_start["body"]["error"]
+    whole = step(6, sequence_start=True, sequence_end=True)
+    assert _http(counting, "POST", "/v2/models/accumulate/infer", whole)["status"] == 200
+    assert _http(counting, "POST", "/v2/models/accumulate/infer", step(6))["status"] == 400
+    grpc_no_start = {
+        "model_name": "accumulate",
+        "inputs": [{"name": "IN", "datatype": "INT32", "shape": [1, 1]}],
+        "raw_input_contents": [b64(struct.pack("<i", 1))],
+        "parameters": {"sequence_id": {"int64_param": 7}},
+    }
+    assert _grpc_infer(counting, grpc_no_start) == grpc.StatusCode.INVALID_ARGUMENT
+    counts = _counts(counting, "accumulate")
+    assert counts["success"] == counts["queue"] == (1, True)  # the sequence that started
+    assert counts["fail"] == (0, False)
+    assert _series(counting, "nv_inference_request_failure", "accumulate", "OTHER") == 0
+
+
+def test_bytes_data_past_its_end_is_a_backend_failure(counting: ServerProcess) -> None:
+    """A BYTES element whose length runs past the data: refused in tritonserver's words, and
+    counted as its backend's failure (the Python backend finds it reading the request)."""
+    prefixed = struct.pack("<I", 2) + b"ab" + struct.pack("<I", 50) + b"c"
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "IN",
+                    "shape": [2],
+                    "datatype": "BYTES",
+                    "parameters": {"binary_data_size": len(prefixed)},
+                }
+            ]
+        }
+    ).encode()
+    request = Http(
+        "POST",
+        "/v2/models/identity_bytes/infer",
+        header + prefixed,
+        (("Inference-Header-Content-Length", str(len(header))),),
+    )
+    assert send_http(counting.http_url, request) == {
+        "status": 400,
+        "body": {
+            "error": "incomplete string data for inference input 'IN', expecting string of "
+            "length 50 but only 1 bytes available"
+        },
+    }
+    grpc_request = {
+        "model_name": "identity_bytes",
+        "inputs": [{"name": "IN", "datatype": "BYTES", "shape": [2]}],
+        "raw_input_contents": [b64(prefixed)],
+    }
+    assert _grpc_infer(counting, grpc_request) == grpc.StatusCode.INVALID_ARGUMENT
+    counts = _counts(counting, "identity_bytes")
+    assert (counts["success"], counts["fail"]) == ((0, False), (2, True))
+    assert counts["execution_count"] == 0
+    assert _series(counting, "nv_inference_request_failure", "identity_bytes", "BACKEND") == 2
+
+
+def test_every_models_statistics_by_name_and_the_pinned_memory_gauges(
+    counting: ServerProcess,
+) -> None:
+    """GET /v2/models/stats lists the models by name (the ensemble among them), as
+    tritonserver's ordered map does; /metrics has the pinned memory pool gauges in
+    tritonserver's words, 0 as a CPU-only tritonserver reports them (there is no pool)."""
+    listed = _http(counting, "GET", "/v2/models/stats")["body"]["model_stats"]
+    assert [entry["name"] for entry in listed] == [
+        "accumulate",
+        "add_sub",
+        "identity_bytes",
+        "pipeline",
+        "raises",
+    ]
+    text = _metrics(counting)
+    for name, what in (("total", "total memory size"), ("used", "used memory size")):
+        family = f"nv_pinned_memory_pool_{name}_bytes"
+        assert f"# HELP {family} Pinned memory pool {what}, in bytes\n" in text
+        assert f"# TYPE {family} gauge\n{family} 0" in text
+
+
+def test_unloading_an_unknown_model_succeeds(counting: ServerProcess) -> None:
+    """tritonserver's unload of a model it does not know is a success (nothing to unload)."""
+    assert _http(counting, "POST", "/v2/repository/models/no_such_model/unload") == {
+        "status": 200,
+        "type": "application/json",
+        "body": "",
+    }
+    unload = service_pb2.RepositoryModelUnloadRequest(model_name="no_such_model")
+    assert _stub(counting).RepositoryModelUnload(unload, timeout=30) is not None
+
+
+def test_nv_counters_go_on_across_a_reload(tmp_path: Path) -> None:
+    """A reload of a loaded version (an explicit load again): tritonserver's metric reporter
+    of the version is shared by the version that replaces it, so the nv_* counters go on
+    while the statistics extension's counts start again (2.51, measured side by side); after
+    an unload a later load starts the counters from 0."""
+    repository = repo.build(tmp_path / "models", ("identity_int32",))
+    with ServerProcess(
+        repository, "--model-control-mode=explicit", "--load-model=*", log_path=tmp_path / "log"
+    ) as server:
+        one = {"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]}
+        for _ in range(3):
+            assert _http(server, "POST", "/v2/models/identity_int32/infer", one)["status"] == 200
+        load = "/v2/repository/models/identity_int32/load"
+        assert _http(server, "POST", load, {})["status"] == 200
+        assert _counts(server, "identity_int32")["success"] == (0, False)
+        assert _http(server, "POST", "/v2/models/identity_int32/infer", one)["status"] == 200
+        assert _counts(server, "identity_int32")["success"] == (1, True)
+        assert _series(server, "nv_inference_request_success", "identity_int32") == 4
+        assert _series(server, "nv_inference_exec_count", "identity_int32") == 4
+        assert _series(server, "nv_inference_compute_infer_duration_us", "identity_int32") > 0
+        assert _http(server, "POST", load, {})["status"] == 200  # again: carried twice
+        assert _series(server, "nv_inference_count", "identity_int32") == 4
+        unload = "/v2/repository/models/identity_int32/unload"
+        assert _http(server, "POST", unload, {})["status"] == 200
+        assert _http(server, "POST", load, {})["status"] == 200
+        assert _series(server, "nv_inference_request_success", "identity_int32") == 0

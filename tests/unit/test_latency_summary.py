@@ -55,10 +55,10 @@ def test_memory_is_bounded() -> None:
 def test_model_stats_feed_the_summaries() -> None:
     stats = ModelStats(summaries=LatencySummaries())
     stats.record_success(2000)
-    stats.record_execution(4, 2, 100, 3000, 100, queue_ns=500)
+    stats.record_execution(4, 4, 100, 3000, 100, (500, 700))  # two requests succeeded
     by_name = stats.summaries.by_name if stats.summaries else {}
     assert by_name["request"].count == 1
-    assert by_name["queue"].count == 1
+    assert by_name["queue"].count == 2  # each request that succeeded, with its own wait
     assert by_name["compute_infer"].count == 2  # each request of the execution
     assert ModelStats().summaries is None  # off unless asked
 

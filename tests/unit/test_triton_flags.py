@@ -4,6 +4,9 @@ still refused."""
 
 from __future__ import annotations
 
+import os
+import re
+
 import pytest
 
 from appliance.common.settings import ServerSettings
@@ -45,7 +48,7 @@ TRITONSERVER_FLAGS = {
     "grpc-keepalive-timeout": "20000",
     "grpc-max-connection-age": "0",
     "grpc-max-connection-age-grace": "0",
-    "grpc-max-response-pool-size": "0",
+    "grpc-max-response-pool-size": "8",
     "grpc-port": "8001",
     "grpc-restricted-protocol": "model-repository:admin-key=secret",
     "grpc-use-ssl": "false",
@@ -179,6 +182,7 @@ def test_a_backend_config_tritonserver_refuses_is_refused(value: str, words: str
         "--min-supported-compute-capability=high",
         "--log-verbose=loud",
         "--http-port=eighty",
+        "--grpc-max-response-pool-size=0",  # "must be greater than 0"
     ],
 )
 def test_a_value_tritonserver_refuses_is_refused(
@@ -266,3 +270,44 @@ def test_client_shared_memory_is_off_unless_allowed() -> None:
     assert _settings().allow_client_shm is False
     assert _settings("--allow-client-shm").allow_client_shm is True
     assert _settings("--allow-client-shm=false").allow_client_shm is False
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("cpu", "--host-policy option format is '<policy name>,<setting>=<value>'. Got cpu"),
+        ("cpu,cpu-cores", "format is '<policy name>,<setting>=<value>'"),
+        (",cpu-cores=0-1", "format is '<policy name>,<setting>=<value>'"),
+        ("cpu,cpu-cores=", "format is '<policy name>,<setting>=<value>'"),
+        ("cpu,pinned=1", "unknown setting 'pinned' (tritonserver's are cpu-cores and numa-node)"),
+        ("cpu,cpu-cores=a-b", "'cpu-cores' format is '<lower_cpu_core_id>-<upper_cpu_core_id>'"),
+        ("cpu,cpu-cores=3-1", "'3-1' is not a range of core numbers"),
+        ("cpu,numa-node=one", "Parsing 'numa-node' value: Can't parse 'one' to integer"),
+        ("cpu,cpu-cores=4096-4097", "none of cpu-cores 4096-4097 is available to the server"),
+        ("cpu,numa-node=999", "numa-node 999"),
+    ],
+)
+def test_a_host_policy_that_cannot_apply_is_refused_at_start(value: str, words: str) -> None:
+    with pytest.raises(SystemExit, match=re.escape(words)):
+        _settings(f"--host-policy={value}")
+
+
+def test_host_policies_merge_their_settings_by_name() -> None:
+    allowed = sorted(os.sched_getaffinity(0))
+    core = allowed[-1]
+    settings = _settings(
+        f"--host-policy=cpu,cpu-cores={core}-{core}",
+        "--host-policy=cpu,numa-node=0",
+        f"--host-policy=fast,cpu-cores={allowed[0]},{core}",
+    )
+    policies = RuntimeSettings.from_server(settings).host_policies
+    assert sorted(policies) == ["cpu", "fast"]
+    assert policies["cpu"].cpu_cores == {core}
+    assert policies["fast"].cpu_cores == {allowed[0], core}
+    assert policies["fast"].numa_node is None
+    assert "--host-policy" not in settings.ignored_flags
+
+
+def test_the_response_pool_size_bounds_a_decoupled_request() -> None:
+    assert _settings("--grpc-max-response-pool-size=3").max_waiting_responses == 3
+    assert _settings().max_waiting_responses == 0  # services/inference.py's default
