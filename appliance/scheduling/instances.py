@@ -242,7 +242,9 @@ class InstanceWorker:
         # A batch the loop started (`start_on_loop`) is not running: set, as it is at first.
         self._loop_idle = threading.Event()
         self._loop_idle.set()
-        self._starts_on_loop = instance.starts_on_loop and instance.wants_requests
+        self._starts_on_loop = (
+            instance.starts_on_loop and instance.wants_requests and host_policy is None
+        )
         self._thread = threading.Thread(target=self._serve, name=f"instance-{name}", daemon=True)
         # Monotonic ns the batch in hand started on the thread, or a decoupled model last sent
         # a response (0: idle): the watchdog's measure of a stuck instance.
@@ -330,6 +332,9 @@ class InstanceWorker:
                 return
             if isinstance(answers, BaseException):
                 result.outcomes = [answers] * len(jobs)
+                if isinstance(answers, ExecuteRaised):  # still an execution (see BatchResult)
+                    result.started_ns, result.input_ns, result.infer_ns = t0, t1 - t0, t2 - t1
+                    result.raised_size = sum(j.batch_size for j in jobs)
             elif len(answers) != len(jobs):
                 error = BackendError(
                     f"{len(answers)} responses for a batch of {len(jobs)} requests"
