@@ -20,17 +20,24 @@ process's CPU time (the caller's thread, the server's loop and grpc's threads al
 round's calls. Client and server share the one core, as an application embedding the server
 would.
 
-Measured (issue 38; 20:02 UTC on this 2-core VM shared with other sessions, load 4-5;
-`--requests 5000 --rounds 5 --core 0`): embed p50 77.7 us, 86.9 us CPU a call; HTTP over the
-Unix socket p50 256 us, 268 us CPU; gRPC over the Unix socket p50 947 us, 975 us CPU (grpc's
-threads hand each call over on the one core). The issue's goal, 15 us p50, is below what the
-request path costs: ONNX Runtime's `session.run` of `simple` alone takes 11.5-16 us here, and
-the inference service's `infer_here` (validation, the scheduler's thread lane, statistics,
-the response) ~55-60 us with it; the embedding layer adds ~5 us (the request from numpy
-arrays) and ~3 us (the response objects). cProfile over 10,000 calls (inflated by the
-profiler) puts no single function above 12% of the call: ORT run, `validate`,
-`DynamicScheduler.run_here`, the request, `_response`, the instance's `_run_one`, the cost
-learning and the statistics.
+Measured (issue 38, 2026-12-06 22:15 UTC, AMD EPYC, this 2-core VM shared with other
+sessions, load about 4; `--requests 5000 --rounds 5 --core 0 --points embed`, five runs of
+each alternating, medians): before the plain lane (main at 96d6540) embed p50 21.9 us, p99
+39.6 us, 22.9 us CPU a call; with it p50 13.6 us, p99 20.5 us, 14.5 us CPU, within the issue's
+15 us. HTTP over the Unix socket is unchanged (p50 67-69 us both). A request like one already
+validated for its version (same input names in the same order, numpy dtypes and shapes, no
+parameters: services/plain.py) skips the request objects and validation; anything else takes
+the general path. Where the 13.6 us go, each piece timed alone in the same process (warm, the
+least of 7 x 5000): ONNX Runtime's run of `simple` through the instance 3.4 us; the instance's
+`run` around it 1.3 (timestamps, its `BatchResult`, the sampled CPU clock); the job 0.8; the
+scheduler's thread lane around the run 2.5 (two rounds of its lock, the instance's
+bookkeeping, the execution statistics 0.5, the cost learning of one run in 8); the inference
+service's plain lane around that 1.9 (the signature check 0.4, the response 0.7, the success
+statistics 0.2); `Model.infer` around the service 3.0 (the request and response objects: the
+`InferenceResponse` and its tensors 0.9, the version lookup 0.2, the iterator); reading the
+answer 0.6 (`numpy.from_dlpack` 0.4). Earlier (20:02 UTC, load 4-5, before this change and
+others since): embed p50 77.7 us, HTTP 256 us, gRPC over the Unix socket 947 us (grpc's
+threads hand each call over on the one core).
 """
 
 from __future__ import annotations

@@ -27,6 +27,10 @@ def _always() -> bool:
     return True
 
 
+# DataType by name: a dict lookup per output, not the enum's own.
+_DATATYPES: dict[str, DataType] = {member.name: member for member in DataType}
+
+
 class Model:
     """A model of a started server (Triton's `tritonserver.Model`); version -1: the one its
     version policy serves."""
@@ -75,18 +79,36 @@ class Model:
         except ApplianceError as exc:
             made = [InferenceResponse._failed(self, request, exc)]
             return ResponseIterator(self, _eager(made, request), raise_on_error)
-        core = request._core(served.inputs)  # a bad input or parameter raises here, as Triton's
-        if served.decoupled:
-            responses: Generator[InferenceResponse, None, None] = _stream_sync(self, core)
-            if request.response_queue is not None:  # filled as they come, read or not
-                responses = _fetched(_queued(responses, request))
-            return ResponseIterator(self, responses, raise_on_error)
+        loop = running.loop
+        assert loop is not None
+        inference = appliance.inference
+        outcome: InferResponse | Prepared | None = None
+        if served.plain and request._plain():  # like a request already validated: no checks
+            try:
+                outcome = inference.infer_plain(
+                    served,
+                    self.name,
+                    self._version,
+                    request.inputs,
+                    request.request_id or "",
+                    loop,
+                    _always,
+                )
+            except (ApplianceError, TritonError) as exc:
+                made = [InferenceResponse._failed(self, request, exc)]
+                return ResponseIterator(self, _eager(made, request), raise_on_error)
+        if outcome is None:
+            core = request._core(served.inputs)  # a bad input or parameter raises here, as Triton's
+            if served.decoupled:
+                responses: Generator[InferenceResponse, None, None] = _stream_sync(self, core)
+                if request.response_queue is not None:  # filled as they come, read or not
+                    responses = _fetched(_queued(responses, request))
+                return ResponseIterator(self, responses, raise_on_error)
         try:
-            loop = running.loop
-            assert loop is not None
-            outcome = appliance.inference.infer_here(core, None, loop, _always)
+            if outcome is None:
+                outcome = inference.infer_here(core, None, loop, _always, learn=True)
             if isinstance(outcome, Prepared):  # queued work, batching, the cache: on the loop
-                outcome = running.call(appliance.inference.infer_prepared(outcome))
+                outcome = running.call(inference.infer_prepared(outcome))
             made = [InferenceResponse._made(self, outcome, final=True)]
         except (ApplianceError, TritonError) as exc:
             made = [InferenceResponse._failed(self, request, exc)]
@@ -155,6 +177,20 @@ class InferenceRequest:
     response_queue: Any = None
     output_names: list[str] | None = None  # this server's: only these outputs (None: all)
 
+    def _plain(self) -> bool:
+        """No parameter, flag, output selection or response queue: a request the inference
+        service's plain lane may take (`InferenceService.infer_plain`)."""
+        return not (
+            self.parameters
+            or self.flags
+            or self.priority
+            or self.timeout
+            or self.correlation_id is not None
+            or self.output_names is not None
+            or self.response_queue is not None
+            or self.output_memory_type not in (None, "cpu")
+        )
+
     def _core(self, rules: Mapping[str, TensorRule]) -> InferRequest:
         """The inference service's request; each tensor a view of the caller's array."""
         if self.output_memory_type not in (None, "cpu"):
@@ -210,7 +246,8 @@ class InferenceResponse:
 
     @staticmethod
     def _made(model: Model, response: InferResponse, final: bool) -> InferenceResponse:
-        outputs = {t.name: Tensor(DataType[t.datatype], t.shape, t.data) for t in response.outputs}
+        types = _DATATYPES
+        outputs = {t.name: Tensor(types[t.datatype], t.shape, t.data) for t in response.outputs}
         return InferenceResponse(
             model, response.id or None, dict(response.parameters), outputs, final=final
         )
@@ -226,11 +263,11 @@ class ResponseIterator:
     def __init__(
         self,
         model: Model,
-        responses: Generator[InferenceResponse, None, None],
+        responses: Iterator[InferenceResponse],
         raise_on_error: bool,
     ) -> None:
         self._model = model
-        self._responses = responses
+        self._responses = responses  # a generator (cancel closes it), or responses made
         self._raise_on_error = raise_on_error
 
     def __iter__(self) -> ResponseIterator:
@@ -243,7 +280,8 @@ class ResponseIterator:
         return response
 
     def cancel(self) -> None:
-        self._responses.close()
+        if isinstance(self._responses, Generator):  # else all made already: nothing to stop
+            self._responses.close()
 
 
 class AsyncResponseIterator:
@@ -353,18 +391,12 @@ def _error_response(model: Model, core: InferRequest, exc: BaseException) -> Inf
     return InferenceResponse(model, core.id or None, error=triton_error(exc), final=True)
 
 
-def _eager(
-    made: list[InferenceResponse], request: InferenceRequest
-) -> Generator[InferenceResponse, None, None]:
+def _eager(made: list[InferenceResponse], request: InferenceRequest) -> Iterator[InferenceResponse]:
     """Responses already made: put in the request's response queue now, if it has one."""
     if request.response_queue is not None:  # now, not when the iterator is read
         for response in made:
             request.response_queue.put_nowait(response)
-    return _each(made)
-
-
-def _each(made: list[InferenceResponse]) -> Generator[InferenceResponse, None, None]:
-    yield from made
+    return iter(made)  # nothing to cancel: no generator to make and close
 
 
 def _queued(

@@ -91,7 +91,9 @@ class Tensor:
             raise InvalidArgumentError(
                 "a BYTES tensor has no DLPack form; use to_bytes_array() or to_string_array()"
             )
-        return self._array.__dlpack__(**({"stream": stream} if stream is not None else {}))
+        if stream is None:
+            return self._array.__dlpack__()
+        return self._array.__dlpack__(stream=stream)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (_KDLCPU, 0)

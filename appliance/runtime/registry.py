@@ -75,6 +75,9 @@ class ServedVersion:
     # With --model-namespacing, the registry key of a copy of a name that more than one
     # repository holds (repository/local.py's namespaced_key); "" otherwise.
     key: str = ""
+    # The signatures of plain requests already validated for this version: the inference
+    # service's plain lane (services/plain.py's PlainLane), set by it; none at first.
+    plain: tuple[Any, ...] = ()
 
     @property
     def metric_name(self) -> str:

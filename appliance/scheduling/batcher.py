@@ -38,6 +38,7 @@ from appliance.scheduling.precise_timer import LOOP_TIMER_MIN_NS, TIMERS
 from appliance.scheduling.queues import QueuePolicy, RequestQueue
 from appliance.scheduling.rate_limiter import RateLimiter
 from appliance.scheduling.stats import ModelStats
+from edge_backends.api import ResponseError
 
 log = logging.getLogger(__name__)
 # The longest learned execution (per request, wall) of a model in another process that the
@@ -383,13 +384,30 @@ class DynamicScheduler(SchedulerBase):
         """An execution's statistics (as tritonserver counts them: `counted`), and its
         requests' compute timestamps."""
         size = result.executed_size
-        if size:
-            result.stamp()
-            inferences, queues = counted(result)
-            self._stats.record_execution(
-                size, inferences, result.input_ns, result.infer_ns, result.output_ns, queues
-            )
-            self._stats.last_inference_ms = time.time_ns() // 1_000_000
+        if not size:
+            return
+        result.stamp()
+        stats = self._stats
+        jobs = result.jobs
+        if len(jobs) == 1 and result.batch_size:  # one request that ran: the common case
+            job = jobs[0]
+            outcome = result.outcomes[0]
+            if not isinstance(outcome, BaseException) or isinstance(outcome, ResponseError):
+                stats.record_one(
+                    size,
+                    job.batch_size,
+                    result.input_ns,
+                    result.infer_ns,
+                    result.output_ns,
+                    max(0, job.dispatch_ns - job.enqueue_ns),
+                )
+                stats.last_inference_ms = time.time_ns() // 1_000_000
+                return
+        inferences, queues = counted(result)
+        stats.record_execution(
+            size, inferences, result.input_ns, result.infer_ns, result.output_ns, queues
+        )
+        stats.last_inference_ms = time.time_ns() // 1_000_000
 
     # ---- the thread lane ---------------------------------------------------------------------
 
@@ -420,15 +438,17 @@ class DynamicScheduler(SchedulerBase):
                 return None  # the policy waits for the batch to fill
         now = time.monotonic_ns()
         with self._lock:
-            if self._closing or len(self._queue) or self._awaiting_resources:
+            if self._closing or self._queue._count or self._awaiting_resources:
                 return None
-            worker = self._lane_worker()
+            idle = self._idle
+            worker = idle[0] if idle else None  # `_lane_worker`, inlined: the hot path
             if inline and (worker is None or not self._inline_within_budget(job.nbytes)):
                 return None  # the loop never waits, nor runs what costs more than its budget
             job.enqueue_ns = now
+            jobs = [job]
             if worker is not None:
-                self._idle.remove(worker)
-                self._running[worker] = [job]
+                idle.popleft()
+                self._running[worker] = jobs
             else:
                 waited = self._wait_in_lane(job, now)
                 if not isinstance(waited, InstanceWorker):
@@ -437,14 +457,14 @@ class DynamicScheduler(SchedulerBase):
                 now = time.monotonic_ns()  # its wait counts as queue time
             job.dispatch_ns = now
         worker.busy_since_ns = now
-        result = worker.run([job])  # never raises
+        result = worker.run(jobs)  # never raises
         worker.busy_since_ns = 0
         with self._lock:
             del self._running[worker]
             self._give_back_worker(worker)
             if result.cpu_ns >= 0:  # the runs whose CPU time was read (instances.py: all
                 self._learn_cost(result)  # at first, then one in 8): the lane's hot path
-            wake = bool(len(self._queue)) or self._drained is not None
+            wake = bool(self._queue._count) or self._drained is not None
         if not result.batch_size:  # as `_instance_done` does
             log_unexpected(self._label, result.outcomes)
         self._record(result)

@@ -231,6 +231,7 @@ class InstanceWorker:
         self._instance = instance
         self._running: Sequence[Job] = ()  # the batch in hand, for the cancel check
         self._runs = 0  # batches run, for sampling their CPU time
+        self._distinct: tuple[str, ...] = ()  # output names last found free of repeats
         self._close_lock = threading.Lock()
         self._closed = False
         instance.set_cancel_check(self._callers_gone)
@@ -502,8 +503,11 @@ class InstanceWorker:
         cpu0 = time.thread_time_ns() if timed else 0
         t0 = time.monotonic_ns()
         names = job.output_names
-        if len(names) > 1 and len(set(names)) < len(names):
-            names = tuple(dict.fromkeys(names))
+        if len(names) > 1 and names is not self._distinct:
+            if len(set(names)) < len(names):
+                names = tuple(dict.fromkeys(names))
+            else:  # most requests ask for the same tuple (every output): checked once
+                self._distinct = names
         t1 = time.monotonic_ns()
         self._running = jobs
         try:

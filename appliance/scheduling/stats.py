@@ -263,6 +263,52 @@ class ModelStats:
             self.fail.add(ns)
             self.failures["OTHER"] = self.failures.get("OTHER", 0) + 1
 
+    def record_one(
+        self,
+        batch_size: int,
+        inferences: int,
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+        queue_ns: int,
+    ) -> None:
+        """`record_execution` of an execution of one request that succeeded (`inferences`:
+        its batch size; `queue_ns`: its time in the queue), the same counts in fewer steps:
+        the thread lane's hot path."""
+        with self.lock:
+            d = self.queue
+            d.count += 1
+            d.ns += queue_ns
+            self.execution_count += 1
+            self.inference_count += inferences
+            per_size = self.by_batch_size.get(batch_size)
+            if per_size is None:
+                per_size = self.by_batch_size[batch_size] = BatchSizeStats()
+            d = self.compute_input
+            d.count += 1
+            d.ns += input_ns
+            d = self.compute_infer
+            d.count += 1
+            d.ns += infer_ns
+            d = self.compute_output
+            d.count += 1
+            d.ns += output_ns
+            d = per_size.compute_input
+            d.count += 1
+            d.ns += input_ns
+            d = per_size.compute_infer
+            d.count += 1
+            d.ns += infer_ns
+            d = per_size.compute_output
+            d.count += 1
+            d.ns += output_ns
+            summaries = self.summaries
+            if summaries is not None:
+                summaries.observe("queue", queue_ns)
+                summaries.observe("compute_input", input_ns)
+                summaries.observe("compute_infer", infer_ns)
+                summaries.observe("compute_output", output_ns)
+
     def record_execution(
         self,
         batch_size: int,

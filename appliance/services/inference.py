@@ -42,9 +42,14 @@ from appliance.scheduling.outcome import client_error
 from appliance.scheduling.stats import ModelStats
 from appliance.services.cache import ResponseCache, cache_key
 from appliance.services.host import BlockingHost, ModelControl
+from appliance.services.plain import PlainLane
 from appliance.services.validation import validate
 from edge_backends.api import InferenceHost
 from edge_backends.datatypes import from_numpy
+
+# The signatures a served version's plain lane learns at most (services/plain.py): a caller
+# with a few request shapes has each in the lane; the rest take the general path.
+PLAIN_SIGNATURES = 4
 
 
 class Admission:
@@ -217,6 +222,7 @@ class InferenceService:
         loop: asyncio.AbstractEventLoop,
         active: Callable[[], bool],
         inline: bool = False,
+        learn: bool = False,
     ) -> InferResponse | Prepared:
         """`infer` on a front end's own thread (not `loop`'s): the response when the model's
         scheduler ran the request here at once (its thread lane, `DynamicScheduler.run_here`: an
@@ -225,7 +231,9 @@ class InferenceService:
         `infer`; `active()` false after the run (the client went) counts it CANCELED and
         raises CancelledError. Not taken for the response cache, probation, sequences,
         ensembles and decoupled models. `inline`: called on the loop's own thread, where only
-        a model cheap enough to run inline is run (`DynamicScheduler.run_here`).
+        a model cheap enough to run inline is run (`DynamicScheduler.run_here`). `learn`: a
+        plain request that passed its checks becomes a signature of its version's plain lane
+        (`infer_plain`), up to PLAIN_SIGNATURES of them.
         """
         if self._on_demand and not self.runtime.is_ready(request.model_name, request.model_version):
             if admission is not None:
@@ -235,27 +243,90 @@ class InferenceService:
         served, _, job, start = prepared
         if served is None or job is None:
             return prepared
-        if (
-            (served.cache_enabled and self.cache is not None)
-            or served.stats.watcher
-            or served.mirror is not None  # mirrored on the loop (infer_prepared)
-        ):
+        if learn and len(served.plain) < PLAIN_SIGNATURES and PlainLane.learnable(served, request):
+            served.plain = (*served.plain, PlainLane(served, request, job))  # validated
+        if not self._lane_open(served):
             return prepared
         if not inline:  # a front end's thread-safe check; a long execution's cancel check asks it
             job.active = active
+        outputs = self._run_lane(served, job, start, active, inline)
+        if outputs is None:
+            return prepared
+        try:
+            response = self._response(served, request, outputs)
+        except ApplianceError as exc:
+            _count_failure(served, exc, start)
+            raise
+        return self._answered(served, request, job, start, response)
+
+    def infer_plain(
+        self,
+        served: ServedVersion,
+        model: str,
+        version: str,
+        inputs: Mapping[str, Array],
+        request_id: str,
+        loop: asyncio.AbstractEventLoop,
+        active: Callable[[], bool],
+    ) -> InferResponse | Prepared | None:
+        """`infer_here` for inputs (name -> numpy array, no parameters, every output) that
+        match a signature of `served`'s plain lane (services/plain.py): known valid, so not
+        validated again; the same run, statistics and response. None when they do not match
+        or the lane is closed to them (tracing, on-demand loading, what `_lane_open` says, a
+        stop): the caller takes the general path (`infer_here`), which checks them."""
+        if not self.accepting or self._on_demand or self.tracer.active:
+            return None
+        lane: PlainLane
+        for lane in served.plain:
+            if lane.matches(inputs):
+                break
+        else:
+            return None
+        if not self._lane_open(served):
+            return None
+        served.last_used_ns = start = time.monotonic_ns()
+        job = lane.job(inputs, request_id, loop)
+        job.active = active
+        outputs = self._run_lane(served, job, start, active, False)
+        if outputs is None:  # an instance was not free here: queued on the loop
+            return Prepared(served, lane.request(inputs, model, version, request_id), job, start)
+        response = lane.response(served.name, request_id, outputs)
+        # `_answered` with nothing traced (the lane is closed while the tracer is active)
+        served.last_used_ns = end = time.monotonic_ns()
+        served.stats.record_success(end - start)
+        return response
+
+    def _lane_open(self, served: ServedVersion) -> bool:
+        """Whether a request of `served` may run in the thread lane: not for the response
+        cache, probation's watcher, or a shadow's mirror (those run on the loop)."""
+        return not (
+            (served.cache_enabled and self.cache is not None)
+            or served.stats.watcher
+            or served.mirror is not None  # mirrored on the loop (infer_prepared)
+        )
+
+    def _run_lane(
+        self,
+        served: ServedVersion,
+        job: Job,
+        start: int,
+        active: Callable[[], bool],
+        inline: bool,
+    ) -> dict[str, Array] | None:
+        """The job run in its scheduler's thread lane: its outputs, or None when not taken;
+        a failure counted and raised."""
         try:
             outcome = served.scheduler.run_here(job, inline)
             if outcome is None:
-                return prepared
+                return None
             if isinstance(outcome, BaseException):
                 raise outcome
             if not active():
                 raise asyncio.CancelledError()
-            response = self._response(served, request, outcome)
         except (ApplianceError, asyncio.CancelledError) as exc:
             _count_failure(served, exc, start)
             raise
-        return self._answered(served, request, job, start, response)
+        return outcome
 
     async def infer_prepared(
         self, prepared: Prepared, compute_ns: list[int] | None = None
