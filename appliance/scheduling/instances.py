@@ -335,6 +335,7 @@ class InstanceWorker:
                 result.outcomes = [answers] * len(jobs)
                 if isinstance(answers, ExecuteRaised):  # still an execution (see BatchResult)
                     result.started_ns, result.input_ns, result.infer_ns = t0, t1 - t0, t2 - t1
+                    result.output_ns = time.monotonic_ns() - t2
                     result.raised_size = sum(j.batch_size for j in jobs)
             elif len(answers) != len(jobs):
                 error = BackendError(
@@ -344,6 +345,7 @@ class InstanceWorker:
             else:
                 result.outcomes = list(answers)
                 result.input_ns, result.infer_ns = t1 - t0, t2 - t1
+                result.output_ns = time.monotonic_ns() - t2  # as `run`'s (Triton's is never 0)
                 result.started_ns = t0
                 result.batch_size = sum(j.batch_size for j in jobs)
             self._loop_idle.set()
