@@ -37,6 +37,9 @@ What the bases give, and who overrides it here:
   parameters and timeout, to the model: the server calls `execute_requests`).
 - `ModelInstance.execute_requests`: `execute`, its outputs split into each request's rows.
 - `ModelInstance.execute_decoupled`: raises BackendError (Python models can stream).
+- `ModelInstance.starts_on_loop` / `start_requests`: False / not started, the server runs
+  every execution on the instance's thread (a Python model's is started from the event loop,
+  which reads its answer: no thread hand-off).
 - `ModelInstance.set_cancel_check`: ignored (Python models show it as request.is_cancelled()).
 - `ModelInstance.interrupt`: cannot (a Python model's process can be killed).
 - `ModelInstance.custom_metrics`: none (Python models define them with `pb_utils.MetricFamily`).
@@ -64,6 +67,9 @@ CancelCheck: TypeAlias = Callable[[], bool]
 # with the request's error) after its last response; the server cancels it when the client
 # goes away.
 Pending: TypeAlias = "Future[None]"
+# `start_requests`' way back, on the event loop: each request's outputs or error, or the
+# exception that failed the whole batch.
+Done: TypeAlias = "Callable[[Sequence[Outputs | BackendError] | BaseException], None]"
 
 
 @dataclass(frozen=True)
@@ -320,6 +326,27 @@ class ModelInstance(Protocol):
         Pending at once, so that the instance takes the next request while this one goes on."""
         ...
 
+    @property
+    def starts_on_loop(self) -> bool:
+        """Whether the server may call `start_requests` from its event loop instead of
+        `execute_requests` on the instance's thread."""
+        ...
+
+    def start_requests(
+        self,
+        loop: Any,
+        inputs: Arrays,
+        output_names: Sequence[str],
+        requests: Sequence[RequestInfo],
+        done: Done,
+    ) -> bool:
+        """`execute_requests` without blocking, called on the thread of the asyncio event loop
+        `loop`: start the batch and return True at once; `done` is called later, on that
+        loop's thread, with what `execute_requests` would have returned or raised (exactly
+        once). False: not started, the server calls `execute_requests` as usual. The same
+        rule holds: one execution at a time, `close` after the last one ended."""
+        ...
+
     def set_cancel_check(self, check: CancelCheck) -> None:
         """Called once, before the first execution: during an execution, `check()` says
         whether every caller waiting for it has gone away (cancelled, timed out), so a model
@@ -386,6 +413,18 @@ class InstanceBase(ModelInstance):
         request: RequestInfo | None = None,
     ) -> Pending | None:
         raise BackendError("this backend cannot serve decoupled models")
+
+    starts_on_loop: bool = False
+
+    def start_requests(
+        self,
+        loop: Any,
+        inputs: Arrays,
+        output_names: Sequence[str],
+        requests: Sequence[RequestInfo],
+        done: Done,
+    ) -> bool:
+        return False  # the instance's thread runs execute_requests
 
     def set_cancel_check(self, check: CancelCheck) -> None:
         pass  # the execution cannot be told; it runs to the end

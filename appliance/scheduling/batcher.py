@@ -300,7 +300,7 @@ class DynamicScheduler(SchedulerBase):
                 self._ordered.append(BatchResult(jobs=live))
             if worker.inline_ok and self._runs_inline(live):
                 finished.append((worker, worker.run(live)))
-            else:
+            elif not worker.start_on_loop(live, self._on_batch_done):
                 worker.submit(live, self._on_batch_done)
         self._arm_timer(now, wait_ns)
         return finished

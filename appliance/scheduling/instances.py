@@ -240,6 +240,12 @@ class InstanceWorker:
             tuple[list[Job], Callable[[InstanceWorker, BatchResult], None]] | None
         ] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
+        # A batch the loop started (`start_on_loop`) is not running: set, as it is at first.
+        self._loop_idle = threading.Event()
+        self._loop_idle.set()
+        self._starts_on_loop = (
+            instance.starts_on_loop and instance.wants_requests and host_policy is None
+        )
         self._thread = threading.Thread(target=self._serve, name=f"instance-{name}", daemon=True)
         # Monotonic ns the batch in hand started on the thread, or a decoupled model last sent
         # a response (0: idle): the watchdog's measure of a stuck instance.
@@ -270,6 +276,8 @@ class InstanceWorker:
         INTERRUPT_GRACE_S more when it could. Returns whether the thread ended, the instance
         closed. When it did not, the daemon thread closes the instance if the execution ever
         returns: closing under a running execution is unsafe for in-process runtimes."""
+        if not self._loop_idle.wait(timeout_s) and self._interrupt():
+            self._loop_idle.wait(INTERRUPT_GRACE_S)
         self._inbox.put(None)
         if not self._thread.is_alive():
             if self._thread.ident is None:  # never started: nothing else will close it
@@ -287,6 +295,73 @@ class InstanceWorker:
             )
             return False
         return True
+
+    def start_on_loop(
+        self, jobs: list[Job], on_done: Callable[[InstanceWorker, BatchResult], None]
+    ) -> bool:
+        """`submit` without the thread, on the loop: an instance that `starts_on_loop` (a model
+        in another process) is handed the batch here and `on_done` called when the loop reads
+        its answer. False: not started (a decoupled request, or the instance declined), and
+        the caller submits it."""
+        if not self._starts_on_loop or jobs[0].emit is not None:
+            return False
+        loop = self._loop
+        assert loop is not None
+        t0 = time.monotonic_ns()
+        try:
+            inputs = _gather_inputs(jobs, self._batching, self._shaping, True)
+        except Exception:  # `run` fails the batch, or its requests one by one
+            return False
+        names: list[str] = []
+        for job in jobs:
+            names.extend(n for n in job.output_names if n not in names)
+        infos = [request_info(job, self._ragged_of(jobs)) for job in jobs]
+        t1 = time.monotonic_ns()
+        self._running = jobs
+        self.busy_since_ns = t0
+        self._loop_idle.clear()
+
+        def done(answers: Sequence[dict[str, Array] | BackendError] | BaseException) -> None:
+            t2 = time.monotonic_ns()
+            self._running = ()
+            self.busy_since_ns = 0
+            result = BatchResult(jobs=jobs, cpu_ns=-1)
+            if isinstance(answers, InputRejected) and len(jobs) > 1:
+                # One request's bad input must not fail the others: `run` tries them singly.
+                self._inbox.put((jobs, on_done))
+                self._loop_idle.set()
+                return
+            if isinstance(answers, BaseException):
+                result.outcomes = [answers] * len(jobs)
+                if isinstance(answers, ExecuteRaised):  # still an execution (see BatchResult)
+                    result.started_ns, result.input_ns, result.infer_ns = t0, t1 - t0, t2 - t1
+                    result.output_ns = time.monotonic_ns() - t2
+                    result.raised_size = sum(j.batch_size for j in jobs)
+            elif len(answers) != len(jobs):
+                error = BackendError(
+                    f"{len(answers)} responses for a batch of {len(jobs)} requests"
+                )
+                result.outcomes = [error] * len(jobs)
+            else:
+                result.outcomes = list(answers)
+                result.input_ns, result.infer_ns = t1 - t0, t2 - t1
+                result.output_ns = time.monotonic_ns() - t2  # as `run`'s (Triton's is never 0)
+                result.started_ns = t0
+                result.batch_size = sum(j.batch_size for j in jobs)
+            self._loop_idle.set()
+            on_done(self, result)
+
+        try:
+            started = self._instance.start_requests(loop, inputs, names, infos, done)
+        except Exception as exc:  # answered on the next round: `_dispatch` is not re-entered
+            log.exception("starting a batch on instance %s failed", self.name)
+            started = True
+            loop.call_soon(done, exc)
+        if not started:
+            self._running = ()
+            self.busy_since_ns = 0
+            self._loop_idle.set()
+        return started
 
     def _interrupt(self) -> bool:
         try:

@@ -9,12 +9,18 @@ back into the batch's outputs. A decoupled request hands the instance back as so
 model's `execute()` returns (Triton's rule): its responses, final flag or failure arrive
 tagged with the request and go straight to it, so concurrent requests interleave.
 
-The request path is a link of its own (channel.py's `Link`, a socket pair): the instance
-thread writes the execute message and reads the answer itself, answering on the way, inline,
-the BLS `infer` and metric calls the model's execute() makes from its main thread. No reader
-thread sits between the two, and request infos travel as plain tuples. While it answers such
-a call the thread watches nothing else: the model's process dying, or `execute_timeout_s`, is
-seen once the call returns (a BLS call is bounded by the callee's own timeouts).
+The request path is a link of its own (channel.py's `Link`, pipes). An execution the event
+loop starts (`start_requests`: the scheduler dispatching on the loop) is written there by the
+loop, and the model process answers on a pipe of the loop's own, whose reader stays
+registered: no instance thread, no hand-off; the model's metric calls are answered on the
+loop, its BLS `infer` calls on the instance's call threads (they block on the server), and a
+timer every CANCEL_POLL_S looks at cancellation and `execute_timeout_s`. A thread that runs
+the request itself (`execute_requests`: a gRPC thread in the scheduler's lane, the
+instance's thread for decoupled requests) writes the execute message and reads the answer
+itself, answering on the way, inline, the BLS `infer` and metric calls the model's execute()
+makes from its main thread; while it answers such a call it watches nothing else: the
+model's process dying, or `execute_timeout_s`, is seen once the call returns (a BLS call is
+bounded by the callee's own timeouts). Request infos travel as plain tuples.
 Everything else comes over the pipe, where one reader thread per process takes every
 message (channel.py lists them): a decoupled request's responses go straight to it; metric
 calls are answered at once, in order, so a response is never seen before the metric updates
@@ -32,7 +38,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -43,6 +49,7 @@ from edge_backends.api import (
     BackendError,
     CancelCheck,
     CustomMetricFamily,
+    Done,
     Emit,
     ExecuteRaised,
     ExecutionError,
@@ -129,6 +136,7 @@ class PythonInstance(InstanceBase):
     """One worker process running TritonPythonModel."""
 
     runs_inline = False  # the work happens in another process: never block the event loop on it
+    starts_on_loop = True  # but the loop may start it and read the answer (`start_requests`)
     wants_requests = True  # execute() gets each request with its id, flags, parameters
 
     def __init__(self, spec: InstanceSpec, metrics: MetricStore | None = None) -> None:
@@ -176,6 +184,12 @@ class PythonInstance(InstanceBase):
         self._process: Any = None
         self._connection: Any = None
         self._link: Link | None = None
+        # The answers of executions the event loop started, read by the loop (`_on_loop`).
+        self._loop_link: Link | None = None
+        self._loop: Any = None  # that loop, once it started one
+        self._registered: Link | None = None  # the loop link the loop's reader watches
+        self._call: _LoopCall | None = None  # the execution the loop started, until answered
+        self._ticker: Any = None  # the loop's CANCEL_POLL_S timer while `_call` runs
         self._start()
 
     def _args(self) -> dict[str, str]:
@@ -194,12 +208,17 @@ class PythonInstance(InstanceBase):
         from edge_backends.python import worker
 
         parent, child = _CONTEXT.Pipe()
-        link_parent, link_child = _CONTEXT.Pipe()
+        # The request link's pipes: requests in, answers out to the waiting thread, answers
+        # out to the event loop (its reader stays registered: `start_requests`).
+        requests_in, requests = _CONTEXT.Pipe(duplex=False)
+        answers, answers_out = _CONTEXT.Pipe(duplex=False)
+        loop_answers, loop_answers_out = _CONTEXT.Pipe(duplex=False)
+        ends = (requests_in, answers_out, loop_answers_out)
         process = _CONTEXT.Process(
             target=worker.main,
             args=(
                 child,
-                link_child,
+                ends,
                 str(self._spec.model_path),
                 self._args(),
                 self._spec.model_name,
@@ -210,15 +229,17 @@ class PythonInstance(InstanceBase):
         )
         with self._process_lock:
             if self._interrupted:
-                for end in (parent, child, link_parent, link_child):
+                for end in (parent, child, requests, answers, loop_answers, *ends):
                     end.close()
                 raise ModelLoadError(f"Python model '{self._spec.model_name}' was stopped")
             self._process = process
             process.start()
         child.close()
-        link_child.close()
+        for end in ends:
+            end.close()
         self._connection = parent
-        self._link = Link(link_parent)
+        self._link = Link(answers, requests)
+        self._loop_link = Link(loop_answers)
         inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._inbox = inbox
         threading.Thread(
@@ -467,10 +488,14 @@ class PythonInstance(InstanceBase):
         """The batch's requests reach execute() as a list, each with its own rows; each
         response comes back on its own (its outputs' names are prefixed with its index)."""
         kind, payload = self._exchange(inputs, output_names, list(requests), None)
+        return self._answers(kind, payload, len(requests))
+
+    def _answers(self, kind: str, payload: list[Any], count: int) -> list[Outputs | BackendError]:
+        """Each request's outputs or error from an execution's answer; raises its failure."""
         if kind == "failed":
             raise _failure(payload)
         arena, out_metas, errors = payload
-        answers: list[Outputs | BackendError] = [{} for _ in range(max(1, len(requests)))]
+        answers: list[Outputs | BackendError] = [{} for _ in range(max(1, count))]
         for key, array in self._reader.read(arena, out_metas, copy=True).items():
             index, name = key.split(":", 1)
             answer = answers[int(index)]
@@ -479,6 +504,106 @@ class PythonInstance(InstanceBase):
         for index, message, code in errors:
             answers[index] = ResponseError(message, code=code)
         return answers
+
+    def start_requests(
+        self,
+        loop: Any,
+        inputs: Arrays,
+        output_names: Sequence[str],
+        requests: Sequence[RequestInfo],
+        done: Done,
+    ) -> bool:
+        """`execute_requests` from the event loop: the execute message goes out on the link
+        and the model process answers on the loop's own pipe, whose reader stays registered
+        (`_on_loop`): no instance thread, no hand-off."""
+        link, loop_link = self._link, self._loop_link
+        if link is None or loop_link is None or loop_link.closed:
+            return False  # the process is gone: the instance's thread restarts it
+        if self._registered is not loop_link:
+            self._loop = loop
+            loop.add_reader(loop_link.fileno(), self._on_loop, loop_link)
+            self._registered = loop_link
+        metas = self._arena.write(dict(inputs))
+        self._cancelled.value = 0
+        try:
+            link.send(
+                "execute", self._arena.name, metas, list(output_names), None,
+                _fields(requests), True,
+            )  # fmt: skip
+        except OSError:  # the process is gone: the instance's thread restarts it
+            return False
+        self._call = _LoopCall(self, len(requests), done)
+        if self._ticker is None:
+            self._ticker = loop.call_later(CANCEL_POLL_S, self._tick)
+        return True
+
+    def _on_loop(self, loop_link: Link) -> None:
+        """The loop's pipe is readable: the answer of `_call`, or a call of its model."""
+        call = self._call
+        try:
+            loop_link.feed()
+        except (EOFError, OSError):
+            self._unregister(loop_link)
+            if call is not None and call.link is loop_link:
+                self._call = None
+                call.gone()
+            return
+        while (message := loop_link.take()) is not None:
+            if call is None or call.link is not loop_link:
+                continue  # (none: every message answers the execution in hand)
+            kind, *payload = message
+            if kind == "call":  # from the model's execute(), on its main thread
+                link = self._link
+                assert link is not None
+                if payload[1].startswith("metric_"):
+                    self._answer_inline(link, *payload)
+                else:  # BLS blocks on the server: a call thread answers it
+                    self._calls.submit(self._answer_off_loop, link, *payload)
+                continue
+            self._call = None
+            try:
+                result: Any = self._answers(kind, payload, call.count)
+            except Exception as exc:  # the model's failure
+                result = exc
+            call.done(result)
+            call = None
+
+    def _unregister(self, loop_link: Link) -> None:
+        """On the loop: stop watching a loop link, and close it (only the loop closes one it
+        watched: a descriptor is never closed under its reader)."""
+        if self._registered is loop_link:
+            self._registered = None
+            with contextlib.suppress(ValueError, OSError, RuntimeError):
+                self._loop.remove_reader(loop_link.fileno())
+        loop_link.close()
+
+    def _retire(self, loop_link: Link | None) -> None:
+        """A replaced or closed process's loop link: closed on the loop if it watches it."""
+        if loop_link is None:
+            return
+        loop = self._loop
+        if loop is None:
+            loop_link.close()
+            return
+        try:
+            loop.call_soon_threadsafe(self._unregister, loop_link)
+        except RuntimeError:  # the loop is closed: nothing watches it any more
+            loop_link.close()
+
+    def _tick(self) -> None:
+        """Every CANCEL_POLL_S while the loop's execution runs: its callers still there, its
+        execute_timeout_s."""
+        call = self._call
+        if call is None:
+            self._ticker = None
+            return
+        check = self._cancel_check
+        if check is not None and check():
+            self._cancelled.value = 1  # the model sees request.is_cancelled()
+        if self._timeout_s and time.monotonic() - call.started > self._timeout_s:
+            self._call = None
+            call.off_loop(self._timed_out)
+        self._ticker = self._loop.call_later(CANCEL_POLL_S, self._tick)
 
     def execute_decoupled(
         self,
@@ -526,15 +651,13 @@ class PythonInstance(InstanceBase):
         started = time.monotonic()
         link = self._link
         told = False
-        fields = [
-            (r.request_id, r.correlation_id, r.flags, r.parameters, r.timeout_us,
-             r.output_names, r.batch_size, r.ragged_shapes)
-            for r in requests
-        ]  # fmt: skip
         try:
             if link is None:
                 raise EOFError
-            link.send("execute", self._arena.name, metas, list(output_names), tag, fields)
+            link.send(
+                "execute", self._arena.name, metas, list(output_names), tag, _fields(requests),
+                False,
+            )  # fmt: skip
             while True:
                 if not link.poll(CANCEL_POLL_S):
                     if self._cancel_check is not None and self._cancel_check():
@@ -544,11 +667,7 @@ class PythonInstance(InstanceBase):
                             told = True
                             self._send("cancel", tag)
                     if self._timeout_s and time.monotonic() - started > self._timeout_s:
-                        self._restart()
-                        raise ExecutionError(
-                            f"the Python model did not answer within execute_timeout_s "
-                            f"({self._timeout_s:g} s); its process was restarted"
-                        ) from None
+                        raise self._timed_out()
                     continue
                 kind, *payload = link.recv()
                 if kind == "call":  # from the model's execute(), on its main thread
@@ -556,20 +675,32 @@ class PythonInstance(InstanceBase):
                     continue
                 return kind, payload
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
-            if self._interrupted:
-                raise ExecutionError(
-                    "the Python model's process was stopped while executing (the server was "
-                    "unloading it)"
-                ) from None
-            code = None
-            if self._process is not None:
-                self._process.join(2)  # the pipe closes a moment before the exit is reaped
-                code = self._process.exitcode
-            self._restart()
-            raise ExecutionError(
-                f"the Python model's process exited while executing (exit code {code}); "
-                "it was restarted"
-            ) from None
+            raise self._gone() from None
+
+    def _gone(self) -> ExecutionError:
+        """The process ended under an execution: restart it (blocking) unless stopped; the
+        execution's error."""
+        if self._interrupted:
+            return ExecutionError(
+                "the Python model's process was stopped while executing (the server was "
+                "unloading it)"
+            )
+        code = None
+        if self._process is not None:
+            self._process.join(2)  # the pipe closes a moment before the exit is reaped
+            code = self._process.exitcode
+        self._restart()
+        return ExecutionError(
+            f"the Python model's process exited while executing (exit code {code}); "
+            "it was restarted"
+        )
+
+    def _timed_out(self) -> ExecutionError:
+        self._restart()
+        return ExecutionError(
+            f"the Python model did not answer within execute_timeout_s "
+            f"({self._timeout_s:g} s); its process was restarted"
+        )
 
     def _answer_inline(self, link: Link, call_id: int, operation: str, *arguments: Any) -> None:
         """A BLS `infer` or metric call of the execution in hand, on the instance thread."""
@@ -587,6 +718,11 @@ class PythonInstance(InstanceBase):
             link.send("reply", call_id, False, str(exc) or type(exc).__name__)
             return
         link.send("reply", call_id, True, result)
+
+    def _answer_off_loop(self, link: Link, *payload: Any) -> None:
+        """`_answer_inline` on a call thread: a process gone meanwhile is the loop's to see."""
+        with contextlib.suppress(OSError):
+            self._answer_inline(link, *payload)
 
     def _restart(self) -> None:
         self._kill()
@@ -614,6 +750,8 @@ class PythonInstance(InstanceBase):
             self._connection.close()
         if self._link is not None:
             self._link.close()
+        self._retire(self._loop_link)
+        self._loop_link = None
 
     def set_cancel_check(self, check: CancelCheck) -> None:
         self._cancel_check = check
@@ -697,6 +835,52 @@ class PythonBackend(BackendBase):
 
     def gpu_problem(self) -> str:
         return "Python models run on CPU here"
+
+
+class _LoopCall:
+    """One execution the event loop started (`PythonInstance.start_requests`), until its
+    answer: `done` is called on the loop, once. A process that dies or runs out of time is
+    restarted on a thread of its own (it blocks), and the execution fails after."""
+
+    __slots__ = ("count", "done", "instance", "link", "started")
+
+    def __init__(self, instance: PythonInstance, count: int, done: Done) -> None:
+        self.instance = instance
+        self.link = instance._loop_link
+        self.count = count
+        self.done = done
+        self.started = time.monotonic()
+
+    def gone(self) -> None:
+        """The process's end of the loop's pipe closed: the execution fails (after the
+        restart, unless the process was stopped)."""
+        if self.instance._interrupted:
+            self.done(self.instance._gone())
+            return
+        self.off_loop(self.instance._gone)
+
+    def off_loop(self, failure: Callable[[], ExecutionError]) -> None:
+        loop, done = self.instance._loop, self.done
+
+        def restart() -> None:
+            error: BaseException
+            try:
+                error = failure()
+            except Exception as exc:
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
+                loop.call_soon_threadsafe(done, error)
+
+        threading.Thread(target=restart, name="python-model-restart", daemon=True).start()
+
+
+def _fields(requests: Sequence[RequestInfo]) -> list[tuple[Any, ...]]:
+    """Request infos as the model process rebuilds them (RequestInfo(*fields))."""
+    return [
+        (r.request_id, r.correlation_id, r.flags, r.parameters, r.timeout_us,
+         r.output_names, r.batch_size, r.ragged_shapes)
+        for r in requests
+    ]  # fmt: skip
 
 
 def _host_request(arguments: Sequence[Any]) -> HostRequest:

@@ -7,16 +7,18 @@ a custom metric. Every send on the pipe holds one lock, so messages never interl
 sends on the pipe and hands each reply to the caller waiting for that id, and a cancel to
 `on_cancel`.
 
-The request path has a link of its own (`Link`, a socket pair with no reader thread on
-either side): the server's instance thread writes ("execute", arena, metas, outputs, tag or
-None, request infos as tuples) or ("finalize",) and reads the answer itself; the model
-process's main thread reads it and answers ("result", arena, metas, errors) | ("failed",
-text[, code]) (each request's outputs named "<index>:<name>", `errors` the (index, text,
-code) of requests whose response is an error), or for a decoupled request ("returned", tag)
-once execute() returned. While its execute() runs, the main thread's BLS `infer` and metric
-calls go over the link too, ("call", id, operation, arguments) answered ("reply", id, ok,
-payload) by the instance thread that waits for the result: two thread wake-ups a request
-and none more a call, where the pipe with a reader thread each side took four.
+The request path has a link of its own (`Link`: a pipe in, two pipes out, no reader thread
+on either side): the server writes ("execute", arena, metas, outputs, tag or None, request
+infos as tuples, on_loop) or ("finalize",); the model process's main thread reads it and
+answers ("result", arena, metas, errors) | ("failed", text[, code]) (each request's outputs
+named "<index>:<name>", `errors` the (index, text, code) of requests whose response is an
+error), or for a decoupled request ("returned", tag) once execute() returned. It answers on
+the pipe the request named: `on_loop`, the one the server's event loop watches (the loop
+started the execution), else the one the server's thread that sent it reads itself. While
+its execute() runs, the main thread's BLS `infer` and metric calls go over the link too,
+("call", id, operation, arguments) answered ("reply", id, ok, payload) on the pipe in: no
+thread hand-off on either side, where the pipe with a reader thread each side took four
+wake-ups a request.
 
 The pipe (`Channel`) carries the rest, from any thread: ("ready", None) | ("error", text)
 after initialize; a decoupled request's ("stream_response", tag, outputs)... and
@@ -56,23 +58,35 @@ _CHUNK = 1 << 16
 
 
 class Link:
-    """Pickled messages, each after its length, over one end of a socket pair; read by one
-    thread at a time (the caller, no reader thread), written under a lock."""
+    """Pickled messages, each after its length, over pipes: read from `reader` by one thread
+    at a time (the caller, no reader thread), written under a lock to one of `writers` (the
+    model process answers the server on the pipe the request asked for, `route`). A pipe's
+    round trip costs about half of a socket pair's."""
 
-    def __init__(self, connection: Connection) -> None:
-        self._connection = connection  # holds the descriptor open
-        self._fd = connection.fileno()
+    def __init__(self, reader: Connection | None, *writers: Connection) -> None:
+        self._ends = (reader, *writers)  # hold the descriptors open
+        self._fd = reader.fileno() if reader is not None else -1
+        self._writers = [writer.fileno() for writer in writers]
+        self._out = self._writers[0] if writers else -1
         self._buffer = bytearray()
         self._lock = threading.Lock()
+        self.closed = False
         self._poller = select.poll()
-        self._poller.register(self._fd, select.POLLIN)
+        if reader is not None:
+            self._poller.register(self._fd, select.POLLIN)
+
+    def route(self, index: int) -> None:
+        """Send on writer `index` from now on."""
+        self._out = self._writers[index]
 
     def send(self, *message: Any) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         view = memoryview(_HEADER.pack(len(data)) + data)
         with self._lock:
+            if self.closed:  # its descriptor's number may be another file's by now
+                raise BrokenPipeError("the link is closed")
             while view:
-                view = view[os.write(self._fd, view) :]
+                view = view[os.write(self._out, view) :]
 
     def poll(self, timeout_s: float) -> bool:
         """Whether a message (or the other side's end) is there to read within `timeout_s`."""
@@ -100,8 +114,36 @@ class Link:
                     return pickle.loads(memoryview(chunk)[4:])
             buffer += chunk
 
+    def fileno(self) -> int:
+        return self._fd
+
+    def feed(self) -> None:
+        """One read of what is there (call it only when the descriptor is readable: the
+        server's event loop reads the link this way); EOFError once the other side is gone."""
+        chunk = os.read(self._fd, _CHUNK)
+        if not chunk:
+            raise EOFError
+        self._buffer += chunk
+
+    def take(self) -> Any:
+        """The next whole message `feed` read, or None: no read."""
+        buffer = self._buffer
+        if len(buffer) < 4:
+            return None
+        (size,) = _HEADER.unpack_from(buffer)
+        end = 4 + size
+        if len(buffer) < end:
+            return None
+        message = pickle.loads(memoryview(buffer)[4:end])
+        del buffer[:end]
+        return message
+
     def close(self) -> None:
-        self._connection.close()
+        with self._lock:  # never under a send: another thread may answer a call on it
+            self.closed = True
+            for end in self._ends:
+                if end is not None:
+                    end.close()
 
 
 class CallFailed(Exception):

@@ -353,14 +353,15 @@ class Runner:
 
 def main(
     connection: Connection,
-    link_end: Connection,
+    link_ends: tuple[Connection, Connection, Connection],
     model_file: str,
     args: dict[str, str],
     name: str,
     cancelled: Any,
 ) -> None:
     """Entry point of the worker process."""
-    link = Link(link_end)
+    # Requests in; answers out to the server's waiting thread, or to its event loop.
+    link = Link(*link_ends)
     channel = Channel(connection, link)
     pb_logging.forward_to(channel)  # the server logs them, in its own format
     pb_utils._install(channel, str(Path(model_file).parent))
@@ -386,7 +387,8 @@ def main(
                 return  # the server is gone (killed or restarted): nothing to answer
             if message[0] == "finalize":
                 break
-            _, in_arena, metas, outputs, tag, fields = message
+            _, in_arena, metas, outputs, tag, fields, on_loop = message
+            link.route(1 if on_loop else 0)
             infos = [RequestInfo(*each) for each in fields]
             channel.link_owner = threading.get_ident()
             try:

@@ -627,7 +627,13 @@ def test_response_sender_in_a_model_that_is_not_decoupled(
 ) -> None:
     result = api_server.client(module).infer("py_sender", [_int32(module, "X", [4, 5])])
     np.testing.assert_array_equal(result.as_numpy("Y"), [8, 10])
-    log = Path(api_server.log_path).read_text(errors="replace")
+    # The model's lines come over its pipe, beside the response: wait for them.
+    deadline = time.monotonic() + 10
+    log_file = Path(api_server.log_path)
+    while "sender model: warning line" not in log_file.read_text(errors="replace"):
+        assert time.monotonic() < deadline, "the model's log lines never reached the log"
+        time.sleep(0.02)
+    log = log_file.read_text(errors="replace")
     assert "sender model: info line" in log
     assert "WARNING python_model: python model 'py_sender': sender model: warning line" in log
     assert "sender model: verbose line" not in log  # verbose lines need a verbose server

@@ -1,10 +1,13 @@
 """A Python model's process killed mid-request under the request link (channel.Link).
 
-The server writes the request to the model process's link and waits on it itself (the
-instance's thread, or a gRPC thread in the scheduler's lane), answering the model's BLS calls
-there too. Killed at any point, the request fails with a clear error, the process restarts,
-and the next request is served: the model killed in its execute(), the callee of a BLS call
-killed while the call is answered on the link, the caller killed while its call runs.
+The server writes the request to the model process's link and reads the answer itself: over
+HTTP the event loop (the answer comes on a pipe of the loop's own, whose reader stays
+registered; BLS calls go to the instance's call threads), over gRPC a thread of the
+scheduler's lane, which answers the model's BLS calls inline. Killed at any point, the
+request fails with a clear error, the process restarts, and the next request is served: the
+model killed in its execute(), killed between requests, the callee of a BLS call killed while
+the call is answered, the caller killed while its call runs. A client that goes away is seen
+by the model's request.is_cancelled() on either path.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from tritonclient.utils import InferenceServerException
 
 from tests.serverproc import ServerProcess
 
-# Input 13: writes its pid beside model.py, then holds until killed (at most 60 s).
+# Input 13: writes its pid beside model.py, then holds until killed (at most 60 s); input 7:
+# writes its pid and answers.
 HOLD = """\
 import os, time
 from pathlib import Path
@@ -39,9 +43,10 @@ class TritonPythonModel:
         out = []
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-            if x.flat[0] == 13:
+            if x.flat[0] in (7, 13):
                 (HERE / "pid.tmp").write_text(str(os.getpid()))
                 (HERE / "pid.tmp").rename(HERE / "pid")
+            if x.flat[0] == 13:
                 time.sleep(60)
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x * 2)]))
         return out
@@ -74,6 +79,23 @@ class TritonPythonModel:
         return out
 """
 
+# Waits (at most 20 s) until its request is cancelled, and says so in the log.
+WAIT_CANCEL = """\
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        deadline = time.monotonic() + 20
+        while not requests[0].is_cancelled() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if requests[0].is_cancelled():
+            pb_utils.Logger.log_warn("link test: request cancelled")
+        x = pb_utils.get_input_tensor_by_name(requests[0], "INPUT0").as_numpy()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)])]
+"""
+
 CONFIG = """\
 name: "{name}"
 backend: "python"
@@ -86,7 +108,7 @@ output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 4 ] }} ]
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Path]]:
     root = tmp_path_factory.mktemp("link")
-    for name, code in (("py_hold", HOLD), ("py_bls_hold", BLS)):
+    for name, code in (("py_hold", HOLD), ("py_bls_hold", BLS), ("py_link_cancel", WAIT_CANCEL)):
         (root / "models" / name / "1").mkdir(parents=True)
         (root / "models" / name / "1" / "model.py").write_text(code)
         (root / "models" / name / "config.pbtxt").write_text(CONFIG.format(name=name))
@@ -180,3 +202,40 @@ def test_caller_killed_while_its_bls_call_runs(served: tuple[ServerProcess, Path
     assert "the Python model's process exited while executing (exit code -9)" in str(error)
     _works(httpclient, server.http_url, "py_bls_hold")
     _works(httpclient, server.http_url, "py_hold")
+
+
+def test_model_killed_between_requests(served: tuple[ServerProcess, Path]) -> None:
+    """The process dies while idle (the loop sees its pipe close): the next request says the
+    process exited and was restarted, the one after is served."""
+    server, models = served
+    client = httpclient.InferenceServerClient(server.http_url)
+    client.infer("py_hold", _inputs(httpclient, 7))  # answers at once, its pid written
+    os.kill(_pid(models / "py_hold" / "1"), signal.SIGKILL)
+    time.sleep(0.5)  # the loop reads the end of its pipe
+    with pytest.raises(InferenceServerException, match="it was restarted"):
+        client.infer("py_hold", _inputs(httpclient, 1))
+    _works(httpclient, server.http_url, "py_hold")
+    assert server.proc.poll() is None
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient])
+def test_client_gone_is_seen_by_the_model(served: tuple[ServerProcess, Path], module: Any) -> None:
+    server, _ = served
+    url = server.http_url if module is httpclient else server.grpc_url
+    before = server.log().count("link test: request cancelled")
+    started = time.monotonic()
+    if module is httpclient:
+        client = httpclient.InferenceServerClient(url, network_timeout=0.3)
+        with pytest.raises(TimeoutError):  # the client's own (socket.timeout)
+            client.infer("py_link_cancel", _inputs(httpclient, 1))
+        client.close()
+    else:
+        with pytest.raises(InferenceServerException, match="Deadline"):
+            grpcclient.InferenceServerClient(url).infer(
+                "py_link_cancel", _inputs(grpcclient, 1), client_timeout=0.3
+            )
+    deadline = time.monotonic() + 10
+    while server.log().count("link test: request cancelled") == before:
+        assert time.monotonic() < deadline, "the model never saw request.is_cancelled()"
+        time.sleep(0.05)
+    assert time.monotonic() - started < 10  # well before the model's own 20 s limit
