@@ -97,8 +97,14 @@ class DynamicScheduler(SchedulerBase):
         )
         self._ordered: deque[BatchResult] = deque()  # dispatch order, for preserve_ordering
         # The thread lane (`run_here`) may be taken: a rate limiter is shared by every version
-        # and wakes them on the loop; preserve_ordering orders responses on the loop.
-        self._lane = not preserve_ordering and not self._limiter.enabled
+        # and wakes them on the loop; preserve_ordering orders responses on the loop; an
+        # instance under a host policy runs on its own bound thread (--host-policy: a front
+        # end's thread is not bound, nor is a Python model's process it would restart).
+        self._lane = (
+            not preserve_ordering
+            and not self._limiter.enabled
+            and all(w.host_policy is None for w in workers)
+        )
         # Whether a request may wait in the lane for a busy instance: the loop's queue would
         # only keep it in arrival order (no priorities, timeouts or per-level bounds), and it
         # would run alone there too (no batching).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import signal
 import threading
 import time
 import urllib.request
@@ -17,11 +18,14 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
 
 from appliance.common.host_policy import format_cores
+from bench.common import process_tree
 from configs.generate import SIMPLE_CONFIG, save, simple_model
 from tests.serverproc import ServerProcess
 
@@ -272,6 +276,29 @@ def test_host_policy_binds_an_instances_cores_and_memory_node(tmp_path: Path) ->
         main = Path(f"/proc/{server.proc.pid}/status").read_text()
         assert f"Cpus_allowed_list:\t{format_cores(allowed)}" in main
         assert "--host-policy" not in server.log()  # not reported ignored
+        # Over gRPC (whose thread lane would run a short model on a handler thread) and
+        # after its process died: the restarted process is bound as the first was.
+        grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
+        tensor = grpcclient.InferInput("IN", [1], "INT64")
+        tensor.set_data_from_numpy(np.zeros(1, np.int64))
+        for _ in range(40):
+            assert set(grpc_client.infer("bound", [tensor]).as_numpy("OUT")[2:]) == {core}
+        victims = [
+            pid
+            for pid in process_tree(server.proc.pid)[1:]
+            if f"Cpus_allowed_list:\t{core}\n" in Path(f"/proc/{pid}/status").read_text()
+        ]
+        assert len(victims) == 1, victims
+        os.kill(victims[0], signal.SIGKILL)
+        for _ in range(20):
+            try:
+                answer = grpc_client.infer("bound", [tensor]).as_numpy("OUT")
+                break
+            except InferenceServerException:  # the execution the death interrupted
+                time.sleep(0.2)
+        else:
+            raise AssertionError("the model was not restarted")
+        assert set(answer[2:]) == {core}
 
 
 # ---- --grpc-max-response-pool-size ---------------------------------------------------------
