@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from google.protobuf import json_format
@@ -67,3 +68,39 @@ def _as_triton_writes(message: Message, raw: dict[str, Any]) -> None:
                 raw[field.name] = [int(v) for v in value]
             else:
                 raw[field.name] = int(value)
+
+
+def parse_lenient(text: str, message: Message) -> Message:
+    """`text` (JSON) into `message` as tritonserver's C++ protobuf JSON parser reads it: a
+    repeated field given one value instead of a list holds that one value
+    (`"instance_group": {"count": 2}`). Otherwise json_format.Parse's reading and errors."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return json_format.Parse(text, message)  # its ParseError, in its words
+    if isinstance(value, dict):
+        _listed(message.DESCRIPTOR, value)
+        return json_format.ParseDict(value, message)
+    return json_format.Parse(text, message)
+
+
+def _listed(descriptor: Any, raw: dict[str, Any]) -> None:
+    """Each repeated field of `raw` given a single value, made a list of it (in place)."""
+    for key, value in raw.items():
+        field = descriptor.fields_by_name.get(key) or descriptor.fields_by_camelcase_name.get(key)
+        if field is None:
+            continue
+        is_map = field.message_type is not None and field.message_type.GetOptions().map_entry
+        if is_map:
+            value_type = field.message_type.fields_by_name["value"].message_type
+            if value_type is not None and isinstance(value, dict):
+                for item in value.values():
+                    if isinstance(item, dict):
+                        _listed(value_type, item)
+            continue
+        if _repeated(field) and not isinstance(value, list) and value is not None:
+            value = raw[key] = [value]
+        if field.message_type is not None:
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, dict):
+                    _listed(field.message_type, item)

@@ -752,6 +752,23 @@ class ModelRuntime:
                 self._implicit.discard(model)
                 await self.unload_with_dependents(model)
 
+    async def unload_callers(self, name: str) -> None:
+        """After an operator's unload of `name`: each loaded ensemble that calls it is
+        unloaded too (and the ensembles that call those), as tritonserver's dependency graph
+        does: an ensemble whose step has no loaded version is not served. Its reason is
+        tritonserver's; loading it again loads the step."""
+        step = plain_name(name)
+        for record in self.registry.records():
+            if record.name == name:
+                continue
+            versions = record.versions.values()
+            if any(v.ensemble is not None and step in v.ensemble.models for v in versions):
+                await self.unload(record.name)
+                record.reason = (
+                    f"ensemble '{record.name}' depends on '{step}' which has no loaded version."
+                )
+                await self.unload_callers(record.name)
+
     def is_loading(self, name: str) -> bool:
         lock = self._locks.get(name)
         return lock is not None and lock.locked()

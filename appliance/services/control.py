@@ -28,6 +28,7 @@ from appliance.common.errors import (
     NoVersionAvailable,
 )
 from appliance.common.protocol import model_config_pb2 as mc
+from appliance.common.protojson import parse_lenient
 from appliance.ops import buildinfo
 from appliance.ops.buildinfo import JETSON_RELEASE
 from appliance.ops.logs import LogSettings, LogState
@@ -420,7 +421,7 @@ class ControlService:
         if config_json:
             override = mc.ModelConfig()
             try:
-                json_format.Parse(str(config_json), override)
+                parse_lenient(str(config_json), override)
             except json_format.ParseError as exc:
                 # tritonserver's words: client scripts look for "failed to load"; the log says
                 # what was wrong with the override.
@@ -472,3 +473,4 @@ class ControlService:
             await self.runtime.unload_with_dependents(name)
         else:
             await self.runtime.unload(name)
+            await self.runtime.unload_callers(name)

@@ -1,0 +1,126 @@
+"""Model control behaviours Triton's qa suites check (found running L0_lifecycle's
+Python-model-only cases against this server): unloading a model an ensemble calls unloads
+the ensemble, as tritonserver's dependency graph does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.serverproc import ServerProcess
+
+STEP = """\
+name: "step"
+backend: "identity"
+max_batch_size: 1
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] } ]
+"""
+
+OTHER = STEP.replace('"step"', '"other"')
+
+
+def _ensemble(name: str, step: str) -> str:
+    return f"""\
+name: "{name}"
+platform: "ensemble"
+max_batch_size: 1
+input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+ensemble_scheduling {{ step [ {{
+  model_name: "{step}", model_version: -1,
+  input_map {{ key: "INPUT0", value: "INPUT0" }},
+  output_map {{ key: "OUTPUT0", value: "OUTPUT0" }}
+}} ] }}
+"""
+
+
+def _repository(root: Path) -> Path:
+    models = root / "models"
+    configs = {
+        "step": STEP,
+        "other": OTHER,
+        "pipeline": _ensemble("pipeline", "step"),
+        "outer": _ensemble("outer", "pipeline"),
+        "elsewhere": _ensemble("elsewhere", "other"),
+    }
+    for name, config in configs.items():
+        (models / name / "1").mkdir(parents=True)
+        (models / name / "config.pbtxt").write_text(config)
+    return models
+
+
+def _infer(client: Any, module: Any, model: str) -> Any:
+    tensor = module.InferInput("INPUT0", [1, 1], "FP32")
+    tensor.set_data_from_numpy(np.array([[3.0]], dtype=np.float32))
+    return client.infer(model, [tensor]).as_numpy("OUTPUT0")
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=("http", "grpc"))
+def test_unloading_a_step_unloads_the_ensembles_that_call_it(tmp_path: Path, module: Any) -> None:
+    models = _repository(tmp_path)
+    flags = ("--model-control-mode=explicit", "--load-model=outer", "--load-model=elsewhere")
+    with ServerProcess(models, *flags, log_path=tmp_path / "server.log") as proc:
+        client = proc.client(module)
+        try:
+            assert _infer(client, module, "outer").tolist() == [[3.0]]
+            client.unload_model("step")
+            for name in ("step", "pipeline", "outer"):
+                assert not client.is_model_ready(name), name
+            assert client.is_model_ready("elsewhere")  # calls another model: still served
+            assert client.is_model_ready("other")
+            index = client.get_model_repository_index()
+            if module is grpcclient:
+                reasons = {m.name: m.reason for m in index.models}
+            else:
+                reasons = {m["name"]: m.get("reason", "") for m in index}
+            assert reasons["pipeline"] == (
+                "ensemble 'pipeline' depends on 'step' which has no loaded version."
+            )
+            assert reasons["outer"] == (
+                "ensemble 'outer' depends on 'pipeline' which has no loaded version."
+            )
+            with pytest.raises(InferenceServerException):
+                _infer(client, module, "outer")
+            client.load_model("outer")  # loads its steps again
+            assert _infer(client, module, "outer").tolist() == [[3.0]]
+        finally:
+            client.close()
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=("http", "grpc"))
+def test_a_config_override_may_give_a_repeated_field_one_value(tmp_path: Path, module: Any) -> None:
+    """L0_lifecycle's instance-load cases override `instance_group` with one object, not a
+    list, which tritonserver's protobuf JSON parser reads as a list of one."""
+    models = _repository(tmp_path)
+    with ServerProcess(
+        models, "--model-control-mode=explicit", log_path=tmp_path / "server.log"
+    ) as proc:
+        client = proc.client(module)
+        try:
+            override = STEP_JSON.replace('"instance_group": []', '"instance_group": {"count": 3}')
+            client.load_model("step", config=override)
+            config = client.get_model_config("step")
+            if module is grpcclient:
+                counts = [group.count for group in config.config.instance_group]
+            else:
+                counts = [group["count"] for group in config["instance_group"]]
+            assert counts == [3]
+            assert _infer(client, module, "step").tolist() == [[3.0]]
+            with pytest.raises(InferenceServerException, match="Invalid config override"):
+                client.load_model("step", config='{"instance_group": 3}')
+        finally:
+            client.close()
+
+
+STEP_JSON = (
+    '{"name": "step", "backend": "identity", "max_batch_size": 1, "instance_group": [], '
+    '"input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [1]}], '
+    '"output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [1]}]}'
+)
