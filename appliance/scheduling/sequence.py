@@ -43,6 +43,7 @@ from appliance.common.errors import (
 )
 from appliance.common.types import Array
 from appliance.scheduling.base import SchedulerBase
+from appliance.scheduling.batcher import QueueTimeout
 from appliance.scheduling.instances import BatchResult, InstanceWorker, Job, counted
 from appliance.scheduling.policy import BatchPolicy, next_batch
 from appliance.scheduling.rate_limiter import RateLimiter
@@ -62,6 +63,11 @@ class SequenceRefusal(InvalidInput):
 
 class SequenceError(SequenceRefusal):
     """A request that does not fit its sequence (unknown, timed out, no START)."""
+
+
+class SequenceTimeout(QueueTimeout):
+    """A backlogged sequence (no slot yet) whose requests' timeout ran out: tritonserver's
+    reaper rejects every request it queued (UNAVAILABLE, counted REJECTED)."""
 
 
 class SequenceCancelled(ApplianceError):
@@ -107,6 +113,9 @@ class Sequence:
     ended: bool = False  # its END request has been accepted, or it was cancelled
     cancelled: bool = False  # a queued request of it was cancelled: it ends when idle
     slot: Slot | None = None  # None: in the backlog, waiting for a slot
+    # In the backlog: when the first of its requests' `timeout`s runs out (monotonic ns; 0:
+    # none given). A slot ends it: Triton times out only a sequence still waiting for one.
+    expires_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -150,6 +159,8 @@ class SequenceScheduler(SchedulerBase):
         self._max_waiting = spec.max_waiting
         self._oldest = spec.oldest
         self._batch_timer: asyncio.TimerHandle | None = None
+        self._expiry_timer: asyncio.TimerHandle | None = None
+        self._expiry_at = 0  # monotonic ns the expiry timer fires at
         self._sequences: dict[SequenceId, Sequence] = {}
         self._backlog: deque[Sequence] = deque()  # sequences waiting for a slot, in order
         slots = spec.slots_per_instance or self._max_batch
@@ -223,6 +234,11 @@ class SequenceScheduler(SchedulerBase):
         job.enqueue_ns = now
         sequence.waiting.append(job)
         sequence.last_used_ns = now
+        if sequence.slot is None and job.timeout_us:
+            due = now + job.timeout_us * 1000
+            if not sequence.expires_ns or due < sequence.expires_ns:
+                sequence.expires_ns = due
+                self._arm_expiry()
         if job.sequence_end:
             sequence.ended = True
         self._dispatch()
@@ -273,9 +289,46 @@ class SequenceScheduler(SchedulerBase):
                 self._backlog.remove(sequence)
             return
         if self._backlog:
-            self._backlog.popleft().slot = slot
+            waited = self._backlog.popleft()
+            waited.slot, waited.expires_ns = slot, 0
         else:
             heapq.heappush(self._free_slots, slot)
+
+    def _arm_expiry(self) -> None:
+        """One timer for the earliest backlogged sequence's timeout."""
+        due = min((s.expires_ns for s in self._backlog if s.expires_ns), default=0)
+        if self._expiry_timer is not None:
+            if due and self._expiry_at <= due:
+                return  # an earlier (or the same) wake-up is set; it re-arms what is left
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
+        if due and self._loop is not None:
+            self._expiry_at = due
+            wait_s = max(0, due - time.monotonic_ns()) / 1e9
+            self._expiry_timer = self._loop.call_later(wait_s, self._reap_backlog)
+
+    def _reap_backlog(self) -> None:
+        """Backlogged sequences whose timeout ran out: every request they queued is refused in
+        tritonserver's words, and the sequence is forgotten (a later request needs START)."""
+        self._expiry_timer = None
+        now = time.monotonic_ns()
+        for sequence in [s for s in self._backlog if s.expires_ns and s.expires_ns <= now]:
+            self._backlog.remove(sequence)
+            if self._sequences.get(sequence.id) is sequence:
+                del self._sequences[sequence.id]
+            waited_us = (now - sequence.waiting[0].enqueue_ns) // 1000 if sequence.waiting else 0
+            for job in sequence.waiting:
+                if not job.future.done():
+                    job.future.set_exception(
+                        SequenceTimeout(
+                            "timeout of the corresponding sequence has been expired (model "
+                            f"'{self._model}' sequence {sequence.id!r} waited {waited_us} us "
+                            "for a sequence slot)"
+                        )
+                    )
+            sequence.waiting.clear()
+            sequence.ended = True
+        self._arm_expiry()
 
     def _expire(self, now: int) -> None:
         for sid, sequence in list(self._sequences.items()):
@@ -379,6 +432,9 @@ class SequenceScheduler(SchedulerBase):
     async def stop(self, timeout_s: float, reason: str) -> int:
         failed = await super().stop(timeout_s, reason)
         self._arm_batch_timer(0)
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
         return failed
 
     def _row(self, value: Any, dtype: np.dtype[Any]) -> Array:

@@ -14,7 +14,12 @@ from tritonclient.grpc import model_config_pb2 as mc
 from appliance.common.errors import ErrorCode
 from appliance.runtime.specs import sequence_spec
 from appliance.scheduling.instances import InstanceWorker, Job
-from appliance.scheduling.sequence import SequenceCancelled, SequenceError, SequenceScheduler
+from appliance.scheduling.sequence import (
+    SequenceCancelled,
+    SequenceError,
+    SequenceScheduler,
+    SequenceTimeout,
+)
 from appliance.scheduling.stats import ModelStats
 from edge_backends.api import InstanceBase
 
@@ -244,5 +249,42 @@ async def test_a_cancelled_queued_request_ends_its_sequence_and_cancels_the_rest
         await sched.submit(job("s", 5))
     assert sched.pending == 0
     assert b"s" not in [row for batch in model.batches[2:] for row in batch]
+    await sched.stop(1, "was unloaded")
+    sched.release(1)
+
+
+async def test_a_backlogged_sequence_whose_timeout_runs_out_is_rejected() -> None:
+    """As tritonserver's reaper: a sequence waiting for a slot past the first of its requests'
+    `timeout`s has every request it queued refused (UNAVAILABLE, counted REJECTED), and is
+    forgotten; one without a timeout waits on, and one that got a slot is not timed out."""
+    gate = threading.Event()
+    one_slot = CONFIG.replace("max_batch_size: 8", "max_batch_size: 1")
+    sched, model = scheduler(gate, one_slot)
+    first = job("a", 1, start=True)
+    first.timeout_us = 10_000  # it has the slot: never timed out
+    running = asyncio.ensure_future(sched.submit(first))
+    await asyncio.sleep(0.01)
+    timed = job("b", 2, start=True)
+    timed.timeout_us = 30_000
+    b_first = asyncio.ensure_future(sched.submit(timed))
+    b_second = asyncio.ensure_future(sched.submit(job("b", 3)))
+    patient = asyncio.ensure_future(sched.submit(job("c", 4, start=True, end=True)))
+    await asyncio.sleep(0.15)
+    for waiting in (b_first, b_second):
+        with pytest.raises(SequenceTimeout) as refused:
+            await waiting
+        assert refused.value.code is ErrorCode.UNAVAILABLE
+        assert str(refused.value.message).startswith(
+            "timeout of the corresponding sequence has been expired (model 'sum' sequence 'b' "
+        )
+    assert not patient.done() and not running.done()
+    with pytest.raises(SequenceError, match="must specify the START flag"):
+        await sched.submit(job("b", 5))
+    gate.set()
+    assert int((await running)["OUT"][0, 0]) == 1
+    ended = await sched.submit(job("a", 10, end=True))
+    assert int(ended["OUT"][0, 0]) == 11
+    assert int((await patient)["OUT"][0, 0]) == 4  # the freed slot went to the one left
+    assert [row for batch in model.batches for row in batch] == [b"a", b"a", b"c"]
     await sched.stop(1, "was unloaded")
     sched.release(1)
