@@ -277,7 +277,8 @@ async def test_a_backlogged_sequence_whose_timeout_runs_out_is_rejected() -> Non
         assert str(refused.value.message).startswith(
             "timeout of the corresponding sequence has been expired (model 'sum' sequence 'b' "
         )
-    assert not patient.done() and not running.done()
+    assert not patient.done()
+    assert not running.done()
     with pytest.raises(SequenceError, match="must specify the START flag"):
         await sched.submit(job("b", 5))
     gate.set()
