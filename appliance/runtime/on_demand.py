@@ -381,6 +381,20 @@ class Residency:
 
     # ---- loads on demand ----------------------------------------------------------------------
 
+    def loads_on_request(self, name: str) -> bool:
+        """Whether a request for `name`, which its lookup refuses now, may load it first
+        (`ensure`): with --model-load-on-demand, a model not unloaded by the operator with
+        nothing loaded (or not known yet: it may be in a repository). Front ends refuse the
+        others before reading their bodies (InferenceService.admit)."""
+        runtime = self._runtime
+        if not self.on_demand or runtime is None or name in self.operator_unloaded:
+            return False
+        try:
+            record = runtime.registry.find(name)
+        except ApplianceError:  # a shared name that stands for several copies
+            return False
+        return record is None or not record.versions
+
     async def ensure(self, name: str, wait_s: float | None = None) -> None:
         """A request for `name`, which is not ready: with --model-load-on-demand, a model in
         a repository with nothing loaded is loaded (one load for every request that asks

@@ -128,24 +128,40 @@ class InferenceService:
         runtime.run_step = self.run_step  # ensembles' steps are ordinary requests
         self._on_demand = runtime.residency.on_demand  # read on every request
 
-    def admit(self, model: str, version: str = "") -> Admission:
+    def admit(self, model: str, version: str = "", unary: bool = True) -> Admission:
         """Admission before the request is read: raises QueueFull (or ServerUnavailable while
         shutting down) at once, so that a refusal costs no body read, decode or validation.
 
         Front ends call it as soon as they know the model (HTTP: from the URL, before reading
-        the body; gRPC: before decoding) and pass the admission to `infer`. An unknown or
-        unready model is not refused here: `infer` reports it, after the request's own checks,
-        as before.
+        the body; gRPC: before decoding) and pass the admission to `infer`. An unknown model,
+        version or one not ready is refused here too (`lookup`), before any error of the
+        request's own inputs, as tritonserver looks the model up before it reads them; so is a
+        decoupled model on a `unary` call (HTTP infer, gRPC ModelInfer), as tritonserver checks
+        the model's transaction policy first.
         """
         arrival_ns = time.monotonic_ns()
         if not self.accepting:
             raise ServerUnavailable("server is shutting down; not accepting new requests")
-        try:
-            served = self.runtime.get(model, version)
-        except ApplianceError:
+        served = self.lookup(model, version)
+        if served is None:
             return Admission(None, arrival_ns)
+        if unary and served.decoupled:
+            raise _decoupled_on_unary(served)
         served.scheduler.admit()
         return Admission(served.scheduler, arrival_ns, served.stats)
+
+    def lookup(self, model: str, version: str = "") -> ServedVersion | None:
+        """The version a request for `model` will run on, looked up before its inputs are
+        decoded: raises the lookup's error (unknown model, unknown version, none ready, an
+        ambiguous name), as tritonserver creates its request from the model before it parses
+        the inputs (HTTP and gRPC alike). None where --model-load-on-demand may load the model
+        for this request (runtime/on_demand.py): it is looked up again once loaded."""
+        try:
+            return self.runtime.get(model, version)
+        except ApplianceError:
+            if self._on_demand and self.runtime.residency.loads_on_request(model):
+                return None
+            raise
 
     async def infer(
         self, request: InferRequest, admission: Admission | None = None
@@ -185,10 +201,7 @@ class InferenceService:
         served = self.runtime.get(request.model_name, request.model_version)
         served.last_used_ns = start = time.monotonic_ns()
         if served.decoupled:
-            raise DecoupledOnUnary(
-                f"model '{served.name}' is decoupled (zero or more responses per request); "
-                "call it over a gRPC ModelStreamInfer stream"
-            )
+            raise _decoupled_on_unary(served)
         # A request its checks refuse is not counted as a failure: tritonserver refuses it
         # before its scheduler, and its statistics and nv_inference_request_failure never see it
         job = validate(served, request, limits, loop)
@@ -832,3 +845,10 @@ def classify(array: Array, k: int, labels: list[str] | None, batching: bool) -> 
                 text += f":{labels[index]}"
             result[r, c] = text.encode()
     return result if batching else result.reshape(k)
+
+
+def _decoupled_on_unary(served: ServedVersion) -> DecoupledOnUnary:
+    return DecoupledOnUnary(
+        f"model '{served.name}' is decoupled (zero or more responses per request); "
+        "call it over a gRPC ModelStreamInfer stream"
+    )

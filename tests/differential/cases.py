@@ -495,6 +495,73 @@ def grpc_inference() -> Iterator[Case]:
     )
 
 
+# Requests whose model refuses them (an unknown model, an unknown version, one with no ready
+# version) and whose inputs are bad too: tritonserver looks the model up before it reads the
+# inputs, so the model's error is the answer. (model, version, what the case id calls it)
+REFUSED_MODELS = (("unknown_model", "", "unknown model"), ("add_sub", "7", "add_sub version 7"))
+_PAST_END = struct.pack("<I", 2) + b"ab" + struct.pack("<I", 50) + b"c"
+
+
+def _shm_input(grpc: bool = False) -> dict[str, Any]:
+    region: dict[str, Any] = {"shared_memory_region": "nope", "shared_memory_byte_size": 16}
+    if grpc:
+        region = {
+            "shared_memory_region": {"string_param": "nope"},
+            "shared_memory_byte_size": {"int64_param": 16},
+        }
+    return {"name": "IN", "datatype": "FP32", "shape": [1, 4], "parameters": region}
+
+
+def http_bad_inputs(model: str, version: str) -> Iterator[tuple[str, Http]]:
+    """(what is bad, the request) for HTTP, JSON and binary."""
+    path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
+    short = {"inputs": [{"name": "IN", "shape": [1, 4], "datatype": "FP32", "data": [1.0]}]}
+    yield "too little data", Http("POST", path, short)
+    sized = {"name": "IN", "shape": [1, 4], "datatype": "FP32"}
+    header = json_bytes({"inputs": [{**sized, "parameters": {"binary_data_size": 12}}]})
+    length = ("Inference-Header-Content-Length", str(len(header)))
+    yield "byte size mismatch", Http("POST", path, header + b"\0" * 12, (length,))
+    strings = {"name": "IN", "shape": [2], "datatype": "BYTES"}
+    size = {"binary_data_size": len(_PAST_END)}
+    header = json_bytes({"inputs": [{**strings, "parameters": size}]})
+    length = ("Inference-Header-Content-Length", str(len(header)))
+    yield "bytes prefix past data", Http("POST", path, header + _PAST_END, (length,))
+    region = {"inputs": [_shm_input()]}
+    yield "unknown shm region", Http("POST", path, region)
+    words = ("Inference-Header-Content-Length", "ten")
+    yield "header length words", Http("POST", path, header + _PAST_END, (words,))
+
+
+def grpc_bad_inputs(model: str, version: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(what is bad, the request) for gRPC ModelInfer and ModelStreamInfer."""
+    named = {"model_name": model, "model_version": version}
+    sized = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 4]}]}
+    yield "byte size mismatch", {**named, **sized, "raw_input_contents": [b64(b"\0" * 12)]}
+    strings = {"inputs": [{"name": "IN", "datatype": "BYTES", "shape": [2]}]}
+    yield "bytes prefix past data", {**named, **strings, "raw_input_contents": [b64(_PAST_END)]}
+    yield "unknown shm region", {**named, "inputs": [_shm_input(grpc=True)]}
+
+
+def refused_models(
+    models: tuple[tuple[str, str, str], ...] = REFUSED_MODELS,
+) -> Iterator[Case]:
+    for model, version, called in models:
+        for bad, request in http_bad_inputs(model, version):
+            yield Case(f"http infer {called}, {bad}", request)
+        for bad, body in grpc_bad_inputs(model, version):
+            yield Case(f"grpc infer {called}, {bad}", Grpc("ModelInfer", (body,)))
+            yield Case(f"grpc stream {called}, {bad}", Grpc("ModelStreamInfer", (body,)))
+
+
+def decoupled_over_unary() -> Iterator[Case]:
+    """A decoupled model over a unary call: refused for that (its transaction policy) before
+    its inputs are read, as tritonserver checks it."""
+    for bad, request in http_bad_inputs("repeat", ""):
+        yield Case(f"http infer repeat {bad} (decoupled over unary)", request)
+    for bad, body in grpc_bad_inputs("repeat", ""):
+        yield Case(f"grpc infer repeat {bad} (decoupled over unary)", Grpc("ModelInfer", (body,)))
+
+
 def shared_memory() -> Iterator[Case]:
     for kind in ("systemsharedmemory", "cudasharedmemory"):
         base = f"/v2/{kind}"
@@ -639,6 +706,7 @@ def model_control() -> Iterator[Case]:
             {"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]},
         ),
     )
+    yield from refused_models((("identity_int32", "", "identity_int32 after unload"),))
     yield Case(
         "grpc ModelReady identity_int32 after unload",
         Grpc("ModelReady", ({"name": "identity_int32"},)),
@@ -711,6 +779,8 @@ def corpus() -> list[Case]:
         *http_inference(),
         *sequences(),
         *grpc_inference(),
+        *refused_models(),
+        *decoupled_over_unary(),
         *shared_memory(),
         *trace_and_log(),
         *statistics_after_traffic(),

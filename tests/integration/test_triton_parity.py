@@ -17,7 +17,7 @@ import pytest
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from tests.differential import repo
+from tests.differential import cases, repo
 from tests.differential.harness import Http, b64, send_http
 from tests.serverproc import ServerProcess
 
@@ -745,3 +745,98 @@ def test_a_model_loaded_only_from_overrides_is_not_in_the_index(served: ServerPr
         assert _http(served, "POST", f"{path}/unload")["status"] == 200
     names = [row["name"] for row in _http(served, "POST", "/v2/repository/index", {})["body"]]
     assert "from_overrides" not in names
+
+
+# tritonserver looks the model up (unknown model, unknown version, no ready version) before it
+# reads a request's inputs: the model's error is the answer, whatever is wrong with the inputs.
+_REFUSED = [
+    ("nope", "", "Request for unknown model: 'nope' is not found"),
+    ("add_sub", "7", "Request for unknown model: 'add_sub' version 7 is not found"),
+]
+
+
+@pytest.mark.parametrize(("model", "version", "message"), _REFUSED)
+def test_the_models_error_comes_before_the_inputs_errors(
+    served: ServerProcess, model: str, version: str, message: str
+) -> None:
+    for bad, request in cases.http_bad_inputs(model, version):
+        assert send_http(served.http_url, request) == {
+            "status": 404,
+            "body": {"error": message},
+        }, bad
+    for bad, body in cases.grpc_bad_inputs(model, version):
+        request = json_format.ParseDict(body, service_pb2.ModelInferRequest())
+        with pytest.raises(grpc.RpcError) as info:
+            _stub(served).ModelInfer(request, timeout=30)
+        assert (info.value.code(), info.value.details()) == (grpc.StatusCode.NOT_FOUND, message)
+        [answer] = list(_stub(served).ModelStreamInfer(iter([request]), timeout=30))
+        assert answer.error_message == message, bad
+        assert answer.infer_response == service_pb2.ModelInferResponse()
+
+
+def test_the_inputs_errors_where_the_model_serves(served: ServerProcess) -> None:
+    """The same bad inputs to a model that serves them: each refused for its input (so the
+    cases above are bad inputs indeed, answered by the model's error alone)."""
+    for bad, request in cases.http_bad_inputs("identity_int32", ""):
+        answer = send_http(served.http_url, request)
+        assert answer["status"] in (400, 404), bad  # 404: the shared memory region
+        assert not answer["body"]["error"].startswith("Request for unknown model"), bad
+    for bad, body in cases.grpc_bad_inputs("identity_int32", ""):
+        request = json_format.ParseDict(body, service_pb2.ModelInferRequest())
+        with pytest.raises(grpc.RpcError) as info:
+            _stub(served).ModelInfer(request, timeout=30)
+        assert not info.value.details().startswith("Request for unknown model"), bad
+
+
+def test_a_model_with_no_ready_version_refuses_before_the_inputs(served: ServerProcess) -> None:
+    message = "Request for unknown model: 'identity_int32' has no available versions"
+    assert _http(served, "POST", "/v2/repository/models/identity_int32/unload")["status"] == 200
+    try:
+        for bad, request in cases.http_bad_inputs("identity_int32", ""):
+            answer = send_http(served.http_url, request)
+            assert answer == {"status": 404, "body": {"error": message}}, bad
+        for bad, body in cases.grpc_bad_inputs("identity_int32", ""):
+            request = json_format.ParseDict(body, service_pb2.ModelInferRequest())
+            with pytest.raises(grpc.RpcError) as info:
+                _stub(served).ModelInfer(request, timeout=30)
+            assert info.value.details() == message, bad
+            [answer] = list(_stub(served).ModelStreamInfer(iter([request]), timeout=30))
+            assert answer.error_message == message, bad
+    finally:
+        assert _http(served, "POST", "/v2/repository/models/identity_int32/load")["status"] == 200
+
+
+def test_a_decoupled_model_over_unary_refuses_before_the_inputs(served: ServerProcess) -> None:
+    """tritonserver checks the model's transaction policy before it reads the inputs."""
+    for bad, request in cases.http_bad_inputs("repeat", ""):
+        answer = send_http(served.http_url, request)
+        assert answer["status"] == 501, bad
+        assert answer["body"]["error"].startswith(
+            "HTTP end point doesn't support models with decoupled transaction policy: "
+        ), bad
+    for bad, body in cases.grpc_bad_inputs("repeat", ""):
+        request = json_format.ParseDict(body, service_pb2.ModelInferRequest())
+        with pytest.raises(grpc.RpcError) as info:
+            _stub(served).ModelInfer(request, timeout=30)
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED, bad
+        assert info.value.details().startswith(
+            "ModelInfer RPC doesn't support models with decoupled transaction policy: "
+        ), bad
+
+
+def test_a_model_loaded_on_demand_is_not_refused_before_its_inputs(tmp_path: Path) -> None:
+    """--model-load-on-demand: a request for a model not loaded yet (which loads on its first
+    good request) is not refused for its model; an unknown version of a loaded model is."""
+    repository = repo.build(tmp_path / "models", ("identity_int32",))
+    proc = ServerProcess(repository, "--model-load-on-demand", log_path=tmp_path / "server.log")
+    with proc:
+        bad = dict(cases.http_bad_inputs("identity_int32", ""))["byte size mismatch"]
+        answer = send_http(proc.http_url, bad)
+        assert answer["status"] == 400
+        assert "input byte size mismatch for input 'IN'" in answer["body"]["error"]
+        good = {"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]}
+        assert _http(proc, "POST", "/v2/models/identity_int32/infer", good)["status"] == 200
+        message = "Request for unknown model: 'identity_int32' version 7 is not found"
+        for bad, request in cases.http_bad_inputs("identity_int32", "7"):
+            answer = send_http(proc.http_url, request)
+            assert answer == {"status": 404, "body": {"error": message}}, bad

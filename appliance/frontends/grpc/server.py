@@ -447,18 +447,19 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         assert loop is not None
         inference = self.inference
         shm = self.shared_memory
-        # Admission before decoding: an overloaded model's refusal costs no decode or validation.
-        with inference.admit(request.model_name, request.model_version) as admission:
-            decoded = decode_request(request, shm, self.limits)
-            if self.header_forward is not None:  # after decoding, as tritonserver
-                metadata = context.invocation_metadata() or ()
-                decoded.parameters.update(self.header_forward.parameters(metadata))
-            try:
+        # Admission before decoding: an overloaded model's refusal (or an unknown model's, a
+        # decoupled one's) costs no decode or validation.
+        try:
+            with inference.admit(request.model_name, request.model_version) as admission:
+                decoded = decode_request(request, shm, self.limits)
+                if self.header_forward is not None:  # after decoding, as tritonserver
+                    metadata = context.invocation_metadata() or ()
+                    decoded.parameters.update(self.header_forward.parameters(metadata))
                 answer = inference.infer_here(decoded, admission, loop, context.is_active)
                 if isinstance(answer, Prepared):
                     answer = _Cancel(context).wait(loop, inference.infer_prepared(answer))
-            except DecoupledOnUnary as exc:  # tritonserver's words first
-                raise Unsupported(f"{DECOUPLED_REFUSAL}: {exc.message}") from None
+        except DecoupledOnUnary as exc:  # tritonserver's words first
+            raise Unsupported(f"{DECOUPLED_REFUSAL}: {exc.message}") from None
         if scoped:
             return encode_response(answer, shm_targets(decoded.outputs), shm)
         return encode_response(answer)

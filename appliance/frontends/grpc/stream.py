@@ -238,7 +238,7 @@ class StreamRun:
             return None
         start = time.monotonic_ns()
         try:
-            with self._inference.admit(model, version) as admission:
+            with self._inference.admit(model, version, unary=False) as admission:
                 decoded = decode_request(request, self._shm, self._limits)
                 if self._forwarded is not None:
                     self._forward(decoded)
@@ -316,9 +316,9 @@ class StreamRun:
         )
         try:
             with self._shm.request_scope():
-                decoupled = self._inference.is_decoupled(
-                    request.model_name, request.model_version
-                )
+                # the model looked up before the inputs are decoded, as tritonserver
+                served = self._inference.lookup(request.model_name, request.model_version)
+                decoupled = served is not None and served.decoupled
                 decoded = decode_request(request, self._shm, self._limits)
                 if self._forwarded is not None:
                     self._forward(decoded)

@@ -57,6 +57,14 @@ DECOUPLED_REFUSAL = "HTTP end point doesn't support models with decoupled transa
 REGION_CAP_STATUS = 429
 
 
+def _refusal_text(exc: ApplianceError) -> str:
+    """An infer request's error as this route answers it: a decoupled model's refusal with
+    tritonserver's words first."""
+    if isinstance(exc, DecoupledOnUnary):
+        return f"{DECOUPLED_REFUSAL}: {exc.message}"
+    return exc.message
+
+
 def error_response(status: int, message: str) -> web.Response:
     """Triton's error body, which tritonclient reads: {"error": "<message>"}."""
     try:
@@ -341,7 +349,7 @@ class HttpFrontend:
         try:
             admission = self.inference.admit(model, version)
         except ApplianceError as exc:
-            refusal = error_response(HTTP_STATUS[exc.code], exc.message)
+            refusal = error_response(HTTP_STATUS[exc.code], _refusal_text(exc))
             return await self.refused.refuse(request, refusal)
         with admission:  # released at once if the body cannot be read
             body = await read_body(request, self.max_body_bytes)
@@ -401,7 +409,7 @@ class HttpFrontend:
                 self.restrictions.check("inference", headers)
             return self.inference.admit(model, version)
         except ApplianceError as exc:
-            return self.error(HTTP_STATUS[exc.code], exc.message)
+            return self.error(HTTP_STATUS[exc.code], _refusal_text(exc))
 
     def infer_reply(
         self,
@@ -460,10 +468,8 @@ class HttpFrontend:
             holds.release()
 
     def _fast_error(self, model: str, exc: Exception) -> Reply:
-        if isinstance(exc, DecoupledOnUnary):  # tritonserver's words first
-            return self.error(HTTP_STATUS[exc.code], f"{DECOUPLED_REFUSAL}: {exc.message}")
         if isinstance(exc, ApplianceError):
-            return self.error(HTTP_STATUS[exc.code], exc.message)
+            return self.error(HTTP_STATUS[exc.code], _refusal_text(exc))
         log.error(
             "unexpected error handling POST %s infer", model, exc_info=exc, extra=RATE_LIMITED
         )
