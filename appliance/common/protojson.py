@@ -76,7 +76,7 @@ def parse_lenient(text: str, message: Message) -> Message:
     (`"instance_group": {"count": 2}`). Otherwise json_format.Parse's reading and errors."""
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nesting past json's depth too
         return json_format.Parse(text, message)  # its ParseError, in its words
     if isinstance(value, dict):
         _listed(message.DESCRIPTOR, value)

@@ -530,6 +530,9 @@ class DynamicScheduler(SchedulerBase):
                 return waiter.refusal or waiter.worker
             if not waiter.retry or len(self._queue):
                 return None  # to the loop, behind the work queued there
+            if self._closing:  # woken, it no longer counts for the drain: a stop may be
+                # closing the instances already (an execution on a closed instance)
+                return ServerUnavailable(f"{self._label} is unloading; retry")
             worker = self._lane_worker()
             if worker is not None:
                 self._idle.remove(worker)
