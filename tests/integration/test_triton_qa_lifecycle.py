@@ -1,6 +1,7 @@
 """Model control behaviours Triton's qa suites check (found running L0_lifecycle's
 Python-model-only cases against this server): unloading a model an ensemble calls unloads
-the ensemble, as tritonserver's dependency graph does."""
+the ensemble, as tritonserver's dependency graph does; a Python model may take no inputs (a
+folder with only its model.py, as L0_lifecycle's instance-load and config-overwrite cases load)."""
 
 from __future__ import annotations
 
@@ -124,3 +125,74 @@ STEP_JSON = (
     '"input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [1]}], '
     '"output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [1]}]}'
 )
+
+
+SOURCE = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(
+            [pb_utils.Tensor("OUT", np.array([7], dtype=np.int32))]) for _ in requests]
+"""
+
+SOURCE_CONFIGS = {
+    "source": 'backend: "python"\noutput [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n',
+    "source_batched": 'backend: "python"\nmax_batch_size: 4\n'
+    'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n',
+    "bare": None,  # only 1/model.py: no config.pbtxt, no auto_complete_config
+}
+
+
+def _names(tensors: Any) -> list[str]:
+    return [t["name"] if isinstance(t, dict) else t.name for t in tensors]
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=("http", "grpc"))
+def test_a_python_model_may_take_no_inputs(tmp_path: Path, module: Any) -> None:
+    models = tmp_path / "models"
+    for name, config in SOURCE_CONFIGS.items():
+        (models / name / "1").mkdir(parents=True)
+        (models / name / "1" / "model.py").write_text(SOURCE)
+        if config is not None:
+            (models / name / "config.pbtxt").write_text(config)
+    with ServerProcess(models, log_path=tmp_path / "server.log") as proc:
+        client = proc.client(module)
+        try:
+            assert client.infer("source", []).as_numpy("OUT").tolist() == [7]
+            # no output in its config: what execute() returns is not sent (as tritonserver)
+            assert client.infer("bare", []).as_numpy("OUT") is None
+            for name, outputs in (("source", ["OUT"]), ("bare", [])):
+                meta = client.get_model_metadata(name)
+                if module is grpcclient:
+                    assert (_names(meta.inputs), _names(meta.outputs)) == ([], outputs)
+                    config = client.get_model_config(name).config
+                    assert (config.backend, list(config.input)) == ("python", [])
+                else:
+                    assert (meta["inputs"], _names(meta["outputs"])) == ([], outputs)
+                    config = client.get_model_config(name)
+                    assert (config["backend"], config["input"]) == ("python", [])
+            # a batching model takes its batch size from the first input: there is none
+            with pytest.raises(
+                InferenceServerException,
+                match=r"\[request id: <id_unknown>\] out of bounds index 0: request has 0 inputs",
+            ):
+                client.infer("source_batched", [])
+        finally:
+            client.close()
+
+
+def test_other_models_still_need_their_tensors(tmp_path: Path) -> None:
+    """The identity backend's model has no file to describe it: a config without inputs or
+    outputs is still refused, with the reason."""
+    models = tmp_path / "models"
+    (models / "step" / "1").mkdir(parents=True)
+    (models / "step" / "config.pbtxt").write_text('backend: "identity"\n')
+    with ServerProcess(models, log_path=tmp_path / "server.log") as proc:
+        index = {
+            m["name"]: m
+            for m in httpclient.InferenceServerClient(proc.http_url).get_model_repository_index()
+        }
+        assert index["step"]["state"] == "UNAVAILABLE"
+        assert "no inputs; list them under 'input'" in index["step"]["reason"]
