@@ -196,8 +196,9 @@ def validate_config(
                     f"and max_batch_size {config.max_batch_size}"
                 )
     # A Python model may take no inputs and give no outputs (a source of data, a clock, a fixed
-    # answer): Triton's core asks for neither. Other models' files have tensors to list.
-    if config.backend != "python":
+    # answer): Triton's core asks for neither, nor does the identity backend (as many inputs as
+    # outputs). Other models' files have tensors to list.
+    if config.backend not in ("python", "identity"):
         if not config.input:
             raise ConfigError(
                 f"{where}: no inputs; list them under 'input' or let auto-complete do it"

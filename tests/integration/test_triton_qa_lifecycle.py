@@ -183,16 +183,28 @@ def test_a_python_model_may_take_no_inputs(tmp_path: Path, module: Any) -> None:
             client.close()
 
 
-def test_other_models_still_need_their_tensors(tmp_path: Path) -> None:
-    """The identity backend's model has no file to describe it: a config without inputs or
-    outputs is still refused, with the reason."""
-    models = tmp_path / "models"
-    (models / "step" / "1").mkdir(parents=True)
-    (models / "step" / "config.pbtxt").write_text('backend: "identity"\n')
-    with ServerProcess(models, log_path=tmp_path / "server.log") as proc:
-        index = {
-            m["name"]: m
-            for m in httpclient.InferenceServerClient(proc.http_url).get_model_repository_index()
-        }
-        assert index["step"]["state"] == "UNAVAILABLE"
-        assert "no inputs; list them under 'input'" in index["step"]["reason"]
+def test_an_identity_model_may_have_no_tensors(tmp_path: Path) -> None:
+    """L0_lifecycle's config-overwrite case reloads a Python model with the override
+    `{"backend": "identity", "instance_group": [{"count": 2}]}`: no inputs, no outputs, which
+    the identity backend allows (as many inputs as outputs). A TorchScript model still needs
+    its tensors listed (test_torch_models.py::test_models_that_cannot_load_say_why)."""
+    models = _repository(tmp_path)
+    with ServerProcess(
+        models, "--model-control-mode=explicit", log_path=tmp_path / "server.log"
+    ) as proc:
+        client = httpclient.InferenceServerClient(proc.http_url)
+        override = '{"name": "step", "backend": "identity", "instance_group": [{"count": 2}]}'
+        client.load_model("step", config=override)
+        config = client.get_model_config("step")
+        assert (config["input"], config["output"]) == ([], [])
+        assert [g["count"] for g in config["instance_group"]] == [2]
+        assert client.infer("step", []).get_response()["outputs"] == []
+        with pytest.raises(InferenceServerException, match="model configuration must have equal"):
+            client.load_model(
+                "step",
+                config=override.replace(
+                    '"instance_group"',
+                    '"output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", '
+                    '"dims": [1]}], "instance_group"',
+                ),
+            )
