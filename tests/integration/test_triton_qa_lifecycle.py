@@ -5,6 +5,7 @@ folder with only its model.py, as L0_lifecycle's instance-load and config-overwr
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -208,3 +209,36 @@ def test_an_identity_model_may_have_no_tensors(tmp_path: Path) -> None:
                     '"dims": [1]}], "instance_group"',
                 ),
             )
+
+
+def test_a_load_without_override_keeps_the_last_one_while_the_folder_is_unchanged(
+    tmp_path: Path,
+) -> None:
+    """L0_lifecycle's config-overwrite case, as tritonserver 2.51 answers it side by side: a
+    load without a config keeps the previous load's override until the model folder changes
+    (a file touched) or the model is unloaded."""
+    models = tmp_path / "models"
+    (models / "bare" / "1").mkdir(parents=True)
+    (models / "bare" / "1" / "model.py").write_text(SOURCE)
+    flags = ("--model-control-mode=explicit", "--load-model=bare")
+    with ServerProcess(models, *flags, log_path=tmp_path / "server.log") as proc:
+        client = httpclient.InferenceServerClient(proc.http_url)
+
+        def count() -> int:
+            return int(client.get_model_config("bare")["instance_group"][0]["count"])
+
+        def override(n: int) -> str:
+            return f'{{"backend": "python", "instance_group": [{{"count": {n}}}]}}'
+
+        assert count() == 1
+        client.load_model("bare", config=override(2))
+        client.load_model("bare")
+        assert count() == 2  # kept: nothing changed
+        client.unload_model("bare")
+        client.load_model("bare")
+        assert count() == 1  # forgotten with the unload
+        client.load_model("bare", config=override(3))
+        time.sleep(0.01)
+        (models / "bare" / "1" / "model.py").touch()
+        client.load_model("bare")
+        assert count() == 1  # the folder changed: read again
