@@ -242,3 +242,23 @@ def test_a_load_without_override_keeps_the_last_one_while_the_folder_is_unchange
         (models / "bare" / "1" / "model.py").touch()
         client.load_model("bare")
         assert count() == 1  # the folder changed: read again
+
+
+def test_a_python_models_instances_load_at_once(tmp_path: Path) -> None:
+    """L0_lifecycle's instance-load speedup case: instances whose initialize() takes 2 s each
+    load together (3 of them: 6 s one after the other)."""
+    models = tmp_path / "models"
+    (models / "slow" / "1").mkdir(parents=True)
+    (models / "slow" / "1" / "model.py").write_text(
+        SOURCE + "\n    def initialize(self, args):\n        import time\n        time.sleep(2)\n"
+    )
+    with ServerProcess(
+        models, "--model-control-mode=explicit", log_path=tmp_path / "server.log"
+    ) as proc:
+        client = httpclient.InferenceServerClient(proc.http_url)
+        start = time.monotonic()
+        client.load_model("slow", config='{"instance_group": [{"kind": "KIND_CPU", "count": 3}]}')
+        took = time.monotonic() - start
+        assert 2.0 <= took < 4.5, took
+        assert client.infer("slow", []).get_response()["outputs"] == []
+        assert client.get_model_config("slow")["instance_group"][0]["count"] == 3
