@@ -242,7 +242,7 @@ class ServerSettings:
     device_labels: tuple[tuple[str, str], ...] = ()
     fleet_report_interval_secs: float = 300.0
     trace_file: str = ""
-    trace_level: str = "OFF"
+    trace_level: str = "OFF"  # OFF, TIMESTAMPS, TENSORS or TIMESTAMPS,TENSORS
     trace_rate: int = 1000
     trace_count: int = -1
     trace_log_frequency: int = 0  # --trace-log-frequency: traces per <trace-file>.<n>; 0 one file

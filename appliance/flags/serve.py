@@ -568,9 +568,9 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trace-level",
         default=None,
-        metavar="OFF|TIMESTAMPS",
-        help="tritonserver's words, any case: off/false, timestamps/true/on/min/max; tensors "
-        f"traces timestamps (default {_D.trace_level})",
+        metavar="OFF|TIMESTAMPS|TENSORS",
+        help="tritonserver's words, any case: off/false, timestamps/true/on/min/max, tensors "
+        f"(the inputs' and outputs' values too; default {_D.trace_level})",
     )
     p.add_argument("--trace-rate", type=int, default=_D.trace_rate, help="trace one request in N")
     p.add_argument(

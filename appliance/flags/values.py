@@ -78,14 +78,15 @@ _TRACE_FORMAT = "--trace-config expects [MODE,]SETTING=VALUE (MODE: triton or op
 
 
 def trace_level(text: str, flag: str) -> str:
-    """A trace level in tritonserver's words, any case: OFF (off, false) or TIMESTAMPS
-    (timestamps, true, on, min, max; tensors too: tritonserver adds the tensors, this server
-    traces the timestamps)."""
+    """A trace level in tritonserver's words, any case: OFF (off, false), TIMESTAMPS
+    (timestamps, true, on, min, max) or TENSORS (tensors)."""
     word = text.lower()
     if word in ("off", "false"):
         return "OFF"
-    if word in ("timestamps", "true", "on", "min", "max", "tensors"):
+    if word in ("timestamps", "true", "on", "min", "max"):
         return "TIMESTAMPS"
+    if word == "tensors":
+        return "TENSORS"
     raise SystemExit(
         f"edge-appliance: {flag}: invalid value for trace level option: {text} (OFF, "
         "TIMESTAMPS or TENSORS)"
@@ -99,13 +100,12 @@ def parse_trace_config(
     deprecated --trace-level, if given): the trace settings they set (they win over
     --trace-rate, --trace-count and --trace-file, and their levels combine with
     --trace-level's, as there) and the entries accepted but ignored (OpenTelemetry mode and
-    its settings, unknown settings, the tensors level). A malformed
+    its settings, unknown settings). The level is OFF, TIMESTAMPS, TENSORS or
+    `TIMESTAMPS,TENSORS` (both, as tritonserver combines them). A malformed
     entry stops the start, as it stops tritonserver's."""
     chosen: dict[str, Any] = {}
     ignored: list[str] = []
     levels = [] if level_flag is None else [trace_level(level_flag, "--trace-level")]
-    if level_flag is not None and level_flag.lower() == "tensors":
-        ignored.append("--trace-level TENSORS (traced as TIMESTAMPS)")
     for value in values:
         head, comma, rest = value.partition(",")
         mode, entry = (head.lower(), rest) if comma else ("", value)
@@ -123,8 +123,6 @@ def parse_trace_config(
             ignored.append(f"--trace-config {value}")
         elif field == "trace_level":
             levels.append(trace_level(setting_value, "--trace-config level"))
-            if setting_value.lower() == "tensors":
-                ignored.append(f"--trace-config {value} (traced as TIMESTAMPS)")
         elif field == "trace_file":
             chosen[field] = setting_value
         else:
@@ -139,7 +137,9 @@ def parse_trace_config(
                 ) from None
     if levels:  # tritonserver combines the levels; --trace-level=OFF turns tracing off
         off = set(levels) == {"OFF"} or (level_flag is not None and levels[0] == "OFF")
-        chosen["trace_level"] = "OFF" if off else "TIMESTAMPS"
+        chosen["trace_level"] = (
+            "OFF" if off else ",".join(w for w in ("TIMESTAMPS", "TENSORS") if w in levels)
+        )
     return chosen, tuple(ignored)
 
 

@@ -12,6 +12,7 @@ to the node (set_mempolicy MPOL_BIND); it does not move threads (Triton's meanin
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import platform
@@ -31,7 +32,14 @@ _MASK_WORDS = 16  # nodes 0..1023
 
 
 class NotApplied(OSError):
-    """The kernel refused a binding (a container's seccomp profile may refuse set_mempolicy)."""
+    """The kernel refused a binding: a seccomp filter (the shipped systemd unit's
+    `SystemCallFilter=~@resources`, a container's profile) answers EPERM."""
+
+
+_SECCOMP_HINT = (
+    " (a system call filter refuses it: the shipped systemd unit denies @resources; allow "
+    "the two calls in a drop-in: SystemCallFilter=sched_setaffinity set_mempolicy)"
+)
 
 
 def check(policy: HostPolicy) -> HostPolicy:
@@ -86,7 +94,9 @@ def apply(policy: HostPolicy | None) -> None:
         try:
             os.sched_setaffinity(0, policy.cpu_cores)  # pid 0: the calling thread
         except OSError as exc:
-            raise NotApplied(exc.errno, f"Unable to set CPU affinity: {exc.strerror}") from exc
+            hint = _SECCOMP_HINT if exc.errno == errno.EPERM else ""
+            message = f"Unable to set CPU affinity: {exc.strerror}{hint}"
+            raise NotApplied(exc.errno, message) from exc
     if policy.numa_node is not None:
         _set_mempolicy(_MPOL_BIND, policy.numa_node)
 
@@ -124,4 +134,5 @@ def _set_mempolicy(mode: int, node: int | None) -> None:
     )
     if result != 0:
         code = ctypes.get_errno()
-        raise NotApplied(code, f"Unable to set NUMA memory policy: {os.strerror(code)}")
+        hint = _SECCOMP_HINT if code == errno.EPERM else ""
+        raise NotApplied(code, f"Unable to set NUMA memory policy: {os.strerror(code)}{hint}")

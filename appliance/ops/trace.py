@@ -1,7 +1,8 @@
 """Triton's trace extension: per-request timestamps, sampled, written as JSON lines.
 
 Settings are global, with per-model overrides (`/v2[/models/{m}]/trace/setting`, gRPC
-`TraceSetting`): `trace_level` (OFF or TIMESTAMPS), `trace_rate` (trace one request in N),
+`TraceSetting`): `trace_level` (OFF, TIMESTAMPS, TENSORS or both), `trace_rate` (trace one
+request in N),
 `trace_count` (stop after N traces; -1 unlimited), `log_frequency` (0: every trace to
 `trace_file`; N: the traces to `<trace_file>.0` N at a time, then `.1`, ..., as tritonserver's
 --trace-log-frequency, each line written as it comes rather than N at once). `trace_file`
@@ -10,7 +11,14 @@ not name a file for the server to append to (the server's user could be made to 
 it may), so a request that names `trace_file` is refused and changes nothing.
 Each traced request becomes one line: id, model, version, request id and Triton's timestamp
 names (REQUEST_START, QUEUE_START, COMPUTE_START, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START,
-COMPUTE_END, REQUEST_END) in monotonic nanoseconds. Lines are written by a thread of their own.
+COMPUTE_END, REQUEST_END) in monotonic nanoseconds (left out when the level is TENSORS alone).
+At level TENSORS the trace's line is followed by one line per tensor, Triton's entry
+`{"id", "activity", "tensor": {"name", "data", "shape", "dtype"}}`: TENSOR_QUEUE_INPUT for each
+input, TENSOR_BACKEND_OUTPUT for each output, `data` the elements comma-joined as tritonserver
+writes them (`tensor_entry`). A tensor adds at most `MAX_TENSOR_ELEMENTS` elements and about
+`MAX_TENSOR_CHARS` characters to the file: a larger one is cut, its `data` ending in
+`...(truncated: N elements in all)` and its `tensor` holding `"truncated": true`.
+Lines are written by a thread of their own.
 """
 
 from __future__ import annotations
@@ -20,13 +28,20 @@ import json
 import logging
 import queue
 import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from appliance.common.errors import InvalidInput, Unsupported
 
 log = logging.getLogger(__name__)
 
-LEVELS = ("OFF", "TIMESTAMPS")
+LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
+# What one traced tensor may add to the trace file: its first MAX_TENSOR_ELEMENTS elements, and
+# its `data` cut at MAX_TENSOR_CHARS characters (a BYTES element is cut there too).
+MAX_TENSOR_ELEMENTS = 1024
+MAX_TENSOR_CHARS = 64 * 1024
+# One tensor to trace: (activity, name, datatype, shape, array).
+TracedTensor = tuple[str, str, str, tuple[int, ...], Any]
 KEYS = ("trace_file", "trace_level", "trace_rate", "trace_count", "log_frequency", "trace_mode")
 
 
@@ -43,7 +58,7 @@ class Tracer:
     ) -> None:
         self._global: dict[str, Any] = {
             "trace_file": trace_file,
-            "trace_level": [level],
+            "trace_level": level.split(","),  # "TIMESTAMPS,TENSORS": both levels
             "trace_rate": str(rate),
             "trace_count": str(count),
             "log_frequency": str(log_frequency),
@@ -69,10 +84,13 @@ class Tracer:
     def _any_active(self) -> bool:
         """Whether any setting traces at all: the per-request check is then one attribute."""
         return any(
-            "TIMESTAMPS" in self.settings(model)["trace_level"]
-            and self.settings(model)["trace_file"]
+            _traces(self.settings(model)["trace_level"]) and self.settings(model)["trace_file"]
             for model in ("", *self._models)
         )
+
+    def tensors(self, model: str) -> bool:
+        """Whether a sampled request of `model` traces its tensors (level TENSORS)."""
+        return "TENSORS" in self.settings(model)["trace_level"]
 
     # ---- settings ----------------------------------------------------------------------------
 
@@ -143,7 +161,7 @@ class Tracer:
         if not self._active:
             return 0
         effective = self.settings(model)
-        if "TIMESTAMPS" not in effective["trace_level"] or not effective["trace_file"]:
+        if not _traces(effective["trace_level"]) or not effective["trace_file"]:
             return 0
         seen = self._seen.get(model, 0) + 1
         self._seen[model] = seen
@@ -163,18 +181,24 @@ class Tracer:
         version: str,
         request_id: str,
         timestamps: list[tuple[str, int]],
+        tensors: Sequence[TracedTensor] = (),
     ) -> None:
-        line = json.dumps(
-            {
-                "id": trace_id,
-                "model_name": model,
-                "model_version": version,
-                "request_id": request_id,
-                "timestamps": [{"name": name, "ns": ns} for name, ns in timestamps if ns],
-            }
-        )
-        self._ensure_writer()
+        """One sampled request: its line, then (level TENSORS) its tensors' lines."""
         effective = self.settings(model)
+        levels = effective["trace_level"]
+        head: dict[str, Any] = {
+            "id": trace_id,
+            "model_name": model,
+            "model_version": version,
+            "request_id": request_id,
+        }
+        if "TIMESTAMPS" in levels:
+            head["timestamps"] = [{"name": name, "ns": ns} for name, ns in timestamps if ns]
+        lines = [json.dumps(head)]
+        if "TENSORS" in levels:
+            lines.extend(json.dumps(tensor_entry(trace_id, *tensor)) for tensor in tensors)
+        line = "\n".join(lines)
+        self._ensure_writer()
         path = effective["trace_file"]
         frequency = int(effective["log_frequency"])
         written = self._written.get(path, 0)
@@ -211,3 +235,55 @@ class Tracer:
             self._lines.put(None)
             self._writer.join()
             self._writer = None
+
+
+def _traces(levels: list[str]) -> bool:
+    return any(level != "OFF" for level in levels)
+
+
+def tensor_entry(
+    trace_id: int, activity: str, name: str, datatype: str, shape: tuple[int, ...], array: Any
+) -> dict[str, Any]:
+    """Triton's trace entry for one tensor (its tracer.cc TraceTensorActivity): `data` the
+    elements comma-joined, floats as C++ streams write them (6 significant digits), BOOL as
+    1 or 0, BYTES each in double quotes, FP16 and BF16 left empty (tritonserver writes none of
+    them); INT8 and UINT8 as numbers (tritonserver streams them as characters, which is not
+    JSON). Bounded: see MAX_TENSOR_ELEMENTS and MAX_TENSOR_CHARS."""
+    total = int(array.size)
+    half = datatype in ("FP16", "BF16")
+    # `flat[:n]` copies those n elements only, whatever the array's layout
+    words = _words(datatype, [] if half else array.flat[:MAX_TENSOR_ELEMENTS].tolist())
+    parts: list[str] = []
+    size = 0
+    for word in words:  # stops once past the bound: a huge tensor is never formatted whole
+        parts.append(word)
+        size += len(word) + 1
+        if size > MAX_TENSOR_CHARS:
+            break
+    data = ",".join(parts)
+    tensor: dict[str, Any] = {
+        "name": name,
+        "data": data,
+        "shape": ",".join(str(dim) for dim in shape),
+        "dtype": datatype,
+    }
+    if not half and (total > len(parts) or len(data) > MAX_TENSOR_CHARS):
+        tensor["data"] = f"{data[:MAX_TENSOR_CHARS]}...(truncated: {total} elements in all)"
+        tensor["truncated"] = True
+    return {"id": trace_id, "activity": activity, "tensor": tensor}
+
+
+def _words(datatype: str, values: list[Any]) -> Iterator[str]:
+    if datatype in ("FP32", "FP64"):
+        return (f"{value:g}" for value in values)
+    if datatype == "BOOL":
+        return ("1" if value else "0" for value in values)
+    if datatype == "BYTES":
+        return (f'"{_text(value)}"' for value in values)
+    return (str(int(value)) for value in values)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes | bytearray):
+        return bytes(value[:MAX_TENSOR_CHARS]).decode("utf-8", "backslashreplace")
+    return str(value)[:MAX_TENSOR_CHARS]

@@ -25,7 +25,7 @@ from appliance.common.errors import (
 )
 from appliance.common.limits import NO_LIMITS, RequestLimits
 from appliance.common.types import Array, InferRequest, InferResponse, RequestedOutput, Tensor
-from appliance.ops.trace import Tracer
+from appliance.ops.trace import TracedTensor, Tracer
 from appliance.runtime.models import ModelRuntime
 from appliance.runtime.registry import Mirror, ServedVersion
 from appliance.scheduling.batcher import QueueTimeout
@@ -212,7 +212,7 @@ class InferenceService:
             with self._trace_lock:
                 trace_id = self.tracer.sample(served.name)
             if trace_id:
-                self._trace(trace_id, served, request, job, start, end)
+                self._trace(trace_id, served, request, job, start, end, response)
         return response
 
     def infer_here(
@@ -465,8 +465,17 @@ class InferenceService:
         job: Job,
         start: int,
         end: int,
+        response: InferResponse,
     ) -> None:
         c0, c1, c2, c3 = job.compute_ns or (0, 0, 0, 0)
+        tensors: list[TracedTensor] = []
+        if self.tracer.tensors(served.name):  # level TENSORS: the request's tensors too
+            tensors = [
+                ("TENSOR_QUEUE_INPUT", t.name, t.datatype, t.shape, t.data) for t in request.inputs
+            ] + [
+                ("TENSOR_BACKEND_OUTPUT", t.name, t.datatype, t.shape, t.data)
+                for t in response.outputs
+            ]
         self.tracer.record(
             trace_id,
             served.name,
@@ -481,6 +490,7 @@ class InferenceService:
                 ("COMPUTE_END", c3),
                 ("REQUEST_END", end),
             ],
+            tensors,
         )
 
     async def run_step(

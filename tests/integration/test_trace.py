@@ -1,4 +1,5 @@
-"""The trace extension: settings over HTTP and gRPC, sampled timestamps in a JSON-lines file."""
+"""The trace extension: settings over HTTP and gRPC, sampled timestamps and tensors in a
+JSON-lines file."""
 
 from __future__ import annotations
 
@@ -136,8 +137,10 @@ def test_trace_settings_over_grpc_and_errors(server: ServerProcess) -> None:
     with pytest.raises(InferenceServerException, match="Unable to parse 'trace_rate', got: "):
         grpc.update_trace_settings("identity_int8", {"trace_rate": "often"})
     http = httpclient.InferenceServerClient(server.http_url)
-    with pytest.raises(InferenceServerException, match="supports \\['OFF', 'TIMESTAMPS'\\]"):
-        http.update_trace_settings(settings={"trace_level": ["TENSORS"]})
+    with pytest.raises(
+        InferenceServerException, match="supports \\['OFF', 'TIMESTAMPS', 'TENSORS'\\]"
+    ):
+        http.update_trace_settings(settings={"trace_level": ["LOUD"]})
     with pytest.raises(InferenceServerException, match="Request for unknown model : nope"):
         http.get_trace_settings("nope")
 
@@ -167,3 +170,112 @@ def test_a_client_cannot_choose_the_trace_file(
     _infer(http, "identity_uint8", "after-refusal")
     time.sleep(0.1)  # give a wrongly written trace line the time to show up
     assert not target.exists()
+
+
+def _tensor_lines(lines: list[dict], trace_id: int) -> list[tuple[str, dict]]:  # type: ignore[type-arg]
+    return [
+        (line["activity"], line["tensor"])
+        for line in lines
+        if line["id"] == trace_id and "activity" in line
+    ]
+
+
+def test_trace_level_tensors_writes_the_values_of_a_traced_requests_tensors(
+    model_repository: Path, start_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """TENSORS, as tritonserver: each input (TENSOR_QUEUE_INPUT) and output
+    (TENSOR_BACKEND_OUTPUT) of a traced request is an entry of its own, its values in `data`;
+    a huge tensor is cut with a marker; TIMESTAMPS alone writes the timestamps only."""
+    trace_file = tmp_path / "trace.jsonl"
+    server = start_server(
+        model_repository,
+        f"--trace-file={trace_file}",
+        "--trace-level=TENSORS",  # combined with --trace-config's level, as there
+        "--trace-config=level=TIMESTAMPS",
+        "--trace-rate=1",
+    )
+    http = httpclient.InferenceServerClient(server.http_url)
+    assert http.get_trace_settings()["trace_level"] == ["TIMESTAMPS", "TENSORS"]
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    b = np.full((1, 16), 3, np.int32)
+    inputs = [
+        httpclient.InferInput("INPUT0", [1, 16], "INT32"),
+        httpclient.InferInput("INPUT1", [1, 16], "INT32"),
+    ]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    http.infer("simple", inputs, request_id="add")
+    lines = _lines(trace_file, 5)
+    head = lines[0]
+    assert (head["model_name"], head["request_id"]) == ("simple", "add")
+    assert [t["name"] for t in head["timestamps"]] == ORDER
+    joined = lambda array: ",".join(str(v) for v in array.reshape(-1))  # noqa: E731
+    assert _tensor_lines(lines, head["id"]) == [
+        (
+            "TENSOR_QUEUE_INPUT",
+            {"name": "INPUT0", "data": joined(a), "shape": "1,16", "dtype": "INT32"},
+        ),
+        (
+            "TENSOR_QUEUE_INPUT",
+            {"name": "INPUT1", "data": joined(b), "shape": "1,16", "dtype": "INT32"},
+        ),
+        (
+            "TENSOR_BACKEND_OUTPUT",
+            {"name": "OUTPUT0", "data": joined(a + b), "shape": "1,16", "dtype": "INT32"},
+        ),
+        (
+            "TENSOR_BACKEND_OUTPUT",
+            {"name": "OUTPUT1", "data": joined(a - b), "shape": "1,16", "dtype": "INT32"},
+        ),
+    ]
+
+    # A huge tensor adds a bounded entry, cut with a marker (trace.MAX_TENSOR_ELEMENTS).
+    big = httpclient.InferInput("INPUT0", [1, 300_000], "FP32")
+    big.set_data_from_numpy(np.full((1, 300_000), 0.5, np.float32))
+    before = trace_file.stat().st_size
+    http.infer("identity_fp32", [big], request_id="big")
+    lines = _lines(trace_file, 8)
+    assert trace_file.stat().st_size - before < 20_000  # 2.4 MB of values in the request
+    entries = _tensor_lines(lines, lines[5]["id"])
+    assert [(activity, t["name"], t["shape"]) for activity, t in entries] == [
+        ("TENSOR_QUEUE_INPUT", "INPUT0", "1,300000"),
+        ("TENSOR_BACKEND_OUTPUT", "OUTPUT0", "1,300000"),
+    ]
+    for _, tensor in entries:
+        assert tensor["truncated"] is True
+        assert tensor["data"].startswith("0.5,0.5,")
+        assert tensor["data"].endswith(",0.5...(truncated: 300000 elements in all)")
+        assert tensor["data"].count("0.5") == 1024
+
+    # Over gRPC, a model's override: TENSORS alone, no timestamps; BYTES elements quoted.
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    override = grpc.update_trace_settings(
+        "identity_bytes", {"trace_level": ["TENSORS"]}, as_json=True
+    )
+    assert override["settings"]["trace_level"]["value"] == ["TENSORS"]
+    words = grpcclient.InferInput("INPUT0", [1, 2], "BYTES")
+    words.set_data_from_numpy(np.array([[b"hello", b"tensor"]], dtype=np.object_))
+    grpc.infer("identity_bytes", [words], request_id="words")
+    lines = _lines(trace_file, 11)
+    assert lines[8]["request_id"] == "words"
+    assert "timestamps" not in lines[8]
+    assert _tensor_lines(lines, lines[8]["id"]) == [
+        (
+            "TENSOR_QUEUE_INPUT",
+            {"name": "INPUT0", "data": '"hello","tensor"', "shape": "1,2", "dtype": "BYTES"},
+        ),
+        (
+            "TENSOR_BACKEND_OUTPUT",
+            {"name": "OUTPUT0", "data": '"hello","tensor"', "shape": "1,2", "dtype": "BYTES"},
+        ),
+    ]
+
+    # TIMESTAMPS alone: one line a trace, as before.
+    assert http.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})["trace_level"] == [
+        "TIMESTAMPS"
+    ]
+    http.infer("simple", inputs, request_id="plain")
+    _infer(http, "identity_uint8", "last")  # the line after it shows "plain" wrote one line
+    lines = _lines(trace_file, 13)
+    assert [line["request_id"] for line in lines[11:]] == ["plain", "last"]
+    assert [t["name"] for t in lines[11]["timestamps"]] == ORDER

@@ -237,8 +237,10 @@ def test_trace_config_sets_the_trace_flags_as_tritonserver_does() -> None:
     )
     assert _settings("--trace-level=off", "--trace-config=level=TIMESTAMPS").trace_level == "OFF"
     tensors = _settings("--trace-level=tensors")
-    assert tensors.trace_level == "TIMESTAMPS"
-    assert tensors.ignored_flags == ("--trace-level TENSORS (traced as TIMESTAMPS)",)
+    assert tensors.trace_level == "TENSORS"
+    assert tensors.ignored_flags == ()
+    both = _settings("--trace-config=level=TENSORS", "--trace-config=level=TIMESTAMPS")
+    assert both.trace_level == "TIMESTAMPS,TENSORS"  # the trace setting's ["TIMESTAMPS", "TENSORS"]
     assert _settings("--trace-level=true").trace_level == "TIMESTAMPS"  # tritonserver's words
     assert _settings().trace_level == "OFF"
     otel = _settings("--trace-config=mode=opentelemetry", "--trace-config=opentelemetry,url=x:4318")
