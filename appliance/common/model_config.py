@@ -195,10 +195,16 @@ def validate_config(
                     f"{where}: dynamic_batching.preferred_batch_size {size} must be between 1 "
                     f"and max_batch_size {config.max_batch_size}"
                 )
-    if not config.input:
-        raise ConfigError(f"{where}: no inputs; list them under 'input' or let auto-complete do it")
-    if not config.output:
-        raise ConfigError(f"{where}: no outputs")
+    # A Python model may take no inputs and give no outputs (a source of data, a clock, a fixed
+    # answer): Triton's core asks for neither, nor does the identity backend (as many inputs as
+    # outputs). Other models' files have tensors to list.
+    if config.backend not in ("python", "identity"):
+        if not config.input:
+            raise ConfigError(
+                f"{where}: no inputs; list them under 'input' or let auto-complete do it"
+            )
+        if not config.output:
+            raise ConfigError(f"{where}: no outputs")
     for kind, entries in (("input", config.input), ("output", config.output)):
         seen: set[str] = set()
         for entry in entries:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ from appliance.runtime.warmup import warm_up
 from appliance.scheduling.ensemble import EnsemblePlan
 from appliance.scheduling.instances import InstanceWorker
 from edge_backends.api import (
+    Backend,
     BackendError,
     InferenceHost,
     InstanceSpec,
@@ -431,6 +433,47 @@ def _prepare_ensemble(
     )
 
 
+def _create_instances(
+    backend: Backend,
+    model: str,
+    planned: list[tuple[str, HostPolicy | None, InstanceSpec]],
+    instances: list[ModelInstance],
+) -> list[ModelInstance]:
+    """One group's instances, in order; each one created is appended to `instances` (closed
+    by the caller on failure). A backend with `parallel_instances` (Python: each instance is a
+    process whose initialize() may take seconds) creates them at once, as tritonserver does."""
+
+    def create(instance_name: str, policy: HostPolicy | None, spec: InstanceSpec) -> ModelInstance:
+        try:
+            # what the instance starts (runtime threads, a model's process) inherits it
+            with affinity.bound(policy):
+                return backend.create_instance(spec)
+        except affinity.NotApplied as exc:
+            raise ConfigError(
+                f"model '{model}' instance '{instance_name}': "
+                f"{policy.describe() if policy else ''}: {exc.strerror}"
+            ) from exc
+
+    if len(planned) < 2 or not getattr(backend, "parallel_instances", False):
+        for entry in planned:
+            instances.append(create(*entry))
+        return instances[len(instances) - len(planned) :]
+    with ThreadPoolExecutor(len(planned), thread_name_prefix=f"load-{model}") as pool:
+        futures = [pool.submit(create, *entry) for entry in planned]
+    failure: BaseException | None = None
+    created = []
+    for future in futures:
+        exc = future.exception()
+        if exc is None:
+            created.append(future.result())
+            instances.append(created[-1])
+        elif failure is None:
+            failure = exc
+    if failure is not None:
+        raise failure
+    return created
+
+
 def _load_instances(
     backend_name: str,
     config: ModelConfig,
@@ -490,6 +533,7 @@ def _load_instances(
             kind = placed.kind
             resources = {r.name: int(r.count) for r in group.rate_limiter.resources}
             slots = [(gpu, i) for gpu in devices[index] for i in range(group.count)]
+            planned = []
             for number, (gpu, _) in enumerate(slots):
                 instance_name = f"{group.name}_{number}"
                 policy = (host_policies or {}).get(
@@ -511,16 +555,9 @@ def _load_instances(
                     gpu_accelerators=accelerators if kind == "KIND_GPU" else (),
                     cache_dir=version_cache,
                 )
-                try:
-                    # what the instance starts (runtime threads, a model's process) inherits it
-                    with affinity.bound(policy):
-                        instance = backend.create_instance(spec)
-                except affinity.NotApplied as exc:
-                    raise ConfigError(
-                        f"model '{config.name}' instance '{instance_name}': "
-                        f"{policy.describe() if policy else ''}: {exc.strerror}"
-                    ) from exc
-                instances.append(instance)
+                planned.append((instance_name, policy, spec))
+            created = _create_instances(backend, config.name, planned, instances)
+            for (instance_name, policy, _), instance in zip(planned, created, strict=True):
                 actual = instance.placement or Placement(kind)
                 if on_gpu is not None and actual.kind == "KIND_GPU":  # not one that fell back
                     on_gpu[index] += 1

@@ -28,7 +28,7 @@ from appliance.common.errors import (
 from appliance.common.host_policy import HostPolicy
 from appliance.common.model_config import ENSEMBLE, ConfigBounds, ModelConfig, read_config
 from appliance.repository.ledger import ModelLedger, record_pin
-from appliance.repository.local import list_models, list_versions, plain_name
+from appliance.repository.local import fingerprint, list_models, list_versions, plain_name
 from appliance.repository.rollout import ProbationRule
 from appliance.repository.rollout_policy import ShadowRule
 from appliance.runtime.history import RECORDED, LoadPlan, Recorded, UpdateHistory
@@ -255,6 +255,7 @@ class ModelRuntime:
             )
         async with self._locks.setdefault(name, asyncio.Lock()):
             record = self.registry.add(name, path)
+            override, folder = await self._kept_override(record, override, source, path)
             if not record.versions:
                 record.state = LOADING
             log.info("loading model '%s' from %s", name, path)
@@ -291,6 +292,21 @@ class ModelRuntime:
                 residency.serving(ticket, record)
             record.on_demand = False
             residency.operator_unloaded.discard(name)
+            if source is None:
+                record.override, record.override_fingerprint = override, folder
+
+    async def _kept_override(
+        self, record: ModelRecord, override: ModelConfig | None, source: Path | None, path: Path
+    ) -> tuple[ModelConfig | None, str]:
+        """The override a load uses, and the folder's fingerprint to keep with it: a load
+        without one reuses the previous load's while the model folder is unchanged (as
+        tritonserver, which reads the folder again only once it is modified)."""
+        if source is not None or (override is None and record.override is None):
+            return override, ""
+        folder = await asyncio.to_thread(fingerprint, path)
+        if override is None and folder == record.override_fingerprint:
+            return record.override, folder
+        return override, folder
 
     async def _prepare_versions(
         self,
@@ -789,6 +805,7 @@ class ModelRuntime:
                 )
             else:
                 record.on_demand = False
+                record.override = None  # tritonserver forgets it with the unload
                 self.residency.operator_unloaded.add(name)
             await self._retire(old)
             if record.owned_dir is not None:

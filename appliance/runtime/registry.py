@@ -123,6 +123,10 @@ class ModelRecord:
     failed: dict[int, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # e.g. GPU instances running on CPU
     owned_dir: Path | None = None  # a folder the server made for it (file overrides)
+    # The config override of the last load that gave one, and its folder's fingerprint then: a
+    # load without one keeps it while the folder is unchanged (tritonserver's model info).
+    override: ModelConfig | None = None
+    override_fingerprint: str = ""
     # Unloaded by the memory budget or the idle timer (or never loaded under
     # --model-load-on-demand): the next request loads it; not counted against readiness.
     on_demand: bool = False

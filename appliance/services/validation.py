@@ -119,6 +119,8 @@ def validate(
                 f"input(s) {_names(sorted(arrays))}, but missing required input(s) "
                 f"{_names(missing)}. Please provide all required input(s)."
             )
+    if batching and not arrays:  # the batch size is the first input's: there is none
+        raise InvalidInput(f"{request_tag(request)}out of bounds index 0: request has 0 inputs")
     if batching and not 0 < batch <= served.max_batch_size:
         raise InvalidInput(
             f"{request_tag(request)}inference request batch-size must be <= "

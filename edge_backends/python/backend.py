@@ -785,6 +785,9 @@ class PythonBackend(BackendBase):
     """`backend: "python"` with `model.py` in the version folder."""
 
     name = "python"
+    # Each instance is a process of its own: they start at once (tritonserver's Python backend
+    # loads a model's instances in parallel).
+    parallel_instances = True
 
     def __init__(self) -> None:
         self.metrics = MetricStore()  # every Python model's custom metrics, as in Triton

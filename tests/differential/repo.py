@@ -89,7 +89,17 @@ class TritonPythonModel:
         raise pb_utils.TritonModelException("raises always")
 """
 
-_CONFIGS = {
+_SOURCE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(
+            [pb_utils.Tensor("OUT", np.array([7], dtype=np.int32))]) for _ in requests]
+"""
+
+_CONFIGS: dict[str, str | None] = {
     "add_sub": """
         backend: "python"
         max_batch_size: 8
@@ -148,6 +158,18 @@ _CONFIGS = {
           input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
           output_map { key: "OUTPUT0" value: "SUM" } } ] }
     """,
+    # Models that take no inputs: outputs only, the same batching (a request has no batch size),
+    # and a model folder with only its model.py (no config.pbtxt, no auto_complete_config).
+    "source": """
+        backend: "python"
+        output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    """,
+    "source_batched": """
+        backend: "python"
+        max_batch_size: 4
+        output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    """,
+    "bare": None,
 }
 
 _SOURCES = {
@@ -157,6 +179,9 @@ _SOURCES = {
     "repeat": _REPEAT,
     "accumulate": _ACCUMULATE,
     "raises": _RAISES,
+    "source": _SOURCE,
+    "source_batched": _SOURCE,
+    "bare": _SOURCE,
 }
 
 MODELS = tuple(_CONFIGS)
@@ -172,8 +197,10 @@ def build(root: Path, names: tuple[str, ...] = MODELS) -> Path:
     for name in names:
         folder = root / name
         (folder / "1").mkdir(parents=True, exist_ok=True)
-        config = f'name: "{name}"\n' + textwrap.dedent(_CONFIGS[name]).strip() + "\n"
-        (folder / "config.pbtxt").write_text(config)
+        text = _CONFIGS[name]
+        if text is not None:
+            config = f'name: "{name}"\n' + textwrap.dedent(text).strip() + "\n"
+            (folder / "config.pbtxt").write_text(config)
         if name in _SOURCES:
             (folder / "1" / "model.py").write_text(_SOURCES[name].lstrip())
     return root
