@@ -147,8 +147,9 @@ class Instance:
 
 
 def load_model(repository: Path, name: str, simple_compute: str = "numpy") -> CeilingModel:
-    """The model from the repository that configs.generate writes (config.pbtxt, 1/model.onnx);
-    `simple` computed with numpy, or with ONNX Runtime on its model.onnx when `simple_compute`
+    """The model from the repository that configs.generate writes (config.pbtxt, 1/model.onnx),
+    or bench.python_vs_triton's `add_sub` (numpy's add and subtract, as `simple`'s); `simple`
+    computed with numpy, or with ONNX Runtime on its model.onnx when `simple_compute`
     is "ort" (the other models always with ONNX Runtime)."""
     if simple_compute not in SIMPLE_COMPUTES:
         raise ValueError(f"simple_compute must be one of {SIMPLE_COMPUTES}, not {simple_compute!r}")
@@ -158,7 +159,8 @@ def load_model(repository: Path, name: str, simple_compute: str = "numpy") -> Ce
     )
     batched = config.max_batch_size > 0
     inputs, outputs = _specs(config.input, batched), _specs(config.output, batched)
-    by_numpy = name == "simple" and simple_compute == "numpy"
+    # bench.python_vs_triton's add_sub (a Python model: no model.onnx) is always numpy's.
+    by_numpy = (name == "simple" and simple_compute == "numpy") or name == "add_sub"
     compute: Callable[[Arrays], Arrays] = (
         _add_sub if by_numpy else _ort_compute(folder / "1" / "model.onnx")
     )

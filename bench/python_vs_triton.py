@@ -1,6 +1,6 @@
 """Python models: edge-appliance against tritonserver's own Python backend, same model.py files.
 
-    python -m bench.python_vs_triton [--trees .[,/tmp/old]] [--no-triton] [--rounds 2]
+    python -m bench.python_vs_triton [--trees .[,/tmp/old]] [--no-triton] [--floors] [--rounds 2]
         [--seconds 5] [--points add_sub:http:1,add_sub:grpc:1,...] [--output FILE.md]
 
 The repository (written here, our own model.py files): `add_sub` (INPUT0 + INPUT1 and
@@ -18,6 +18,12 @@ processes, from /proc) over the run, divided by the inferences the server itself
 which server goes first; the table gives medians over rounds and the ratio of Triton's CPU to
 each tree's (above 1: cheaper than Triton). The machine may be shared: read the ratios of one
 run, not the absolutes.
+
+`--floors` adds the floor of the gRPC points: grpcio's synchronous server doing nothing but
+the protocol for add_sub (bench.ceiling_grpc --mode sync, numpy's add and subtract, counted by
+its own statistics), once with gRPC core's defaults and once with its EventEngine listener off
+(GRPC_EXPERIMENTS, as the command sets it: appliance/face/__init__.py); measured on the
+add_sub gRPC points only.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +54,8 @@ DEFAULT_POINTS = (
     "bls:grpc:1,bls:grpc:8,repeat:grpc-stream:1"
 )
 READY_S = 180.0
+# The floors (`--floors`): name -> the GRPC_EXPERIMENTS they run with (None: core's defaults).
+FLOORS = {"grpcio-sync": None, "grpcio-sync-listener-off": "-event_engine_listener"}
 
 ADD_SUB_PY = """\
 import numpy as np
@@ -159,6 +168,48 @@ def served(http: str, model: str) -> int:
     return int(stats["model_stats"][0]["inference_stats"]["success"]["count"])
 
 
+def counted(target: Target, model: str) -> int:
+    """`served`, or for a floor (no HTTP) its statistics' inference_count over gRPC."""
+    if target.http:
+        return served(target.http, model)
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(target.grpc)
+    try:
+        stats = client.get_inference_statistics(model, as_json=True)
+    finally:
+        client.close()
+    return int(stats["model_stats"][0].get("inference_count", 0))
+
+
+def start_floor(name: str, repository: Path, log: Path) -> Target:
+    """A floor (FLOORS) on core 0, accepting connections."""
+    port = free_port()
+    env = dict(os.environ)
+    env.pop("GRPC_EXPERIMENTS", None)
+    if FLOORS[name] is not None:
+        env["GRPC_EXPERIMENTS"] = str(FLOORS[name])
+    command = [
+        "taskset", "-c", "0", sys.executable, "-m", "bench.ceiling_grpc", "--mode", "sync",
+        "--model-repository", str(repository), "--models", "add_sub", "--port", str(port),
+    ]  # fmt: skip
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            command, cwd=Path(__file__).parent.parent, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    target = Target.__new__(Target)
+    target.name, target.http, target.grpc, target.proc = name, "", f"127.0.0.1:{port}", proc
+    deadline = time.monotonic() + READY_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return target
+        except OSError:
+            time.sleep(0.2)
+    target.stop()
+    raise SystemExit(f"floor {name} did not start (log: {log})")
+
+
 def start_triton(tool: Path, repository: Path, log: Path) -> Target | str:
     """tritonserver (`tool`: the shared tritonserver.sh) on core 0, ready; or why it cannot run."""
     if not tool.exists():
@@ -222,15 +273,15 @@ def measure(tool: Path, target: Target, point: Point, seconds: float) -> tuple[f
     model, protocol, concurrency = point
     url = target.http if protocol == "http" else target.grpc
     perf_run(tool, model, url, protocol, concurrency, 1.0)  # warm-up
-    count0, cpu0 = served(target.http, model), tree_cpu_s(target.proc.pid)
+    count0, cpu0 = counted(target, model), tree_cpu_s(target.proc.pid)
     rate = perf_run(tool, model, url, protocol, concurrency, seconds)
-    cpu1, count1 = tree_cpu_s(target.proc.pid), served(target.http, model)
+    cpu1, count1 = tree_cpu_s(target.proc.pid), counted(target, model)
     done = count1 - count0
     return ((cpu1 - cpu0) / done * 1e6 if done else float("nan")), rate
 
 
 def table(names: Sequence[str], points: Sequence[Point], results: Results) -> list[str]:
-    trees = [n for n in names if n != TRITON]
+    trees = [n for n in names if n != TRITON and n not in FLOORS]
     head = "| point | " + " | ".join(f"{n}: CPU us/inference, infer/s" for n in names)
     ratios = [f"Triton's CPU / {n}'s" for n in trees] if TRITON in names else []
     lines = [
@@ -264,6 +315,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--trees", default=".", help="comma-separated checkouts to serve")
     parser.add_argument("--no-triton", action="store_true")
+    parser.add_argument(
+        "--floors", action="store_true", help="grpcio's sync server for add_sub, as peers"
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--points", default=DEFAULT_POINTS)
@@ -278,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model, protocol, concurrency = text.split(":")
         points.append((model, protocol, int(concurrency)))
     trees = [str(Path(t).resolve()) for t in args.trees.split(",") if t]
-    names = trees + ([] if args.no_triton else [TRITON])
+    names = trees + ([] if args.no_triton else [TRITON]) + (list(FLOORS) if args.floors else [])
     triton_tool = args.tritonserver or args.perf_analyzer.parent / "tritonserver.sh"
     notes: list[str] = []
     results: Results = {}
@@ -295,10 +349,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                             print(notes[-1], flush=True)
                         continue
                     target = started
+                elif name in FLOORS:
+                    target = start_floor(name, repository, Path(work) / f"{name}.log")
                 else:
                     target = start_tree(Path(name), repository)
                 try:
                     for point in points:
+                        if name in FLOORS and point[:2] != ("add_sub", "grpc"):
+                            continue
                         us, rate = measure(args.perf_analyzer, target, point, args.seconds)
                         results.setdefault((name, point), []).append((us, rate))
                         print(

@@ -4,10 +4,11 @@ gRPC core's settings that only its environment carries are set here, before any 
 command imports grpc (core reads them once, at that import; set later they do nothing):
 `GRPC_EXPERIMENTS` turns off core's EventEngine listener, so that the connections it accepts
 are served by the thread polling the completion queue instead of handing each read and write
-to EventEngine's own threads. For the synchronous gRPC server that is two thread wake-ups less
+to EventEngine's own threads. For the synchronous gRPC server that is fewer thread hand-offs
 per unary call: grpcio's server doing nothing but the protocol for add_sub's tensors measured
-143 -> 105 us of CPU per ModelInfer at c=8 and 198 -> 174 at c=1 (docs/benchmarks.md,
-2026-12-07). A GRPC_EXPERIMENTS the environment already has is kept as it is.
+14 -> 10 context switches and 143 -> 105 us of CPU per ModelInfer at c=8, 25 -> 17 and
+198 -> 174 us at c=1 (docs/benchmarks.md, 2026-12-07). A GRPC_EXPERIMENTS the environment
+already has is kept as it is.
 """
 
 import os

@@ -445,3 +445,28 @@ def test_bench_run_turns_the_order_round_by_round(
     bench_run.measure_server(ctx)
     forward = [SERVER, "grpc-aio", "grpc-sync"]
     assert order == forward + forward[::-1] + forward
+
+
+def test_the_grpc_floor_answers_python_vs_tritons_add_sub(tmp_path: Path) -> None:
+    """bench.python_vs_triton --floors: the sync ceiling serves its add_sub (a Python model's
+    repository, no model.onnx) with numpy, and counts what it answered."""
+    from bench.python_vs_triton import build
+
+    repository = build(tmp_path / "models")
+    server = start_ceiling("grpc-sync", repository, ["add_sub"], None, tmp_path / "floor.log")
+    try:
+        wait_listening(server, timeout_s=60)
+        a, b = np.arange(4, dtype=np.float32), np.full(4, 2.5, dtype=np.float32)
+        inputs = [
+            grpcclient.InferInput("INPUT0", [4], "FP32"),
+            grpcclient.InferInput("INPUT1", [4], "FP32"),
+        ]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(b)
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            result = client.infer("add_sub", inputs)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+        assert inference_count("grpc-sync", server, "add_sub") == 1
+    finally:
+        stop_server(server)
