@@ -79,9 +79,18 @@ class Link:
         """Send on writer `index` from now on."""
         self._out = self._writers[index]
 
-    def send(self, *message: Any) -> None:
+    @staticmethod
+    def frame(*message: Any) -> bytes:
+        """A message as `send` writes it (a sender may keep it to send again)."""
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        view = memoryview(_HEADER.pack(len(data)) + data)
+        return _HEADER.pack(len(data)) + data
+
+    def send(self, *message: Any) -> None:
+        self.send_frame(self.frame(*message))
+
+    def send_frame(self, frame: bytes) -> None:
+        """Write a message `frame` made."""
+        view = memoryview(frame)
         with self._lock:
             if self.closed:  # its descriptor's number may be another file's by now
                 raise BrokenPipeError("the link is closed")
@@ -219,6 +228,12 @@ class Channel:
         self.link_owner = None
         assert self.link is not None
         self.link.send(*message)
+
+    def finish_frame(self, frame: bytes) -> None:
+        """`finish` with a message Link.frame made."""
+        self.link_owner = None
+        assert self.link is not None
+        self.link.send_frame(frame)
 
     def call(self, operation: str, *arguments: Any) -> Any:
         """Send a call and wait for its reply: the payload, or CallFailed."""

@@ -133,23 +133,36 @@ class Reader:
 
     def __init__(self) -> None:
         self._shm: Segment | None = None
+        # The last metas read without BYTES tensors, and their views into the segment: the
+        # same layout again reads as a fresh view of each (35 ns, where making one is 600).
+        self._metas: list[TensorMeta] | None = None
+        self._views: list[tuple[str, np.ndarray]] = []
 
     def read(self, arena: str, metas: list[TensorMeta], copy: bool) -> dict[str, np.ndarray]:
         if arena and (self._shm is None or self._shm.name != arena):
             self.close()
             self._shm = Segment(arena)
             self._shm.unlink()  # mapped by both sides now: nothing left to leak
+        elif metas == self._metas:  # (a BYTES meta never equals one: its dtype differs)
+            if copy:
+                return {name: view.copy() for name, view in self._views}
+            return {name: view.view() for name, view in self._views}
         out = {}
+        views = []
         for name, dtype, shape, offset, payload in metas:
             if dtype == "object":
                 out[name] = payload
                 continue
             assert self._shm is not None
             view = np.ndarray(shape, dtype=np.dtype(dtype), buffer=self._shm.buf, offset=offset)
-            out[name] = view.copy() if copy else view
+            views.append((name, view))
+            out[name] = view.copy() if copy else view.view()
+        if len(views) == len(metas):
+            self._metas, self._views = metas, views
         return out
 
     def close(self) -> None:
+        self._metas, self._views = None, []  # (the segment's buffer is released below)
         if self._shm is not None:
             self._shm.close()
             self._shm = None
