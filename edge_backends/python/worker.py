@@ -400,6 +400,7 @@ class Serving:
         self._runner = runner
         self._channel = channel
         self._link = link
+        link.memo = ("execute",)  # `serve` only reads the messages it is given
         self._arena = Arena("out")
         self._reader = Reader()
         self._ident = threading.get_ident()  # the main thread's, which serves
