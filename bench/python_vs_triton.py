@@ -9,6 +9,16 @@ calling add_sub through `pb_utils.InferenceRequest(...).exec()`; `repeat`, decou
 each request with 100 responses (gRPC streaming). A point is MODEL:PROTOCOL:CONCURRENCY, the
 protocol http, grpc or grpc-stream (perf_analyzer --streaming).
 
+Opt-in (`--points squeeze:grpc:2,squeeze:http:2`, about a minute more): `squeeze`, a model.py
+running SqueezeNet (the onnx wheel's light_squeezenet, written by configs.generate: FP32
+data_0 [1,3,224,224] in, softmaxout_1 [1,1000,1,1] out) in its own ONNX Runtime session, one
+intra-op and one inter-op thread, sequential, no spinning, all graph optimizations: the same
+options under both servers. Triton's Python backend runs model.py under its venv's Python
+($TT_VENV; by default scripts/tritonserver-reference's, ~/.cache/edge-appliance/
+tritonserver-venv), which has no ONNX Runtime: when a squeeze point is asked for, the bench pip
+installs this venv's onnxruntime version into it (from the package registry, once; numpy
+stays the venv's own), or skips Triton's squeeze points with the reason.
+
 Each server (every tree's `appliance serve`, and tritonserver 2.51 through
 ../shared/tools/tritonserver.sh, skipped with the reason where it cannot run) is started pinned
 to core 0, its model processes inheriting the pin; perf_analyzer drives it from core 1. A
@@ -16,8 +26,10 @@ point's CPU is the utime + stime of the server's whole process tree (the server 
 processes, from /proc) over the run, divided by the inferences the server itself counted
 (the model's statistics, success count); its throughput is perf_analyzer's. Rounds alternate
 which server goes first; the table gives medians over rounds and the ratio of Triton's CPU to
-each tree's (above 1: cheaper than Triton). The machine may be shared: read the ratios of one
-run, not the absolutes.
+each tree's (above 1: cheaper than Triton). A second table gives the model's process alone
+(the busiest process running a model.py: our `multiprocessing.spawn` children, Triton's
+`triton_python_backend_stub`), per inference the same way. The machine may be shared: read
+the ratios of one run, not the absolutes.
 
 `--floors` adds the floor of the gRPC points: grpcio's synchronous server doing nothing but
 the protocol for add_sub (bench.ceiling_grpc --mode sync, numpy's add and subtract, counted by
@@ -39,7 +51,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from bench.common import free_port, process_tree
@@ -56,6 +68,8 @@ DEFAULT_POINTS = (
 READY_S = 180.0
 # The floors (`--floors`): name -> the GRPC_EXPERIMENTS they run with (None: core's defaults).
 FLOORS = {"grpcio-sync": None, "grpcio-sync-listener-off": "-event_engine_listener"}
+SQUEEZE = "squeeze"
+PIP_S = 600
 
 ADD_SUB_PY = """\
 import numpy as np
@@ -135,26 +149,112 @@ REPEAT_TENSORS = """\
 input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]
 output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 4 ] } ]
 """
+SQUEEZE_PY = """\
+import os
+
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.log_severity_level = 3
+        path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
+        self.session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "data_0").as_numpy()
+            (out,) = self.session.run(["softmaxout_1"], {"data_0": data})
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("softmaxout_1", out)]))
+        return responses
+"""
+SQUEEZE_TENSORS = """\
+input [ { name: "data_0", data_type: TYPE_FP32, dims: [ 1, 3, 224, 224 ] } ]
+output [ { name: "softmaxout_1", data_type: TYPE_FP32, dims: [ 1, 1000, 1, 1 ] } ]
+"""
 MODELS = {
     "add_sub": (ADD_SUB_PY, TWO_IN.format(), ""),
     "bls": (BLS_PY, TWO_IN.format(), ""),
     "repeat": (REPEAT_PY, REPEAT_TENSORS, "model_transaction_policy { decoupled: true }\n"),
+    SQUEEZE: (SQUEEZE_PY, SQUEEZE_TENSORS, ""),
 }
+OPT_IN = {SQUEEZE}  # in the repository only when a point asks for it
 
 
-def build(root: Path) -> Path:
+def build(root: Path, wanted: Collection[str] = ()) -> Path:
+    """The models (those of OPT_IN only if `wanted` names them) under `root`."""
     for name, (code, tensors, extra) in MODELS.items():
+        if name in OPT_IN and name not in wanted:
+            continue
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(code)
         (root / name / "config.pbtxt").write_text(
             CONFIG.format(name=name, tensors=tensors, extra=extra)
         )
+        if name == SQUEEZE:
+            from configs.generate import light_model, save  # imports onnx: only when asked
+
+            save(light_model("light_squeezenet"), root / name / "1" / "model.onnx")
     return root
+
+
+def triton_venv() -> Path:
+    """The venv tritonserver.sh runs (TT_VENV), by default scripts/tritonserver-reference's."""
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / (
+        "edge-appliance/tritonserver-venv"
+    )
+    return Path(os.environ.get("TT_VENV") or os.environ.get("TRITONSERVER_VENV") or default)
+
+
+def ensure_onnxruntime(venv: Path) -> str | None:
+    """This venv's onnxruntime version in `venv` (pip, from the registry); or why not."""
+    import onnxruntime
+
+    version = onnxruntime.__version__
+    python = venv / "bin" / "python"
+    probe = [str(python), "-c", "import onnxruntime; print(onnxruntime.__version__)"]
+    found = subprocess.run(probe, capture_output=True, text=True, check=False)
+    if found.returncode == 0 and found.stdout.strip() == version:
+        return None
+    print(f"installing onnxruntime=={version} into {venv} (pip)", flush=True)
+    command = [str(python), "-m", "pip", "install", "-q", f"onnxruntime=={version}"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=PIP_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"pip install onnxruntime=={version} into {venv} failed: {exc}"
+    if done.returncode != 0:
+        return f"pip install onnxruntime=={version} into {venv} failed: {done.stderr[-300:]}"
+    return None
 
 
 def tree_cpu_s(pid: int) -> float:
     """utime + stime of pid and every live descendant."""
     return sum(process_cpu_s(p) for p in process_tree(pid))
+
+
+MODEL_PROCESSES = ("multiprocessing.spawn", "triton_python_backend_stub")
+
+
+def model_processes_cpu_s(pid: int) -> dict[int, float]:
+    """utime + stime of each live descendant of pid that runs a model.py."""
+    found = {}
+    for child in process_tree(pid):
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if any(mark in command for mark in MODEL_PROCESSES):
+            found[child] = process_cpu_s(child)
+    return found
 
 
 def _get(url: str) -> bytes:
@@ -211,10 +311,23 @@ def start_floor(name: str, repository: Path, log: Path) -> Target:
 
 
 def start_triton(tool: Path, repository: Path, log: Path) -> Target | str:
-    """tritonserver (`tool`: the shared tritonserver.sh) on core 0, ready; or why it cannot run."""
+    """tritonserver (`tool`: the shared tritonserver.sh) on core 0, ready; or why it cannot run.
+    Tried twice: on a loaded core its Python backend sometimes aborts while its stubs start
+    (boost::interprocess::lock_exception, in its log)."""
+    started = _start_triton(tool, repository, log)
+    if isinstance(started, str) and started.startswith(f"{TRITON} exited"):
+        print(f"{started}; starting it again", flush=True)
+        started = _start_triton(tool, repository, log)
+    return started
+
+
+def _start_triton(tool: Path, repository: Path, log: Path) -> Target | str:
     if not tool.exists():
         return f"{tool} does not exist"
-    setup = subprocess.run([str(tool), "setup"], capture_output=True, text=True, check=False)
+    env = {**os.environ, "TT_VENV": str(triton_venv())}
+    setup = subprocess.run(
+        [str(tool), "setup"], capture_output=True, text=True, check=False, env=env
+    )
     if setup.returncode != 0:
         return f"tritonserver.sh setup failed: {setup.stderr.strip()[-300:]}"
     http, grpc, metrics = free_port(), free_port(), free_port()
@@ -223,7 +336,7 @@ def start_triton(tool: Path, repository: Path, log: Path) -> Target | str:
         str(http), str(grpc), str(metrics), "--log-verbose", "0",
     ]  # fmt: skip
     with log.open("ab") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     target = Target.__new__(Target)
     target.name, target.http, target.grpc, target.proc = (
         TRITON,
@@ -266,23 +379,35 @@ def perf_run(
 
 
 Point = tuple[str, str, int]
-Results = dict[tuple[str, Point], list[tuple[float, float]]]  # -> (us per inference, infer/s)
+# -> (us per inference, infer/s, the busiest model process's us per inference)
+Results = dict[tuple[str, Point], list[tuple[float, float, float]]]
 
 
-def measure(tool: Path, target: Target, point: Point, seconds: float) -> tuple[float, float]:
+def measure(
+    tool: Path, target: Target, point: Point, seconds: float
+) -> tuple[float, float, float]:
     model, protocol, concurrency = point
     url = target.http if protocol == "http" else target.grpc
     perf_run(tool, model, url, protocol, concurrency, 1.0)  # warm-up
-    count0, cpu0 = counted(target, model), tree_cpu_s(target.proc.pid)
+    pid = target.proc.pid
+    count0, cpu0, each0 = counted(target, model), tree_cpu_s(pid), model_processes_cpu_s(pid)
     rate = perf_run(tool, model, url, protocol, concurrency, seconds)
-    cpu1, count1 = tree_cpu_s(target.proc.pid), counted(target, model)
+    each1, cpu1, count1 = model_processes_cpu_s(pid), tree_cpu_s(pid), counted(target, model)
     done = count1 - count0
-    return ((cpu1 - cpu0) / done * 1e6 if done else float("nan")), rate
+    if not done:
+        return float("nan"), rate, float("nan")
+    busiest = max((used - each0.get(p, 0.0) for p, used in each1.items()), default=0.0)
+    return (cpu1 - cpu0) / done * 1e6, rate, busiest / done * 1e6
 
 
-def table(names: Sequence[str], points: Sequence[Point], results: Results) -> list[str]:
+def table(
+    names: Sequence[str], points: Sequence[Point], results: Results, model_process: bool = False
+) -> list[str]:
+    """The tree's CPU (or with `model_process` the busiest model process's) and throughput."""
     trees = [n for n in names if n != TRITON and n not in FLOORS]
-    head = "| point | " + " | ".join(f"{n}: CPU us/inference, infer/s" for n in names)
+    column = 2 if model_process else 0
+    what = "model process CPU us/inference" if model_process else "CPU us/inference, infer/s"
+    head = "| point | " + " | ".join(f"{n}: {what}" for n in names)
     ratios = [f"Triton's CPU / {n}'s" for n in trees] if TRITON in names else []
     lines = [
         head + "".join(f" | {r}" for r in ratios) + " |",
@@ -295,10 +420,11 @@ def table(names: Sequence[str], points: Sequence[Point], results: Results) -> li
             if not values:
                 cells.append("")
                 continue
-            us[name] = statistics.median(v[0] for v in values)
+            us[name] = statistics.median(v[column] for v in values)
             rate = statistics.median(v[1] for v in values)
-            each = "/".join(f"{v[0]:.0f}" for v in values)
-            cells.append(f"{us[name]:,.0f} ({each}), {rate:,.0f}/s")
+            each = "/".join(f"{v[column]:.0f}" for v in values)
+            rate_cell = "" if model_process else f", {rate:,.0f}/s"
+            cells.append(f"{us[name]:,.0f} ({each}){rate_cell}")
         for tree in trees if ratios else ():
             both = TRITON in us and tree in us
             cells.append(f"{us[TRITON] / us[tree]:.2f}" if both else "")
@@ -337,14 +463,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     notes: list[str] = []
     results: Results = {}
     started_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    wanted = {point[0] for point in points}
+    triton_skips: set[str] = set()
+    if TRITON in names and SQUEEZE in wanted:
+        why = ensure_onnxruntime(triton_venv())
+        if why:
+            triton_skips.add(SQUEEZE)
+            notes.append(f"tritonserver's {SQUEEZE} points skipped: {why}")
+            print(notes[-1], flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-pyvt-") as work:
-        repository = build(Path(work) / "models")
+        repository = build(Path(work) / "models", wanted)
+        triton_repository = (
+            build(Path(work) / "triton-models", wanted - triton_skips)
+            if triton_skips
+            else repository
+        )
         for round_index in range(args.rounds):
             for name in names if round_index % 2 == 0 else names[::-1]:
                 if name == TRITON:
-                    started = start_triton(triton_tool, repository, Path(work) / "triton.log")
+                    log = Path(work) / "triton.log"
+                    started = start_triton(triton_tool, triton_repository, log)
                     if isinstance(started, str):
-                        if not notes:
+                        if not any(n.startswith("tritonserver skipped") for n in notes):
                             notes.append(f"tritonserver skipped: {started}")
                             print(notes[-1], flush=True)
                         continue
@@ -355,13 +495,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     target = start_tree(Path(name), repository)
                 try:
                     for point in points:
+                        if name == TRITON and point[0] in triton_skips:
+                            continue
                         if name in FLOORS and point[:2] != ("add_sub", "grpc"):
                             continue
-                        us, rate = measure(args.perf_analyzer, target, point, args.seconds)
-                        results.setdefault((name, point), []).append((us, rate))
+                        us, rate, alone = measure(args.perf_analyzer, target, point, args.seconds)
+                        results.setdefault((name, point), []).append((us, rate, alone))
                         print(
                             f"round {round_index} {name} {':'.join(map(str, point))}: "
-                            f"{us:.0f} us/inference, {rate:.0f}/s",
+                            f"{us:.0f} us/inference (model process {alone:.0f}), {rate:.0f}/s",
                             flush=True,
                         )
                 finally:
@@ -371,6 +513,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"points, {os.cpu_count()} CPUs; medians (each round's figure in brackets)",
         "",
         *table(names, points, results),
+        "",
+        *table(names, points, results, model_process=True),
         *(["", *notes] if notes else []),
     ]
     text = "\n".join(lines) + "\n"
