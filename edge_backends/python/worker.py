@@ -32,6 +32,7 @@ from edge_backends.api import ERROR_CODES, RequestInfo
 from edge_backends.python import pb_logging
 from edge_backends.python import triton_python_backend_utils as pb_utils
 from edge_backends.python.channel import Channel, Link
+from edge_backends.python.deadlines import Deadlines
 from edge_backends.python.model_config import ModelConfig
 from edge_backends.python.shm import Arena, Reader, pack
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 # How long a request may wait for its final response after execute() returned.
 FINAL_RESPONSE_TIMEOUT_S = 300.0
+_DEADLINES = Deadlines(FINAL_RESPONSE_TIMEOUT_S)  # the decoupled requests' final flags
 _POLL_S = 0.05
 
 
@@ -147,16 +149,14 @@ class _Stream:
         self._lock = threading.Lock()
         self._ended = ended  # called once the request is over
         self.over = False
-        self._timer = threading.Timer(FINAL_RESPONSE_TIMEOUT_S, self._late)
-        self._timer.daemon = True
-        self._timer.start()
+        self._deadline = _DEADLINES.set(self._late)
 
     def _end(self) -> bool:
         with self._lock:
             if self.over:
                 return False
             self.over = True
-        self._timer.cancel()
+        _DEADLINES.end(self._deadline)
         self._ended()
         return True
 
