@@ -55,6 +55,7 @@ CREDIT_BATCH = 16
 LINK_CALLS = ("infer", "metric_op", "metric_family", "metric_new")
 _HEADER = struct.Struct("<I")
 _CHUNK = 1 << 16
+_MEMO_MAX = 4096  # a larger message (BYTES tensors travel in it) is not kept for `memo`
 
 
 class Link:
@@ -130,7 +131,7 @@ class Link:
                     if chunk == self._last[0]:
                         return self._last[1]
                     message = pickle.loads(memoryview(chunk)[4:])
-                    if message[0] in self.memo:
+                    if message[0] in self.memo and size <= _MEMO_MAX:
                         self._last = (chunk, message)
                     return message
             buffer += chunk

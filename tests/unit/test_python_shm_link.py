@@ -112,6 +112,13 @@ def test_a_link_gives_a_repeated_execute_message_again_and_parses_others() -> No
         other = ("execute", "arena", [("A", "<f4", (5,), 0, 20)], ["B"], None, [], True)
         os.write(fd, _framed(other))
         assert link.recv() == other
+        big = ("execute", "", [("S", "object", (1,), 0, b"x" * 8192)], [], None, [], True)
+        received = []
+        for _ in range(2):  # a large message is not kept (its BYTES tensors would stay alive)
+            os.write(fd, _framed(big))
+            received.append(link.recv())
+        assert received[0] == received[1] == big
+        assert received[0] is not received[1]
         reply = ("reply", 1, True, {"x": 1})
         received = []
         for _ in range(2):  # never kept: a reply's payload goes to the model
