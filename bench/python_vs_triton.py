@@ -26,8 +26,14 @@ point's CPU is the utime + stime of the server's whole process tree (the server 
 processes, from /proc) over the run, divided by the inferences the server itself counted
 (the model's statistics, success count); its throughput is perf_analyzer's. Rounds alternate
 which server goes first; the table gives medians over rounds and the ratio of Triton's CPU to
-each tree's (above 1: cheaper than Triton). The machine may be shared: read the ratios of one
-run, not the absolutes.
+each tree's (above 1: cheaper than Triton). Where perf_analyzer gives no throughput (it fails
+when a window's measurement is unstable), the point's throughput is the server's count over the
+run's wall time instead (a little lower: perf_analyzer's start is in it), and says so. The
+machine may be shared: read the ratios of one run, not the absolutes.
+
+With 588 KiB inputs over HTTP (squeeze:http) both servers' throughput suffers stalls of 0.2-1 s
+on a loaded core: the request fills the socket's receive buffer while the core runs the model
+(TCP zero-window probes, in `nstat`); the CPU per inference is unaffected.
 """
 
 from __future__ import annotations
@@ -318,9 +324,16 @@ def measure(tool: Path, target: Target, point: Point, seconds: float) -> tuple[f
     url = target.http if protocol == "http" else target.grpc
     perf_run(tool, model, url, protocol, concurrency, 1.0)  # warm-up
     count0, cpu0 = served(target.http, model), tree_cpu_s(target.proc.pid)
+    started = time.monotonic()
     rate = perf_run(tool, model, url, protocol, concurrency, seconds)
+    elapsed = time.monotonic() - started
     cpu1, count1 = tree_cpu_s(target.proc.pid), served(target.http, model)
     done = count1 - count0
+    if not rate and done:
+        # perf_analyzer gave no figure (e.g. "failed to obtain stable measurement" after a
+        # window with a stall): the server's count over the run, perf_analyzer's start included
+        rate = done / elapsed
+        print(f"{model} {protocol}: throughput from the server's count instead, {rate:.0f}/s")
     return ((cpu1 - cpu0) / done * 1e6 if done else float("nan")), rate
 
 
