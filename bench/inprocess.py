@@ -1,7 +1,7 @@
 """What one `simple` request costs the server's own code in-process, without sockets (issue 20).
 
     python -m bench.inprocess [--trees A,B] [--points http-json,http-binary,grpc]
-        [--requests 20000] [--rounds 5] [--runs 3] [--core 0]
+        [--requests 20000] [--rounds 5] [--runs 3] [--core 0] [--profile FILE]
 
 A run starts the real server (`edge-appliance serve`, in-process) from a source tree on the
 example `simple` model, waits until it is ready, then calls its request path directly, as the
@@ -18,6 +18,10 @@ transports would, `--requests` times per round:
 Each run is a fresh process pinned to `--core`; runs alternate the trees' order. A round's figure
 is its thread CPU time over its requests. The table gives, per point and tree, the median over
 runs of each run's fastest round, and the range of the runs' medians.
+
+`--profile FILE`: one run per point and tree under cProfile (its figures are cProfile's, not
+the code's), the stats written to FILE.<tree's name>.<point> and their top functions by own
+time printed: where a request's Python goes, function by function.
 
 On a busy or shared machine this is steadier than the servers' CPU under load
 (`bench.cpu_per_request`), but it is not the same figure: under load each request also pays the
@@ -107,15 +111,29 @@ class _Transport:
 WARM_UP = 2000  # requests before the rounds: the scheduler learns the model's cost
 
 
+PROFILE_ENV = "EDGE_INPROCESS_PROFILE"  # the child's cProfile output file (--profile)
+
+
 def _rounds(call: Any, requests: int, rounds: int) -> list[float]:
     import time
 
+    profile_to = os.environ.get(PROFILE_ENV)
+    profiler = None
+    if profile_to:
+        import cProfile
+
+        # CPU time, not wall time: a shared core's other work is not this code's.
+        profiler = cProfile.Profile(time.thread_time_ns, 1e-9)
+        profiler.enable()
     figures = []
     for _ in range(rounds):
         start = time.thread_time()
         for _ in range(requests):
             call()
         figures.append((time.thread_time() - start) / requests * 1e6)
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(profile_to)
     return figures
 
 
@@ -267,14 +285,18 @@ class _Context:
         raise RuntimeError(f"aborted: {code} {details}")
 
 
-def measure(tree: Path, repository: str, point: str, requests: int, rounds: int, core: int
-            ) -> tuple[list[float], str]:  # fmt: skip
-    """One run in a fresh process: each round's us per request, and the answer's check line."""
+def measure(tree: Path, repository: str, point: str, requests: int, rounds: int, core: int,
+            profile_to: str = "") -> tuple[list[float], str]:  # fmt: skip
+    """One run in a fresh process: each round's us per request, and the answer's check line
+    (`profile_to`: under cProfile, its stats written there)."""
     command = ["taskset", "-c", str(core), sys.executable, __file__, "--child", str(tree),
                str(repository), point, str(requests), str(rounds)]  # fmt: skip
     from bench.common import last_json_line  # the parent's: the child imports no bench module
 
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    env = {**os.environ, PROFILE_ENV: profile_to} if profile_to else None
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, check=False, env=env
+    )
     try:
         result = json.loads(last_json_line(done.stdout))
     except ValueError:
@@ -295,12 +317,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="per run")
     parser.add_argument("--runs", type=int, default=3, help="fresh processes per point and tree")
     parser.add_argument("--core", type=int, default=0)
+    parser.add_argument("--profile", metavar="FILE", help="one run under cProfile, stats to FILE.*")
     args = parser.parse_args(args_in)
     trees = [str(Path(t).resolve()) for t in args.trees.split(",") if t]
     points = [p for p in args.points.split(",") if p]
     unknown = set(points) - set(POINTS)
     if unknown:
         parser.error(f"unknown points {sorted(unknown)}; known: {', '.join(POINTS)}")
+    if args.profile:
+        return _profile(args, trees, points)
     best: dict[tuple[str, str], list[float]] = {}
     medians: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="edge-inprocess-") as work:
@@ -329,6 +354,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             spread = medians[(tree, point)]
             cells.append(f"{fastest:.1f} ({min(spread):.0f}-{max(spread):.0f})")
         print(f"| {point} | " + " | ".join(cells) + " |")
+    return 0
+
+
+def _profile(args: argparse.Namespace, trees: list[str], points: list[str]) -> int:
+    import pstats
+
+    with tempfile.TemporaryDirectory(prefix="edge-inprocess-") as work:
+        from bench.mlserver import write_simple
+
+        repository = str(write_simple(Path(work)))
+        for tree in trees:
+            for point in points:
+                out = f"{args.profile}.{Path(tree).name}.{point}"
+                figures, check = measure(
+                    Path(tree), repository, point, args.requests, args.rounds, args.core, out
+                )
+                if not figures:
+                    print(f"{tree} {point}: {check}", file=sys.stderr)
+                    return 1
+                stats = pstats.Stats(out)
+                calls = stats.total_calls / (args.requests * args.rounds)  # type: ignore[attr-defined]
+                print(f"\n{tree} {point}: {calls:.0f} calls a request ({check}); {out}")
+                stats.sort_stats("tottime").print_stats(30)
     return 0
 
 

@@ -26,10 +26,12 @@ point's CPU is the utime + stime of the server's whole process tree (the server 
 processes, from /proc) over the run, divided by the inferences the server itself counted
 (the model's statistics, success count); its throughput is perf_analyzer's. Rounds alternate
 which server goes first; the table gives medians over rounds and the ratio of Triton's CPU to
-each tree's (above 1: cheaper than Triton). Where perf_analyzer gives no throughput (it fails
-when a window's measurement is unstable), the point's throughput is the server's count over the
-run's wall time instead (a little lower: perf_analyzer's start is in it), and says so. The
-machine may be shared: read the ratios of one run, not the absolutes.
+each tree's (above 1: cheaper than Triton). A second table gives the model's process alone
+(the busiest process running a model.py: our `multiprocessing.spawn` children, Triton's
+`triton_python_backend_stub`), per inference the same way. Where perf_analyzer gives no
+throughput (it fails when a window's measurement is unstable), the point's throughput is the
+server's count over the run's wall time instead (a little lower: perf_analyzer's start is in
+it), and says so. The machine may be shared: read the ratios of one run, not the absolutes.
 
 With 588 KiB inputs over HTTP (squeeze:http) both servers' throughput suffers stalls of 0.2-1 s
 on a loaded core: the request fills the socket's receive buffer while the core runs the model
@@ -236,6 +238,22 @@ def tree_cpu_s(pid: int) -> float:
     return sum(process_cpu_s(p) for p in process_tree(pid))
 
 
+MODEL_PROCESSES = ("multiprocessing.spawn", "triton_python_backend_stub")
+
+
+def model_processes_cpu_s(pid: int) -> dict[int, float]:
+    """utime + stime of each live descendant of pid that runs a model.py."""
+    found = {}
+    for child in process_tree(pid):
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if any(mark in command for mark in MODEL_PROCESSES):
+            found[child] = process_cpu_s(child)
+    return found
+
+
 def _get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=5) as response:
         return bytes(response.read())
@@ -316,30 +334,42 @@ def perf_run(
 
 
 Point = tuple[str, str, int]
-Results = dict[tuple[str, Point], list[tuple[float, float]]]  # -> (us per inference, infer/s)
+# -> (us per inference, infer/s, the busiest model process's us per inference)
+Results = dict[tuple[str, Point], list[tuple[float, float, float]]]
 
 
-def measure(tool: Path, target: Target, point: Point, seconds: float) -> tuple[float, float]:
+def measure(
+    tool: Path, target: Target, point: Point, seconds: float
+) -> tuple[float, float, float]:
     model, protocol, concurrency = point
     url = target.http if protocol == "http" else target.grpc
     perf_run(tool, model, url, protocol, concurrency, 1.0)  # warm-up
-    count0, cpu0 = served(target.http, model), tree_cpu_s(target.proc.pid)
+    pid = target.proc.pid
+    count0, cpu0, each0 = served(target.http, model), tree_cpu_s(pid), model_processes_cpu_s(pid)
     started = time.monotonic()
     rate = perf_run(tool, model, url, protocol, concurrency, seconds)
     elapsed = time.monotonic() - started
-    cpu1, count1 = tree_cpu_s(target.proc.pid), served(target.http, model)
+    each1, cpu1, count1 = model_processes_cpu_s(pid), tree_cpu_s(pid), served(target.http, model)
     done = count1 - count0
-    if not rate and done:
+    if not done:
+        return float("nan"), rate, float("nan")
+    if not rate:
         # perf_analyzer gave no figure (e.g. "failed to obtain stable measurement" after a
         # window with a stall): the server's count over the run, perf_analyzer's start included
         rate = done / elapsed
         print(f"{model} {protocol}: throughput from the server's count instead, {rate:.0f}/s")
-    return ((cpu1 - cpu0) / done * 1e6 if done else float("nan")), rate
+    busiest = max((used - each0.get(p, 0.0) for p, used in each1.items()), default=0.0)
+    return (cpu1 - cpu0) / done * 1e6, rate, busiest / done * 1e6
 
 
-def table(names: Sequence[str], points: Sequence[Point], results: Results) -> list[str]:
+def table(
+    names: Sequence[str], points: Sequence[Point], results: Results, model_process: bool = False
+) -> list[str]:
+    """The tree's CPU (or with `model_process` the busiest model process's) and throughput."""
     trees = [n for n in names if n != TRITON]
-    head = "| point | " + " | ".join(f"{n}: CPU us/inference, infer/s" for n in names)
+    column = 2 if model_process else 0
+    what = "model process CPU us/inference" if model_process else "CPU us/inference, infer/s"
+    head = "| point | " + " | ".join(f"{n}: {what}" for n in names)
     ratios = [f"Triton's CPU / {n}'s" for n in trees] if TRITON in names else []
     lines = [
         head + "".join(f" | {r}" for r in ratios) + " |",
@@ -352,10 +382,11 @@ def table(names: Sequence[str], points: Sequence[Point], results: Results) -> li
             if not values:
                 cells.append("")
                 continue
-            us[name] = statistics.median(v[0] for v in values)
+            us[name] = statistics.median(v[column] for v in values)
             rate = statistics.median(v[1] for v in values)
-            each = "/".join(f"{v[0]:.0f}" for v in values)
-            cells.append(f"{us[name]:,.0f} ({each}), {rate:,.0f}/s")
+            each = "/".join(f"{v[column]:.0f}" for v in values)
+            rate_cell = "" if model_process else f", {rate:,.0f}/s"
+            cells.append(f"{us[name]:,.0f} ({each}){rate_cell}")
         for tree in trees if ratios else ():
             both = TRITON in us and tree in us
             cells.append(f"{us[TRITON] / us[tree]:.2f}" if both else "")
@@ -423,11 +454,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for point in points:
                         if name == TRITON and point[0] in triton_skips:
                             continue
-                        us, rate = measure(args.perf_analyzer, target, point, args.seconds)
-                        results.setdefault((name, point), []).append((us, rate))
+                        us, rate, alone = measure(args.perf_analyzer, target, point, args.seconds)
+                        results.setdefault((name, point), []).append((us, rate, alone))
                         print(
                             f"round {round_index} {name} {':'.join(map(str, point))}: "
-                            f"{us:.0f} us/inference, {rate:.0f}/s",
+                            f"{us:.0f} us/inference (model process {alone:.0f}), {rate:.0f}/s",
                             flush=True,
                         )
                 finally:
@@ -437,6 +468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"points, {os.cpu_count()} CPUs; medians (each round's figure in brackets)",
         "",
         *table(names, points, results),
+        "",
+        *table(names, points, results, model_process=True),
         *(["", *notes] if notes else []),
     ]
     text = "\n".join(lines) + "\n"

@@ -273,35 +273,10 @@ class ModelStats:
         queue_ns: int,
     ) -> None:
         """`record_execution` of an execution of one request that succeeded (`inferences`:
-        its batch size; `queue_ns`: its time in the queue), the same counts in fewer steps:
-        the thread lane's hot path."""
+        its batch size; `queue_ns`: its time in the queue), without a list: the thread
+        lane's hot path."""
         with self.lock:
-            d = self.queue
-            d.count += 1
-            d.ns += queue_ns
-            self.execution_count += 1
-            self.inference_count += inferences
-            per_size = self.by_batch_size.get(batch_size)
-            if per_size is None:
-                per_size = self.by_batch_size[batch_size] = BatchSizeStats()
-            d = self.compute_input
-            d.count += 1
-            d.ns += input_ns
-            d = self.compute_infer
-            d.count += 1
-            d.ns += infer_ns
-            d = self.compute_output
-            d.count += 1
-            d.ns += output_ns
-            d = per_size.compute_input
-            d.count += 1
-            d.ns += input_ns
-            d = per_size.compute_infer
-            d.count += 1
-            d.ns += infer_ns
-            d = per_size.compute_output
-            d.count += 1
-            d.ns += output_ns
+            self._executed(batch_size, inferences, 1, queue_ns, input_ns, infer_ns, output_ns)
             summaries = self.summaries
             if summaries is not None:
                 summaries.observe("queue", queue_ns)
@@ -324,37 +299,10 @@ class ModelStats:
         durations; `inferences`: those requests' batch sizes, summed (inference_count). A
         failed request counts only its failure (`record_failure`): no queue, no compute."""
         requests = len(queues_ns)
-        # Every execution passes here: the Durations are updated in place, not through `add`.
         with self.lock:
-            if requests:
-                queue = self.queue
-                queue.count += requests
-                queue.ns += sum(queues_ns)
-            self.execution_count += 1
-            self.inference_count += inferences
-            # Triton counts compute durations once per request in the model totals ...
-            d = self.compute_input
-            d.count += requests
-            d.ns += input_ns * requests
-            d = self.compute_infer
-            d.count += requests
-            d.ns += infer_ns * requests
-            d = self.compute_output
-            d.count += requests
-            d.ns += output_ns * requests
-            # ... and once per execution in batch_stats.
-            per_size = self.by_batch_size.get(batch_size)
-            if per_size is None:
-                per_size = self.by_batch_size[batch_size] = BatchSizeStats()
-            d = per_size.compute_input
-            d.count += 1
-            d.ns += input_ns
-            d = per_size.compute_infer
-            d.count += 1
-            d.ns += infer_ns
-            d = per_size.compute_output
-            d.count += 1
-            d.ns += output_ns
+            self._executed(
+                batch_size, inferences, requests, sum(queues_ns), input_ns, infer_ns, output_ns
+            )
             summaries = self.summaries
             if summaries is not None:
                 for queue_ns in queues_ns:
@@ -362,3 +310,46 @@ class ModelStats:
                 summaries.observe("compute_input", input_ns, requests)
                 summaries.observe("compute_infer", infer_ns, requests)
                 summaries.observe("compute_output", output_ns, requests)
+
+    def _executed(
+        self,
+        batch_size: int,
+        inferences: int,
+        requests: int,
+        queue_ns: int,
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+    ) -> None:
+        """Under `lock`: an execution of `requests` requests that succeeded (their queue
+        times summed in `queue_ns`). Every execution passes here: the Durations are updated
+        in place, not through `add`."""
+        if requests:
+            d = self.queue
+            d.count += requests
+            d.ns += queue_ns
+        self.execution_count += 1
+        self.inference_count += inferences
+        # Triton counts compute durations once per request in the model totals ...
+        d = self.compute_input
+        d.count += requests
+        d.ns += input_ns * requests
+        d = self.compute_infer
+        d.count += requests
+        d.ns += infer_ns * requests
+        d = self.compute_output
+        d.count += requests
+        d.ns += output_ns * requests
+        # ... and once per execution in batch_stats.
+        per_size = self.by_batch_size.get(batch_size)
+        if per_size is None:
+            per_size = self.by_batch_size[batch_size] = BatchSizeStats()
+        d = per_size.compute_input
+        d.count += 1
+        d.ns += input_ns
+        d = per_size.compute_infer
+        d.count += 1
+        d.ns += infer_ns
+        d = per_size.compute_output
+        d.count += 1
+        d.ns += output_ns

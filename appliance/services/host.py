@@ -1,8 +1,10 @@
 """The server's entry for models that call other models (BLS) or load and unload them.
 
 Backends call it from their own threads (a Python model's instance thread, its call pool);
-each call runs on the event loop as a request made inside the server and blocks the calling
-thread until it is answered. Never call it from the event loop.
+each call is a request made inside the server and blocks the calling thread until it is
+answered: a model `infer` calls runs on that thread when its scheduler's thread lane takes it
+(an idle instance, nothing queued: `InferenceService.infer_arrays_here`), everything else on
+the event loop. Never call it from the event loop.
 """
 
 from __future__ import annotations
@@ -52,16 +54,24 @@ class BlockingHost(InferenceHost):
         return asyncio.run_coroutine_threadsafe(work, self._loop).result()
 
     def infer(self, request: HostRequest) -> Outputs:
-        return self._run(
-            self._service.infer_arrays(
-                request.model_name,
-                request.model_version,
-                dict(request.inputs),
-                list(request.output_names),
-                dict(request.parameters),
-                request.request_id,
-            )
+        """On this thread when the model's thread lane takes it (an idle instance, nothing
+        queued), else on the loop."""
+        service = self._service
+        arguments = (
+            request.model_name,
+            request.model_version,
+            dict(request.inputs),
+            list(request.output_names),
+            dict(request.parameters),
+            request.request_id,
         )
+        outcome = service.infer_arrays_here(self._loop, *arguments)
+        if outcome is None:  # to load on demand first
+            return self._run(service.infer_arrays(*arguments))
+        if isinstance(outcome, dict):
+            return outcome
+        response = self._run(service.infer_prepared(outcome))
+        return {tensor.name: tensor.data for tensor in response.outputs}
 
     def infer_stream(self, request: HostRequest, emit: Emit) -> None:
         """The responses are handed over to this thread, so `emit` never runs on the loop;

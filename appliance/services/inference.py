@@ -236,6 +236,7 @@ class InferenceService:
         active: Callable[[], bool],
         inline: bool = False,
         learn: bool = False,
+        limits: RequestLimits | None = None,
     ) -> InferResponse | Prepared:
         """`infer` on a front end's own thread (not `loop`'s): the response when the model's
         scheduler ran the request here at once (its thread lane, `DynamicScheduler.run_here`: an
@@ -246,13 +247,14 @@ class InferenceService:
         ensembles and decoupled models. `inline`: called on the loop's own thread, where only
         a model cheap enough to run inline is run (`DynamicScheduler.run_here`). `learn`: a
         plain request that passed its checks becomes a signature of its version's plain lane
-        (`infer_plain`), up to PLAIN_SIGNATURES of them.
+        (`infer_plain`), up to PLAIN_SIGNATURES of them. `limits`: the server's own
+        (NO_LIMITS for its own requests) instead of a client's.
         """
         if self._on_demand and not self.runtime.is_ready(request.model_name, request.model_version):
             if admission is not None:
                 admission.release()
             return Prepared(None, request, None, time.monotonic_ns())  # loads first, on the loop
-        prepared = self._prepare(request, self.limits, admission, loop)
+        prepared = self._prepare(request, limits or self.limits, admission, loop)
         served, _, job, start = prepared
         if served is None or job is None:
             return prepared
@@ -552,6 +554,29 @@ class InferenceService:
         response = await self._infer(request, NO_LIMITS, compute_ns=compute_ns)
         return {tensor.name: tensor.data for tensor in response.outputs}
 
+    def infer_arrays_here(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        model: str,
+        version: str,
+        inputs: dict[str, Array],
+        outputs: list[str],
+        parameters: dict[str, Any] | None = None,
+        request_id: str = "",
+    ) -> dict[str, Array] | Prepared | None:
+        """`infer_arrays` on a backend's own thread (not `loop`'s: a BLS call): the outputs
+        when the model's thread lane ran it here at once (`infer_here`: an idle instance,
+        nothing queued; no hop to the loop and back), else the validated request to finish
+        on the loop with `infer_prepared`; None: a model still to load on demand
+        (`infer_arrays` loads it)."""
+        if self._on_demand and not self.runtime.is_ready(model, version):
+            return None
+        request = self._arrays_request(model, version, inputs, outputs, parameters, request_id)
+        outcome = self.infer_here(request, None, loop, _still_there, limits=NO_LIMITS)
+        if isinstance(outcome, Prepared):
+            return outcome
+        return {tensor.name: tensor.data for tensor in outcome.outputs}
+
     async def stream_arrays(
         self,
         model: str,
@@ -791,6 +816,11 @@ def _cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Future[None]) ->
     """Cancel `task` from another thread (nothing when the loop is closed)."""
     with contextlib.suppress(RuntimeError):
         loop.call_soon_threadsafe(task.cancel)
+
+
+def _still_there() -> bool:
+    """A request made inside the server: its caller is there until it is answered."""
+    return True
 
 
 def _count_failure(

@@ -164,6 +164,8 @@ class InferenceTrace:
 class Tensor:
     """A named tensor over a numpy array (CPU memory)."""
 
+    __slots__ = ("_array", "_name")
+
     def __init__(self, name: str, array: Any) -> None:
         if not isinstance(array, np.ndarray):
             array = np.asarray(array)
@@ -209,6 +211,14 @@ class Tensor:
         return Tensor(name, array)
 
 
+def _input(name: str, array: np.ndarray[Any, Any]) -> Tensor:
+    """A request's input tensor, as the worker builds it: the array is already numpy's."""
+    tensor = Tensor.__new__(Tensor)
+    tensor._name = name
+    tensor._array = array
+    return tensor
+
+
 class _Capsule:
     """Presents a bare DLPack capsule as numpy's from_dlpack expects (a CPU array)."""
 
@@ -246,9 +256,9 @@ class InferenceResponse:
         error: TritonError | None = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
-        self._outputs = list(output_tensors or [])
+        self._outputs = list(output_tensors) if output_tensors else []
         self._error = error
-        self._parameters = _parameters_json(parameters)
+        self._parameters = "{}" if parameters is None else _parameters_json(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
@@ -318,12 +328,46 @@ class InferenceRequest:
         self._flags = int(flags)
         self._timeout = int(timeout)
         self._model_version = int(model_version)
-        self._parameters = _parameters_json(parameters)
-        self._trace = trace or InferenceTrace()
+        self._parameters = "{}" if parameters is None else _parameters_json(parameters)
+        self._trace = trace  # None: an empty one, made when asked for
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
-        # Set by the worker on the requests it hands to execute():
+        # Set by the worker on the requests it hands to execute() (`_received`):
         self._cancel_flag: Any = None  # a byte shared with the server
         self._sender: InferenceResponseSender | None = None
+        self._answers: Any = None  # the worker's deliver(index, response, final), if any
+        self._index = 0
+
+    @classmethod
+    def _received(
+        cls,
+        fields: tuple[Any, ...],
+        inputs: list[Tensor],
+        outputs: list[str],
+        cancel_flag: Any,
+        answers: Any,
+        index: int,
+    ) -> InferenceRequest:
+        """A request the server sent, for execute(): `fields` are its RequestInfo's, as the
+        link carries them; its response sender is made when asked for."""
+        request_id, correlation_id, flags, parameters, timeout, output_names = fields[:6]
+        request = cls.__new__(cls)
+        request._model_name = ""
+        request._requested = list(output_names) if output_names else list(outputs)
+        request._inputs = inputs
+        request._request_id = request_id
+        request._correlation_id = correlation_id
+        request._flags = flags
+        request._timeout = timeout
+        request._model_version = -1
+        # A client's parameters as they came (doubles too), as python_backend's JSON text.
+        request._parameters = json.dumps(dict(parameters), default=str) if parameters else "{}"
+        request._trace = None
+        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        request._cancel_flag = cancel_flag
+        request._sender = None
+        request._answers = answers
+        request._index = index
+        return request
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -351,6 +395,8 @@ class InferenceRequest:
         return self._parameters
 
     def trace(self) -> InferenceTrace:
+        if self._trace is None:
+            self._trace = InferenceTrace()
         return self._trace
 
     def is_cancelled(self) -> bool:
@@ -367,9 +413,17 @@ class InferenceRequest:
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
-            raise TritonModelException(
-                "get_response_sender() is only available on requests handed to execute()"
-            )
+            answers = self._answers
+            if answers is None:
+                raise TritonModelException(
+                    "get_response_sender() is only available on requests handed to execute()"
+                )
+            index = self._index
+
+            def deliver(response: InferenceResponse | None, final: bool) -> None:
+                answers.deliver(index, response, final)
+
+            self._sender = InferenceResponseSender(deliver, self.is_cancelled)
         return self._sender
 
     # ---- business logic scripting ---------------------------------------------------------
@@ -483,11 +537,17 @@ def get_model_dir() -> str:
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
-    return next((t for t in request.inputs() if t.name() == name), None)
+    for tensor in request.inputs():
+        if tensor.name() == name:
+            return tensor
+    return None
 
 
 def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:
-    return next((t for t in response.output_tensors() if t.name() == name), None)
+    for tensor in response.output_tensors():
+        if tensor.name() == name:
+            return tensor
+    return None
 
 
 def triton_string_to_numpy(triton_type: str) -> Any:

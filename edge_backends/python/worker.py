@@ -15,7 +15,6 @@ final flag or failure follow tagged with it, from whichever thread sends them.
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import sys
 import threading
@@ -24,6 +23,7 @@ from collections.abc import Coroutine
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -96,6 +96,45 @@ def _split(
         for part, rows in zip(parts, np.split(array, cuts), strict=True):
             part[name] = rows
     return parts
+
+
+class _Answers:
+    """What a model that is not decoupled sends through its requests' response senders (from
+    any thread), and the wait for their final flags (made at once, used when asked for)."""
+
+    __slots__ = ("_answered", "_finished", "_sent")
+
+    def __init__(self, count: int, answered: threading.Condition) -> None:
+        self._sent: list[pb_utils.InferenceResponse | None] = [None] * count
+        self._finished = [False] * count  # set under `answered` (a sender on any thread)
+        self._answered = answered
+
+    def deliver(self, index: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
+        if response is not None:
+            if self._sent[index] is not None:
+                raise pb_utils.TritonModelException(
+                    "a model that is not decoupled sends exactly one response per request"
+                )
+            self._sent[index] = response
+        if final:
+            with self._answered:
+                self._finished[index] = True
+                self._answered.notify_all()
+
+    def wait(self) -> list[pb_utils.InferenceResponse]:
+        """execute() returned None: each request's response, once every final flag came."""
+        finished = self._finished
+        with self._answered:
+            self._answered.wait_for(lambda: all(finished), FINAL_RESPONSE_TIMEOUT_S)
+        responses = []
+        for done, response in zip(finished, self._sent, strict=True):
+            if not done or response is None:
+                raise pb_utils.TritonModelException(
+                    "execute() returned None but sent no response with "
+                    "TRITONSERVER_RESPONSE_COMPLETE_FINAL through the response sender"
+                )
+            responses.append(response)
+        return responses
 
 
 class _Stream:
@@ -180,97 +219,52 @@ class Runner:
         if flag is not None:
             flag.value = 1
 
-    def _request(
-        self,
-        inputs: dict[str, np.ndarray[Any, Any]],
-        outputs: list[str],
-        info: RequestInfo,
-        deliver: Any,
-        cancel_flag: Any,
-    ) -> pb_utils.InferenceRequest:
-        request = pb_utils.InferenceRequest(
-            request_id=info.request_id,
-            correlation_id=info.correlation_id,
-            inputs=[pb_utils.Tensor(name, array) for name, array in inputs.items()],
-            requested_output_names=list(info.output_names) or outputs,
-            flags=info.flags,
-            timeout=info.timeout_us,
-        )
-        # A client's parameters as they came (doubles too), as python_backend's JSON text.
-        parameters = info.parameters
-        request._parameters = json.dumps(dict(parameters), default=str) if parameters else "{}"
-        request._cancel_flag = cancel_flag
-        request._sender = pb_utils.InferenceResponseSender(deliver, request.is_cancelled)
-        return request
-
     def execute(
         self,
         inputs: dict[str, np.ndarray[Any, Any]],
         outputs: list[str],
-        infos: list[RequestInfo],
-    ) -> list[dict[str, np.ndarray[Any, Any]] | Reported]:
+        fields: list[tuple[Any, ...]],
+    ) -> list[pb_utils.InferenceResponse]:
         """A model that answers once per request: from execute()'s list, or its response
-        senders. The requests of a batch come as a list; each response (its outputs, or its
+        senders. The requests of a batch (`fields`: each one's RequestInfo fields, as the link
+        carries them) come as a list, each with its rows; each response (its outputs, or its
         error) goes back on its own."""
-        infos = infos or [RequestInfo(output_names=tuple(outputs))]
-        parts = _split(inputs, infos)
-        sent: list[list[pb_utils.InferenceResponse]] = [[] for _ in infos]
-        finished = [False] * len(infos)  # set under self._answered (a sender on any thread)
-
-        def deliver_to(index: int) -> Any:
-            def deliver(response: pb_utils.InferenceResponse | None, final: bool) -> None:
-                if response is not None:
-                    if sent[index]:
-                        raise pb_utils.TritonModelException(
-                            "a model that is not decoupled sends exactly one response per request"
-                        )
-                    sent[index].append(response)
-                if final:
-                    with self._answered:
-                        finished[index] = True
-                        self._answered.notify_all()
-
-            return deliver
-
+        if not fields:
+            fields = [("", 0, 0, None, 0, tuple(outputs))]
+        if len(fields) == 1:
+            parts = [inputs]
+        else:
+            parts = _split(inputs, [RequestInfo(*each) for each in fields])
+        answers = _Answers(len(fields), self._answered)
+        cancelled = self._cancelled
         requests = [
-            self._request(part, outputs, info, deliver_to(i), self._cancelled)
-            for i, (part, info) in enumerate(zip(parts, infos, strict=True))
+            pb_utils.InferenceRequest._received(
+                each,
+                [pb_utils._input(name, array) for name, array in part.items()],
+                outputs,
+                cancelled,
+                answers,
+                index,
+            )
+            for index, (part, each) in enumerate(zip(parts, fields, strict=True))
         ]
         result = self._model.execute(requests)
-        if isinstance(result, Coroutine):
-            result = self._run(result).result()
-        if result is None:  # answered through the response sender (Triton 24.06 and later)
-            with self._answered:
-                self._answered.wait_for(lambda: all(finished), FINAL_RESPONSE_TIMEOUT_S)
-            for index, done in enumerate(finished):
-                if not done or not sent[index]:
-                    raise pb_utils.TritonModelException(
-                        "execute() returned None but sent no response with "
-                        "TRITONSERVER_RESPONSE_COMPLETE_FINAL through the response sender"
-                    )
-            responses = [answers[0] for answers in sent]
-        else:
+        if type(result) is not list:
+            if isinstance(result, Coroutine):
+                result = self._run(result).result()
+            if result is None:  # answered through the response sender (Triton 24.06 and later)
+                return answers.wait()
             if not isinstance(result, list):
                 raise pb_utils.TritonModelException(
                     f"Expected a list in the execute return, found type '{type(result)}'."
                 )
-            if len(result) != len(requests):
-                raise pb_utils.TritonModelException(
-                    "Number of InferenceResponse objects do not match the number of "
-                    f"InferenceRequest objects. InferenceRequest(s) size is:{len(requests)}, "
-                    f"and InferenceResponse(s) size is:{len(result)}"
-                )
-            responses = result
-        answers: list[dict[str, np.ndarray[Any, Any]] | Reported] = []
-        for response in responses:
-            if not isinstance(response, pb_utils.InferenceResponse):
-                raise pb_utils.TritonModelException(
-                    "Expected an 'InferenceResponse' object in the execute function return "
-                    f"list, found type '{type(response)}'."
-                )
-            error = response.error()
-            answers.append(_outputs(response) if error is None else Reported(error))
-        return answers
+        if len(result) != len(requests):
+            raise pb_utils.TritonModelException(
+                "Number of InferenceResponse objects do not match the number of "
+                f"InferenceRequest objects. InferenceRequest(s) size is:{len(requests)}, "
+                f"and InferenceResponse(s) size is:{len(result)}"
+            )
+        return result
 
     def execute_decoupled(
         self,
@@ -285,7 +279,7 @@ class Runner:
         self._flags[tag] = flag
         stream = _Stream(self._channel, tag, lambda: self._flags.pop(tag, None))
 
-        def deliver(response: pb_utils.InferenceResponse | None, final: bool) -> None:
+        def deliver(index: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
             if stream.over:
                 return  # the request already failed: nothing more reaches the client
             if response is not None:
@@ -298,7 +292,12 @@ class Runner:
             if final:
                 stream.done()
 
-        request = self._request(inputs, outputs, info, deliver, flag)
+        fields = (info.request_id, info.correlation_id, info.flags, info.parameters,
+                  info.timeout_us, info.output_names)  # fmt: skip
+        tensors = [pb_utils._input(name, array) for name, array in inputs.items()]
+        request = pb_utils.InferenceRequest._received(
+            fields, tensors, outputs, flag, SimpleNamespace(deliver=deliver), 0
+        )
         try:
             result = self._model.execute([request])
             if isinstance(result, Coroutine):
@@ -377,8 +376,7 @@ def main(
     channel.on_is_ready = runner.answer_is_ready
     # Whether the model has is_ready(): without one the server asks nothing (Triton's rule).
     channel.send("ready", hasattr(model, "is_ready"))
-    arena = Arena("out")
-    reader = Reader()
+    serving = Serving(runner, channel, link)
     try:
         while True:
             try:
@@ -387,38 +385,82 @@ def main(
                 return  # the server is gone (killed or restarted): nothing to answer
             if message[0] == "finalize":
                 break
-            _, in_arena, metas, outputs, tag, fields, on_loop = message
-            link.route(1 if on_loop else 0)
-            infos = [RequestInfo(*each) for each in fields]
-            channel.link_owner = threading.get_ident()
-            try:
-                inputs = reader.read(in_arena, metas, copy=False)
-                if tag is not None:  # decoupled
-                    # The server's arena is reused by the next request: keep this one's.
-                    inputs = {k: np.array(v, copy=True) for k, v in inputs.items()}
-                    runner.execute_decoupled(inputs, outputs, infos[0], tag)
-                    continue
-                merged: dict[str, np.ndarray[Any, Any]] = {}
-                errors = []
-                for index, answer in enumerate(runner.execute(inputs, outputs, infos)):
-                    if isinstance(answer, Reported):
-                        errors.append((index, str(answer), answer.code))
-                    else:
-                        merged.update({f"{index}:{k}": v for k, v in answer.items()})
-                out_metas = arena.write(merged)
-                channel.finish("result", arena.name, out_metas, errors)
-            except Reported as exc:
-                channel.finish("failed", str(exc), exc.code)
-            except BaseException as exc:  # user code: report, keep serving
-                detail = traceback.format_exc(limit=3)
-                logging.getLogger("python_model").error("execute failed: %s", detail)
-                channel.finish("failed", f"{type(exc).__name__}: {exc}")
+            serving.serve(message)
         runner.stop()
         if hasattr(model, "finalize"):
             model.finalize()
     finally:
-        reader.close()
-        arena.close()
+        serving.close()
+
+
+class Serving:
+    """The main thread's side of the link: one execute message in, its answer out."""
+
+    def __init__(self, runner: Runner, channel: Channel, link: Link) -> None:
+        self._runner = runner
+        self._channel = channel
+        self._link = link
+        link.memo = ("execute",)  # `serve` only reads the messages it is given
+        self._arena = Arena("out")
+        self._reader = Reader()
+        self._ident = threading.get_ident()  # the main thread's, which serves
+        # The last answer written, by its metas (the arena gives the same list for a layout
+        # it wrote before): a request like the last one is answered with the same bytes.
+        self._sent_metas: list[Any] | None = None
+        self._sent_frame = b""
+
+    def serve(self, message: tuple[Any, ...]) -> None:
+        """Run one ("execute", ...) message and answer it on the link."""
+        channel = self._channel
+        _, in_arena, metas, outputs, tag, fields, on_loop = message
+        self._link.route(1 if on_loop else 0)
+        channel.link_owner = self._ident
+        try:
+            inputs = self._reader.read(in_arena, metas, copy=False)
+            if tag is not None:  # decoupled
+                # The server's arena is reused by the next request: keep this one's.
+                inputs = {k: np.array(v, copy=True) for k, v in inputs.items()}
+                self._runner.execute_decoupled(inputs, outputs, RequestInfo(*fields[0]), tag)
+                return
+            merged: dict[str, np.ndarray[Any, Any]] = {}
+            errors = []
+            for index, response in enumerate(self._runner.execute(inputs, outputs, fields)):
+                if type(response) is not pb_utils.InferenceResponse and not isinstance(
+                    response, pb_utils.InferenceResponse
+                ):
+                    raise pb_utils.TritonModelException(
+                        "Expected an 'InferenceResponse' object in the execute function "
+                        f"return list, found type '{type(response)}'."
+                    )
+                error = response.error()
+                if error is not None:
+                    failure = Reported(error)
+                    errors.append((index, str(failure), failure.code))
+                    continue
+                for tensor in response.output_tensors():
+                    if type(tensor) is pb_utils.Tensor:
+                        merged[f"{index}:{tensor._name}"] = tensor._array
+                    else:
+                        merged[f"{index}:{tensor.name()}"] = np.asarray(tensor.as_numpy())
+            arena = self._arena
+            out_metas = arena.write(merged)
+            if out_metas is self._sent_metas and not errors:
+                channel.finish_frame(self._sent_frame)  # the answer of the last request
+                return
+            frame = Link.frame("result", arena.name, out_metas, errors)
+            channel.finish_frame(frame)
+            if not errors:
+                self._sent_metas, self._sent_frame = out_metas, frame
+        except Reported as exc:
+            channel.finish("failed", str(exc), exc.code)
+        except BaseException as exc:  # user code: report, keep serving
+            detail = traceback.format_exc(limit=3)
+            logging.getLogger("python_model").error("execute failed: %s", detail)
+            channel.finish("failed", f"{type(exc).__name__}: {exc}")
+
+    def close(self) -> None:
+        self._reader.close()
+        self._arena.close()
 
 
 def auto_complete(connection: Connection, model_file: str, config: dict[str, Any]) -> None:

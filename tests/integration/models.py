@@ -401,6 +401,51 @@ class TritonPythonModel:
             for r in requests]
 """
 
+# A decoupled Python model: IN = [count, size] -> `count` responses, each OUT of `size` bytes and
+# SENT, the time it was sent (CLOCK_MONOTONIC, one clock for every process of the machine).
+PY_FLOOD = """\
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            count, size = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().tolist()
+            block = np.ones(size, dtype=np.uint8)
+            for _ in range(count):
+                stamp = np.array([time.monotonic_ns()], dtype=np.int64)
+                sender.send(
+                    pb_utils.InferenceResponse(
+                        [pb_utils.Tensor("OUT", block), pb_utils.Tensor("SENT", stamp)]
+                    )
+                )
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+PY_FLOOD_CONFIG = """\
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy {{ decoupled: true }}
+input [ {{ name: "IN", data_type: TYPE_INT64, dims: [ 2 ] }} ]
+output [
+  {{ name: "OUT", data_type: TYPE_UINT8, dims: [ -1 ] }},
+  {{ name: "SENT", data_type: TYPE_INT64, dims: [ 1 ] }}
+]
+"""
+
+
+def write_py_flood(root: Path, name: str) -> None:
+    """PY_FLOOD as model `name` in the repository at `root`."""
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "1" / "model.py").write_text(PY_FLOOD)
+    (root / name / "config.pbtxt").write_text(PY_FLOOD_CONFIG.format(name=name))
+
+
 PY_HANG = PY_CRASH.replace(
     "os._exit(3)  # a crash: the process dies mid-request", "time.sleep(3600)  # a hang"
 ).replace("import os", "import time")

@@ -16,36 +16,12 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from appliance.services.inference import DECOUPLED_READER_WAIT_S
 from configs.generate import SIMPLE_CONFIG, save, simple_model
+from tests.integration.models import write_py_flood
 from tests.serverproc import ServerProcess
 
 SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 UNARY = [m for m in SERVICE.methods if not m.client_streaming]
 
-# A decoupled Python model: IN = [count, size] -> `count` responses of `size` bytes each.
-FLOOD = """\
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            sender = request.get_response_sender()
-            count, size = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().tolist()
-            block = np.ones(size, dtype=np.uint8)
-            for _ in range(count):
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", block)]))
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
-"""
-FLOOD_CONFIG = """\
-name: "flood"
-backend: "python"
-max_batch_size: 0
-model_transaction_policy { decoupled: true }
-input [ { name: "IN", data_type: TYPE_INT64, dims: [ 2 ] } ]
-output [ { name: "OUT", data_type: TYPE_UINT8, dims: [ -1 ] } ]
-"""
 MIB = 1 << 20
 
 
@@ -54,9 +30,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("repo")
     save(simple_model(), root / "simple" / "1" / "model.onnx")
     (root / "simple" / "config.pbtxt").write_text(SIMPLE_CONFIG)
-    (root / "flood" / "1").mkdir(parents=True)
-    (root / "flood" / "1" / "model.py").write_text(FLOOD)
-    (root / "flood" / "config.pbtxt").write_text(FLOOD_CONFIG)
+    write_py_flood(root, "flood")
     proc = ServerProcess(root, log_path=tmp_path_factory.mktemp("logs") / "server.log")
     try:
         proc.wait_ready()

@@ -27,6 +27,7 @@ from tritonclient.utils import InferenceServerException
 from appliance.common.host_policy import format_cores
 from bench.common import process_tree
 from configs.generate import SIMPLE_CONFIG, save, simple_model
+from tests.integration.models import write_py_flood
 from tests.serverproc import ServerProcess
 
 FLAKY_CONFIG = """\
@@ -303,44 +304,6 @@ def test_host_policy_binds_an_instances_cores_and_memory_node(tmp_path: Path) ->
 
 # ---- --grpc-max-response-pool-size ---------------------------------------------------------
 
-# A decoupled Python model: IN = [count, size] -> `count` responses of `size` bytes, each with
-# the time it was sent (CLOCK_MONOTONIC, one clock for every process of the machine).
-STAMPED = """\
-import time
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            sender = request.get_response_sender()
-            count, size = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().tolist()
-            block = np.ones(size, dtype=np.uint8)
-            for _ in range(count):
-                stamp = np.array([time.monotonic_ns()], dtype=np.int64)
-                sender.send(
-                    pb_utils.InferenceResponse(
-                        [pb_utils.Tensor("OUT", block), pb_utils.Tensor("SENT", stamp)]
-                    )
-                )
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
-"""
-STAMPED_CONFIG = """\
-name: "stamped"
-backend: "python"
-max_batch_size: 0
-model_transaction_policy { decoupled: true }
-input [ { name: "IN", data_type: TYPE_INT64, dims: [ 2 ] } ]
-output [
-  { name: "OUT", data_type: TYPE_UINT8, dims: [ -1 ] },
-  { name: "SENT", data_type: TYPE_INT64, dims: [ 1 ] }
-]
-"""
-
-
 def _sent_before_reading(server: ServerProcess, count: int, size: int) -> int:
     """How many of `count` responses the model sent while its client read nothing for 2 s."""
     request = service_pb2.ModelInferRequest(model_name="stamped")
@@ -379,9 +342,7 @@ def test_grpc_max_response_pool_size_holds_a_decoupled_model_back_sooner(tmp_pat
     waiting for the client) and HTTP/2's buffers, the same for both; every response arrives
     either way."""
     root = tmp_path / "models"
-    (root / "stamped" / "1").mkdir(parents=True)
-    (root / "stamped" / "1" / "model.py").write_text(STAMPED)
-    (root / "stamped" / "config.pbtxt").write_text(STAMPED_CONFIG)
+    write_py_flood(root, "stamped")
     sent = {}
     for pool in (2, 50):
         flag = f"--grpc-max-response-pool-size={pool}"
