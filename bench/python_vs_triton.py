@@ -28,8 +28,14 @@ processes, from /proc) over the run, divided by the inferences the server itself
 which server goes first; the table gives medians over rounds and the ratio of Triton's CPU to
 each tree's (above 1: cheaper than Triton). A second table gives the model's process alone
 (the busiest process running a model.py: our `multiprocessing.spawn` children, Triton's
-`triton_python_backend_stub`), per inference the same way. The machine may be shared: read
-the ratios of one run, not the absolutes.
+`triton_python_backend_stub`), per inference the same way. Where perf_analyzer gives no
+throughput (it fails when a window's measurement is unstable), the point's throughput is the
+server's count over the run's wall time instead (a little lower: perf_analyzer's start is in
+it), and says so. The machine may be shared: read the ratios of one run, not the absolutes.
+
+With 588 KiB inputs over HTTP (squeeze:http) both servers' throughput suffers stalls of 0.2-1 s
+on a loaded core: the request fills the socket's receive buffer while the core runs the model
+(TCP zero-window probes, in `nstat`); the CPU per inference is unaffected.
 
 `--floors` adds the floor of the gRPC points: grpcio's synchronous server doing nothing but
 the protocol for add_sub (bench.ceiling_grpc --mode sync, numpy's add and subtract, counted by
@@ -391,11 +397,18 @@ def measure(
     perf_run(tool, model, url, protocol, concurrency, 1.0)  # warm-up
     pid = target.proc.pid
     count0, cpu0, each0 = counted(target, model), tree_cpu_s(pid), model_processes_cpu_s(pid)
+    started = time.monotonic()
     rate = perf_run(tool, model, url, protocol, concurrency, seconds)
+    elapsed = time.monotonic() - started
     each1, cpu1, count1 = model_processes_cpu_s(pid), tree_cpu_s(pid), counted(target, model)
     done = count1 - count0
     if not done:
         return float("nan"), rate, float("nan")
+    if not rate:
+        # perf_analyzer gave no figure (e.g. "failed to obtain stable measurement" after a
+        # window with a stall): the server's count over the run, perf_analyzer's start included
+        rate = done / elapsed
+        print(f"{model} {protocol}: throughput from the server's count instead, {rate:.0f}/s")
     busiest = max((used - each0.get(p, 0.0) for p, used in each1.items()), default=0.0)
     return (cpu1 - cpu0) / done * 1e6, rate, busiest / done * 1e6
 

@@ -14,6 +14,13 @@ back it costs microseconds; over a heap fragmented into 100,000 free blocks abou
 which threads allocating from an arena being trimmed wait. Without glibc (musl) it does nothing.
 It runs for as long as the server does, whichever listeners are on (appliance/server/app.py): HTTP
 bodies leave the same freed heap behind as gRPC messages.
+
+Between trims the freed heap stays for reuse (`hold_freed_heap`, when the trimmer starts):
+glibc's own sliding thresholds give memory back to the system as soon as more than twice the
+largest block freed so far lies free at the top of a heap, so under load each large request
+faulted fresh pages in again: a SqueezeNet input over gRPC (588 KiB, issue 34's point) about 270
+page faults a request one at a time, 76-93 two at a time; with the thresholds fixed, 2-5
+(tests/integration/test_large_request_faults.py).
 """
 
 from __future__ import annotations
@@ -45,6 +52,35 @@ def _malloc_trim() -> Callable[[], int] | None:
     return lambda: int(function(0))
 
 
+# mallopt's parameters (malloc.h) and what they are set to: blocks up to the largest size glibc's
+# sliding threshold would ever reach (32 MiB on 64-bit) come from the heap, and up to 4 MiB may
+# lie free at a heap's top before free() gives it back (a few requests' worth of 588 KiB
+# tensors). Not more: malloc_trim gives back the free blocks inside every heap but the top only
+# of the main one, so the tops of the threads' heaps are what a burst leaves behind (at 64 MiB,
+# 230 MiB RSS after tests/integration/test_grpc_memory.py's burst against 157 idle).
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD = 32 << 20
+TRIM_THRESHOLD = 4 << 20
+
+
+def hold_freed_heap() -> bool:
+    """Keep freed heap memory for reuse until the next trim (glibc's mallopt); False where
+    the C library has no mallopt."""
+    name = ctypes.util.find_library("c")
+    try:
+        mallopt = ctypes.CDLL(name).mallopt if name else None
+    except (OSError, AttributeError):
+        mallopt = None
+    if mallopt is None:
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    # Both or neither: either one alone stops glibc's threshold from sliding (at 128 KiB).
+    return bool(
+        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    )
+
+
 def rss_bytes() -> int:
     """This process's resident memory, from /proc (0 where there is none)."""
     try:
@@ -61,6 +97,7 @@ class HeapTrimmer:
         self, interval_s: float = TRIM_INTERVAL_S, trim: Callable[[], int] | None = None
     ) -> None:
         self.interval_s = interval_s
+        self._hold = trim is None  # the real trimmer: freed memory waits for it (not a test's)
         self._trim = trim if trim is not None else _malloc_trim()
         self._task: asyncio.Task[None] | None = None
 
@@ -68,6 +105,8 @@ class HeapTrimmer:
         if self._trim is None:
             log.debug("no malloc_trim in this C library: freed heap memory stays with glibc")
             return
+        if self._hold:
+            hold_freed_heap()
         self._task = asyncio.get_running_loop().create_task(self._run(self._trim))
 
     async def stop(self) -> None:
