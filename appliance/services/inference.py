@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -430,7 +430,9 @@ class InferenceService:
             return
         start = time.monotonic_ns()
         loop = asyncio.get_running_loop()
-        responses: asyncio.Queue[tuple[dict[str, Array], int]] = asyncio.Queue()
+        # Each response with its size; _EXECUTED once the execution ended (after every
+        # response the model sent before its final flag: they are posted first).
+        responses: asyncio.Queue[tuple[dict[str, Array], int] | object] = asyncio.Queue()
         room = _ResponseRoom(threading.get_ident(), self.max_waiting_responses)
         job = validate(served, request, self.limits)
 
@@ -441,15 +443,13 @@ class InferenceService:
 
         job.emit = emit
         execution = asyncio.ensure_future(_decoupled(served, job))
+        execution.add_done_callback(lambda _: responses.put_nowait(_EXECUTED))
         room.on_stall = functools.partial(_cancel_soon, loop, execution)
         try:
-            while True:
-                getter = asyncio.ensure_future(responses.get())
-                await asyncio.wait({getter, execution}, return_when=asyncio.FIRST_COMPLETED)
-                if not getter.done():
-                    getter.cancel()
-                    break
-                outputs, size = getter.result()
+            # One queue read a response, not a task and an asyncio.wait each: a stream of
+            # many small responses spent more on those than on the responses.
+            while (item := await responses.get()) is not _EXECUTED:
+                outputs, size = cast(tuple[dict[str, Array], int], item)
                 room.taken(size)
                 yield self._response(served, request, outputs)
             if room.stalled:  # the model was cancelled, after what it had made was yielded
@@ -460,7 +460,10 @@ class InferenceService:
                     "cancelled"
                 )
             while not responses.empty():  # posted before the execution finished
-                outputs, size = responses.get_nowait()
+                item = responses.get_nowait()
+                if item is _EXECUTED:
+                    continue
+                outputs, size = cast(tuple[dict[str, Array], int], item)
                 room.taken(size)
                 yield self._response(served, request, outputs)
             await execution  # raises the model's error, if any
@@ -816,6 +819,9 @@ def _cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Future[None]) ->
     """Cancel `task` from another thread (nothing when the loop is closed)."""
     with contextlib.suppress(RuntimeError):
         loop.call_soon_threadsafe(task.cancel)
+
+
+_EXECUTED = object()  # infer_stream: the decoupled execution ended
 
 
 def _still_there() -> bool:
