@@ -442,8 +442,15 @@ class TritonPythonModel:
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
 
+# The same, but execute() returns a second after the first response went out: a client that
+# goes away in between went while the execution still ran.
+LATE_RETURN = UNTIL_CANCELLED.replace(
+    "        return None\n", "        time.sleep(1)\n        return None\n", 1
+)
+
 MODELS: dict[str, tuple[str, str]] = {
     "py_until_cancelled": (UNTIL_CANCELLED, DECOUPLED_CONFIG),
+    "py_late_return": (LATE_RETURN, DECOUPLED_CONFIG),
     "py_request_info": (REQUEST_INFO, REQUEST_INFO_CONFIG),
     "py_batch_info": (REQUEST_INFO, BATCH_INFO_CONFIG),
     "py_slow_repeat": (SLOW_REPEAT, DECOUPLED_CONFIG),
@@ -736,22 +743,24 @@ def test_concurrent_decoupled_requests_interleave(api_server: ServerProcess) -> 
     assert order.index("b") < len(order) - 1 - order[::-1].index("a")
 
 
+@pytest.mark.parametrize(
+    ("model", "request_id"), [("py_until_cancelled", "gone-1"), ("py_late_return", "gone-2")]
+)
 def test_a_decoupled_request_whose_client_goes_away_is_cancelled(
-    api_server: ServerProcess,
+    api_server: ServerProcess, model: str, request_id: str
 ) -> None:
-    """After execute() returned, the model's request.is_cancelled() turns true once the
-    stream is cancelled."""
+    """The model's request.is_cancelled() turns true once the stream is cancelled: after
+    execute() returned, and also when the client went while execute() still ran (its first
+    response already out: py_late_return), when it is told once execute() returns."""
     results: queue.Queue[Any] = queue.Queue()
     client = grpcclient.InferenceServerClient(api_server.grpc_url)
     client.start_stream(callback=lambda result, error: results.put(error or result))
-    client.async_stream_infer(
-        "py_until_cancelled", [_int32(grpcclient, "IN", [1])], request_id="gone-1"
-    )
+    client.async_stream_infer(model, [_int32(grpcclient, "IN", [1])], request_id=request_id)
     first = results.get(timeout=30)
     assert not isinstance(first, InferenceServerException), first
     client.stop_stream(cancel_requests=True)
     deadline = time.monotonic() + 10
-    while "stream request gone-1 cancelled" not in api_server.log():
+    while f"stream request {request_id} cancelled" not in api_server.log():
         assert time.monotonic() < deadline, "the model never saw its request cancelled"
         time.sleep(0.05)
 
