@@ -202,6 +202,8 @@ class SchedulerBase:
         return 0
 
     def _settle(self, job: Job, outcome: dict[str, Array] | BaseException) -> None:
+        if job.future.done():
+            job.abandoned()
         settle(self._label, job.future, outcome)
 
     # ---- stop --------------------------------------------------------------------------------

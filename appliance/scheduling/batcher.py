@@ -380,6 +380,7 @@ class DynamicScheduler(SchedulerBase):
         for job, outcome in zip(result.jobs, result.outcomes, strict=True):
             future = job.future
             if future.done():  # cancelled by the client, or failed at shutdown
+                job.abandoned()
                 continue
             if isinstance(outcome, BaseException):
                 future.set_exception(client_error(label, outcome))

@@ -83,6 +83,14 @@ class Job:
     # cancelled when it goes); None on the loop's path.
     active: Callable[[], bool] | None = None
 
+    def abandoned(self) -> None:
+        """Its execution ended after its caller went (its future was done first): a decoupled
+        request its model goes on answering (`completion`) is cancelled too, so that the model
+        hears of it (request.is_cancelled()). The caller may go between the model handing the
+        instance back and the loop reading that, when nothing else would tell it."""
+        if self.completion is not None:
+            self.completion.cancel()
+
 
 # Request parameters that are fields of RequestInfo (or the front ends'), not the model's own.
 _RESERVED_PARAMETERS = frozenset(

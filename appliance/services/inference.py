@@ -805,7 +805,14 @@ class _ResponseRoom:
 async def _decoupled(served: ServedVersion, job: Job) -> None:
     """A decoupled request: its execution, then, when the model handed the instance back
     before its last response, the rest of its responses (cancelled with the stream)."""
-    await served.scheduler.submit(job)
+    try:
+        await served.scheduler.submit(job)
+    except asyncio.CancelledError:
+        # Cancelled as its execution ended (the outputs were in, not yet read here): the
+        # rest of the request must hear of it too. Cancelled earlier, the scheduler tells it
+        # when the execution ends (`Job.abandoned`).
+        job.abandoned()
+        raise
     if job.completion is not None:
         try:
             await asyncio.wrap_future(job.completion)
