@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.python_overhead import IDENTITY_PY
 from bench.python_vs_triton import build
 from edge_backends.api import RequestInfo
 from edge_backends.python import triton_python_backend_utils as pb_utils
@@ -38,17 +39,6 @@ from edge_backends.python.backend import _fields
 from edge_backends.python.channel import Channel, Link
 from edge_backends.python.shm import Arena, Reader
 from edge_backends.python.worker import Runner, Serving, _load_model
-
-IDENTITY_PY = """\
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor(
-            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
-            for r in requests]
-"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

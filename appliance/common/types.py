@@ -54,3 +54,7 @@ class InferResponse:
     id: str
     outputs: list[Tensor]
     parameters: dict[str, Any] = field(default_factory=dict)
+
+    def arrays(self) -> dict[str, Any]:
+        """Its outputs' data by name (a request made inside the server: BLS, ensemble steps)."""
+        return {tensor.name: tensor.data for tensor in self.outputs}

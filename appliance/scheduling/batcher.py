@@ -376,16 +376,8 @@ class DynamicScheduler(SchedulerBase):
 
     def _complete(self, result: BatchResult) -> None:
         self._record(result)
-        label = self._label
         for job, outcome in zip(result.jobs, result.outcomes, strict=True):
-            future = job.future
-            if future.done():  # cancelled by the client, or failed at shutdown
-                job.abandoned()
-                continue
-            if isinstance(outcome, BaseException):
-                future.set_exception(client_error(label, outcome))
-            else:
-                future.set_result(outcome)
+            self._settle(job, outcome)
 
     def _record(self, result: BatchResult) -> None:
         """An execution's statistics (as tritonserver counts them: `counted`), and its

@@ -57,21 +57,13 @@ class BlockingHost(InferenceHost):
         """On this thread when the model's thread lane takes it (an idle instance, nothing
         queued), else on the loop."""
         service = self._service
-        arguments = (
-            request.model_name,
-            request.model_version,
-            dict(request.inputs),
-            list(request.output_names),
-            dict(request.parameters),
-            request.request_id,
-        )
+        arguments = _arguments(request)
         outcome = service.infer_arrays_here(self._loop, *arguments)
         if outcome is None:  # to load on demand first
             return self._run(service.infer_arrays(*arguments))
         if isinstance(outcome, dict):
             return outcome
-        response = self._run(service.infer_prepared(outcome))
-        return {tensor.name: tensor.data for tensor in response.outputs}
+        return self._run(service.infer_prepared(outcome)).arrays()
 
     def infer_stream(self, request: HostRequest, emit: Emit) -> None:
         """The responses are handed over to this thread, so `emit` never runs on the loop;
@@ -84,14 +76,7 @@ class BlockingHost(InferenceHost):
 
         async def consume() -> None:
             try:
-                async for outputs in self._service.stream_arrays(
-                    request.model_name,
-                    request.model_version,
-                    dict(request.inputs),
-                    list(request.output_names),
-                    dict(request.parameters),
-                    request.request_id,
-                ):
+                async for outputs in self._service.stream_arrays(*_arguments(request)):
                     await room.acquire()
                     responses.put(outputs)
             finally:
@@ -130,3 +115,17 @@ class BlockingHost(InferenceHost):
             return control.model_ready(name, version)
 
         return self._run(ready())
+
+
+def _arguments(
+    request: HostRequest,
+) -> tuple[str, str, dict[str, Any], list[str], dict[str, Any], str]:
+    """A backend's request as the inference service's `*_arrays` calls take it."""
+    return (
+        request.model_name,
+        request.model_version,
+        dict(request.inputs),
+        list(request.output_names),
+        dict(request.parameters),
+        request.request_id,
+    )

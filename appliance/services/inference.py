@@ -555,7 +555,7 @@ class InferenceService:
         request = self._arrays_request(model, version, inputs, outputs, parameters, request_id)
         # The server's own tensors (ensemble steps, BLS): not a client's, so not limited.
         response = await self._infer(request, NO_LIMITS, compute_ns=compute_ns)
-        return {tensor.name: tensor.data for tensor in response.outputs}
+        return response.arrays()
 
     def infer_arrays_here(
         self,
@@ -578,7 +578,7 @@ class InferenceService:
         outcome = self.infer_here(request, None, loop, _still_there, limits=NO_LIMITS)
         if isinstance(outcome, Prepared):
             return outcome
-        return {tensor.name: tensor.data for tensor in outcome.outputs}
+        return outcome.arrays()
 
     async def stream_arrays(
         self,
@@ -594,7 +594,7 @@ class InferenceService:
             await self._loaded(model, parameters)
         request = self._arrays_request(model, version, inputs, outputs, parameters, request_id)
         async for response in self.infer_stream(request):
-            yield {tensor.name: tensor.data for tensor in response.outputs}
+            yield response.arrays()
 
     def _arrays_request(
         self,

@@ -5,7 +5,6 @@ the answer comes while nothing runs on the loop."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +14,7 @@ import pytest
 from appliance import tritonserver
 from appliance.scheduling.batcher import WARMUP_EXECUTIONS
 from configs.generate import SIMPLE_CONFIG, save, simple_model
+from tests.integration.loop_hold import loop_held
 
 BLS = """\
 import triton_python_backend_utils as pb_utils
@@ -89,22 +89,9 @@ def test_a_bls_call_is_answered_while_the_loop_is_busy(server: tritonserver.Serv
     for _ in range(WARMUP_EXECUTIONS + 2):
         np.testing.assert_array_equal(_infer(server, 7), expected)
     before = _successes(server, "simple")
-    loop = server._require().loop
-    assert loop is not None
-    held, let_go, released = threading.Event(), threading.Event(), threading.Event()
-
-    def hold() -> None:  # on the loop: nothing else runs there until let go
-        held.set()
-        let_go.wait(30)
-        released.set()
-
-    loop.call_soon_threadsafe(hold)
-    assert held.wait(10)
-    try:
+    with loop_held(server) as released:
         answer = _infer(server, 3)
         answered_while_held = not released.is_set()
-    finally:
-        let_go.set()
     assert answered_while_held, "the BLS call waited for the event loop"
     np.testing.assert_array_equal(answer, 3 + np.arange(16, dtype=np.int32).reshape(1, 16))
     # The call went through the called model's scheduler: counted in its statistics.

@@ -6,7 +6,6 @@ keeping the loop busy while the client cancels and execute() returns."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 
 from appliance import tritonserver
+from tests.integration.loop_hold import loop_held
 
 # execute() starts a thread that sends one response, then waits for the request to be
 # cancelled and leaves a file saying so; execute() itself returns after HOLD_S.
@@ -87,21 +87,9 @@ def test_a_client_gone_as_execute_returns_is_still_told_to_the_model(
     )
     first = next(iter(responses))
     np.testing.assert_array_equal(np.from_dlpack(first.outputs["OUT"]), [1])
-    loop = server._require().loop
-    assert loop is not None
-    held, let_go = threading.Event(), threading.Event()
-
-    def hold() -> None:  # on the loop: the cancel and the execution's end wait behind it
-        held.set()
-        let_go.wait(30)
-
-    loop.call_soon_threadsafe(hold)
-    assert held.wait(10)
-    try:
+    with loop_held(server):  # the cancel and the execution's end wait behind it
         responses.cancel()  # reaches the loop first, then the end of execute() at 0.5 s
         time.sleep(1.5)  # execute() has returned meanwhile; the loop has read neither
-    finally:
-        let_go.set()
     deadline = time.monotonic() + 10
     while not marker.exists():
         assert time.monotonic() < deadline, "the model never heard that its request was cancelled"
